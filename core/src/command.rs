@@ -1,0 +1,381 @@
+//! API commands (DESIGN 3.2): each is decided against what the executor read, as one
+//! conditional transaction plus driver effects.
+//!
+//! Expected versions: a command carrying `expected_version` is checked against the record read,
+//! and a mismatch gives ABORTED with both versions before anything is written. The executor
+//! re-reads and re-decides after a conflicting write ([`crate::cas`]), so a client-supplied
+//! version that went stale in between fails the same way, while a server-owned command re-decides
+//! on the fresh record.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
+use crate::error::{Error, Kind};
+use crate::record::{
+    ExitFence, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp,
+};
+use crate::validate;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    CreateSandbox { id: SandboxId, name: String, spec: SandboxSpec, providers: BTreeSet<String> },
+    StopSandbox { name: String },
+    StartSandbox { name: String },
+    DeleteSandbox { name: String },
+    AttachProvider { sandbox: String, provider: String },
+    DetachProvider { sandbox: String, provider: String },
+    CreateProvider { name: String, kind: String, credentials: BTreeMap<String, Secret> },
+    DeleteProvider { name: String },
+}
+
+/// A command and the version the client expects its record to have, if it said one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub command: Command,
+    pub expected_version: Option<u64>,
+}
+
+/// What the executor read before deciding (read again before every retry).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The sandbox named by [`Request::sandbox_name`].
+    pub sandbox: Option<Sandbox>,
+    /// The providers named by [`Request::providers_to_read`] that exist.
+    pub providers: BTreeMap<String, Provider>,
+    /// For a provider delete: every sandbox that references it.
+    pub users: Vec<Sandbox>,
+}
+
+impl Request {
+    pub fn new(command: Command, expected_version: Option<u64>) -> Self {
+        Self { command, expected_version }
+    }
+
+    /// The sandbox to read, by name.
+    pub fn sandbox_name(&self) -> Option<&str> {
+        match &self.command {
+            Command::CreateSandbox { name, .. }
+            | Command::StopSandbox { name }
+            | Command::StartSandbox { name }
+            | Command::DeleteSandbox { name } => Some(name),
+            Command::AttachProvider { sandbox, .. } | Command::DetachProvider { sandbox, .. } => Some(sandbox),
+            Command::CreateProvider { .. } | Command::DeleteProvider { .. } => None,
+        }
+    }
+
+    /// The providers to read, once the sandbox has been read.
+    pub fn providers_to_read(&self, sandbox: Option<&Sandbox>) -> BTreeSet<String> {
+        match &self.command {
+            Command::CreateSandbox { providers, .. } => providers.clone(),
+            Command::AttachProvider { provider, .. } => {
+                let mut names = sandbox.map(|s| s.providers.clone()).unwrap_or_default();
+                names.insert(provider.clone());
+                names
+            }
+            Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => [name.clone()].into(),
+            _ => BTreeSet::new(),
+        }
+    }
+
+    /// The provider whose users (referencing sandboxes) must be read.
+    pub fn provider_users(&self) -> Option<&str> {
+        match &self.command {
+            Command::DeleteProvider { name } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The record a client-supplied version refers to: `(kind, name)`.
+    pub fn subject(&self) -> (Kind, &str) {
+        match &self.command {
+            Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => (Kind::Provider, name),
+            _ => (Kind::Sandbox, self.sandbox_name().unwrap_or_default()),
+        }
+    }
+
+    fn check_version(&self, current: u64) -> Result<(), Error> {
+        match self.expected_version {
+            Some(expected) if expected != current => {
+                let (kind, name) = self.subject();
+                Err(Error::StaleVersion { kind, name: name.to_string(), expected, current: Some(current) })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates take no version but "must not exist", which 0 also says.
+    fn check_create_version(&self) -> Result<(), Error> {
+        match self.expected_version {
+            None | Some(0) => Ok(()),
+            Some(_) => Err(Error::invalid("expected_resource_version", "must be empty or 0 when creating")),
+        }
+    }
+}
+
+/// Decides `request` against `reads` at gateway time `now`.
+pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
+    match &request.command {
+        Command::CreateSandbox { id, name, spec, providers } => {
+            create_sandbox(request, reads, id, name, spec, providers, now)
+        }
+        Command::StopSandbox { .. } => {
+            let sandbox = existing(request, reads)?;
+            stop(sandbox, now)
+        }
+        Command::StartSandbox { .. } => {
+            let sandbox = existing(request, reads)?;
+            start(sandbox, now)
+        }
+        Command::DeleteSandbox { .. } => {
+            let sandbox = existing(request, reads)?;
+            delete(sandbox, now)
+        }
+        Command::AttachProvider { provider, .. } => {
+            let sandbox = existing(request, reads)?;
+            attach(sandbox, provider, reads, now)
+        }
+        Command::DetachProvider { provider, .. } => {
+            let sandbox = existing(request, reads)?;
+            detach(sandbox, provider, now)
+        }
+        Command::CreateProvider { name, kind, credentials } => {
+            create_provider(request, reads, name, kind, credentials, now)
+        }
+        Command::DeleteProvider { name } => delete_provider(request, reads, name),
+    }
+}
+
+/// The sandbox a command is about, with the client's version checked first: a stale version is
+/// ABORTED whatever the phase (I4).
+fn existing<'a>(request: &Request, reads: &'a Reads) -> Result<&'a Sandbox, Error> {
+    let name = request.sandbox_name().unwrap_or_default();
+    let sandbox =
+        reads.sandbox.as_ref().ok_or_else(|| Error::NotFound { kind: Kind::Sandbox, name: name.to_string() })?;
+    request.check_version(sandbox.resource_version)?;
+    Ok(sandbox)
+}
+
+fn wrong_phase(sandbox: &Sandbox, action: &'static str) -> Error {
+    Error::WrongPhase { sandbox: sandbox.name.clone(), action, phase: sandbox.phase.kind() }
+}
+
+fn commit(before: &Sandbox, next: Sandbox, extra: Vec<Write>, effects: Vec<Effect>, now: Timestamp) -> Decision {
+    let (write, next) = update_sandbox(before, next, now);
+    let mut writes = vec![write];
+    writes.extend(extra);
+    Decision { writes, effects, outcome: Outcome::Sandbox(next) }
+}
+
+fn create_sandbox(
+    request: &Request,
+    reads: &Reads,
+    id: &SandboxId,
+    name: &str,
+    spec: &SandboxSpec,
+    providers: &BTreeSet<String>,
+    now: Timestamp,
+) -> Result<Decision, Error> {
+    validate::dns_label("name", name)?;
+    validate::spec(spec)?;
+    validate::provider_names("providers", providers)?;
+    request.check_create_version()?;
+    if reads.sandbox.is_some() {
+        return Err(Error::AlreadyExists { kind: Kind::Sandbox, name: name.to_string() });
+    }
+    let attached = resolve_providers(providers, reads, "providers")?;
+    check_credentials(spec, &attached)?;
+    let record = Sandbox {
+        id: id.clone(),
+        name: name.to_string(),
+        spec: spec.clone(),
+        providers: providers.clone(),
+        intent: Intent::Running,
+        phase: Phase::Provisioning,
+        resource_version: 1,
+        generation: 1,
+        exit_fence: ExitFence { marker: None, settled: true },
+        run: Run::Pending,
+        last_exit: None,
+        created_at: now,
+        updated_at: now,
+    };
+    let mut writes = vec![Write::CreateSandbox(record.clone())];
+    writes.extend(attached.iter().map(|p| touch_provider(p, now)));
+    Ok(Decision {
+        writes,
+        effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],
+        outcome: Outcome::Sandbox(record),
+    })
+}
+
+fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    match sandbox.phase.kind() {
+        PhaseKind::Stopping | PhaseKind::Stopped => Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![])),
+        PhaseKind::Deleting => Err(wrong_phase(sandbox, "stop")),
+        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
+            let mut next = sandbox.clone();
+            next.phase = Phase::Stopping;
+            next.intent = Intent::Stopped;
+            let effect = Effect::Stop { sandbox: sandbox.id.clone(), generation: sandbox.generation };
+            Ok(commit(sandbox, next, vec![], vec![effect], now))
+        }
+    }
+}
+
+fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    match sandbox.phase.kind() {
+        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
+            Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]))
+        }
+        // A stop that has not finished has no exit marker to fence the new generation with.
+        PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
+        PhaseKind::Stopped | PhaseKind::Error => {
+            // Nothing can still be running if the stop completed or this generation's run was
+            // seen to end (or never began while the fence was settled). Otherwise the failed run
+            // may be alive, and only the driver's start reply can tell the runs apart.
+            let quiescent = sandbox.is(PhaseKind::Stopped)
+                || matches!(sandbox.run, Run::Ended(_))
+                || (sandbox.run == Run::Pending && sandbox.exit_fence.settled);
+            let mut next = sandbox.clone();
+            next.generation += 1;
+            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled: quiescent };
+            next.run = Run::Pending;
+            next.phase = Phase::Starting;
+            next.intent = Intent::Running;
+            let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
+            Ok(commit(sandbox, next, vec![], vec![effect], now))
+        }
+    }
+}
+
+fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    let effect = Effect::Delete { sandbox: sandbox.id.clone() };
+    if sandbox.is(PhaseKind::Deleting) {
+        // Repeating a delete re-drives the runtime: Deleting is never stuck.
+        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![effect]));
+    }
+    let mut next = sandbox.clone();
+    next.phase = Phase::Deleting;
+    next.intent = Intent::Deleted;
+    Ok(commit(sandbox, next, vec![], vec![effect], now))
+}
+
+fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
+    validate::dns_label("provider", provider)?;
+    if sandbox.is(PhaseKind::Deleting) {
+        return Err(wrong_phase(sandbox, "attach a provider to"));
+    }
+    let target = reads
+        .providers
+        .get(provider)
+        .ok_or_else(|| Error::UnknownProvider { provider: provider.to_string(), field: "provider" })?;
+    if sandbox.providers.contains(provider) {
+        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+    }
+    if sandbox.providers.len() >= validate::MAX_PROVIDERS {
+        return Err(Error::invalid(
+            "provider",
+            format!("sandbox '{}' already has the maximum of {} providers", sandbox.name, validate::MAX_PROVIDERS),
+        ));
+    }
+    let mut attached: Vec<&Provider> = sandbox.providers.iter().filter_map(|p| reads.providers.get(p)).collect();
+    attached.push(target);
+    check_credentials(&sandbox.spec, &attached)?;
+    let mut next = sandbox.clone();
+    next.providers.insert(provider.to_string());
+    Ok(commit(sandbox, next, vec![touch_provider(target, now)], vec![], now))
+}
+
+fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision, Error> {
+    validate::dns_label("provider", provider)?;
+    if sandbox.is(PhaseKind::Deleting) {
+        return Err(wrong_phase(sandbox, "detach a provider from"));
+    }
+    if !sandbox.providers.contains(provider) {
+        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+    }
+    let mut next = sandbox.clone();
+    next.providers.remove(provider);
+    Ok(commit(sandbox, next, vec![], vec![], now))
+}
+
+fn create_provider(
+    request: &Request,
+    reads: &Reads,
+    name: &str,
+    kind: &str,
+    credentials: &BTreeMap<String, Secret>,
+    now: Timestamp,
+) -> Result<Decision, Error> {
+    validate::dns_label("name", name)?;
+    validate::provider(kind, credentials)?;
+    request.check_create_version()?;
+    if reads.providers.contains_key(name) {
+        return Err(Error::AlreadyExists { kind: Kind::Provider, name: name.to_string() });
+    }
+    let record = Provider {
+        name: name.to_string(),
+        kind: kind.to_string(),
+        credentials: credentials.clone(),
+        resource_version: 1,
+        created_at: now,
+        updated_at: now,
+    };
+    Ok(Decision {
+        writes: vec![Write::CreateProvider(record.clone())],
+        effects: vec![],
+        outcome: Outcome::Provider(record),
+    })
+}
+
+fn delete_provider(request: &Request, reads: &Reads, name: &str) -> Result<Decision, Error> {
+    let provider = reads
+        .providers
+        .get(name)
+        .ok_or_else(|| Error::NotFound { kind: Kind::Provider, name: name.to_string() })?;
+    request.check_version(provider.resource_version)?;
+    // A Deleting sandbox's references are released: they never block (R2).
+    let mut blocking: Vec<String> = reads
+        .users
+        .iter()
+        .filter(|s| s.providers.contains(name) && !s.is(PhaseKind::Deleting))
+        .map(|s| s.name.clone())
+        .collect();
+    if !blocking.is_empty() {
+        blocking.sort();
+        return Err(Error::ProviderAttached { provider: name.to_string(), sandboxes: blocking });
+    }
+    Ok(Decision {
+        writes: vec![Write::RemoveProvider { name: name.to_string(), expected: provider.resource_version }],
+        effects: vec![],
+        outcome: Outcome::Removed,
+    })
+}
+
+fn resolve_providers<'a>(
+    names: &BTreeSet<String>,
+    reads: &'a Reads,
+    field: &'static str,
+) -> Result<Vec<&'a Provider>, Error> {
+    names
+        .iter()
+        .map(|name| reads.providers.get(name).ok_or_else(|| Error::UnknownProvider { provider: name.clone(), field }))
+        .collect()
+}
+
+/// Every credential becomes an environment variable, so no two sources may name the same one.
+fn check_credentials(spec: &SandboxSpec, providers: &[&Provider]) -> Result<(), Error> {
+    let mut owners: BTreeMap<&str, String> = spec.env.keys().map(|k| (k.as_str(), "spec.env".to_string())).collect();
+    for provider in providers {
+        for key in provider.credentials.keys() {
+            if let Some(other) = owners.insert(key, format!("provider '{}'", provider.name)) {
+                return Err(Error::CredentialCollision {
+                    provider: provider.name.clone(),
+                    key: key.clone(),
+                    other,
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! What berth-core decides: one conditional transaction to commit, then driver effects to run.
+//!
+//! The executor (the gateway, the simulator, a test) commits `writes` atomically with every
+//! condition checked, and only then runs `effects`: a decision is durable before its effects, so
+//! an effect can always be re-driven from the committed record.
+
+use crate::record::{Phase, PhaseKind, Provider, Sandbox, SandboxId, Timestamp};
+
+/// One conditional write. A transaction is a list of them, all applied or none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Create-if-absent: fails if the id or the name is taken.
+    CreateSandbox(Sandbox),
+    /// Write-if-version: `record.resource_version` is `expected + 1`.
+    UpdateSandbox { record: Sandbox, expected: u64 },
+    /// Delete-if-version.
+    RemoveSandbox { id: SandboxId, expected: u64 },
+    CreateProvider(Provider),
+    UpdateProvider { record: Provider, expected: u64 },
+    RemoveProvider { name: String, expected: u64 },
+}
+
+impl Write {
+    /// Which record this write is conditional on.
+    pub fn key(&self) -> Key {
+        match self {
+            Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Key::Sandbox(s.id.clone()),
+            Write::RemoveSandbox { id, .. } => Key::Sandbox(id.clone()),
+            Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => Key::Provider(p.name.clone()),
+            Write::RemoveProvider { name, .. } => Key::Provider(name.clone()),
+        }
+    }
+
+    /// The version the record must have for the write to apply; `None` means it must not exist.
+    pub fn expected(&self) -> Option<u64> {
+        match self {
+            Write::CreateSandbox(_) | Write::CreateProvider(_) => None,
+            Write::UpdateSandbox { expected, .. }
+            | Write::RemoveSandbox { expected, .. }
+            | Write::UpdateProvider { expected, .. }
+            | Write::RemoveProvider { expected, .. } => Some(*expected),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Key {
+    Sandbox(SandboxId),
+    Provider(String),
+}
+
+/// What a store reports when a condition of a transaction does not hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub key: Key,
+    /// What the write expected (`None`: that the record does not exist).
+    pub expected: Option<u64>,
+    /// What the store holds (`None`: no such record).
+    pub current: Option<u64>,
+}
+
+/// A call to the runtime, run after the decision's writes commit. Every effect is idempotent,
+/// so recovery may repeat it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Effect {
+    /// Make sure the sandbox's compute resource exists (creating it from the spec if it does
+    /// not) and that `generation` has run, installing that generation's identity before its
+    /// process starts. A driver starts at most one run per generation.
+    Start { sandbox: SandboxId, generation: u64 },
+    /// Stop whatever runs; reply only once it has fully exited, with the final state.
+    Stop { sandbox: SandboxId, generation: u64 },
+    /// Remove the compute resource and everything made for it; absence is success.
+    Delete { sandbox: SandboxId },
+}
+
+impl Effect {
+    pub fn sandbox(&self) -> &SandboxId {
+        match self {
+            Effect::Start { sandbox, .. } | Effect::Stop { sandbox, .. } | Effect::Delete { sandbox } => sandbox,
+        }
+    }
+}
+
+/// What the caller gets back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Sandbox(Sandbox),
+    Provider(Provider),
+    /// The record is gone (or, for an observation, there was none).
+    Removed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub writes: Vec<Write>,
+    pub effects: Vec<Effect>,
+    pub outcome: Outcome,
+}
+
+impl Decision {
+    pub(crate) fn unchanged(outcome: Outcome, effects: Vec<Effect>) -> Self {
+        Self { writes: Vec::new(), effects, outcome }
+    }
+
+    /// The phase change this decision makes to `before`, for logging: `(old, new)`, with `None`
+    /// for a record that does not exist on that side.
+    pub fn phase_change(&self, before: Option<&Sandbox>) -> Option<(Option<PhaseKind>, Option<PhaseKind>)> {
+        let old = before.map(|s| s.phase.kind());
+        let new = match &self.outcome {
+            Outcome::Sandbox(s) => Some(s.phase.kind()),
+            Outcome::Removed => None,
+            Outcome::Provider(_) => return None,
+        };
+        (old != new && !self.writes.is_empty()).then_some((old, new))
+    }
+}
+
+/// The next version of `before`: `resource_version` + 1 and `updated_at` = `now`.
+pub(crate) fn update_sandbox(before: &Sandbox, mut next: Sandbox, now: Timestamp) -> (Write, Sandbox) {
+    next.resource_version = before.resource_version + 1;
+    next.updated_at = now;
+    (Write::UpdateSandbox { record: next.clone(), expected: before.resource_version }, next)
+}
+
+/// Records the attachment of `provider` in its version, so that a racing provider delete conflicts.
+pub(crate) fn touch_provider(provider: &Provider, now: Timestamp) -> Write {
+    let mut next = provider.clone();
+    next.resource_version += 1;
+    next.updated_at = now;
+    Write::UpdateProvider { record: next, expected: provider.resource_version }
+}
+
+impl Sandbox {
+    pub(crate) fn is(&self, kind: PhaseKind) -> bool {
+        self.phase.kind() == kind
+    }
+
+    pub(crate) fn fail(&mut self, failure: crate::record::Failure) {
+        self.phase = Phase::Error(failure);
+    }
+}

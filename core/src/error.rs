@@ -1,0 +1,103 @@
+//! Typed errors. Each one knows its gRPC status class and says which field, record or versions
+//! are involved, so the gateway maps it without guessing (DESIGN 3.7).
+
+use std::fmt;
+
+use crate::record::PhaseKind;
+
+/// The status classes of DESIGN 3.7, named as gRPC names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Code {
+    InvalidArgument,
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    Aborted,
+    Unauthenticated,
+    PermissionDenied,
+    Unavailable,
+    DeadlineExceeded,
+    Internal,
+}
+
+/// Which kind of record an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Sandbox,
+    Provider,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Sandbox => "sandbox",
+            Kind::Provider => "provider",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: String, reason: String },
+
+    #[error("{kind} '{name}' not found")]
+    NotFound { kind: Kind, name: String },
+
+    #[error("{kind} '{name}' already exists")]
+    AlreadyExists { kind: Kind, name: String },
+
+    #[error("cannot {action} sandbox '{sandbox}' while it is {phase}")]
+    WrongPhase { sandbox: String, action: &'static str, phase: PhaseKind },
+
+    #[error("provider '{provider}' does not exist (field {field})")]
+    UnknownProvider { provider: String, field: &'static str },
+
+    #[error("provider '{provider}' is attached to sandbox(es): {}", sandboxes.join(", "))]
+    ProviderAttached { provider: String, sandboxes: Vec<String> },
+
+    #[error("credential '{key}' of provider '{provider}' collides with {other}")]
+    CredentialCollision { provider: String, key: String, other: String },
+
+    #[error(
+        "{kind} '{name}': expected resource_version {expected}, current {}",
+        current.map_or_else(|| "absent".to_string(), |v| v.to_string())
+    )]
+    StaleVersion { kind: Kind, name: String, expected: u64, current: Option<u64> },
+
+    #[error("stale runtime identity: sandbox '{sandbox}' presented generation {presented}, current is {current}")]
+    StaleIdentity { sandbox: String, presented: u64, current: u64 },
+
+    #[error("runtime token is missing or malformed")]
+    MalformedToken,
+
+    #[error("runtime token is not valid")]
+    BadToken,
+
+    #[error("{kind} '{name}' is under contention: {attempts} conditional writes conflicted")]
+    Contention { kind: Kind, name: String, attempts: u32 },
+}
+
+impl Error {
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Invalid { .. } => Code::InvalidArgument,
+            Error::NotFound { .. } => Code::NotFound,
+            Error::AlreadyExists { .. } => Code::AlreadyExists,
+            Error::WrongPhase { .. }
+            | Error::UnknownProvider { .. }
+            | Error::ProviderAttached { .. }
+            | Error::CredentialCollision { .. } => Code::FailedPrecondition,
+            Error::StaleVersion { .. } => Code::Aborted,
+            Error::StaleIdentity { .. } => Code::PermissionDenied,
+            Error::MalformedToken | Error::BadToken => Code::Unauthenticated,
+            // Exhausting the server-owned retry is transient for the caller; the simulator treats
+            // any occurrence as a bug (I3).
+            Error::Contention { .. } => Code::Unavailable,
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid { field: field.into(), reason: reason.into() }
+    }
+}

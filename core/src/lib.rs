@@ -1,0 +1,32 @@
+//! berth-core: Berth's lifecycle contract as pure, deterministic code.
+//!
+//! Inputs are commands, observations, what the store read, and `now`; outputs are decisions:
+//! the conditional writes to commit, then the driver effects to run. Nothing here does I/O,
+//! reads a clock or draws a random number: anything timed or random is an argument.
+//!
+//! - [`record`]: sandboxes and providers (DESIGN 3.1)
+//! - [`command`]: API commands decided against a read (3.2)
+//! - [`cas`]: what to do after a conflicting write (3.3)
+//! - [`identity`]: runtime identity tokens (3.4)
+//! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
+//! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
+//! - [`error`]: typed errors with their status class (3.7)
+
+pub mod cas;
+pub mod command;
+pub mod decision;
+pub mod error;
+pub mod identity;
+pub mod observation;
+pub mod record;
+pub mod recovery;
+pub mod validate;
+
+pub use command::{Command, Reads, Request, decide};
+pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
+pub use error::{Code, Error, Kind};
+pub use observation::{Observation, RuntimeSource, RuntimeState, StartReply, merge};
+pub use record::{
+    ExitFence, ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId,
+    SandboxSpec, Secret, Timestamp,
+};

@@ -1,0 +1,372 @@
+//! The one observation merge (DESIGN 3.5).
+//!
+//! Every report about a sandbox's runtime, whichever path brought it (watch event, initial
+//! sync, poll, recovery lookup, driver call result, supervisor), is merged here against the
+//! record, and nowhere else. The fence that tells the current generation's run from earlier ones
+//! is stored in the record, so every path consults the same one.
+
+use crate::decision::{Decision, Effect, Outcome, Write, update_sandbox};
+use crate::error::Error;
+use crate::record::{ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
+
+/// Which path brought a runtime report. Only logs and traces tell them apart: the rules are the
+/// same for every path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuntimeSource {
+    WatchEvent,
+    InitialSync,
+    PollGet,
+    PollList,
+    RecoveryLookup,
+}
+
+/// What the runtime shows of a sandbox's compute resource, in the runtime's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeState {
+    /// No such resource. `at` is the runtime's time of the removal when an event gave it.
+    Absent { at: Option<Timestamp> },
+    /// Exists, has never run.
+    Created,
+    Running { started_at: Timestamp },
+    /// Not running; the last run ended like this.
+    Exited(ExitMarker),
+}
+
+/// The driver's reply to an [`Effect::Start`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StartReply {
+    /// The generation's run is running (now or already).
+    Running { started_at: Timestamp },
+    /// The generation's run already ran and ended.
+    Exited(ExitMarker),
+    /// The runtime refused to start it (not a timeout or an unreachable runtime: those are
+    /// ambiguous and produce no observation; recovery re-drives the start).
+    Failed { message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observation {
+    Runtime {
+        source: RuntimeSource,
+        state: RuntimeState,
+        /// The record's version read before the runtime was asked, when one was (polls).
+        /// Only absence needs it: it carries no runtime time to fence with.
+        as_of_version: Option<u64>,
+    },
+    /// The driver's reply to [`Effect::Start`] of `generation`.
+    Started { generation: u64, reply: StartReply },
+    /// The driver's reply to [`Effect::Stop`]: the final state once nothing runs.
+    Stopped { generation: u64, state: RuntimeState },
+    /// The driver's reply to [`Effect::Delete`]: everything is gone.
+    Deleted,
+    /// A supervisor authenticated with a valid token of `generation`.
+    SupervisorConnected { generation: u64 },
+    /// A supervisor of `generation` reported its main process's exit.
+    MainProcessExited { generation: u64, exit_code: i32 },
+}
+
+impl Observation {
+    /// The path that brought it, for logs.
+    pub fn source_name(&self) -> &'static str {
+        match self {
+            Observation::Runtime { source, .. } => match source {
+                RuntimeSource::WatchEvent => "watch event",
+                RuntimeSource::InitialSync => "initial sync",
+                RuntimeSource::PollGet => "poll get",
+                RuntimeSource::PollList => "poll list",
+                RuntimeSource::RecoveryLookup => "recovery lookup",
+            },
+            Observation::Started { .. } => "driver start reply",
+            Observation::Stopped { .. } => "driver stop reply",
+            Observation::Deleted => "driver delete reply",
+            Observation::SupervisorConnected { .. } => "supervisor connect",
+            Observation::MainProcessExited { .. } => "supervisor exit report",
+        }
+    }
+}
+
+/// Whether a run that started at `started_at` (runtime clock) belongs to the current
+/// generation. Once this generation's start time is known it decides; before, the exit fence
+/// does: a run belongs only if it started after the replaced run finished (rule 2).
+pub fn owns_run(sandbox: &Sandbox, started_at: Timestamp) -> bool {
+    match sandbox.run {
+        Run::Started { at: Some(at) } => started_at >= at,
+        Run::Ended(marker) => started_at >= marker.started_at,
+        Run::Pending | Run::Started { at: None } => {
+            sandbox.exit_fence.settled && sandbox.exit_fence.marker.is_none_or(|f| started_at > f.finished_at)
+        }
+    }
+}
+
+/// Merges `observation` about sandbox `id` into `current` (the record as just read; `None` if
+/// there is none) at gateway time `now`.
+///
+/// The only error is a supervisor's rejection (stale identity, or no such sandbox). A decision
+/// without writes means nothing changes; its effects are still to be run (re-drives).
+pub fn merge(
+    current: Option<&Sandbox>,
+    id: &SandboxId,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Decision, Error> {
+    let Some(sandbox) = current else {
+        return orphan(id, observation);
+    };
+    if let Observation::SupervisorConnected { generation } = observation {
+        check_generation(sandbox, *generation)?;
+    }
+    let mut merge = Merge { before: sandbox, next: sandbox.clone(), effects: Vec::new(), remove: false };
+    if sandbox.is(PhaseKind::Deleting) {
+        merge.deleting(observation);
+    } else {
+        merge.apply(observation);
+    }
+    Ok(merge.finish(now))
+}
+
+/// Rule 4 and DESIGN 3.4: only the current generation authenticates.
+fn check_generation(sandbox: &Sandbox, presented: u64) -> Result<(), Error> {
+    if presented != sandbox.generation {
+        return Err(Error::StaleIdentity {
+            sandbox: sandbox.name.clone(),
+            presented,
+            current: sandbox.generation,
+        });
+    }
+    Ok(())
+}
+
+/// A report about a sandbox with no record. Records are written before any effect, so a
+/// compute resource without one is left over from a delete: remove it.
+fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> {
+    let exists = match observation {
+        Observation::Runtime { state, .. } | Observation::Stopped { state, .. } => {
+            !matches!(state, RuntimeState::Absent { .. })
+        }
+        Observation::Started { .. } => true,
+        Observation::SupervisorConnected { .. } => {
+            return Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() });
+        }
+        Observation::Deleted | Observation::MainProcessExited { .. } => false,
+    };
+    let effects = if exists { vec![Effect::Delete { sandbox: id.clone() }] } else { vec![] };
+    Ok(Decision::unchanged(Outcome::Removed, effects))
+}
+
+struct Merge<'a> {
+    before: &'a Sandbox,
+    next: Sandbox,
+    effects: Vec<Effect>,
+    /// The record ends: the runtime confirmed a delete.
+    remove: bool,
+}
+
+impl Merge<'_> {
+    /// Rule 1: a Deleting sandbox waits only for the runtime to confirm that everything is gone.
+    fn deleting(&mut self, observation: &Observation) {
+        match observation {
+            Observation::Deleted => self.remove = true,
+            // The resource is gone but only the driver's delete also removes what was made for
+            // it (volumes, secrets): re-drive it, and let its reply end the record.
+            Observation::Runtime { state: RuntimeState::Absent { .. }, .. }
+            | Observation::Stopped { state: RuntimeState::Absent { .. }, .. } => {
+                self.effects.push(Effect::Delete { sandbox: self.before.id.clone() });
+            }
+            _ => {}
+        }
+    }
+
+    fn apply(&mut self, observation: &Observation) {
+        let generation = self.before.generation;
+        match observation {
+            Observation::Runtime { state, as_of_version, .. } => self.runtime(*state, *as_of_version, false),
+            Observation::Started { generation: g, reply } if *g == generation => self.start_reply(reply),
+            Observation::Stopped { generation: g, state } if *g == generation && self.next.is(PhaseKind::Stopping) => {
+                self.stop_reply(*state);
+            }
+            // A stop reply that finds the sandbox past Stopping is one more runtime report.
+            Observation::Stopped { state, .. } => self.runtime(*state, None, false),
+            Observation::SupervisorConnected { .. } => self.supervisor_connected(),
+            Observation::MainProcessExited { generation: g, exit_code } if *g == generation => {
+                self.main_process_exited(*exit_code);
+            }
+            // Replies and reports of older generations: ignored (rule 5).
+            Observation::Started { .. } | Observation::MainProcessExited { .. } | Observation::Deleted => {}
+        }
+    }
+
+    fn runtime(&mut self, state: RuntimeState, as_of_version: Option<u64>, attributed: bool) {
+        match state {
+            RuntimeState::Absent { at } => self.absent(at, as_of_version),
+            RuntimeState::Created => {}
+            RuntimeState::Running { started_at } => self.running(started_at, attributed),
+            RuntimeState::Exited(marker) => self.exited(marker, attributed),
+        }
+    }
+
+    fn owns(&self, started_at: Timestamp) -> bool {
+        owns_run(&self.next, started_at)
+    }
+
+    /// Rules 2 and 3.
+    fn exited(&mut self, marker: ExitMarker, attributed: bool) {
+        if self.next.last_exit.is_none_or(|last| marker.finished_at > last.finished_at) {
+            self.next.last_exit = Some(marker);
+        }
+        if !attributed && !self.owns(marker.started_at) {
+            return; // Rule 2: a stale exit, whatever path brought it.
+        }
+        if let Run::Ended(known) = self.next.run
+            && marker.finished_at <= known.finished_at
+        {
+            return;
+        }
+        self.next.run = Run::Ended(marker);
+        match (self.next.intent, self.next.phase.kind()) {
+            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.next.phase = Phase::Stopped,
+            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
+                self.next.fail(Failure {
+                    reason: FailureReason::ContainerExited,
+                    exit_code: Some(marker.exit_code),
+                    message: format!("the sandbox exited with code {}", marker.exit_code),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    fn running(&mut self, started_at: Timestamp, attributed: bool) {
+        if !attributed && !self.owns(started_at) {
+            return;
+        }
+        match self.next.run {
+            Run::Pending | Run::Started { at: None } => self.next.run = Run::Started { at: Some(started_at) },
+            Run::Started { at: Some(_) } => {}
+            // A snapshot of the run that has since been seen to end.
+            Run::Ended(marker) if started_at <= marker.finished_at => return,
+            // A later run, started outside Berth.
+            Run::Ended(_) => {}
+        }
+        self.stop_if_unwanted();
+    }
+
+    /// DESIGN 3.6: intent Stopped but a run is alive: stop it again (level-based).
+    fn stop_if_unwanted(&mut self) {
+        if self.next.intent != Intent::Stopped {
+            return;
+        }
+        if matches!(self.next.phase.kind(), PhaseKind::Stopped | PhaseKind::Error) {
+            self.next.phase = Phase::Stopping;
+        }
+        self.effects.push(Effect::Stop { sandbox: self.next.id.clone(), generation: self.next.generation });
+    }
+
+    /// Rule 6, with the two fences absence can have: the runtime's time of a removal event,
+    /// and the record version a poll started from.
+    fn absent(&mut self, at: Option<Timestamp>, as_of_version: Option<u64>) {
+        if at.is_some_and(|at| !self.owns(at)) || as_of_version.is_some_and(|v| v != self.before.resource_version) {
+            return;
+        }
+        // Until this generation's run is known to have started, its start creates the resource.
+        if self.next.run == Run::Pending && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
+        {
+            return;
+        }
+        self.missing();
+    }
+
+    fn missing(&mut self) {
+        if let Phase::Error(failure) = &self.next.phase
+            && failure.reason == FailureReason::ComputeResourceMissing
+        {
+            return;
+        }
+        self.next.fail(Failure {
+            reason: FailureReason::ComputeResourceMissing,
+            exit_code: None,
+            message: "the runtime no longer has this sandbox's compute resource".to_string(),
+        });
+    }
+
+    fn start_reply(&mut self, reply: &StartReply) {
+        match reply {
+            StartReply::Running { started_at } => self.running(*started_at, true),
+            StartReply::Exited(marker) => self.exited(*marker, true),
+            StartReply::Failed { message } => {
+                // The one thing that moves a sandbox whose run has not begun to Error.
+                if self.next.run == Run::Pending
+                    && self.next.intent == Intent::Running
+                    && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
+                {
+                    self.next.fail(Failure {
+                        reason: FailureReason::StartFailed,
+                        exit_code: None,
+                        message: message.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The driver says nothing runs any more: the stop is complete.
+    fn stop_reply(&mut self, state: RuntimeState) {
+        match state {
+            RuntimeState::Absent { .. } => self.missing(),
+            RuntimeState::Created => self.next.phase = Phase::Stopped,
+            RuntimeState::Exited(marker) => {
+                self.exited(marker, false);
+                self.next.phase = Phase::Stopped;
+            }
+            // A driver must not reply before the run has exited; ask again.
+            RuntimeState::Running { started_at } => self.running(started_at, false),
+        }
+    }
+
+    /// Rule 4 (the generation was checked before).
+    fn supervisor_connected(&mut self) {
+        if self.next.intent != Intent::Running {
+            return;
+        }
+        if self.next.run == Run::Pending {
+            self.next.run = Run::Started { at: None };
+        }
+        // Rule 7: only a run still starting becomes Ready; Error and Stopped need a new generation.
+        if matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting) {
+            self.next.phase = Phase::Ready;
+        }
+    }
+
+    /// Rule 5.
+    fn main_process_exited(&mut self, exit_code: i32) {
+        if self.next.intent != Intent::Running
+            || !matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        {
+            return;
+        }
+        if self.next.run == Run::Pending {
+            self.next.run = Run::Started { at: None };
+        }
+        self.next.fail(Failure {
+            reason: FailureReason::MainProcessExited,
+            exit_code: Some(exit_code),
+            message: format!("the main process exited with code {exit_code}"),
+        });
+    }
+
+    fn finish(self, now: Timestamp) -> Decision {
+        let Merge { before, next, mut effects, remove } = self;
+        effects.dedup();
+        if remove {
+            return Decision {
+                writes: vec![Write::RemoveSandbox { id: before.id.clone(), expected: before.resource_version }],
+                effects,
+                outcome: Outcome::Removed,
+            };
+        }
+        if next == *before {
+            return Decision::unchanged(Outcome::Sandbox(next), effects);
+        }
+        let (write, next) = update_sandbox(before, next, now);
+        Decision { writes: vec![write], effects, outcome: Outcome::Sandbox(next) }
+    }
+}

@@ -1,0 +1,254 @@
+//! Input validation: the limits every entry point applies before a command is decided, so the
+//! gateway, the simulator and the fuzzers reject the same inputs with the same field names.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::Error;
+use crate::record::{SandboxSpec, Secret};
+
+/// Most providers one sandbox can reference.
+pub const MAX_PROVIDERS: usize = 32;
+/// Most credentials one provider can hold.
+pub const MAX_CREDENTIALS: usize = 64;
+/// Largest encoded spec (image, command, environment and labels together), in bytes.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+pub const MAX_IMAGE_BYTES: usize = 512;
+pub const MAX_ARG_BYTES: usize = 16 * 1024;
+pub const MAX_ENV_NAME_BYTES: usize = 256;
+pub const MAX_VALUE_BYTES: usize = 32 * 1024;
+pub const MAX_LABELS: usize = 64;
+/// Environment names the runtime sets itself; a spec or provider cannot set them.
+pub const RESERVED_ENV_PREFIX: &str = "BERTH_";
+
+/// A DNS label: 1 to 63 lowercase letters, digits and '-', starting and ending alphanumeric.
+pub fn dns_label(field: &str, value: &str) -> Result<(), Error> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if bytes.len() > 63 {
+        return Err(Error::invalid(field, format!("must be at most 63 characters, got {}", bytes.len())));
+    }
+    if let Some(bad) = value.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
+        return Err(Error::invalid(
+            field,
+            format!("{bad:?} is not allowed: use lowercase letters, digits and '-' (a DNS label)"),
+        ));
+    }
+    if !bytes[0].is_ascii_alphanumeric() || !bytes[bytes.len() - 1].is_ascii_alphanumeric() {
+        return Err(Error::invalid(field, "must start and end with a letter or digit (a DNS label)"));
+    }
+    Ok(())
+}
+
+/// An environment variable name: `[A-Za-z_][A-Za-z0-9_]*`, not reserved.
+pub fn env_name(field: &str, name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let valid = match chars.next() {
+        Some(first) => {
+            (first.is_ascii_alphabetic() || first == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }
+        None => false,
+    };
+    if !valid || name.len() > MAX_ENV_NAME_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!("{name:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most {MAX_ENV_NAME_BYTES} bytes)"),
+        ));
+    }
+    if name.starts_with(RESERVED_ENV_PREFIX) {
+        return Err(Error::invalid(field, format!("{name:?} is reserved: names starting with {RESERVED_ENV_PREFIX} are set by Berth")));
+    }
+    Ok(())
+}
+
+fn no_nul(field: &str, value: &str) -> Result<(), Error> {
+    if value.contains('\0') {
+        return Err(Error::invalid(field, "must not contain NUL bytes"));
+    }
+    Ok(())
+}
+
+fn label_part(field: &str, value: &str, allow_empty: bool) -> Result<(), Error> {
+    if value.is_empty() {
+        return if allow_empty { Ok(()) } else { Err(Error::invalid(field, "must not be empty")) };
+    }
+    let ok = value.len() <= 63
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !ok {
+        return Err(Error::invalid(
+            field,
+            format!("{value:?} must be at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"),
+        ));
+    }
+    Ok(())
+}
+
+/// A label selector or label key and value.
+pub fn label(key: &str, value: &str) -> Result<(), Error> {
+    label_part("spec.labels", key, false)?;
+    label_part(&format!("spec.labels[{key}]"), value, true)
+}
+
+/// The whole sandbox spec.
+pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
+    if spec.image.trim().is_empty() {
+        return Err(Error::invalid("spec.image", "must not be empty"));
+    }
+    if spec.image.len() > MAX_IMAGE_BYTES || spec.image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::invalid(
+            "spec.image",
+            format!("must be an image reference without spaces, at most {MAX_IMAGE_BYTES} bytes"),
+        ));
+    }
+    if spec.command.is_empty() || spec.command[0].is_empty() {
+        return Err(Error::invalid("spec.command", "must name a program to run"));
+    }
+    for (i, arg) in spec.command.iter().enumerate() {
+        let field = format!("spec.command[{i}]");
+        no_nul(&field, arg)?;
+        if arg.len() > MAX_ARG_BYTES {
+            return Err(Error::invalid(field, format!("must be at most {MAX_ARG_BYTES} bytes")));
+        }
+    }
+    for (name, value) in &spec.env {
+        env_name("spec.env", name)?;
+        let field = format!("spec.env[{name}]");
+        no_nul(&field, value)?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(Error::invalid(field, format!("must be at most {MAX_VALUE_BYTES} bytes")));
+        }
+    }
+    if spec.labels.len() > MAX_LABELS {
+        return Err(Error::invalid("spec.labels", format!("at most {MAX_LABELS} labels, got {}", spec.labels.len())));
+    }
+    for (key, value) in &spec.labels {
+        label(key, value)?;
+    }
+    let size = spec.image.len()
+        + spec.command.iter().map(String::len).sum::<usize>()
+        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + spec.labels.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    if size > MAX_SPEC_BYTES {
+        return Err(Error::invalid("spec", format!("is {size} bytes; at most {MAX_SPEC_BYTES} are allowed")));
+    }
+    Ok(())
+}
+
+/// A set of provider names for one sandbox.
+pub fn provider_names(field: &str, providers: &BTreeSet<String>) -> Result<(), Error> {
+    if providers.len() > MAX_PROVIDERS {
+        return Err(Error::invalid(field, format!("at most {MAX_PROVIDERS} providers, got {}", providers.len())));
+    }
+    for name in providers {
+        dns_label(field, name)?;
+    }
+    Ok(())
+}
+
+/// A provider's kind and credentials.
+pub fn provider(kind: &str, credentials: &BTreeMap<String, Secret>) -> Result<(), Error> {
+    label_part("kind", kind, false)?;
+    if credentials.len() > MAX_CREDENTIALS {
+        return Err(Error::invalid(
+            "credentials",
+            format!("at most {MAX_CREDENTIALS} credentials, got {}", credentials.len()),
+        ));
+    }
+    for (name, value) in credentials {
+        env_name("credentials", name)?;
+        // Never echo a secret value, even in an error.
+        let field = format!("credentials[{name}]");
+        no_nul(&field, value.expose())?;
+        if value.expose().len() > MAX_VALUE_BYTES {
+            return Err(Error::invalid(field, format!("must be at most {MAX_VALUE_BYTES} bytes")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    fn field_of(err: Error) -> String {
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        match err {
+            Error::Invalid { field, .. } => field,
+            other => panic!("not a validation error: {other}"),
+        }
+    }
+
+    #[test]
+    fn dns_labels() {
+        for ok in ["a", "web-1", "0abc", &"x".repeat(63)] {
+            dns_label("name", ok).unwrap();
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "é", &"x".repeat(64)] {
+            assert_eq!(field_of(dns_label("name", bad).unwrap_err()), "name", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn env_names() {
+        for ok in ["A", "_x", "PATH", "a1_B2"] {
+            env_name("spec.env", ok).unwrap();
+        }
+        for bad in ["", "1A", "A-B", "A B", "BERTH_RUNTIME_TOKEN", "A=B"] {
+            assert_eq!(field_of(env_name("spec.env", bad).unwrap_err()), "spec.env", "{bad:?}");
+        }
+    }
+
+    fn good_spec() -> SandboxSpec {
+        SandboxSpec { image: "busybox".into(), command: vec!["sleep".into(), "1".into()], ..Default::default() }
+    }
+
+    #[test]
+    fn specs_name_the_offending_field() {
+        spec(&good_spec()).unwrap();
+        let cases: Vec<(Box<dyn Fn(&mut SandboxSpec)>, &str)> = vec![
+            (Box::new(|s| s.image.clear()), "spec.image"),
+            (Box::new(|s| s.image = "bad image".into()), "spec.image"),
+            (Box::new(|s| s.command.clear()), "spec.command"),
+            (Box::new(|s| s.command = vec![String::new()]), "spec.command"),
+            (Box::new(|s| s.command.push("a\0b".into())), "spec.command[2]"),
+            (Box::new(|s| _ = s.env.insert("1BAD".into(), "v".into())), "spec.env"),
+            (Box::new(|s| _ = s.env.insert("OK".into(), "x".repeat(MAX_VALUE_BYTES + 1))), "spec.env[OK]"),
+            (Box::new(|s| _ = s.labels.insert("bad key".into(), "v".into())), "spec.labels"),
+            (Box::new(|s| _ = s.labels.insert("k".into(), "-v".into())), "spec.labels[k]"),
+            (
+                Box::new(|s| {
+                    for i in 0..20 {
+                        s.env.insert(format!("V{i}"), "x".repeat(MAX_VALUE_BYTES));
+                    }
+                }),
+                "spec",
+            ),
+        ];
+        for (mutate, field) in cases {
+            let mut s = good_spec();
+            mutate(&mut s);
+            assert_eq!(field_of(spec(&s).unwrap_err()), field);
+        }
+    }
+
+    #[test]
+    fn providers_are_limited() {
+        let many: BTreeSet<String> = (0..=MAX_PROVIDERS).map(|i| format!("p{i}")).collect();
+        assert_eq!(field_of(provider_names("providers", &many).unwrap_err()), "providers");
+        let bad: BTreeSet<String> = ["Bad".to_string()].into();
+        assert_eq!(field_of(provider_names("providers", &bad).unwrap_err()), "providers");
+    }
+
+    #[test]
+    fn provider_errors_never_echo_secrets() {
+        let creds: BTreeMap<String, Secret> = [("TOKEN".to_string(), Secret::new("hunter2\0"))].into();
+        let err = provider("openai", &creds).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert_eq!(field_of(err), "credentials[TOKEN]");
+        assert_eq!(format!("{:?}", Secret::new("hunter2")), "Secret(<redacted>)");
+    }
+}

@@ -1,0 +1,344 @@
+//! One test per row of DESIGN 3.2, table-driven over phases.
+
+use berth_core::{
+    Code, Command, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, Outcome, Phase, PhaseKind,
+    Provider, Reads, Request, Run, Sandbox, SandboxId, Secret, Timestamp, Write, decide,
+};
+
+use crate::world::{World, spec};
+
+const NOW: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
+
+fn marker(finished: i64) -> ExitMarker {
+    ExitMarker {
+        started_at: Timestamp::from_unix_nanos(finished - 5),
+        finished_at: Timestamp::from_unix_nanos(finished),
+        exit_code: 143,
+    }
+}
+
+fn error_phase() -> Phase {
+    Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "x".into() })
+}
+
+const ALL: [PhaseKind; 7] = [
+    PhaseKind::Provisioning,
+    PhaseKind::Starting,
+    PhaseKind::Ready,
+    PhaseKind::Stopping,
+    PhaseKind::Stopped,
+    PhaseKind::Deleting,
+    PhaseKind::Error,
+];
+
+/// A record in `kind`, with the intent that phase has when reached through the API.
+fn record(kind: PhaseKind) -> Sandbox {
+    let (phase, intent, run) = match kind {
+        PhaseKind::Provisioning => (Phase::Provisioning, Intent::Running, Run::Pending),
+        PhaseKind::Starting => (Phase::Starting, Intent::Running, Run::Pending),
+        PhaseKind::Ready => (Phase::Ready, Intent::Running, Run::Started { at: None }),
+        PhaseKind::Stopping => (Phase::Stopping, Intent::Stopped, Run::Started { at: None }),
+        PhaseKind::Stopped => (Phase::Stopped, Intent::Stopped, Run::Ended(marker(500))),
+        PhaseKind::Deleting => (Phase::Deleting, Intent::Deleted, Run::Pending),
+        PhaseKind::Error => (error_phase(), Intent::Running, Run::Ended(marker(500))),
+    };
+    Sandbox {
+        id: SandboxId::new("sb-1"),
+        name: "box".into(),
+        spec: spec(),
+        providers: ["p1".to_string()].into(),
+        intent,
+        phase,
+        resource_version: 7,
+        generation: 3,
+        exit_fence: ExitFence { marker: Some(marker(100)), settled: true },
+        run,
+        last_exit: Some(marker(500)),
+        created_at: Timestamp::from_unix_millis(1),
+        updated_at: Timestamp::from_unix_millis(2),
+    }
+}
+
+fn provider(name: &str, key: &str) -> Provider {
+    Provider {
+        name: name.into(),
+        kind: "test".into(),
+        credentials: [(key.to_string(), Secret::new("v"))].into(),
+        resource_version: 4,
+        created_at: Timestamp::from_unix_millis(1),
+        updated_at: Timestamp::from_unix_millis(1),
+    }
+}
+
+fn reads(sandbox: Option<Sandbox>) -> Reads {
+    Reads {
+        sandbox,
+        providers: [("p1".to_string(), provider("p1", "P1_KEY")), ("p2".to_string(), provider("p2", "P2_KEY"))].into(),
+        users: vec![],
+    }
+}
+
+fn on(kind: PhaseKind, command: Command) -> Result<berth_core::Decision, Error> {
+    decide(&Request::new(command, None), &reads(Some(record(kind))), NOW)
+}
+
+fn written(decision: &berth_core::Decision) -> &Sandbox {
+    match &decision.writes[0] {
+        Write::UpdateSandbox { record, expected } => {
+            assert_eq!(*expected, 7);
+            assert_eq!(record.resource_version, 8);
+            assert_eq!(record.updated_at, NOW);
+            record
+        }
+        other => panic!("expected one sandbox update, got {other:?}"),
+    }
+}
+
+fn stop() -> Command {
+    Command::StopSandbox { name: "box".into() }
+}
+fn start() -> Command {
+    Command::StartSandbox { name: "box".into() }
+}
+fn delete() -> Command {
+    Command::DeleteSandbox { name: "box".into() }
+}
+
+#[test]
+fn create_row() {
+    let create = |name: &str, providers: &[&str]| Command::CreateSandbox {
+        id: SandboxId::new("sb-new"),
+        name: name.into(),
+        spec: spec(),
+        providers: providers.iter().map(|p| p.to_string()).collect(),
+    };
+    let d = decide(&Request::new(create("fresh", &["p1"]), None), &reads(None), NOW).unwrap();
+    let Write::CreateSandbox(created) = &d.writes[0] else { panic!("{:?}", d.writes) };
+    assert_eq!(
+        (created.phase.kind(), created.intent, created.generation, created.resource_version),
+        (PhaseKind::Provisioning, Intent::Running, 1, 1)
+    );
+    assert_eq!((created.created_at, created.updated_at), (NOW, NOW));
+    // The attach is recorded in the provider's version, in the same transaction.
+    assert!(matches!(&d.writes[1], Write::UpdateProvider { record, expected: 4 } if record.name == "p1" && record.resource_version == 5));
+    assert_eq!(d.effects, vec![Effect::Start { sandbox: SandboxId::new("sb-new"), generation: 1 }]);
+
+    let taken = decide(&Request::new(create("box", &[]), None), &reads(Some(record(PhaseKind::Ready))), NOW);
+    assert_eq!(taken.unwrap_err().code(), Code::AlreadyExists);
+    let unknown = decide(&Request::new(create("fresh", &["nope"]), None), &reads(None), NOW).unwrap_err();
+    assert_eq!(unknown.code(), Code::FailedPrecondition);
+    assert!(unknown.to_string().contains("nope"), "{unknown}");
+    let bad = decide(&Request::new(create("Bad_Name", &[]), None), &reads(None), NOW).unwrap_err();
+    assert!(matches!(bad, Error::Invalid { ref field, .. } if field == "name"), "{bad}");
+    let versioned = decide(&Request::new(create("fresh", &[]), Some(3)), &reads(None), NOW).unwrap_err();
+    assert!(matches!(versioned, Error::Invalid { ref field, .. } if field == "expected_resource_version"));
+
+    // Credentials become environment variables: two sources may not name the same one.
+    let mut r = reads(None);
+    r.providers.insert("p3".into(), provider("p3", "P1_KEY"));
+    let clash = decide(&Request::new(create("fresh", &["p1", "p3"]), None), &r, NOW).unwrap_err();
+    assert_eq!(clash.code(), Code::FailedPrecondition);
+    assert!(clash.to_string().contains("P1_KEY"), "{clash}");
+}
+
+#[test]
+fn stop_row() {
+    for kind in ALL {
+        let result = on(kind, stop());
+        match kind {
+            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
+                let d = result.unwrap();
+                let next = written(&d);
+                assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Stopping, Intent::Stopped), "{kind}");
+                assert_eq!(next.generation, 3, "stop keeps the generation");
+                assert_eq!(d.effects, vec![Effect::Stop { sandbox: SandboxId::new("sb-1"), generation: 3 }]);
+            }
+            PhaseKind::Stopping | PhaseKind::Stopped => {
+                let d = result.unwrap();
+                assert!(d.writes.is_empty() && d.effects.is_empty(), "{kind}: a no-op success");
+                assert!(matches!(d.outcome, Outcome::Sandbox(ref s) if s.phase.kind() == kind));
+            }
+            PhaseKind::Deleting => assert_eq!(result.unwrap_err().code(), Code::FailedPrecondition),
+        }
+    }
+}
+
+#[test]
+fn start_row() {
+    for kind in ALL {
+        let result = on(kind, start());
+        match kind {
+            PhaseKind::Stopped | PhaseKind::Error => {
+                let d = result.unwrap();
+                let next = written(&d);
+                assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Starting, Intent::Running), "{kind}");
+                // The generation bump and the exit fence are in the one decided write.
+                assert_eq!(next.generation, 4);
+                assert_eq!(next.exit_fence, ExitFence { marker: Some(marker(500)), settled: true });
+                assert_eq!(next.run, Run::Pending);
+                assert_eq!(d.writes.len(), 1);
+                assert_eq!(d.effects, vec![Effect::Start { sandbox: SandboxId::new("sb-1"), generation: 4 }]);
+            }
+            PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Provisioning => {
+                let d = result.unwrap();
+                assert!(d.writes.is_empty() && d.effects.is_empty(), "{kind}: a no-op success");
+            }
+            PhaseKind::Deleting | PhaseKind::Stopping => {
+                let err = result.unwrap_err();
+                assert_eq!(err.code(), Code::FailedPrecondition, "{kind}");
+                assert!(err.to_string().contains(&kind.to_string()), "{err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn start_out_of_error_with_a_run_still_alive_leaves_the_fence_unsettled() {
+    let mut sandbox = record(PhaseKind::Error);
+    sandbox.phase =
+        Phase::Error(Failure { reason: FailureReason::MainProcessExited, exit_code: Some(2), message: "m".into() });
+    sandbox.run = Run::Started { at: None };
+    let d = decide(&Request::new(start(), None), &reads(Some(sandbox)), NOW).unwrap();
+    assert_eq!(written(&d).exit_fence, ExitFence { marker: Some(marker(500)), settled: false });
+}
+
+#[test]
+fn delete_row() {
+    for kind in ALL {
+        let d = on(kind, delete()).unwrap();
+        let effect = Effect::Delete { sandbox: SandboxId::new("sb-1") };
+        assert_eq!(d.effects, vec![effect], "{kind}");
+        if kind == PhaseKind::Deleting {
+            assert!(d.writes.is_empty(), "a repeated delete re-drives the driver without writing");
+        } else {
+            let next = written(&d);
+            assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Deleting, Intent::Deleted));
+        }
+    }
+}
+
+#[test]
+fn attach_detach_row() {
+    let attach = || Command::AttachProvider { sandbox: "box".into(), provider: "p2".into() };
+    let detach = || Command::DetachProvider { sandbox: "box".into(), provider: "p1".into() };
+    for kind in ALL {
+        for (command, attached) in [(attach(), true), (detach(), false)] {
+            let result = on(kind, command);
+            if kind == PhaseKind::Deleting {
+                assert_eq!(result.unwrap_err().code(), Code::FailedPrecondition);
+                continue;
+            }
+            let d = result.unwrap();
+            let next = written(&d);
+            assert_eq!(next.providers.contains(if attached { "p2" } else { "p1" }), attached);
+            assert_eq!(next.phase, record(kind).phase, "applies at the next (re)start: no phase change");
+            assert!(d.effects.is_empty());
+            // Only an attach touches the provider, in the same transaction.
+            assert_eq!(d.writes.len(), if attached { 2 } else { 1 });
+        }
+    }
+    // Idempotent both ways.
+    let again = decide(
+        &Request::new(Command::AttachProvider { sandbox: "box".into(), provider: "p1".into() }, None),
+        &reads(Some(record(PhaseKind::Ready))),
+        NOW,
+    )
+    .unwrap();
+    assert!(again.writes.is_empty());
+    let absent = on(PhaseKind::Ready, Command::DetachProvider { sandbox: "box".into(), provider: "p2".into() }).unwrap();
+    assert!(absent.writes.is_empty());
+    let unknown = on(PhaseKind::Ready, Command::AttachProvider { sandbox: "box".into(), provider: "zz".into() });
+    assert_eq!(unknown.unwrap_err().code(), Code::FailedPrecondition);
+    let mut full = record(PhaseKind::Ready);
+    full.providers = (0..32).map(|i| format!("q{i}")).collect();
+    let over = decide(&Request::new(attach(), None), &reads(Some(full)), NOW).unwrap_err();
+    assert!(matches!(over, Error::Invalid { ref field, .. } if field == "provider"), "{over}");
+}
+
+#[test]
+fn delete_provider_row() {
+    let request = Request::new(Command::DeleteProvider { name: "p1".into() }, None);
+    let blocked_by = |kinds: &[PhaseKind]| {
+        let users = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let mut s = record(*k);
+                s.name = format!("box{i}");
+                s
+            })
+            .collect();
+        decide(&request, &Reads { users, ..reads(None) }, NOW)
+    };
+    for kind in ALL {
+        let result = blocked_by(&[kind]);
+        if kind == PhaseKind::Deleting {
+            let d = result.unwrap();
+            assert_eq!(d.writes, vec![Write::RemoveProvider { name: "p1".into(), expected: 4 }]);
+        } else {
+            let err = result.unwrap_err();
+            assert_eq!(err.code(), Code::FailedPrecondition, "{kind}");
+            assert_eq!(err, Error::ProviderAttached { provider: "p1".into(), sandboxes: vec!["box0".into()] });
+        }
+    }
+    // Deleting references are released even beside others: only the live ones are named.
+    let err = blocked_by(&[PhaseKind::Deleting, PhaseKind::Ready]).unwrap_err();
+    assert_eq!(err, Error::ProviderAttached { provider: "p1".into(), sandboxes: vec!["box1".into()] });
+    let missing = decide(&Request::new(Command::DeleteProvider { name: "zz".into() }, None), &reads(None), NOW);
+    assert_eq!(missing.unwrap_err().code(), Code::NotFound);
+}
+
+#[test]
+fn every_mutating_command_checks_a_client_version_first() {
+    let commands = [
+        stop(),
+        start(),
+        delete(),
+        Command::AttachProvider { sandbox: "box".into(), provider: "p2".into() },
+        Command::DetachProvider { sandbox: "box".into(), provider: "p1".into() },
+    ];
+    for kind in ALL {
+        for command in &commands {
+            let stale = decide(&Request::new(command.clone(), Some(6)), &reads(Some(record(kind))), NOW).unwrap_err();
+            assert_eq!(
+                stale,
+                Error::StaleVersion { kind: berth_core::Kind::Sandbox, name: "box".into(), expected: 6, current: Some(7) },
+                "{kind} {command:?}: ABORTED even where the command would be a no-op or refused"
+            );
+            assert_eq!(stale.code(), Code::Aborted);
+            assert!(stale.to_string().contains('6') && stale.to_string().contains('7'));
+            // The current version is accepted.
+            let fresh = decide(&Request::new(command.clone(), Some(7)), &reads(Some(record(kind))), NOW);
+            assert_ne!(fresh.err().map(|e| e.code()), Some(Code::Aborted));
+        }
+    }
+    let provider_delete = Request::new(Command::DeleteProvider { name: "p1".into() }, Some(3));
+    assert_eq!(decide(&provider_delete, &reads(None), NOW).unwrap_err().code(), Code::Aborted);
+}
+
+#[test]
+fn a_client_version_that_goes_stale_during_the_write_is_aborted_and_writes_nothing() {
+    let mut w = World::default();
+    w.create("box", &[]).unwrap();
+    let version = w.sandbox("box").resource_version;
+    w.interference.push("box".into());
+    let before = w.store.clone().sandboxes;
+    let err = w.request(Command::StopSandbox { name: "box".into() }, Some(version)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::StaleVersion { kind: berth_core::Kind::Sandbox, name: "box".into(), expected: version, current: Some(version + 1) }
+    );
+    let after = &w.store.sandboxes;
+    assert_eq!(after.len(), before.len());
+    assert_eq!(w.sandbox("box").phase, Phase::Provisioning, "nothing of the stop was written");
+    assert_eq!(w.sandbox("box").resource_version, version + 1, "only the other writer's write landed");
+}
+
+#[test]
+fn a_server_owned_command_re_decides_after_a_conflict() {
+    let mut w = World::default();
+    w.create("box", &[]).unwrap();
+    w.interference.push("box".into());
+    let out = w.stop("box").unwrap();
+    assert!(matches!(out, Outcome::Sandbox(s) if s.phase == Phase::Stopping && s.resource_version == 3));
+}

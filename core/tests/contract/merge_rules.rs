@@ -1,0 +1,351 @@
+//! One test per rule of DESIGN 3.5, each run over every observation path and phase it covers.
+
+use berth_core::{
+    Code, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, Observation, Phase, PhaseKind, Run,
+    RuntimeSource, RuntimeState, Sandbox, SandboxId, StartReply, Timestamp, Write, merge,
+};
+
+use crate::world::spec;
+
+const NOW: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
+const SOURCES: [RuntimeSource; 5] = [
+    RuntimeSource::WatchEvent,
+    RuntimeSource::InitialSync,
+    RuntimeSource::PollGet,
+    RuntimeSource::PollList,
+    RuntimeSource::RecoveryLookup,
+];
+
+fn t(n: i64) -> Timestamp {
+    Timestamp::from_unix_nanos(n)
+}
+
+fn exit(started: i64, finished: i64, code: i32) -> ExitMarker {
+    ExitMarker { started_at: t(started), finished_at: t(finished), exit_code: code }
+}
+
+/// The replaced run ran 50..100; this is generation 2.
+fn fence() -> ExitMarker {
+    exit(50, 100, 143)
+}
+
+fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
+    Sandbox {
+        id: SandboxId::new("sb-1"),
+        name: "box".into(),
+        spec: spec(),
+        providers: Default::default(),
+        intent,
+        phase,
+        resource_version: 10,
+        generation: 2,
+        exit_fence: ExitFence { marker: Some(fence()), settled: true },
+        run,
+        last_exit: Some(fence()),
+        created_at: t(0),
+        updated_at: t(0),
+    }
+}
+
+fn error(reason: FailureReason) -> Phase {
+    Phase::Error(Failure { reason, exit_code: None, message: String::new() })
+}
+
+/// Every phase (but Deleting), as the API leaves it, with this generation's run started at 200.
+fn phases() -> Vec<Sandbox> {
+    let started = Run::Started { at: Some(t(200)) };
+    let with_last_exit = |mut s: Sandbox| {
+        if let Run::Ended(m) = s.run {
+            s.last_exit = Some(m);
+        }
+        s
+    };
+    [
+        sandbox(Phase::Provisioning, Intent::Running, Run::Pending),
+        sandbox(Phase::Starting, Intent::Running, Run::Pending),
+        sandbox(Phase::Starting, Intent::Running, started),
+        sandbox(Phase::Ready, Intent::Running, started),
+        sandbox(Phase::Stopping, Intent::Stopped, started),
+        sandbox(Phase::Stopped, Intent::Stopped, Run::Ended(exit(200, 300, 143))),
+        sandbox(error(FailureReason::ContainerExited), Intent::Running, Run::Ended(exit(200, 300, 1))),
+    ]
+    .into_iter()
+    .map(with_last_exit)
+    .collect()
+}
+
+fn runtime(source: RuntimeSource, state: RuntimeState) -> Observation {
+    Observation::Runtime { source, state, as_of_version: None }
+}
+
+/// Every kind of observation, for the rules that say "everything".
+fn everything() -> Vec<Observation> {
+    let mut all: Vec<Observation> = SOURCES
+        .iter()
+        .flat_map(|s| {
+            [
+                runtime(*s, RuntimeState::Running { started_at: t(400) }),
+                runtime(*s, RuntimeState::Exited(exit(400, 500, 9))),
+                runtime(*s, RuntimeState::Exited(fence())),
+                runtime(*s, RuntimeState::Created),
+                runtime(*s, RuntimeState::Absent { at: None }),
+            ]
+        })
+        .collect();
+    all.extend([
+        Observation::Started { generation: 2, reply: StartReply::Running { started_at: t(400) } },
+        Observation::Started { generation: 2, reply: StartReply::Exited(exit(400, 500, 9)) },
+        Observation::Started { generation: 2, reply: StartReply::Failed { message: "no".into() } },
+        Observation::Stopped { generation: 2, state: RuntimeState::Exited(exit(400, 500, 9)) },
+        Observation::SupervisorConnected { generation: 2 },
+        Observation::MainProcessExited { generation: 2, exit_code: 4 },
+        Observation::MainProcessExited { generation: 1, exit_code: 4 },
+    ]);
+    all
+}
+
+fn after(before: &Sandbox, observation: &Observation) -> Sandbox {
+    let d = merge(Some(before), &before.id, observation, NOW).unwrap();
+    match d.writes.as_slice() {
+        [] => before.clone(),
+        [Write::UpdateSandbox { record, expected }] => {
+            assert_eq!(*expected, before.resource_version);
+            record.clone()
+        }
+        other => panic!("unexpected writes {other:?}"),
+    }
+}
+
+#[test]
+fn rule_1_deleting_waits_only_for_absence() {
+    let deleting = sandbox(Phase::Deleting, Intent::Deleted, Run::Started { at: Some(t(200)) });
+    for observation in everything() {
+        if matches!(observation, Observation::SupervisorConnected { .. }) {
+            continue; // a valid identity is still accepted; it changes nothing either
+        }
+        let d = merge(Some(&deleting), &deleting.id, &observation, NOW).unwrap();
+        assert!(d.writes.is_empty(), "{observation:?} wrote {:?}", d.writes);
+        let absent = matches!(observation, Observation::Runtime { state: RuntimeState::Absent { .. }, .. });
+        let redrive = vec![Effect::Delete { sandbox: deleting.id.clone() }];
+        assert_eq!(d.effects, if absent { redrive } else { vec![] }, "{observation:?}");
+    }
+    let done = merge(Some(&deleting), &deleting.id, &Observation::Deleted, NOW).unwrap();
+    assert_eq!(done.writes, vec![Write::RemoveSandbox { id: deleting.id.clone(), expected: 10 }]);
+}
+
+#[test]
+fn rule_2_an_exit_not_after_the_fence_is_ignored_in_every_phase_and_on_every_path() {
+    let stale = [fence(), exit(10, 40, 0), exit(50, 99, 1), exit(100, 100, 3)];
+    for before in phases() {
+        for source in SOURCES {
+            for marker in stale {
+                let obs = runtime(source, RuntimeState::Exited(marker));
+                let next = after(&before, &obs);
+                assert_eq!(next, before, "{} via {source:?}: {marker:?} changed the record", before.phase);
+            }
+        }
+        // The driver's stop reply and a delayed duplicate are no different.
+        let next = after(&before, &Observation::Stopped { generation: 1, state: RuntimeState::Exited(fence()) });
+        assert_eq!(next.phase, before.phase);
+    }
+}
+
+#[test]
+fn rule_3_a_fresh_exit_follows_the_intent() {
+    for before in phases() {
+        for source in SOURCES {
+            let fresh = exit(200, 700, 3);
+            let next = after(&before, &runtime(source, RuntimeState::Exited(fresh)));
+            let expected = match (before.intent, before.phase.kind()) {
+                (Intent::Stopped, _) => PhaseKind::Stopped,
+                (Intent::Running, _) => PhaseKind::Error,
+                (Intent::Deleted, _) => unreachable!(),
+            };
+            assert_eq!(next.phase.kind(), expected, "{} via {source:?}", before.phase);
+            assert_eq!(next.run, Run::Ended(fresh));
+            assert_eq!(next.last_exit, Some(fresh), "Stopped and Error carry the marker of the run that ended");
+            if before.phase.kind() != PhaseKind::Error && expected == PhaseKind::Error {
+                assert_eq!(
+                    next.phase,
+                    Phase::Error(Failure {
+                        reason: FailureReason::ContainerExited,
+                        exit_code: Some(3),
+                        message: "the sandbox exited with code 3".into()
+                    })
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rule_4_the_current_generations_supervisor_makes_a_starting_sandbox_ready() {
+    for before in phases() {
+        let next = after(&before, &Observation::SupervisorConnected { generation: 2 });
+        let expected = match before.phase.kind() {
+            PhaseKind::Provisioning | PhaseKind::Starting => PhaseKind::Ready,
+            other => other,
+        };
+        assert_eq!(next.phase.kind(), expected, "{}", before.phase);
+        for old in [1, 3] {
+            let err = merge(Some(&before), &before.id, &Observation::SupervisorConnected { generation: old }, NOW)
+                .unwrap_err();
+            assert_eq!(err, Error::StaleIdentity { sandbox: "box".into(), presented: old, current: 2 });
+            assert_eq!(err.code(), Code::PermissionDenied);
+        }
+    }
+}
+
+#[test]
+fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
+    for before in phases() {
+        let next = after(&before, &Observation::MainProcessExited { generation: 2, exit_code: 7 });
+        if before.intent == Intent::Running && before.phase.kind() != PhaseKind::Error {
+            assert_eq!(
+                next.phase,
+                Phase::Error(Failure {
+                    reason: FailureReason::MainProcessExited,
+                    exit_code: Some(7),
+                    message: "the main process exited with code 7".into()
+                }),
+                "{}",
+                before.phase
+            );
+        } else {
+            assert_eq!(next, before, "{}", before.phase);
+        }
+        assert_eq!(after(&before, &Observation::MainProcessExited { generation: 1, exit_code: 7 }), before);
+    }
+}
+
+#[test]
+fn rule_6_absence_is_compute_resource_missing_on_every_path() {
+    for before in phases() {
+        let pending = before.run == Run::Pending;
+        for source in SOURCES {
+            let next = after(&before, &runtime(source, RuntimeState::Absent { at: None }));
+            if pending {
+                // Its start will create the resource: nothing to report yet.
+                assert_eq!(next, before, "{} via {source:?}", before.phase);
+            } else {
+                assert_eq!(next.phase, error_missing(), "{} via {source:?}", before.phase);
+            }
+        }
+        if !pending && before.phase.kind() == PhaseKind::Stopping {
+            let next = after(&before, &Observation::Stopped { generation: 2, state: RuntimeState::Absent { at: None } });
+            assert_eq!(next.phase, error_missing());
+        }
+    }
+}
+
+fn error_missing() -> Phase {
+    Phase::Error(Failure {
+        reason: FailureReason::ComputeResourceMissing,
+        exit_code: None,
+        message: "the runtime no longer has this sandbox's compute resource".into(),
+    })
+}
+
+#[test]
+fn rule_6_absence_older_than_what_the_record_knows_is_ignored() {
+    let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) });
+    // A removal event from before this generation's run started.
+    let old_event = runtime(RuntimeSource::WatchEvent, RuntimeState::Absent { at: Some(t(150)) });
+    assert_eq!(after(&ready, &old_event), ready);
+    let new_event = runtime(RuntimeSource::WatchEvent, RuntimeState::Absent { at: Some(t(250)) });
+    assert_eq!(after(&ready, &new_event).phase, error_missing());
+    // A poll that began before the record's last write.
+    let stale_poll = Observation::Runtime {
+        source: RuntimeSource::PollList,
+        state: RuntimeState::Absent { at: None },
+        as_of_version: Some(9),
+    };
+    assert_eq!(after(&ready, &stale_poll), ready);
+    let poll = Observation::Runtime {
+        source: RuntimeSource::PollList,
+        state: RuntimeState::Absent { at: None },
+        as_of_version: Some(10),
+    };
+    assert_eq!(after(&ready, &poll).phase, error_missing());
+}
+
+#[test]
+fn rule_7_observations_never_change_intent_nor_bring_error_or_stopped_back_to_ready() {
+    let mut all = phases();
+    all.push(sandbox(Phase::Deleting, Intent::Deleted, Run::Pending));
+    for before in all {
+        for observation in everything() {
+            let Ok(d) = merge(Some(&before), &before.id, &observation, NOW) else { continue };
+            let Some(Write::UpdateSandbox { record: next, .. }) = d.writes.first() else { continue };
+            assert_eq!(next.intent, before.intent, "{} + {observation:?}", before.phase);
+            assert_eq!(next.generation, before.generation, "observations never rotate identities");
+            if matches!(before.phase.kind(), PhaseKind::Error | PhaseKind::Stopped) {
+                assert_ne!(next.phase.kind(), PhaseKind::Ready, "{} + {observation:?}", before.phase);
+            }
+        }
+    }
+}
+
+#[test]
+fn before_the_run_is_known_to_start_only_a_failed_start_gives_error() {
+    let mut starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+    starting.exit_fence.settled = false; // a run of the failed generation may still be alive
+    for observation in everything() {
+        let next = after(&starting, &observation);
+        let failed = matches!(observation, Observation::Started { reply: StartReply::Failed { .. }, .. });
+        let attributed = matches!(
+            observation,
+            Observation::Started { .. }
+                | Observation::SupervisorConnected { .. }
+                | Observation::MainProcessExited { generation: 2, .. }
+        );
+        if failed {
+            assert!(matches!(next.phase, Phase::Error(Failure { reason: FailureReason::StartFailed, .. })));
+        } else if !attributed {
+            assert_eq!(next.phase, Phase::Starting, "{observation:?}");
+        }
+    }
+}
+
+#[test]
+fn the_driver_start_reply_fixes_which_run_is_current() {
+    let mut starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+    starting.exit_fence.settled = false;
+    let started = after(&starting, &Observation::Started { generation: 2, reply: StartReply::Running { started_at: t(400) } });
+    assert_eq!(started.run, Run::Started { at: Some(t(400)) });
+    // The replaced run (started 300, after the fence) ends late: stale now.
+    let late = runtime(RuntimeSource::WatchEvent, RuntimeState::Exited(exit(300, 390, 143)));
+    assert_eq!(after(&started, &late).phase, Phase::Starting);
+    // This generation's own exit is still reported.
+    let genuine = runtime(RuntimeSource::PollGet, RuntimeState::Exited(exit(400, 450, 3)));
+    assert_eq!(after(&started, &genuine).phase.kind(), PhaseKind::Error);
+    // A reply of an older generation's start changes nothing.
+    let old = Observation::Started { generation: 1, reply: StartReply::Failed { message: "x".into() } };
+    assert_eq!(after(&starting, &old), starting);
+}
+
+#[test]
+fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
+    let stopped = sandbox(Phase::Stopped, Intent::Stopped, Run::Ended(exit(200, 300, 143)));
+    // A snapshot of the run that was stopped: stale.
+    let d = merge(Some(&stopped), &stopped.id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200) }), NOW)
+        .unwrap();
+    assert!(d.writes.is_empty() && d.effects.is_empty());
+    // A run started outside Berth after the stop.
+    let d = merge(Some(&stopped), &stopped.id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350) }), NOW)
+        .unwrap();
+    assert!(matches!(&d.writes[0], Write::UpdateSandbox { record, .. } if record.phase == Phase::Stopping));
+    assert_eq!(d.effects, vec![Effect::Stop { sandbox: stopped.id.clone(), generation: 2 }]);
+}
+
+#[test]
+fn a_leftover_resource_without_a_record_is_removed() {
+    let id = SandboxId::new("sb-gone");
+    let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1) }), NOW).unwrap();
+    assert_eq!(d.effects, vec![Effect::Delete { sandbox: id.clone() }]);
+    assert!(d.writes.is_empty());
+    let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Absent { at: None }), NOW).unwrap();
+    assert!(d.effects.is_empty());
+    let err = merge(None, &id, &Observation::SupervisorConnected { generation: 1 }, NOW).unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+}

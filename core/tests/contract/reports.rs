@@ -1,0 +1,279 @@
+//! The three motivating reports (DESIGN section 1), each as a deterministic event sequence.
+
+use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token, verify_token};
+use berth_core::{
+    Code, Command, Effect, Error, ExitMarker, Failure, FailureReason, Observation, Outcome, Phase, PhaseKind, Request,
+    Run, RuntimeSource, RuntimeState, StartReply, Timestamp, recovery,
+};
+
+use crate::world::World;
+
+const SOURCES: [RuntimeSource; 5] = [
+    RuntimeSource::WatchEvent,
+    RuntimeSource::InitialSync,
+    RuntimeSource::PollGet,
+    RuntimeSource::PollList,
+    RuntimeSource::RecoveryLookup,
+];
+
+/// A sandbox brought to Ready through the runtime and its supervisor.
+fn ready(w: &mut World, name: &str, providers: &[&str]) {
+    w.create(name, providers).unwrap();
+    w.run_all_effects();
+    let id = w.id(name);
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    assert_eq!(w.sandbox(name).phase, Phase::Ready);
+}
+
+fn runtime(source: RuntimeSource, state: RuntimeState) -> Observation {
+    Observation::Runtime { source, state, as_of_version: None }
+}
+
+/// R3: a polled snapshot still showing the previous run's exit lands inside a multi-step start.
+#[test]
+fn r3_a_snapshot_of_the_previous_exit_during_start_keeps_starting() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+
+    // Stop: the runtime's exit with finish time F.
+    w.stop("box").unwrap();
+    w.run_all_effects();
+    let stopped = w.sandbox("box");
+    assert_eq!(stopped.phase, Phase::Stopped);
+    let Run::Ended(f) = stopped.run else { panic!("{:?}", stopped.run) };
+
+    // Start: generation 2 is committed with the fence F; the runtime has not started it yet.
+    w.start("box").unwrap();
+    assert_eq!(w.sandbox("box").exit_fence.marker, Some(f));
+    let pending = w.effects.pop_front().unwrap();
+
+    // Reconcile polls (and every other path) land inside the start and still show exit F.
+    for source in SOURCES {
+        w.observe(&id, runtime(source, RuntimeState::Exited(f))).unwrap();
+        assert_eq!(w.sandbox("box").phase, Phase::Starting, "{source:?}");
+    }
+    w.poll(&id, RuntimeState::Exited(f)).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Starting);
+
+    // The start completes; the supervisor of generation 2 connects: Ready, wait-for-ready succeeds.
+    let (_, reply) = w.perform(&pending);
+    w.observe(&id, reply).unwrap();
+    // The previous exit, polled once more after the start: still stale.
+    w.poll(&id, RuntimeState::Exited(f)).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Starting);
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+
+    // A new exit F' > F of the restarted workload is reported.
+    let f2 = w.exit_workload(&id, 3).unwrap();
+    assert!(f2.finished_at > f.finished_at);
+    w.poll(&id, RuntimeState::Exited(f2)).unwrap();
+    assert_eq!(
+        w.sandbox("box").phase,
+        Phase::Error(Failure {
+            reason: FailureReason::ContainerExited,
+            exit_code: Some(3),
+            message: "the sandbox exited with code 3".into()
+        })
+    );
+}
+
+/// R3, event path: the previous run's exit event is delivered after the restart.
+#[test]
+fn r3_a_delayed_exit_event_applied_after_the_restart_is_stale() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    w.stop("box").unwrap();
+    // The stop's exit event is held back; the driver's stop reply completes the stop.
+    w.run_all_effects();
+    let Run::Ended(f) = w.sandbox("box").run else { panic!() };
+    w.start("box").unwrap();
+    w.run_all_effects();
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    w.observe(&id, runtime(RuntimeSource::WatchEvent, RuntimeState::Exited(f))).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+}
+
+/// R1: the start's driver call is retried after a lost reply and reuses the committed generation.
+#[test]
+fn r1_a_retried_start_reuses_the_committed_generation() {
+    let key = IdentityKey::from_bytes([9; 32]);
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    w.stop("box").unwrap();
+    w.run_all_effects();
+
+    let started = w.start("box").unwrap();
+    let Outcome::Sandbox(s) = started else { panic!() };
+    assert_eq!(s.generation, 2);
+    // The identity rotation is part of the Starting write itself.
+    assert_eq!((s.phase.kind(), s.generation, s.exit_fence.marker.is_some()), (PhaseKind::Starting, 2, true));
+
+    // The driver starts the run but its reply is lost (a timeout): nothing is merged.
+    let effect = w.effects.pop_front().unwrap();
+    assert_eq!(effect, Effect::Start { sandbox: id.clone(), generation: 2 });
+    let _lost = w.perform(&effect);
+
+    // Recovery (a sweep, or a restarted gateway) re-drives it with the same generation.
+    let redrive = recovery::unfinished(&w.sandbox("box")).unwrap();
+    assert_eq!(redrive, effect);
+    let (_, reply) = w.perform(&redrive);
+    assert!(matches!(reply, Observation::Started { generation: 2, reply: StartReply::Running { .. } }));
+    w.observe(&id, reply).unwrap();
+    assert_eq!(w.containers[&id].runs.iter().filter(|r| r.generation == 2).count(), 1, "one run per generation");
+
+    // Only generation 2's token authenticates; generation 1's is stale.
+    let token = |generation| derive_token(&key, &RuntimeIdentity { sandbox: id.clone(), generation });
+    for (generation, accepted) in [(1, false), (2, true)] {
+        let identity = verify_token(&key, token(generation).expose()).unwrap();
+        let result = w.observe(&id, Observation::SupervisorConnected { generation: identity.generation });
+        assert_eq!(result.is_ok(), accepted, "generation {generation}");
+        if let Err(e) = result {
+            assert_eq!(e.code(), Code::PermissionDenied);
+        }
+    }
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+    assert_eq!(w.sandbox("box").generation, 2);
+}
+
+/// R1: two starts racing from Stopped never produce two valid generations.
+#[test]
+fn r1_two_racing_starts_commit_one_generation() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    w.stop("box").unwrap();
+    w.run_all_effects();
+
+    // Client B's start commits between client A's read and write.
+    let b = Request::new(Command::StartSandbox { name: "box".into() }, None);
+    let stopped = w.sandbox("box");
+    let a_decision = berth_core::decide(&b, &w.store.reads(&b), w.now).unwrap();
+    let b_decision = w.store.execute_once(&b, w.now).unwrap();
+    assert_eq!(b_decision.effects, vec![Effect::Start { sandbox: stopped.id.clone(), generation: 2 }]);
+    // A's write conflicts; re-decided on the fresh record, its start is a no-op.
+    assert!(w.store.commit(&a_decision.writes).is_err());
+    let a_again = w.start("box").unwrap();
+    assert!(matches!(a_again, Outcome::Sandbox(ref s) if s.generation == 2));
+    assert!(w.effects.is_empty(), "the no-op start has no effect");
+    assert_eq!(w.sandbox("box").generation, 2);
+    assert_eq!(w.sandbox("box").resource_version, stopped.resource_version + 1);
+}
+
+/// R1: server-owned operations survive concurrent writers bumping the version.
+#[test]
+fn r1_server_owned_attach_and_start_retry_through_conflicts() {
+    let mut w = World::default();
+    w.create_provider("p1", "P1_TOKEN").unwrap();
+    ready(&mut w, "box", &[]);
+    w.stop("box").unwrap();
+    w.run_all_effects();
+    for _ in 0..5 {
+        w.interference.push("box".into());
+    }
+    // Every one of the bumps lands before the next write; each attempt re-decides.
+    let attach = w.request(Command::AttachProvider { sandbox: "box".into(), provider: "p1".into() }, None).unwrap();
+    assert!(matches!(attach, Outcome::Sandbox(ref s) if s.providers.contains("p1")));
+    w.interference.push("box".into());
+    let start = w.start("box").unwrap();
+    assert!(matches!(start, Outcome::Sandbox(ref s) if s.phase == Phase::Starting && s.generation == 2));
+    // A client-supplied version loses instead.
+    let version = w.sandbox("box").resource_version;
+    w.interference.push("box".into());
+    let err = w.request(Command::DetachProvider { sandbox: "box".into(), provider: "p1".into() }, Some(version));
+    assert_eq!(err.unwrap_err().code(), Code::Aborted);
+    assert!(w.sandbox("box").providers.contains("p1"));
+}
+
+/// R2: a delete whose first write conflicts reaches Deleting, and the provider can go at once.
+#[test]
+fn r2_delete_survives_a_conflict_and_releases_its_provider() {
+    let mut w = World::default();
+    w.create_provider("p1", "P1_TOKEN").unwrap();
+    ready(&mut w, "box", &["p1"]);
+    w.interference.push("box".into());
+    let deleted = w.delete("box").unwrap();
+    assert!(matches!(deleted, Outcome::Sandbox(ref s) if s.phase == Phase::Deleting));
+
+    // The sandbox is still Deleting (its runtime delete has not run): the provider goes anyway.
+    let gone = w.request(Command::DeleteProvider { name: "p1".into() }, None).unwrap();
+    assert_eq!(gone, Outcome::Removed);
+    assert!(w.store.providers.is_empty());
+
+    // The gateway "crashes" before running the delete; recovery finishes it.
+    w.effects.clear();
+    let redrive = recovery::unfinished(&w.sandbox("box")).unwrap();
+    let (id, reply) = w.perform(&redrive);
+    w.observe(&id, reply).unwrap();
+    assert!(w.store.sandboxes.is_empty());
+    assert!(w.containers.is_empty(), "no runtime container left behind");
+    // A repeated delete of a gone sandbox is NOT_FOUND, not an error of another kind.
+    assert_eq!(w.delete("box").unwrap_err().code(), Code::NotFound);
+}
+
+/// R2: an attach and a provider delete racing: no sandbox ends up attached to a deleted provider.
+#[test]
+fn r2_attach_racing_provider_delete_never_leaves_a_dangling_reference() {
+    for attach_first in [true, false] {
+        let mut w = World::default();
+        w.create_provider("p1", "P1_TOKEN").unwrap();
+        ready(&mut w, "box", &[]);
+        let attach = Request::new(Command::AttachProvider { sandbox: "box".into(), provider: "p1".into() }, None);
+        let remove = Request::new(Command::DeleteProvider { name: "p1".into() }, None);
+        let (first, second) = if attach_first { (&attach, &remove) } else { (&remove, &attach) };
+        // Both read before either writes.
+        let second_decision = berth_core::decide(second, &w.store.reads(second), w.now).unwrap();
+        w.store.execute_once(first, w.now).unwrap();
+        assert!(w.store.commit(&second_decision.writes).is_err(), "the second transaction must conflict");
+        // Re-decided, the second is refused for the right reason.
+        let again = berth_core::decide(second, &w.store.reads(second), w.now).unwrap_err();
+        assert_eq!(again.code(), Code::FailedPrecondition);
+        let attached = w.sandbox("box").providers.contains("p1");
+        assert_eq!(attached, w.store.providers.contains_key("p1"), "attached iff the provider exists");
+    }
+}
+
+/// R2, the other half: Deleting is never stuck, whatever the runtime does meanwhile.
+#[test]
+fn r2_deleting_completes_even_when_the_resource_vanished_first() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    w.delete("box").unwrap();
+    w.effects.clear();
+    w.containers.remove(&id); // removed out of band before the gateway's delete ran
+    let d = w.poll(&id, RuntimeState::Absent { at: None }).unwrap();
+    assert_eq!(d.effects, vec![Effect::Delete { sandbox: id.clone() }], "absence re-drives the delete");
+    w.run_all_effects();
+    assert!(w.store.sandboxes.is_empty());
+    // And a late exit report of the deleted sandbox's supervisor is harmless.
+    let late = w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 0 }).unwrap();
+    assert!(late.writes.is_empty() && late.effects.is_empty());
+}
+
+#[test]
+fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    // The supervisor reports its main process exited; the container has not stopped yet.
+    w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 2 }).unwrap();
+    assert_eq!(w.sandbox("box").phase.kind(), PhaseKind::Error);
+    let old = *w.containers[&id].alive().unwrap();
+    w.start("box").unwrap();
+    assert!(!w.sandbox("box").exit_fence.settled);
+    // A poll inside the start sees the old run still running, then exiting: neither is this
+    // generation's.
+    w.poll(&id, RuntimeState::Running { started_at: old.started_at }).unwrap();
+    let old_exit = ExitMarker { started_at: old.started_at, finished_at: Timestamp::from_unix_nanos(i64::MAX / 2), exit_code: 2 };
+    w.poll(&id, RuntimeState::Exited(old_exit)).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Starting);
+    assert_eq!(w.sandbox("box").run, Run::Pending);
+    w.run_all_effects();
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+    let err: Result<_, Error> = w.observe(&id, Observation::SupervisorConnected { generation: 1 });
+    assert_eq!(err.unwrap_err().code(), Code::PermissionDenied);
+}

@@ -1,0 +1,355 @@
+//! A small deterministic world for driving berth-core in tests: a CAS store, a runtime with a
+//! clock of its own that keeps every run it made, and an executor doing what the gateway does
+//! (read, decide, write conditionally, re-read and re-decide after a conflict, then queue
+//! effects). Everything is synchronous and explicit, so a test pins one interleaving.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use berth_core::cas::{Retry, RetryPolicy};
+use berth_core::{
+    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, Observation, Outcome, Provider, Reads,
+    Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide,
+    merge,
+};
+
+/// One run the runtime made, with the generation whose identity it carried (ground truth the
+/// core never sees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunRecord {
+    pub generation: u64,
+    pub started_at: Timestamp,
+    pub finished: Option<(Timestamp, i32)>,
+}
+
+impl RunRecord {
+    pub fn marker(&self) -> Option<ExitMarker> {
+        self.finished.map(|(finished_at, exit_code)| ExitMarker { started_at: self.started_at, finished_at, exit_code })
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Container {
+    pub runs: Vec<RunRecord>,
+}
+
+impl Container {
+    pub fn alive(&self) -> Option<&RunRecord> {
+        self.runs.last().filter(|r| r.finished.is_none())
+    }
+
+    pub fn state(&self) -> RuntimeState {
+        match self.runs.last() {
+            None => RuntimeState::Created,
+            Some(r) => match r.marker() {
+                Some(m) => RuntimeState::Exited(m),
+                None => RuntimeState::Running { started_at: r.started_at },
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    pub sandboxes: BTreeMap<SandboxId, Sandbox>,
+    pub providers: BTreeMap<String, Provider>,
+}
+
+impl Store {
+    pub fn by_name(&self, name: &str) -> Option<&Sandbox> {
+        self.sandboxes.values().find(|s| s.name == name)
+    }
+
+    fn version(&self, key: &Key) -> Option<u64> {
+        match key {
+            Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
+            Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
+        }
+    }
+
+    /// All conditions first, then all writes: atomic.
+    pub fn commit(&mut self, writes: &[Write]) -> Result<(), Conflict> {
+        for w in writes {
+            let key = w.key();
+            let current = self.version(&key);
+            let name_taken = matches!(w, Write::CreateSandbox(s) if self.by_name(&s.name).is_some());
+            if current != w.expected() || name_taken {
+                return Err(Conflict { key, expected: w.expected(), current });
+            }
+        }
+        for w in writes {
+            match w.clone() {
+                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
+                    let previous = self.sandboxes.get(&s.id).map_or(0, |p| p.resource_version);
+                    assert_eq!(s.resource_version, previous + 1, "I5: every write adds one to the version");
+                    self.sandboxes.insert(s.id.clone(), s);
+                }
+                Write::RemoveSandbox { id, .. } => {
+                    self.sandboxes.remove(&id);
+                }
+                Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => {
+                    self.providers.insert(p.name.clone(), p);
+                }
+                Write::RemoveProvider { name, .. } => {
+                    self.providers.remove(&name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What the executor reads for `request`.
+    pub fn reads(&self, request: &Request) -> Reads {
+        let sandbox = request.sandbox_name().and_then(|n| self.by_name(n)).cloned();
+        let providers = request
+            .providers_to_read(sandbox.as_ref())
+            .into_iter()
+            .filter_map(|n| self.providers.get(&n).map(|p| (n, p.clone())))
+            .collect();
+        let users = request
+            .provider_users()
+            .map(|p| self.sandboxes.values().filter(|s| s.providers.contains(p)).cloned().collect())
+            .unwrap_or_default();
+        Reads { sandbox, providers, users }
+    }
+
+    /// One read-decide-write of `request` by another client, landing in between.
+    pub fn execute_once(&mut self, request: &Request, now: Timestamp) -> Result<Decision, Error> {
+        let decision = decide(request, &self.reads(request), now)?;
+        self.commit(&decision.writes).expect("nothing else runs in between");
+        Ok(decision)
+    }
+
+    /// A write by someone else that bumps the sandbox's version: an unrelated label-style change.
+    pub fn bump(&mut self, name: &str) {
+        if let Some(s) = self.by_name(name).cloned() {
+            let mut next = s.clone();
+            next.resource_version += 1;
+            self.commit(&[Write::UpdateSandbox { record: next, expected: s.resource_version }]).unwrap();
+        }
+    }
+}
+
+pub struct World {
+    pub store: Store,
+    pub containers: BTreeMap<SandboxId, Container>,
+    /// The runtime's clock; each runtime action advances it.
+    pub runtime_clock: i64,
+    /// The gateway's clock.
+    pub now: Timestamp,
+    /// Effects decided and not yet run, in order.
+    pub effects: VecDeque<Effect>,
+    /// Sandboxes another writer bumps between the next operation's first read and its write.
+    pub interference: Vec<String>,
+    pub next_id: u64,
+    pub seed: u64,
+}
+
+impl Default for World {
+    fn default() -> Self {
+        Self {
+            store: Store::default(),
+            containers: BTreeMap::new(),
+            runtime_clock: 1_000,
+            now: Timestamp::from_unix_millis(1_700_000_000_000),
+            effects: VecDeque::new(),
+            interference: Vec::new(),
+            next_id: 1,
+            seed: 0x5eed,
+        }
+    }
+}
+
+pub fn spec() -> SandboxSpec {
+    SandboxSpec { image: "busybox".into(), command: vec!["sleep".into(), "infinity".into()], ..Default::default() }
+}
+
+impl World {
+    pub fn tick(&mut self) -> Timestamp {
+        self.runtime_clock += 10;
+        self.now = self.now.plus(core::time::Duration::from_millis(1));
+        Timestamp::from_unix_nanos(self.runtime_clock)
+    }
+
+    fn random(&mut self) -> u64 {
+        // splitmix64: the test's own deterministic randomness for retry jitter.
+        self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn sandbox(&self, name: &str) -> Sandbox {
+        self.store.by_name(name).cloned().unwrap_or_else(|| panic!("no sandbox {name}"))
+    }
+
+    pub fn id(&self, name: &str) -> SandboxId {
+        self.sandbox(name).id
+    }
+
+
+    fn interfere(&mut self) {
+        for name in std::mem::take(&mut self.interference) {
+            self.store.bump(&name);
+        }
+    }
+
+    /// Runs `decide_once` under the CAS rule until its writes commit; queues the effects.
+    fn cas_loop(
+        &mut self,
+        kind: Kind,
+        name: &str,
+        mut decide_once: impl FnMut(&World) -> Result<Decision, Error>,
+    ) -> Result<Decision, Error> {
+        let mut retry = Retry::new(RetryPolicy::default(), kind, name);
+        loop {
+            let decision = decide_once(self)?;
+            self.interfere();
+            match self.store.commit(&decision.writes) {
+                Ok(()) => {
+                    self.effects.extend(decision.effects.iter().cloned());
+                    return Ok(decision);
+                }
+                Err(_) => {
+                    retry.after_conflict(self.random())?;
+                }
+            }
+        }
+    }
+
+    pub fn request(&mut self, command: Command, expected_version: Option<u64>) -> Result<Outcome, Error> {
+        let request = Request::new(command, expected_version);
+        let (kind, name) = request.subject();
+        let name = name.to_string();
+        self.now = self.now.plus(core::time::Duration::from_millis(1));
+        let now = self.now;
+        self.cas_loop(kind, &name, |w| decide(&request, &w.store.reads(&request), now)).map(|d| d.outcome)
+    }
+
+    pub fn create(&mut self, name: &str, providers: &[&str]) -> Result<Outcome, Error> {
+        let id = SandboxId::new(format!("sb-{}", self.next_id));
+        self.next_id += 1;
+        self.request(
+            Command::CreateSandbox {
+                id,
+                name: name.into(),
+                spec: spec(),
+                providers: providers.iter().map(|p| p.to_string()).collect(),
+            },
+            None,
+        )
+    }
+
+    pub fn create_provider(&mut self, name: &str, key: &str) -> Result<Outcome, Error> {
+        self.request(
+            Command::CreateProvider {
+                name: name.into(),
+                kind: "test".into(),
+                credentials: [(key.to_string(), berth_core::Secret::new("s3cret"))].into(),
+            },
+            None,
+        )
+    }
+
+    pub fn stop(&mut self, name: &str) -> Result<Outcome, Error> {
+        self.request(Command::StopSandbox { name: name.into() }, None)
+    }
+
+    pub fn start(&mut self, name: &str) -> Result<Outcome, Error> {
+        self.request(Command::StartSandbox { name: name.into() }, None)
+    }
+
+    pub fn delete(&mut self, name: &str) -> Result<Outcome, Error> {
+        self.request(Command::DeleteSandbox { name: name.into() }, None)
+    }
+
+    /// Merges one observation under the CAS rule.
+    pub fn observe(&mut self, id: &SandboxId, observation: Observation) -> Result<Decision, Error> {
+        self.now = self.now.plus(core::time::Duration::from_millis(1));
+        let now = self.now;
+        self.cas_loop(Kind::Sandbox, id.as_str(), |w| merge(w.store.sandboxes.get(id), id, &observation, now))
+    }
+
+    pub fn snapshot(&self, id: &SandboxId) -> RuntimeState {
+        self.containers.get(id).map_or(RuntimeState::Absent { at: None }, Container::state)
+    }
+
+    /// A poll of the runtime, as the reconcile loop makes one (version read first).
+    pub fn poll(&mut self, id: &SandboxId, state: RuntimeState) -> Result<Decision, Error> {
+        let as_of_version = self.store.sandboxes.get(id).map(|s| s.resource_version);
+        self.observe(id, Observation::Runtime { source: RuntimeSource::PollGet, state, as_of_version })
+    }
+
+    /// Runs one effect against the runtime; returns the driver's reply as an observation.
+    pub fn perform(&mut self, effect: &Effect) -> (SandboxId, Observation) {
+        match effect {
+            Effect::Start { sandbox, generation } => {
+                let now = self.tick();
+                let c = self.containers.entry(sandbox.clone()).or_default();
+                let reply = if let Some(run) = c.runs.iter().find(|r| r.generation == *generation) {
+                    // At most one run per generation.
+                    match run.marker() {
+                        Some(m) => StartReply::Exited(m),
+                        None => StartReply::Running { started_at: run.started_at },
+                    }
+                } else {
+                    if let Some(alive) = c.runs.last_mut().filter(|r| r.finished.is_none()) {
+                        alive.finished = Some((now, 143));
+                    }
+                    let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
+                    c.runs.push(RunRecord { generation: *generation, started_at, finished: None });
+                    StartReply::Running { started_at }
+                };
+                (sandbox.clone(), Observation::Started { generation: *generation, reply })
+            }
+            Effect::Stop { sandbox, generation } => {
+                let now = self.tick();
+                let state = match self.containers.get_mut(sandbox) {
+                    None => RuntimeState::Absent { at: None },
+                    Some(c) => {
+                        if let Some(alive) = c.runs.last_mut().filter(|r| r.finished.is_none()) {
+                            alive.finished = Some((now, 143));
+                        }
+                        c.state()
+                    }
+                };
+                (sandbox.clone(), Observation::Stopped { generation: *generation, state })
+            }
+            Effect::Delete { sandbox } => {
+                self.tick();
+                self.containers.remove(sandbox);
+                (sandbox.clone(), Observation::Deleted)
+            }
+        }
+    }
+
+    /// Runs the oldest queued effect and merges its reply.
+    pub fn run_effect(&mut self) -> Option<Result<Decision, Error>> {
+        let effect = self.effects.pop_front()?;
+        let (id, reply) = self.perform(&effect);
+        Some(self.observe(&id, reply))
+    }
+
+    pub fn run_all_effects(&mut self) {
+        let mut budget = 1_000;
+        while let Some(result) = self.run_effect() {
+            result.expect("merging a driver reply never fails");
+            budget -= 1;
+            assert!(budget > 0, "effects keep producing effects");
+        }
+    }
+
+    /// The workload of the live run exits by itself.
+    pub fn exit_workload(&mut self, id: &SandboxId, code: i32) -> Option<ExitMarker> {
+        let now = self.tick();
+        let run = self.containers.get_mut(id)?.runs.last_mut().filter(|r| r.finished.is_none())?;
+        run.finished = Some((now, code));
+        run.marker()
+    }
+
+    /// The supervisor of the live run connects with its generation's token.
+    pub fn connect_live_supervisor(&mut self, id: &SandboxId) -> Option<Result<Decision, Error>> {
+        let generation = self.containers.get(id)?.alive()?.generation;
+        Some(self.observe(id, Observation::SupervisorConnected { generation }))
+    }
+}

@@ -230,15 +230,14 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
         PhaseKind::Stopped | PhaseKind::Error => {
-            // Nothing can still be running if the stop completed or this generation's run was
-            // seen to end (or never began while the fence was settled). Otherwise the failed run
-            // may be alive, and only the driver's start reply can tell the runs apart.
-            let quiescent = sandbox.is(PhaseKind::Stopped)
-                || matches!(sandbox.run, Run::Ended(_))
-                || (sandbox.run == Run::Pending && sandbox.exit_fence.settled);
+            // The fence settles the new generation only if this one's run was seen to end: a
+            // run still alive, or a start of this generation still in flight somewhere, could
+            // otherwise pass for the new generation's. Unsettled, only the driver's start reply
+            // tells the runs apart.
+            let ended = matches!(sandbox.run, Run::Ended(_));
             let mut next = sandbox.clone();
             next.generation += 1;
-            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled: quiescent };
+            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled: ended };
             next.run = Run::Pending;
             next.phase = Phase::Starting;
             next.intent = Intent::Running;

@@ -65,7 +65,8 @@ pub struct Conflict {
 pub enum Effect {
     /// Make sure the sandbox's compute resource exists (creating it from the spec if it does
     /// not) and that `generation` has run, installing that generation's identity before its
-    /// process starts. A driver starts at most one run per generation.
+    /// process starts. A driver starts at most one run per generation, and none for a
+    /// generation older than one it has started (a late, superseded effect).
     Start { sandbox: SandboxId, generation: u64 },
     /// Stop whatever runs; reply only once it has fully exited, with the final state.
     Stop { sandbox: SandboxId, generation: u64 },

@@ -267,9 +267,9 @@ impl Merge<'_> {
         if at.is_some_and(|at| !self.owns(at)) || as_of_version.is_some_and(|v| v != self.before.resource_version) {
             return;
         }
-        // Until this generation's run is known to have started, its start creates the resource.
-        if self.next.run == Run::Pending && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
-        {
+        // Until this generation's run is known to have started, its start may not have created
+        // the resource yet (and will, if it was removed).
+        if self.next.run == Run::Pending {
             return;
         }
         self.missing();
@@ -311,6 +311,8 @@ impl Merge<'_> {
     /// The driver says nothing runs any more: the stop is complete.
     fn stop_reply(&mut self, state: RuntimeState) {
         match state {
+            // Nothing of this generation ever ran: nothing was lost, and the next start creates it.
+            RuntimeState::Absent { .. } if self.next.run == Run::Pending => self.next.phase = Phase::Stopped,
             RuntimeState::Absent { .. } => self.missing(),
             RuntimeState::Created => self.next.phase = Phase::Stopped,
             RuntimeState::Exited(marker) => {

@@ -193,13 +193,21 @@ fn start_row() {
 }
 
 #[test]
-fn start_out_of_error_with_a_run_still_alive_leaves_the_fence_unsettled() {
-    let mut sandbox = record(PhaseKind::Error);
-    sandbox.phase =
+fn start_settles_the_fence_only_after_a_run_seen_to_end() {
+    let main_exit =
         Phase::Error(Failure { reason: FailureReason::MainProcessExited, exit_code: Some(2), message: "m".into() });
-    sandbox.run = Run::Started { at: None };
-    let d = decide(&Request::new(start(), None), &reads(Some(sandbox)), NOW).unwrap();
-    assert_eq!(written(&d).exit_fence, ExitFence { marker: Some(marker(500)), settled: false });
+    // The failed run may be alive; a start of the old generation may still be in flight.
+    for (phase, run) in [
+        (main_exit, Run::Started { at: None }),
+        (Phase::Stopped, Run::Pending),
+        (error_phase(), Run::Pending),
+    ] {
+        let mut sandbox = record(PhaseKind::Error);
+        sandbox.phase = phase;
+        sandbox.run = run;
+        let d = decide(&Request::new(start(), None), &reads(Some(sandbox)), NOW).unwrap();
+        assert_eq!(written(&d).exit_fence, ExitFence { marker: Some(marker(500)), settled: false }, "{run:?}");
+    }
 }
 
 #[test]

@@ -277,3 +277,45 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     let err: Result<_, Error> = w.observe(&id, Observation::SupervisorConnected { generation: 1 });
     assert_eq!(err.unwrap_err().code(), Code::PermissionDenied);
 }
+
+/// Found by the property test: a start of generation 1 still in flight when generation 2 was
+/// decided must not pass for generation 2's run, nor its exit for generation 2's exit.
+#[test]
+fn a_start_of_the_previous_generation_still_in_flight_cannot_pass_for_the_new_one() {
+    let mut w = World::default();
+    w.create("box", &[]).unwrap();
+    let slow_create = w.effects.pop_front().unwrap();
+    w.stop("box").unwrap();
+    w.run_all_effects(); // the stop overtakes the slow create: nothing ran yet
+    assert_eq!(w.sandbox("box").phase, Phase::Stopped);
+    w.start("box").unwrap();
+    assert!(!w.sandbox("box").exit_fence.settled, "generation 1 never ran: its start may still land");
+    let id = w.id("box");
+    // The slow create lands now and its run exits at once.
+    let (_, reply) = w.perform(&slow_create);
+    w.observe(&id, reply).unwrap();
+    let old = w.exit_workload(&id, 3).unwrap();
+    w.poll(&id, RuntimeState::Exited(old)).unwrap();
+    w.poll(&id, RuntimeState::Running { started_at: old.started_at }).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Starting);
+    w.run_all_effects();
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+    assert_eq!(w.containers[&id].alive().unwrap().generation, 2);
+}
+
+/// Found by the property test: a stop that finds nothing created yet is a stop, not a loss.
+#[test]
+fn absence_before_the_generation_ever_ran_is_not_an_error() {
+    let mut w = World::default();
+    w.create("box", &[]).unwrap();
+    w.effects.clear(); // the create is still in flight
+    w.stop("box").unwrap();
+    let id = w.id("box");
+    w.observe(&id, runtime(RuntimeSource::WatchEvent, RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(5)) }))
+        .unwrap();
+    w.poll(&id, RuntimeState::Absent { at: None }).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Stopping);
+    w.run_all_effects();
+    assert_eq!(w.sandbox("box").phase, Phase::Stopped);
+}

@@ -286,7 +286,10 @@ impl World {
             Effect::Start { sandbox, generation } => {
                 let now = self.tick();
                 let c = self.containers.entry(sandbox.clone()).or_default();
-                let reply = if let Some(run) = c.runs.iter().find(|r| r.generation == *generation) {
+                let newest = c.runs.iter().map(|r| r.generation).max().unwrap_or(0);
+                let reply = if newest > *generation {
+                    StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") }
+                } else if let Some(run) = c.runs.iter().find(|r| r.generation == *generation) {
                     // At most one run per generation.
                     match run.marker() {
                         Some(m) => StartReply::Exited(m),

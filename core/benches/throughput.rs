@@ -1,1 +1,135 @@
-fn main(){}
+//! berth-core throughput: observation merges per second and command decisions per second.
+//! Criterion prints both as elements per second ("thrpt").
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+
+use berth_core::{
+    Command, ExitFence, ExitMarker, Intent, Observation, Phase, Provider, Reads, Request, Run, RuntimeSource,
+    RuntimeState, Sandbox, SandboxId, SandboxSpec, Secret, StartReply, Timestamp, decide, merge,
+};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+fn t(n: i64) -> Timestamp {
+    Timestamp::from_unix_nanos(n)
+}
+
+fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
+    let fence = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143 };
+    Sandbox {
+        id: SandboxId::new(format!("sb-{i:08}")),
+        name: format!("box-{i}"),
+        spec: SandboxSpec {
+            image: "berth/sandbox:1".into(),
+            command: vec!["sleep".into(), "infinity".into()],
+            env: [("HOME".to_string(), "/workspace".to_string())].into(),
+            labels: [("team".to_string(), "platform".to_string())].into(),
+        },
+        providers: ["openai".to_string()].into(),
+        intent,
+        phase,
+        resource_version: 12,
+        generation: 3,
+        exit_fence: ExitFence { marker: Some(fence), settled: true },
+        run,
+        last_exit: Some(fence),
+        created_at: t(1),
+        updated_at: t(2),
+    }
+}
+
+/// The observations a reconcile loop merges most: stale snapshots inside a start, fresh exits,
+/// steady-state polls, supervisor connects, driver replies.
+fn merges() -> Vec<(Sandbox, Observation)> {
+    let poll = |state| Observation::Runtime { source: RuntimeSource::PollList, state, as_of_version: Some(12) };
+    let stale = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143 };
+    let fresh = ExitMarker { started_at: t(200), finished_at: t(300), exit_code: 3 };
+    (0..1000)
+        .map(|i| match i % 5 {
+            0 => (sandbox(i, Phase::Starting, Intent::Running, Run::Pending), poll(RuntimeState::Exited(stale))),
+            1 => (
+                sandbox(i, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) }),
+                poll(RuntimeState::Running { started_at: t(200) }),
+            ),
+            2 => (
+                sandbox(i, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) }),
+                poll(RuntimeState::Exited(fresh)),
+            ),
+            3 => (
+                sandbox(i, Phase::Starting, Intent::Running, Run::Pending),
+                Observation::SupervisorConnected { generation: 3 },
+            ),
+            _ => (
+                sandbox(i, Phase::Starting, Intent::Running, Run::Pending),
+                Observation::Started { generation: 3, reply: StartReply::Running { started_at: t(200) } },
+            ),
+        })
+        .collect()
+}
+
+fn decisions() -> Vec<(Request, Reads)> {
+    let provider = Provider {
+        name: "anthropic".into(),
+        kind: "llm".into(),
+        credentials: [("ANTHROPIC_API_KEY".to_string(), Secret::new("k"))].into(),
+        resource_version: 4,
+        created_at: t(1),
+        updated_at: t(1),
+    };
+    (0..1000)
+        .map(|i| {
+            let name = format!("box-{i}");
+            let (command, phase, intent, run) = match i % 4 {
+                0 => (Command::StopSandbox { name }, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) }),
+                1 => (
+                    Command::StartSandbox { name },
+                    Phase::Stopped,
+                    Intent::Stopped,
+                    Run::Ended(ExitMarker { started_at: t(200), finished_at: t(300), exit_code: 143 }),
+                ),
+                2 => {
+                    (Command::DeleteSandbox { name }, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) })
+                }
+                _ => (
+                    Command::AttachProvider { sandbox: name, provider: "anthropic".into() },
+                    Phase::Ready,
+                    Intent::Running,
+                    Run::Started { at: Some(t(200)) },
+                ),
+            };
+            let reads = Reads {
+                sandbox: Some(sandbox(i, phase, intent, run)),
+                providers: BTreeMap::from([("anthropic".to_string(), provider.clone())]),
+                users: vec![],
+            };
+            (Request::new(command, None), reads)
+        })
+        .collect()
+}
+
+fn throughput(c: &mut Criterion) {
+    let now = t(1_000);
+    let merges = merges();
+    let mut group = c.benchmark_group("core");
+    group.throughput(Throughput::Elements(merges.len() as u64));
+    group.bench_function("observation merges", |b| {
+        b.iter(|| {
+            for (record, observation) in &merges {
+                black_box(merge(Some(record), &record.id, observation, now).ok());
+            }
+        })
+    });
+    let decisions = decisions();
+    group.throughput(Throughput::Elements(decisions.len() as u64));
+    group.bench_function("command decisions", |b| {
+        b.iter(|| {
+            for (request, reads) in &decisions {
+                black_box(decide(request, reads, now).ok());
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, throughput);
+criterion_main!(benches);

@@ -80,7 +80,9 @@ mod tests {
     fn the_same_randomness_gives_the_same_schedule() {
         let run = |seed: u64| {
             let mut r = Retry::new(RetryPolicy::default(), Kind::Provider, "p");
-            (0..10).map(|i| r.after_conflict(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_mul(i + 7)).unwrap()).collect::<Vec<_>>()
+            (0..10)
+                .map(|i| r.after_conflict(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_mul(i + 7)).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(11), run(11));
         assert_ne!(run(11), run(12));

@@ -328,10 +328,8 @@ fn create_provider(
 }
 
 fn delete_provider(request: &Request, reads: &Reads, name: &str) -> Result<Decision, Error> {
-    let provider = reads
-        .providers
-        .get(name)
-        .ok_or_else(|| Error::NotFound { kind: Kind::Provider, name: name.to_string() })?;
+    let provider =
+        reads.providers.get(name).ok_or_else(|| Error::NotFound { kind: Kind::Provider, name: name.to_string() })?;
     request.check_version(provider.resource_version)?;
     // A Deleting sandbox's references are released: they never block (R2).
     let mut blocking: Vec<String> = reads
@@ -368,11 +366,7 @@ fn check_credentials(spec: &SandboxSpec, providers: &[&Provider]) -> Result<(), 
     for provider in providers {
         for key in provider.credentials.keys() {
             if let Some(other) = owners.insert(key, format!("provider '{}'", provider.name)) {
-                return Err(Error::CredentialCollision {
-                    provider: provider.name.clone(),
-                    key: key.clone(),
-                    other,
-                });
+                return Err(Error::CredentialCollision { provider: provider.name.clone(), key: key.clone(), other });
             }
         }
     }

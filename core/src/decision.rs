@@ -12,12 +12,24 @@ pub enum Write {
     /// Create-if-absent: fails if the id or the name is taken.
     CreateSandbox(Sandbox),
     /// Write-if-version: `record.resource_version` is `expected + 1`.
-    UpdateSandbox { record: Sandbox, expected: u64 },
+    UpdateSandbox {
+        record: Sandbox,
+        expected: u64,
+    },
     /// Delete-if-version.
-    RemoveSandbox { id: SandboxId, expected: u64 },
+    RemoveSandbox {
+        id: SandboxId,
+        expected: u64,
+    },
     CreateProvider(Provider),
-    UpdateProvider { record: Provider, expected: u64 },
-    RemoveProvider { name: String, expected: u64 },
+    UpdateProvider {
+        record: Provider,
+        expected: u64,
+    },
+    RemoveProvider {
+        name: String,
+        expected: u64,
+    },
 }
 
 impl Write {

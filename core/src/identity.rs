@@ -132,7 +132,8 @@ mod tests {
 
     #[test]
     fn malformed_tokens_are_rejected() {
-        for bad in ["", "berth1", "berth1..1.00", "x.sb.1.00", "berth1.sb.zero.00", "berth1.sb.0.00", "berth1.sb.1.zz"] {
+        for bad in ["", "berth1", "berth1..1.00", "x.sb.1.00", "berth1.sb.zero.00", "berth1.sb.0.00", "berth1.sb.1.zz"]
+        {
             assert_eq!(verify_token(&key(1), bad), Err(Error::MalformedToken), "{bad:?}");
         }
     }

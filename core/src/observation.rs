@@ -24,10 +24,14 @@ pub enum RuntimeSource {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuntimeState {
     /// No such resource. `at` is the runtime's time of the removal when an event gave it.
-    Absent { at: Option<Timestamp> },
+    Absent {
+        at: Option<Timestamp>,
+    },
     /// Exists, has never run.
     Created,
-    Running { started_at: Timestamp },
+    Running {
+        started_at: Timestamp,
+    },
     /// Not running; the last run ended like this.
     Exited(ExitMarker),
 }
@@ -127,11 +131,7 @@ pub fn merge(
 /// Rule 4 and DESIGN 3.4: only the current generation authenticates.
 fn check_generation(sandbox: &Sandbox, presented: u64) -> Result<(), Error> {
     if presented != sandbox.generation {
-        return Err(Error::StaleIdentity {
-            sandbox: sandbox.name.clone(),
-            presented,
-            current: sandbox.generation,
-        });
+        return Err(Error::StaleIdentity { sandbox: sandbox.name.clone(), presented, current: sandbox.generation });
     }
     Ok(())
 }

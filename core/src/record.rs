@@ -118,10 +118,7 @@ impl Phase {
 
     /// A phase that waits for the runtime to confirm an effect.
     pub fn is_transitional(&self) -> bool {
-        matches!(
-            self.kind(),
-            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Stopping | PhaseKind::Deleting
-        )
+        matches!(self.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Stopping | PhaseKind::Deleting)
     }
 }
 

@@ -19,11 +19,11 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
         }
         // Started, but with an unsettled fence only the driver's reply tells which run is this
         // generation's: ask again until it has answered.
-        (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready, Run::Started { at: None })
-            if !sandbox.exit_fence.settled =>
-        {
-            Some(Effect::Start { sandbox: id, generation })
-        }
+        (
+            Intent::Running,
+            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready,
+            Run::Started { at: None },
+        ) if !sandbox.exit_fence.settled => Some(Effect::Start { sandbox: id, generation }),
         _ => None,
     }
 }

@@ -53,11 +53,16 @@ pub fn env_name(field: &str, name: &str) -> Result<(), Error> {
     if !valid || name.len() > MAX_ENV_NAME_BYTES {
         return Err(Error::invalid(
             field,
-            format!("{name:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most {MAX_ENV_NAME_BYTES} bytes)"),
+            format!(
+                "{name:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*, at most {MAX_ENV_NAME_BYTES} bytes)"
+            ),
         ));
     }
     if name.starts_with(RESERVED_ENV_PREFIX) {
-        return Err(Error::invalid(field, format!("{name:?} is reserved: names starting with {RESERVED_ENV_PREFIX} are set by Berth")));
+        return Err(Error::invalid(
+            field,
+            format!("{name:?} is reserved: names starting with {RESERVED_ENV_PREFIX} are set by Berth"),
+        ));
     }
     Ok(())
 }
@@ -80,7 +85,9 @@ fn label_part(field: &str, value: &str, allow_empty: bool) -> Result<(), Error> 
     if !ok {
         return Err(Error::invalid(
             field,
-            format!("{value:?} must be at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"),
+            format!(
+                "{value:?} must be at most 63 characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+            ),
         ));
     }
     Ok(())

@@ -120,7 +120,9 @@ fn create_row() {
     );
     assert_eq!((created.created_at, created.updated_at), (NOW, NOW));
     // The attach is recorded in the provider's version, in the same transaction.
-    assert!(matches!(&d.writes[1], Write::UpdateProvider { record, expected: 4 } if record.name == "p1" && record.resource_version == 5));
+    assert!(
+        matches!(&d.writes[1], Write::UpdateProvider { record, expected: 4 } if record.name == "p1" && record.resource_version == 5)
+    );
     assert_eq!(d.effects, vec![Effect::Start { sandbox: SandboxId::new("sb-new"), generation: 1 }]);
 
     let taken = decide(&Request::new(create("box", &[]), None), &reads(Some(record(PhaseKind::Ready))), NOW);
@@ -197,11 +199,9 @@ fn start_settles_the_fence_only_after_a_run_seen_to_end() {
     let main_exit =
         Phase::Error(Failure { reason: FailureReason::MainProcessExited, exit_code: Some(2), message: "m".into() });
     // The failed run may be alive; a start of the old generation may still be in flight.
-    for (phase, run) in [
-        (main_exit, Run::Started { at: None }),
-        (Phase::Stopped, Run::Pending),
-        (error_phase(), Run::Pending),
-    ] {
+    for (phase, run) in
+        [(main_exit, Run::Started { at: None }), (Phase::Stopped, Run::Pending), (error_phase(), Run::Pending)]
+    {
         let mut sandbox = record(PhaseKind::Error);
         sandbox.phase = phase;
         sandbox.run = run;
@@ -253,7 +253,8 @@ fn attach_detach_row() {
     )
     .unwrap();
     assert!(again.writes.is_empty());
-    let absent = on(PhaseKind::Ready, Command::DetachProvider { sandbox: "box".into(), provider: "p2".into() }).unwrap();
+    let absent =
+        on(PhaseKind::Ready, Command::DetachProvider { sandbox: "box".into(), provider: "p2".into() }).unwrap();
     assert!(absent.writes.is_empty());
     let unknown = on(PhaseKind::Ready, Command::AttachProvider { sandbox: "box".into(), provider: "zz".into() });
     assert_eq!(unknown.unwrap_err().code(), Code::FailedPrecondition);
@@ -310,7 +311,12 @@ fn every_mutating_command_checks_a_client_version_first() {
             let stale = decide(&Request::new(command.clone(), Some(6)), &reads(Some(record(kind))), NOW).unwrap_err();
             assert_eq!(
                 stale,
-                Error::StaleVersion { kind: berth_core::Kind::Sandbox, name: "box".into(), expected: 6, current: Some(7) },
+                Error::StaleVersion {
+                    kind: berth_core::Kind::Sandbox,
+                    name: "box".into(),
+                    expected: 6,
+                    current: Some(7)
+                },
                 "{kind} {command:?}: ABORTED even where the command would be a no-op or refused"
             );
             assert_eq!(stale.code(), Code::Aborted);
@@ -334,7 +340,12 @@ fn a_client_version_that_goes_stale_during_the_write_is_aborted_and_writes_nothi
     let err = w.request(Command::StopSandbox { name: "box".into() }, Some(version)).unwrap_err();
     assert_eq!(
         err,
-        Error::StaleVersion { kind: berth_core::Kind::Sandbox, name: "box".into(), expected: version, current: Some(version + 1) }
+        Error::StaleVersion {
+            kind: berth_core::Kind::Sandbox,
+            name: "box".into(),
+            expected: version,
+            current: Some(version + 1)
+        }
     );
     let after = &w.store.sandboxes;
     assert_eq!(after.len(), before.len());

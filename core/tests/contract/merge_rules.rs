@@ -232,7 +232,8 @@ fn rule_6_absence_is_compute_resource_missing_on_every_path() {
             }
         }
         if !pending && before.phase.kind() == PhaseKind::Stopping {
-            let next = after(&before, &Observation::Stopped { generation: 2, state: RuntimeState::Absent { at: None } });
+            let next =
+                after(&before, &Observation::Stopped { generation: 2, state: RuntimeState::Absent { at: None } });
             assert_eq!(next.phase, error_missing());
         }
     }
@@ -311,7 +312,8 @@ fn before_the_run_is_known_to_start_only_a_failed_start_gives_error() {
 fn the_driver_start_reply_fixes_which_run_is_current() {
     let mut starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
     starting.exit_fence.settled = false;
-    let started = after(&starting, &Observation::Started { generation: 2, reply: StartReply::Running { started_at: t(400) } });
+    let started =
+        after(&starting, &Observation::Started { generation: 2, reply: StartReply::Running { started_at: t(400) } });
     assert_eq!(started.run, Run::Started { at: Some(t(400)) });
     // The replaced run (started 300, after the fence) ends late: stale now.
     let late = runtime(RuntimeSource::WatchEvent, RuntimeState::Exited(exit(300, 390, 143)));
@@ -328,12 +330,22 @@ fn the_driver_start_reply_fixes_which_run_is_current() {
 fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     let stopped = sandbox(Phase::Stopped, Intent::Stopped, Run::Ended(exit(200, 300, 143)));
     // A snapshot of the run that was stopped: stale.
-    let d = merge(Some(&stopped), &stopped.id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200) }), NOW)
-        .unwrap();
+    let d = merge(
+        Some(&stopped),
+        &stopped.id,
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200) }),
+        NOW,
+    )
+    .unwrap();
     assert!(d.writes.is_empty() && d.effects.is_empty());
     // A run started outside Berth after the stop.
-    let d = merge(Some(&stopped), &stopped.id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350) }), NOW)
-        .unwrap();
+    let d = merge(
+        Some(&stopped),
+        &stopped.id,
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350) }),
+        NOW,
+    )
+    .unwrap();
     assert!(matches!(&d.writes[0], Write::UpdateSandbox { record, .. } if record.phase == Phase::Stopping));
     assert_eq!(d.effects, vec![Effect::Stop { sandbox: stopped.id.clone(), generation: 2 }]);
 }
@@ -341,7 +353,8 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
 #[test]
 fn a_leftover_resource_without_a_record_is_removed() {
     let id = SandboxId::new("sb-gone");
-    let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1) }), NOW).unwrap();
+    let d =
+        merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1) }), NOW).unwrap();
     assert_eq!(d.effects, vec![Effect::Delete { sandbox: id.clone() }]);
     assert!(d.writes.is_empty());
     let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Absent { at: None }), NOW).unwrap();

@@ -41,28 +41,79 @@ enum Version {
 
 #[derive(Clone, Debug)]
 enum Step {
-    Create { sandbox: usize, provider: Option<usize> },
-    Stop { sandbox: usize, version: Version },
-    Start { sandbox: usize, version: Version },
-    Delete { sandbox: usize, version: Version },
-    Attach { sandbox: usize, provider: usize, version: Version },
-    Detach { sandbox: usize, provider: usize, version: Version },
-    CreateProvider { provider: usize },
-    DeleteProvider { provider: usize, version: Version },
+    Create {
+        sandbox: usize,
+        provider: Option<usize>,
+    },
+    Stop {
+        sandbox: usize,
+        version: Version,
+    },
+    Start {
+        sandbox: usize,
+        version: Version,
+    },
+    Delete {
+        sandbox: usize,
+        version: Version,
+    },
+    Attach {
+        sandbox: usize,
+        provider: usize,
+        version: Version,
+    },
+    Detach {
+        sandbox: usize,
+        provider: usize,
+        version: Version,
+    },
+    CreateProvider {
+        provider: usize,
+    },
+    DeleteProvider {
+        provider: usize,
+        version: Version,
+    },
     /// Run one queued effect (any of them: effects are reordered); the reply may be lost or
     /// delivered twice.
-    RunEffect { index: usize, lose_reply: bool, duplicate: bool },
+    RunEffect {
+        index: usize,
+        lose_reply: bool,
+        duplicate: bool,
+    },
     /// The runtime's current state, through one path.
-    Observe { sandbox: usize, source: usize },
+    Observe {
+        sandbox: usize,
+        source: usize,
+    },
     /// An earlier snapshot, delivered late.
-    Replay { sandbox: usize, age: usize, source: usize },
-    ExitWorkload { sandbox: usize, code: i32 },
-    RemoveOutOfBand { sandbox: usize },
+    Replay {
+        sandbox: usize,
+        age: usize,
+        source: usize,
+    },
+    ExitWorkload {
+        sandbox: usize,
+        code: i32,
+    },
+    RemoveOutOfBand {
+        sandbox: usize,
+    },
     /// The supervisor of the live run (age 0) or of an older run connects.
-    Supervisor { sandbox: usize, age: usize },
-    MainExit { sandbox: usize, age: usize, code: i32, ends_run: bool },
+    Supervisor {
+        sandbox: usize,
+        age: usize,
+    },
+    MainExit {
+        sandbox: usize,
+        age: usize,
+        code: i32,
+        ends_run: bool,
+    },
     /// Another writer bumps the sandbox between the next operation's read and write.
-    Interfere { sandbox: usize },
+    Interfere {
+        sandbox: usize,
+    },
     /// A reconcile sweep queues the re-drives of every unconfirmed transition.
     Redrive,
 }
@@ -223,11 +274,13 @@ impl System {
         if let Err(e) = &result
             && e.code() == Code::Aborted
         {
-            let untouched = same_store(&self.world.store, &before) || same_store(&self.world.store, &after_interference);
+            let untouched =
+                same_store(&self.world.store, &before) || same_store(&self.world.store, &after_interference);
             assert!(untouched, "I4: an ABORTED {command:?} wrote something");
         }
         if version == Version::Stale {
-            let exists = if provider { before.providers.contains_key(subject) } else { before.by_name(subject).is_some() };
+            let exists =
+                if provider { before.providers.contains_key(subject) } else { before.by_name(subject).is_some() };
             if exists {
                 assert_eq!(result.as_ref().err().map(Error::code), Some(Code::Aborted), "I4: {command:?}");
             }
@@ -293,7 +346,11 @@ impl System {
         let current = self.world.store.sandboxes.get(id).map(|s| s.generation);
         let result = self.world.observe(id, Observation::SupervisorConnected { generation });
         // I6: exactly the current generation authenticates.
-        assert_eq!(result.is_ok(), current == Some(generation), "I6: generation {generation} vs {current:?}: {result:?}");
+        assert_eq!(
+            result.is_ok(),
+            current == Some(generation),
+            "I6: generation {generation} vs {current:?}: {result:?}"
+        );
     }
 
     fn check_versions(&mut self) {
@@ -462,9 +519,11 @@ impl System {
     /// I2: once the runtime has been looked at, every ended run of a current generation is an Error.
     fn check_exits_reported(&self) {
         for (id, s) in &self.world.store.sandboxes {
-            let ended = self.world.containers.get(id).is_some_and(|c| {
-                c.runs.iter().any(|r| r.generation == s.generation && r.finished.is_some())
-            });
+            let ended = self
+                .world
+                .containers
+                .get(id)
+                .is_some_and(|c| c.runs.iter().any(|r| r.generation == s.generation && r.finished.is_some()));
             if s.intent == Intent::Running && ended {
                 assert_eq!(s.phase.kind(), PhaseKind::Error, "I2: {id}'s run ended unreported: {s:?}");
             }
@@ -497,7 +556,11 @@ impl StateMachineTest for System {
     fn check_invariants(system: &Self, possible: &Possible) {
         for (i, name) in NAMES.iter().enumerate() {
             let actual = intent_bit(system.world.store.by_name(name).map(|s| s.intent));
-            assert!(possible.sandboxes[i] & actual != 0, "sandbox {name}: intent {actual:#b} not in {:#b}", possible.sandboxes[i]);
+            assert!(
+                possible.sandboxes[i] & actual != 0,
+                "sandbox {name}: intent {actual:#b} not in {:#b}",
+                possible.sandboxes[i]
+            );
         }
         for (i, name) in PROVIDERS.iter().enumerate() {
             let actual = if system.world.store.providers.contains_key(*name) { PRESENT } else { ABSENT };
@@ -507,7 +570,11 @@ impl StateMachineTest for System {
         for s in system.world.store.sandboxes.values() {
             if s.phase.kind() != PhaseKind::Deleting {
                 for p in &s.providers {
-                    assert!(system.world.store.providers.contains_key(p), "{} attached to deleted provider {p}", s.name);
+                    assert!(
+                        system.world.store.providers.contains_key(p),
+                        "{} attached to deleted provider {p}",
+                        s.name
+                    );
                 }
             }
         }

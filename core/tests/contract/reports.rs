@@ -267,7 +267,8 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     // A poll inside the start sees the old run still running, then exiting: neither is this
     // generation's.
     w.poll(&id, RuntimeState::Running { started_at: old.started_at }).unwrap();
-    let old_exit = ExitMarker { started_at: old.started_at, finished_at: Timestamp::from_unix_nanos(i64::MAX / 2), exit_code: 2 };
+    let old_exit =
+        ExitMarker { started_at: old.started_at, finished_at: Timestamp::from_unix_nanos(i64::MAX / 2), exit_code: 2 };
     w.poll(&id, RuntimeState::Exited(old_exit)).unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Starting);
     assert_eq!(w.sandbox("box").run, Run::Pending);
@@ -312,8 +313,11 @@ fn absence_before_the_generation_ever_ran_is_not_an_error() {
     w.effects.clear(); // the create is still in flight
     w.stop("box").unwrap();
     let id = w.id("box");
-    w.observe(&id, runtime(RuntimeSource::WatchEvent, RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(5)) }))
-        .unwrap();
+    w.observe(
+        &id,
+        runtime(RuntimeSource::WatchEvent, RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(5)) }),
+    )
+    .unwrap();
     w.poll(&id, RuntimeState::Absent { at: None }).unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Stopping);
     w.run_all_effects();

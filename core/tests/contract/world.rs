@@ -7,9 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::{
-    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, Observation, Outcome, Provider, Reads,
-    Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide,
-    merge,
+    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, Observation, Outcome, Provider, Reads, Request,
+    RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
 };
 
 /// One run the runtime made, with the generation whose identity it carried (ground truth the
@@ -186,7 +185,6 @@ impl World {
     pub fn id(&self, name: &str) -> SandboxId {
         self.sandbox(name).id
     }
-
 
     fn interfere(&mut self) {
         for name in std::mem::take(&mut self.interference) {

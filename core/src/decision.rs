@@ -95,6 +95,8 @@ impl Effect {
 }
 
 /// What the caller gets back.
+// One per operation, moved straight to the caller: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Sandbox(Sandbox),

@@ -213,10 +213,12 @@ mod tests {
         SandboxSpec { image: "busybox".into(), command: vec!["sleep".into(), "1".into()], ..Default::default() }
     }
 
+    type Mutation = Box<dyn Fn(&mut SandboxSpec)>;
+
     #[test]
     fn specs_name_the_offending_field() {
         spec(&good_spec()).unwrap();
-        let cases: Vec<(Box<dyn Fn(&mut SandboxSpec)>, &str)> = vec![
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|s| s.image.clear()), "spec.image"),
             (Box::new(|s| s.image = "bad image".into()), "spec.image"),
             (Box::new(|s| s.command.clear()), "spec.command"),

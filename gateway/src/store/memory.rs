@@ -1,0 +1,151 @@
+//! An in-memory store. Writes are applied under one lock, so a transaction is atomic; the
+//! simulator shares one across gateway crashes, which keeps every acknowledged write.
+//! No operation blocks, sleeps or spawns: it is safe on any runtime, simulated or not.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+
+use super::{CommitError, Page, PageRequest, Store, StoreError, selects};
+
+#[derive(Default)]
+struct Tables {
+    sandboxes: BTreeMap<SandboxId, Sandbox>,
+    /// name → id, for uniqueness and by-name reads.
+    names: BTreeMap<String, SandboxId>,
+    providers: BTreeMap<String, Provider>,
+}
+
+#[derive(Default)]
+pub struct MemoryStore {
+    tables: Mutex<Tables>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
+        // A panic while holding the lock cannot leave a half-applied transaction: writes are
+        // applied only after every condition was checked, and applying does not panic.
+        self.tables.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Tables {
+    fn version(&self, key: &Key) -> Option<u64> {
+        match key {
+            Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
+            Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
+        }
+    }
+
+    fn check(&self, write: &Write) -> Result<(), Conflict> {
+        let key = write.key();
+        let current = self.version(&key);
+        if current != write.expected() {
+            return Err(Conflict { key, expected: write.expected(), current });
+        }
+        if let Write::CreateSandbox(s) = write
+            && let Some(holder) = self.names.get(&s.name)
+        {
+            let key = Key::Sandbox(holder.clone());
+            let current = self.version(&key);
+            return Err(Conflict { key, expected: None, current });
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, write: &Write) {
+        match write {
+            Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
+                self.names.insert(s.name.clone(), s.id.clone());
+                self.sandboxes.insert(s.id.clone(), s.clone());
+            }
+            Write::RemoveSandbox { id, .. } => {
+                if let Some(s) = self.sandboxes.remove(id) {
+                    self.names.remove(&s.name);
+                }
+            }
+            Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => {
+                self.providers.insert(p.name.clone(), p.clone());
+            }
+            Write::RemoveProvider { name, .. } => {
+                self.providers.remove(name);
+            }
+        }
+    }
+}
+
+fn page<T: Clone>(items: impl Iterator<Item = (String, T)>, request: &PageRequest) -> Page<T> {
+    let limit = request.limit.max(1);
+    let mut out: Vec<(String, T)> =
+        items.filter(|(name, _)| request.after.as_ref().is_none_or(|a| name > a)).take(limit + 1).collect();
+    let next = if out.len() > limit {
+        out.truncate(limit);
+        out.last().map(|(name, _)| name.clone())
+    } else {
+        None
+    };
+    Page { items: out.into_iter().map(|(_, t)| t).collect(), next }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
+        Ok(self.lock().sandboxes.get(id).cloned())
+    }
+
+    async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
+        let t = self.lock();
+        Ok(t.names.get(name).and_then(|id| t.sandboxes.get(id)).cloned())
+    }
+
+    async fn list_sandboxes(
+        &self,
+        request: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Page<Sandbox>, StoreError> {
+        let t = self.lock();
+        let matching = t
+            .names
+            .iter()
+            .filter_map(|(name, id)| t.sandboxes.get(id).map(|s| (name.clone(), s)))
+            .filter(|(_, s)| selects(selector, s))
+            .map(|(name, s)| (name, s.clone()));
+        Ok(page(matching, request))
+    }
+
+    async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
+        let t = self.lock();
+        Ok(t.names
+            .values()
+            .filter_map(|id| t.sandboxes.get(id))
+            .filter(|s| s.providers.contains(provider))
+            .cloned()
+            .collect())
+    }
+
+    async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
+        Ok(self.lock().providers.get(name).cloned())
+    }
+
+    async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
+        let t = self.lock();
+        Ok(page(t.providers.iter().map(|(n, p)| (n.clone(), p.clone())), request))
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+        let mut t = self.lock();
+        for write in writes {
+            t.check(write).map_err(CommitError::Conflict)?;
+        }
+        for write in writes {
+            t.apply(write);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! The store: conditional writes of sandbox and provider records (DESIGN 3.3).
+//!
+//! Every write is conditional: create-if-absent, write-if-version, delete-if-version, and a
+//! transaction of several, all applied or none. A failed condition is reported as a
+//! [`Conflict`] naming the record and its current version (or its absence), never silently
+//! overwritten. Implementations: [`sqlite::SqliteStore`] (the embedded default) and
+//! [`memory::MemoryStore`] (the simulator's, and tests').
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use berth_core::{Conflict, Provider, Sandbox, SandboxId, Write};
+
+pub mod memory;
+pub mod sqlite;
+
+/// Where a page starts and how long it is. Pages are ordered by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageRequest {
+    /// Start after this name (the previous page's `next`).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// The name to continue after; `None` on the last page.
+    pub next: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached or refused the operation for a reason that may pass.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A record could not be decoded: a bug or a damaged database.
+    #[error("store holds an unreadable record: {0}")]
+    Corrupt(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    #[error("conflict on {:?}: expected {:?}, current {:?}", .0.key, .0.expected, .0.current)]
+    Conflict(Conflict),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError>;
+    async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError>;
+    /// Sandboxes ordered by name whose labels hold every pair of `selector`.
+    async fn list_sandboxes(
+        &self,
+        page: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Page<Sandbox>, StoreError>;
+    /// Every sandbox that references `provider`, in any phase.
+    async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError>;
+    async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError>;
+    async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError>;
+    /// Applies `writes` atomically if every condition holds; otherwise applies none and reports
+    /// the first condition that failed. A `CreateSandbox` also fails if its name is taken.
+    async fn commit(&self, writes: &[Write]) -> Result<(), CommitError>;
+}
+
+/// Whether `sandbox` matches a label selector.
+pub fn selects(selector: &BTreeMap<String, String>, sandbox: &Sandbox) -> bool {
+    selector.iter().all(|(k, v)| sandbox.spec.labels.get(k) == Some(v))
+}

@@ -1,0 +1,1 @@
+//! placeholder: the SQLite store is being written.

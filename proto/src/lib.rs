@@ -1,0 +1,11 @@
+//! berth-proto: Berth's wire format. The public API (`Sandboxes`, `Providers`) and the
+//! supervisor API (`Supervisor`), generated from `proto/berth/v1/*.proto` with protox and
+//! tonic-prost-build, plus the descriptor set that gRPC reflection serves.
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("berth.v1");
+}
+
+/// The encoded `FileDescriptorSet` of every Berth service, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/berth_descriptor.bin"));

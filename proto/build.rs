@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("berth_descriptor.bin"), fds.encode_to_vec())?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
+    // BTreeMap, not HashMap: map fields encode in one order, so a seeded run is byte-identical.
+    tonic_prost_build::configure().btree_map(".").build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())
 }

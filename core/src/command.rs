@@ -93,6 +93,22 @@ impl Request {
         }
     }
 
+    /// Names are DNS labels everywhere: a malformed one is INVALID_ARGUMENT, never NOT_FOUND.
+    fn validate_names(&self) -> Result<(), Error> {
+        match &self.command {
+            Command::CreateSandbox { name, .. }
+            | Command::StopSandbox { name }
+            | Command::StartSandbox { name }
+            | Command::DeleteSandbox { name }
+            | Command::CreateProvider { name, .. }
+            | Command::DeleteProvider { name } => validate::dns_label("name", name),
+            Command::AttachProvider { sandbox, provider } | Command::DetachProvider { sandbox, provider } => {
+                validate::dns_label("sandbox", sandbox)?;
+                validate::dns_label("provider", provider)
+            }
+        }
+    }
+
     fn check_version(&self, current: u64) -> Result<(), Error> {
         match self.expected_version {
             Some(expected) if expected != current => {
@@ -114,6 +130,7 @@ impl Request {
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
+    request.validate_names()?;
     match &request.command {
         Command::CreateSandbox { id, name, spec, providers } => {
             create_sandbox(request, reads, id, name, spec, providers, now)
@@ -175,7 +192,6 @@ fn create_sandbox(
     providers: &BTreeSet<String>,
     now: Timestamp,
 ) -> Result<Decision, Error> {
-    validate::dns_label("name", name)?;
     validate::spec(spec)?;
     validate::provider_names("providers", providers)?;
     request.check_create_version()?;
@@ -260,7 +276,6 @@ fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
 }
 
 fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
-    validate::dns_label("provider", provider)?;
     if sandbox.is(PhaseKind::Deleting) {
         return Err(wrong_phase(sandbox, "attach a provider to"));
     }
@@ -286,7 +301,6 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
 }
 
 fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision, Error> {
-    validate::dns_label("provider", provider)?;
     if sandbox.is(PhaseKind::Deleting) {
         return Err(wrong_phase(sandbox, "detach a provider from"));
     }
@@ -306,7 +320,6 @@ fn create_provider(
     credentials: &BTreeMap<String, Secret>,
     now: Timestamp,
 ) -> Result<Decision, Error> {
-    validate::dns_label("name", name)?;
     validate::provider(kind, credentials)?;
     request.check_create_version()?;
     if reads.providers.contains_key(name) {

@@ -37,3 +37,71 @@ pub fn due(sandbox: &Sandbox, now: Timestamp, min_age: Duration) -> Option<Effec
     }
     unfinished(sandbox)
 }
+
+/// Whether a queued `effect` is still wanted by the record as it is now (`None`: no record).
+/// An executor checks this just before running an effect: a decision made since (a stop after
+/// a start, a newer generation, a completed transition) supersedes it. A resource without a
+/// record is always to be deleted.
+pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
+    match record {
+        None => matches!(effect, Effect::Delete { .. }),
+        Some(sandbox) => unfinished(sandbox).as_ref() == Some(effect),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{ExitFence, Phase, SandboxId, SandboxSpec};
+
+    fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
+        Sandbox {
+            id: SandboxId::new("sb"),
+            name: "box".into(),
+            spec: SandboxSpec::default(),
+            providers: Default::default(),
+            intent,
+            phase,
+            resource_version: 3,
+            generation: 2,
+            exit_fence: ExitFence { marker: None, settled: true },
+            run,
+            last_exit: None,
+            created_at: Timestamp::default(),
+            updated_at: Timestamp::from_unix_nanos(1_000),
+        }
+    }
+
+    #[test]
+    fn only_the_current_transitions_effect_is_wanted() {
+        let id = SandboxId::new("sb");
+        let start = |generation| Effect::Start { sandbox: id.clone(), generation };
+        let stop = Effect::Stop { sandbox: id.clone(), generation: 2 };
+        let delete = Effect::Delete { sandbox: id.clone() };
+        let starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+        assert!(still_wanted(Some(&starting), &start(2)));
+        assert!(!still_wanted(Some(&starting), &start(1)), "a superseded generation");
+        assert!(!still_wanted(Some(&starting), &stop));
+        let started = sandbox(Phase::Starting, Intent::Running, Run::Started { at: None });
+        assert!(!still_wanted(Some(&started), &start(2)), "already confirmed");
+        let stopping = sandbox(Phase::Stopping, Intent::Stopped, Run::Pending);
+        assert!(still_wanted(Some(&stopping), &stop));
+        assert!(!still_wanted(Some(&stopping), &start(2)), "a stop came after the start");
+        let deleting = sandbox(Phase::Deleting, Intent::Deleted, Run::Pending);
+        assert!(still_wanted(Some(&deleting), &delete));
+        assert!(still_wanted(None, &delete), "leftovers of a removed record");
+        assert!(!still_wanted(None, &start(2)));
+    }
+
+    #[test]
+    fn sweeps_wait_for_an_effect_in_flight() {
+        let starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+        let soon = Timestamp::from_unix_nanos(1_500);
+        let later = Timestamp::from_unix_nanos(3_000);
+        assert_eq!(due(&starting, soon, Duration::from_nanos(1_000)), None);
+        assert_eq!(due(&starting, later, Duration::from_nanos(1_000)), unfinished(&starting));
+        assert!(unfinished(&starting).is_some());
+        let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: None });
+        assert_eq!(unfinished(&ready), None, "settled and started: nothing to finish");
+    }
+}

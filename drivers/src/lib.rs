@@ -1,1 +1,90 @@
-//! placeholder
+//! berth-drivers: the [`Driver`] trait every runtime implements, and the process driver.
+//!
+//! A driver executes effects and reports what the runtime shows; it decides nothing. Its
+//! replies and reports go through berth-core's merge like every other observation. Times in
+//! [`RuntimeState`] are the runtime's own clock.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::identity::RuntimeToken;
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, StartReply};
+use futures_util::Stream;
+
+pub mod process;
+
+/// What a driver needs to start one generation's run.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub sandbox: SandboxId,
+    pub name: String,
+    pub generation: u64,
+    pub spec: SandboxSpec,
+    /// The attached providers' credentials, by environment variable name.
+    pub credentials: BTreeMap<String, Secret>,
+    /// The generation's runtime token, installed before the sandbox's process starts.
+    pub token: RuntimeToken,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// The runtime could not be reached or did not answer in time: the effect may or may not
+    /// have happened. Recovery re-drives it.
+    #[error("runtime unavailable: {0}")]
+    Unavailable(String),
+    /// The runtime refused the operation.
+    #[error("runtime refused: {0}")]
+    Failed(String),
+}
+
+/// One item of a watch stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The initial sync: what the runtime shows of one sandbox when the stream opened.
+    Sync { sandbox: SandboxId, state: RuntimeState },
+    /// The initial sync is complete.
+    Synced,
+    /// A change seen live.
+    Changed { sandbox: SandboxId, state: RuntimeState },
+}
+
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, DriverError>> + Send>>;
+
+/// One page of [`Driver::list`], ordered by sandbox id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub items: Vec<(SandboxId, RuntimeState)>,
+    /// The id to continue after; `None` on the last page.
+    pub next: Option<SandboxId>,
+}
+
+#[async_trait]
+pub trait Driver: Send + Sync + 'static {
+    /// A short name for logs: "process", "docker", "podman", "sim".
+    fn name(&self) -> &'static str;
+
+    /// Makes sure the sandbox's compute resource exists and that `launch.generation` has run:
+    /// creates it if needed, installs the generation's identity before the process starts, and
+    /// starts at most one run per generation (none for a generation older than one already
+    /// started). A live run of an older generation is stopped first.
+    async fn start(&self, launch: Launch) -> Result<StartReply, DriverError>;
+
+    /// Stops whatever runs, gracefully and then by force after `grace`, and replies only once
+    /// it has fully exited, with the final state.
+    async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError>;
+
+    /// Removes the compute resource and everything made for it (workspace, secrets). Absence is
+    /// success.
+    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
+
+    async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
+
+    async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
+
+    /// The runtime's events: an initial sync of every sandbox, [`WatchEvent::Synced`], then
+    /// live changes. The stream ends or fails when the runtime's event source does; the caller
+    /// reconnects (and gets a new initial sync).
+    async fn watch(&self) -> Result<WatchStream, DriverError>;
+}

@@ -1,3 +1,11 @@
 //! berth-gateway: executes what berth-core decides, against a store and a runtime driver.
 
+pub mod api;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod reconcile;
+pub mod server;
 pub mod store;

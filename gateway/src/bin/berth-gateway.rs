@@ -1,1 +1,36 @@
-fn main() {}
+//! The Berth gateway. `berth-gateway --help` lists every setting.
+
+use berth_gateway::config::{Config, Flags, LogFormat};
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let config = match Config::load(Flags::parse()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("berth-gateway: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => subscriber.init(),
+        LogFormat::Json => subscriber.json().init(),
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("berth-gateway: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(berth_gateway::server::run(config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("berth-gateway: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The public API: sandboxes and providers.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use berth_core::{Command, Outcome, Request as CoreRequest, validate};
+use berth_proto::v1 as pb;
+use berth_proto::v1::providers_server::Providers;
+use berth_proto::v1::sandboxes_server::Sandboxes;
+use futures_util::Stream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use crate::engine::Engine;
+use crate::error::ApiError;
+use crate::store::PageRequest;
+
+/// How long a watch waits for a change before it reads the record afresh (changes made
+/// through another gateway reach it this way).
+const WATCH_RESYNC: Duration = Duration::from_secs(2);
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+fn invalid(field: &str, reason: &str) -> Status {
+    Status::invalid_argument(format!("invalid {field}: {reason}"))
+}
+
+fn core_invalid(e: berth_core::Error) -> Status {
+    ApiError::from(e).into()
+}
+
+fn page(size: u32, token: String) -> Result<PageRequest, Status> {
+    let limit = match size {
+        0 => DEFAULT_PAGE,
+        n if n > MAX_PAGE => return Err(invalid("page_size", &format!("at most {MAX_PAGE}, got {n}"))),
+        n => n,
+    };
+    let after = if token.is_empty() {
+        None
+    } else {
+        validate::dns_label("page_token", &token).map_err(core_invalid)?;
+        Some(token)
+    };
+    Ok(PageRequest { after, limit: limit as usize })
+}
+
+fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {
+    match outcome {
+        Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(&s)) })),
+        other => Err(Status::internal(format!("a sandbox command returned {other:?}"))),
+    }
+}
+
+pub struct SandboxApi {
+    engine: Engine,
+}
+
+impl SandboxApi {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
+    async fn lifecycle(&self, command: Command, expected: Option<u64>) -> Result<Response<pb::SandboxReply>, Status> {
+        sandbox_reply(self.engine.execute(&CoreRequest::new(command, expected)).await?)
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SandboxEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Sandboxes for SandboxApi {
+    async fn create_sandbox(
+        &self,
+        request: Request<pb::CreateSandboxRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        let spec = r.spec.ok_or_else(|| invalid("spec", "is required"))?;
+        let command = Command::CreateSandbox {
+            id: self.engine.new_sandbox_id(),
+            name: r.name,
+            spec: convert::spec_from_wire(spec),
+            providers: r.providers.into_iter().collect(),
+        };
+        self.lifecycle(command, r.expected_resource_version).await
+    }
+
+    async fn get_sandbox(&self, request: Request<pb::GetSandboxRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let name = request.into_inner().name;
+        validate::dns_label("name", &name).map_err(core_invalid)?;
+        match self.engine.store().sandbox_by_name(&name).await.map_err(ApiError::from)? {
+            Some(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(&s)) })),
+            None => Err(Status::not_found(format!("sandbox '{name}' not found"))),
+        }
+    }
+
+    async fn list_sandboxes(
+        &self,
+        request: Request<pb::ListSandboxesRequest>,
+    ) -> Result<Response<pb::ListSandboxesReply>, Status> {
+        let r = request.into_inner();
+        let page = page(r.page_size, r.page_token)?;
+        for (k, v) in &r.label_selector {
+            validate::label(k, v).map_err(|_| invalid("label_selector", &format!("{k:?}={v:?} is not a valid label")))?;
+        }
+        let batch = self.engine.store().list_sandboxes(&page, &r.label_selector).await.map_err(ApiError::from)?;
+        Ok(Response::new(pb::ListSandboxesReply {
+            sandboxes: batch.items.iter().map(convert::sandbox).collect(),
+            next_page_token: batch.next.unwrap_or_default(),
+        }))
+    }
+
+    type WatchSandboxStream = EventStream;
+
+    async fn watch_sandbox(
+        &self,
+        request: Request<pb::WatchSandboxRequest>,
+    ) -> Result<Response<Self::WatchSandboxStream>, Status> {
+        let name = request.into_inner().name;
+        validate::dns_label("name", &name).map_err(core_invalid)?;
+        // Subscribe first: no change between the read and the subscription is missed.
+        let mut changes = self.engine.subscribe();
+        let store = self.engine.store().clone();
+        let record = store
+            .sandbox_by_name(&name)
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| Status::not_found(format!("sandbox '{name}' not found")))?;
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let id = record.id.clone();
+            let mut last = record.resource_version;
+            let event = |s: Option<&berth_core::Sandbox>| pb::SandboxEvent {
+                sandbox: s.map(convert::sandbox),
+                removed: s.is_none(),
+            };
+            if tx.send(Ok(event(Some(&record)))).await.is_err() {
+                return;
+            }
+            loop {
+                let current = match tokio::time::timeout(WATCH_RESYNC, changes.recv()).await {
+                    Ok(Ok(change)) if change.id == id => change.sandbox,
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => return,
+                    // Fell behind, or quiet for a while: read it afresh.
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) | Err(_) => match store.sandbox(&id).await {
+                        Ok(current) => current,
+                        Err(e) => {
+                            let _ = tx.send(Err(ApiError::from(e).into())).await;
+                            return;
+                        }
+                    },
+                };
+                let sent = match current {
+                    Some(s) if s.resource_version > last => {
+                        last = s.resource_version;
+                        tx.send(Ok(event(Some(&s)))).await
+                    }
+                    Some(_) => Ok(()),
+                    None => {
+                        let _ = tx.send(Ok(event(None))).await;
+                        return;
+                    }
+                };
+                if sent.is_err() || tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn stop_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        self.lifecycle(Command::StopSandbox { name: r.name }, r.expected_resource_version).await
+    }
+
+    async fn start_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        self.lifecycle(Command::StartSandbox { name: r.name }, r.expected_resource_version).await
+    }
+
+    async fn delete_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        self.lifecycle(Command::DeleteSandbox { name: r.name }, r.expected_resource_version).await
+    }
+}
+
+pub struct ProviderApi {
+    engine: Engine,
+}
+
+impl ProviderApi {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl Providers for ProviderApi {
+    async fn create_provider(
+        &self,
+        request: Request<pb::CreateProviderRequest>,
+    ) -> Result<Response<pb::ProviderReply>, Status> {
+        let r = request.into_inner();
+        let command = Command::CreateProvider { name: r.name, kind: r.kind, credentials: convert::credentials(r.credentials) };
+        match self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await? {
+            Outcome::Provider(p) => Ok(Response::new(pb::ProviderReply { provider: Some(convert::provider(&p)) })),
+            other => Err(Status::internal(format!("a provider command returned {other:?}"))),
+        }
+    }
+
+    async fn get_provider(&self, request: Request<pb::GetProviderRequest>) -> Result<Response<pb::ProviderReply>, Status> {
+        let name = request.into_inner().name;
+        validate::dns_label("name", &name).map_err(core_invalid)?;
+        match self.engine.store().provider(&name).await.map_err(ApiError::from)? {
+            Some(p) => Ok(Response::new(pb::ProviderReply { provider: Some(convert::provider(&p)) })),
+            None => Err(Status::not_found(format!("provider '{name}' not found"))),
+        }
+    }
+
+    async fn list_providers(
+        &self,
+        request: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersReply>, Status> {
+        let r = request.into_inner();
+        let batch = self.engine.store().list_providers(&page(r.page_size, r.page_token)?).await.map_err(ApiError::from)?;
+        Ok(Response::new(pb::ListProvidersReply {
+            providers: batch.items.iter().map(convert::provider).collect(),
+            next_page_token: batch.next.unwrap_or_default(),
+        }))
+    }
+
+    async fn delete_provider(
+        &self,
+        request: Request<pb::DeleteProviderRequest>,
+    ) -> Result<Response<pb::DeleteProviderReply>, Status> {
+        let r = request.into_inner();
+        let command = Command::DeleteProvider { name: r.name };
+        self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await?;
+        Ok(Response::new(pb::DeleteProviderReply {}))
+    }
+
+    async fn attach_provider(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        let command = Command::AttachProvider { sandbox: r.sandbox, provider: r.provider };
+        sandbox_reply(self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await?)
+    }
+
+    async fn detach_provider(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        let command = Command::DetachProvider { sandbox: r.sandbox, provider: r.provider };
+        sandbox_reply(self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await?)
+    }
+}

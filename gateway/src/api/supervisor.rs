@@ -1,0 +1,132 @@
+//! The supervisor API: one long-lived session per run.
+//!
+//! The first message is a hello with the run's token. Its MAC is verified here; whether its
+//! generation is the current one is decided by the merge (only the current generation
+//! authenticates, DESIGN 3.4). A stale one gets PERMISSION_DENIED and its supervisor exits. While
+//! the session lasts, every heartbeat re-checks the generation, so a run replaced by a newer
+//! start loses its session; its exit report, if any, is the merge's to ignore.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use berth_core::identity::{RuntimeIdentity, verify_token};
+use berth_core::{Error, Observation};
+use berth_proto::v1 as pb;
+use berth_proto::v1::gateway_message::Message as ToSupervisor;
+use berth_proto::v1::supervisor_message::Message as FromSupervisor;
+use berth_proto::v1::supervisor_server::Supervisor;
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use crate::engine::Engine;
+use crate::error::ApiError;
+
+/// How long a new session may take to say hello.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
+
+pub struct SupervisorApi {
+    engine: Engine,
+    heartbeat: Duration,
+}
+
+impl SupervisorApi {
+    pub fn new(engine: Engine, heartbeat: Duration) -> Self {
+        Self { engine, heartbeat }
+    }
+}
+
+fn message(m: ToSupervisor) -> pb::GatewayMessage {
+    pb::GatewayMessage { message: Some(m) }
+}
+
+/// Whether the run is still its sandbox's current generation.
+async fn current(engine: &Engine, identity: &RuntimeIdentity) -> Result<(), Status> {
+    let record = engine.store().sandbox(&identity.sandbox).await.map_err(ApiError::from)?;
+    match record {
+        Some(s) if s.generation == identity.generation => Ok(()),
+        Some(s) => Err(ApiError::from(Error::StaleIdentity {
+            sandbox: s.name,
+            presented: identity.generation,
+            current: s.generation,
+        })
+        .into()),
+        None => Err(Status::not_found(format!("sandbox {} no longer exists", identity.sandbox))),
+    }
+}
+
+async fn serve_session(
+    engine: Engine,
+    identity: RuntimeIdentity,
+    mut inbound: Streaming<pb::SupervisorMessage>,
+    tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
+) {
+    loop {
+        let next = match inbound.message().await {
+            Ok(Some(m)) => m.message,
+            Ok(None) => break,
+            Err(status) => {
+                debug!(sandbox = %identity.sandbox, %status, "supervisor session broke");
+                break;
+            }
+        };
+        let reply = match next {
+            Some(FromSupervisor::Heartbeat(_)) => match current(&engine, &identity).await {
+                Ok(()) => Ok(message(ToSupervisor::HeartbeatAck(pb::HeartbeatAck {}))),
+                Err(status) => Err(status),
+            },
+            Some(FromSupervisor::Exit(exit)) => {
+                let observation =
+                    Observation::MainProcessExited { generation: identity.generation, exit_code: exit.exit_code };
+                match engine.observe(&identity.sandbox, &observation, None).await {
+                    Ok(_) => Ok(message(ToSupervisor::ExitAck(pb::ExitAck {}))),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Some(FromSupervisor::Hello(_)) | None => Err(Status::invalid_argument("expected a heartbeat or an exit report")),
+        };
+        let stop = reply.is_err();
+        if tx.send(reply).await.is_err() || stop {
+            break;
+        }
+    }
+    debug!(sandbox = %identity.sandbox, generation = identity.generation, "supervisor session ended");
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Supervisor for SupervisorApi {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::SupervisorMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(HELLO_WITHIN, inbound.message()).await {
+            Ok(Ok(Some(pb::SupervisorMessage { message: Some(FromSupervisor::Hello(hello)) }))) => hello,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message of a session must be a hello")),
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s")),
+        };
+        let identity = verify_token(self.engine.key(), &hello.runtime_token).map_err(ApiError::from)?;
+        let connected = Observation::SupervisorConnected { generation: identity.generation };
+        if let Err(e) = self.engine.observe(&identity.sandbox, &connected, None).await {
+            warn!(sandbox = %identity.sandbox, generation = identity.generation, error = %e, "supervisor rejected");
+            return Err(e.into());
+        }
+        info!(sandbox = %identity.sandbox, generation = identity.generation, "supervisor connected");
+        let (tx, rx) = mpsc::channel(8);
+        let accepted = pb::Accepted {
+            sandbox_id: identity.sandbox.to_string(),
+            generation: identity.generation,
+            heartbeat_interval_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
+        };
+        let _ = tx.send(Ok(message(ToSupervisor::Accepted(accepted)))).await;
+        tokio::spawn(serve_session(self.engine.clone(), identity, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,535 @@
+//! `berth`: the command-line client of the public API.
+//!
+//! It finds the gateway and its token from flags, `BERTH_*` variables, or the gateway's data
+//! directory. Lifecycle commands wait for their target phase by default, showing the current
+//! phase, and fail (non-zero status, the server's message) if the sandbox lands in Error.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use berth_proto::v1 as pb;
+use berth_proto::v1::providers_client::ProvidersClient;
+use berth_proto::v1::sandboxes_client::SandboxesClient;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use tonic::Request;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::default_data_dir;
+use crate::server::{ADDRESS_FILE, API_TOKEN_FILE};
+
+#[derive(Parser)]
+#[command(name = "berth", version, about = "Drive a Berth gateway: sandboxes and providers")]
+pub struct Cli {
+    /// The gateway's address. [default: from <data-dir>/gateway.addr, else http://127.0.0.1:7420]
+    #[arg(long, env = "BERTH_GATEWAY", global = true)]
+    gateway: Option<String>,
+    /// The API token. [default: from <data-dir>/api-token]
+    #[arg(long, env = "BERTH_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// The gateway's data directory, to find its address and token.
+    #[arg(long, env = "BERTH_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Top,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Top {
+    /// Create, inspect and drive sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Create, inspect and attach providers (credentials for sandboxes).
+    #[command(subcommand)]
+    Provider(ProviderCmd),
+}
+
+#[derive(Args)]
+struct Wait {
+    /// Return once the gateway accepted the command, without waiting for the target phase.
+    #[arg(long)]
+    no_wait: bool,
+    /// Give up waiting after this long.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+#[derive(Args)]
+struct Versioned {
+    /// Fail with ABORTED unless the record still has this resource version.
+    #[arg(long)]
+    expected_version: Option<u64>,
+}
+
+fn pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+#[derive(Subcommand)]
+enum SandboxCmd {
+    /// Create a sandbox running COMMAND and wait until it is Ready.
+    Create {
+        name: String,
+        /// The image to run (the process driver runs COMMAND on this host and ignores it).
+        #[arg(long, default_value = "host")]
+        image: String,
+        /// An environment variable, KEY=VALUE (repeatable).
+        #[arg(long = "env", short, value_parser = pair)]
+        env: Vec<(String, String)>,
+        /// A label, KEY=VALUE (repeatable).
+        #[arg(long = "label", short, value_parser = pair)]
+        labels: Vec<(String, String)>,
+        /// A provider to attach (repeatable).
+        #[arg(long = "provider", short)]
+        providers: Vec<String>,
+        #[command(flatten)]
+        wait: Wait,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show one sandbox.
+    Get { name: String },
+    /// List sandboxes (every page).
+    List {
+        /// Only sandboxes with this label, KEY=VALUE (repeatable).
+        #[arg(long = "selector", short, value_parser = pair)]
+        selector: Vec<(String, String)>,
+    },
+    /// Print the sandbox, then every change, until it is gone or interrupted.
+    Watch { name: String },
+    /// Stop a sandbox (its workspace is kept) and wait until it is Stopped.
+    Stop {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Start a stopped (or failed) sandbox with a new runtime identity and wait until it is Ready.
+    Start {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Delete a sandbox and everything made for it, and wait until it is gone.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProviderCmd {
+    /// Create a provider. Credential values are read from this process's environment, so they
+    /// never appear in a command line.
+    Create {
+        name: String,
+        #[arg(long)]
+        kind: String,
+        /// A credential: the name of an environment variable of this process whose value it
+        /// takes, also the name it gets in sandboxes (repeatable).
+        #[arg(long = "credential-from-env")]
+        credentials: Vec<String>,
+    },
+    /// Show one provider (credential names only).
+    Get { name: String },
+    /// List providers.
+    List,
+    /// Delete a provider (refused while a sandbox that is not being deleted uses it).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+    },
+    /// Attach a provider to a sandbox (applies at its next start).
+    Attach {
+        sandbox: String,
+        provider: String,
+        #[command(flatten)]
+        version: Versioned,
+    },
+    /// Detach a provider from a sandbox.
+    Detach {
+        sandbox: String,
+        provider: String,
+        #[command(flatten)]
+        version: Versioned,
+    },
+}
+
+type Authed = InterceptedService<Channel, Bearer>;
+
+#[derive(Clone)]
+struct Bearer(MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, tonic::Status> {
+        request.metadata_mut().insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+struct Client {
+    sandboxes: SandboxesClient<Authed>,
+    providers: ProvidersClient<Authed>,
+    output: Output,
+}
+
+/// A failure, printed as `error: ...`.
+struct Failed(String);
+
+impl From<tonic::Status> for Failed {
+    fn from(s: tonic::Status) -> Self {
+        Failed(format!("{:?}: {}", s.code(), s.message()))
+    }
+}
+
+fn phase_name(phase: i32) -> &'static str {
+    pb::Phase::try_from(phase).map_or("Unknown", |p| match p {
+        pb::Phase::Unspecified => "Unknown",
+        pb::Phase::Provisioning => "Provisioning",
+        pb::Phase::Starting => "Starting",
+        pb::Phase::Ready => "Ready",
+        pb::Phase::Stopping => "Stopping",
+        pb::Phase::Stopped => "Stopped",
+        pb::Phase::Deleting => "Deleting",
+        pb::Phase::Error => "Error",
+    })
+}
+
+fn intent_name(intent: i32) -> &'static str {
+    pb::Intent::try_from(intent).map_or("Unknown", |i| match i {
+        pb::Intent::Unspecified => "Unknown",
+        pb::Intent::Running => "Running",
+        pb::Intent::Stopped => "Stopped",
+        pb::Intent::Deleted => "Deleted",
+    })
+}
+
+fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
+    let spec = s.spec.clone().unwrap_or_default();
+    json!({
+        "id": s.id, "name": s.name, "phase": phase_name(s.phase), "intent": intent_name(s.intent),
+        "failure": s.failure.as_ref().map(|f| json!({"reason": f.reason, "exit_code": f.exit_code, "message": f.message})),
+        "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
+        "spec": {"image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels},
+        "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
+    })
+}
+
+fn provider_json(p: &pb::Provider) -> serde_json::Value {
+    json!({"name": p.name, "kind": p.kind, "credential_names": p.credential_names, "resource_version": p.resource_version})
+}
+
+/// Columns padded to their widest cell.
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(header.iter().map(|h| h.to_string()).collect())];
+    out.extend(rows.into_iter().map(line));
+    out.join("\n")
+}
+
+fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
+    let reason = s
+        .failure
+        .as_ref()
+        .map(|f| match f.exit_code {
+            Some(code) => format!("{} (exit {code})", f.reason),
+            None => f.reason.clone(),
+        })
+        .unwrap_or_default();
+    vec![
+        s.name.clone(),
+        phase_name(s.phase).to_string(),
+        intent_name(s.intent).to_string(),
+        s.generation.to_string(),
+        s.resource_version.to_string(),
+        s.providers.join(","),
+        reason,
+    ]
+}
+
+const SANDBOX_HEADER: [&str; 7] = ["NAME", "PHASE", "INTENT", "GENERATION", "VERSION", "PROVIDERS", "REASON"];
+
+/// What a lifecycle command waits for.
+#[derive(Clone, Copy)]
+enum Target {
+    Ready,
+    Stopped,
+    Gone,
+}
+
+impl Client {
+    fn print_sandboxes(&self, sandboxes: &[pb::Sandbox]) {
+        match self.output {
+            Output::Json if sandboxes.len() == 1 => println!("{:#}", sandbox_json(&sandboxes[0])),
+            Output::Json => println!("{:#}", json!(sandboxes.iter().map(sandbox_json).collect::<Vec<_>>())),
+            Output::Table => println!("{}", table(&SANDBOX_HEADER, sandboxes.iter().map(sandbox_row).collect())),
+        }
+    }
+
+    fn print_providers(&self, providers: &[pb::Provider]) {
+        match self.output {
+            Output::Json if providers.len() == 1 => println!("{:#}", provider_json(&providers[0])),
+            Output::Json => println!("{:#}", json!(providers.iter().map(provider_json).collect::<Vec<_>>())),
+            Output::Table => println!(
+                "{}",
+                table(
+                    &["NAME", "KIND", "CREDENTIALS", "VERSION"],
+                    providers
+                        .iter()
+                        .map(|p| vec![p.name.clone(), p.kind.clone(), p.credential_names.join(","), p.resource_version.to_string()])
+                        .collect()
+                )
+            ),
+        }
+    }
+
+    /// Waits for `target`, showing the phase; fails on Error (unless that is where a stop or
+    /// delete is headed from).
+    async fn wait(&mut self, name: &str, target: Target, wait: &Wait) -> Result<Option<pb::Sandbox>, Failed> {
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"));
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        let result = tokio::time::timeout(wait.timeout, async {
+            let mut events = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await?.into_inner();
+            while let Some(event) = events.message().await? {
+                let Some(s) = event.sandbox else {
+                    return match target {
+                        Target::Gone => Ok(None),
+                        _ => Err(Failed(format!("sandbox '{name}' was deleted"))),
+                    };
+                };
+                spinner.set_message(format!("{name}: {}", phase_name(s.phase)));
+                let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
+                match (target, phase) {
+                    (Target::Ready, pb::Phase::Ready) | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
+                    (Target::Ready | Target::Stopped, pb::Phase::Error) => {
+                        let f = s.failure.unwrap_or_default();
+                        return Err(Failed(format!("sandbox '{name}' failed: {} ({})", f.reason, f.message)));
+                    }
+                    _ => {}
+                }
+            }
+            Err(Failed(format!("the watch of '{name}' ended early")))
+        })
+        .await;
+        spinner.finish_and_clear();
+        result.unwrap_or_else(|_| Err(Failed(format!("timed out after {:?} waiting for '{name}'", wait.timeout))))
+    }
+
+    async fn lifecycle(&mut self, reply: pb::SandboxReply, target: Target, wait: &Wait) -> Result<(), Failed> {
+        let sandbox = reply.sandbox.unwrap_or_default();
+        if wait.no_wait {
+            self.print_sandboxes(&[sandbox]);
+            return Ok(());
+        }
+        match self.wait(&sandbox.name, target, wait).await? {
+            Some(s) => self.print_sandboxes(&[s]),
+            None if self.output == Output::Json => println!("{}", json!({"name": sandbox.name, "deleted": true})),
+            None => println!("sandbox '{}' deleted", sandbox.name),
+        }
+        Ok(())
+    }
+
+    async fn sandbox(&mut self, command: SandboxCmd) -> Result<(), Failed> {
+        match command {
+            SandboxCmd::Create { name, image, env, labels, providers, wait, command } => {
+                let request = pb::CreateSandboxRequest {
+                    name,
+                    spec: Some(pb::SandboxSpec {
+                        image,
+                        command,
+                        env: env.into_iter().collect(),
+                        labels: labels.into_iter().collect(),
+                    }),
+                    providers,
+                    expected_resource_version: None,
+                };
+                let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Get { name } => {
+                let reply = self.sandboxes.get_sandbox(pb::GetSandboxRequest { name }).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
+            }
+            SandboxCmd::List { selector } => {
+                let label_selector: BTreeMap<String, String> = selector.into_iter().collect();
+                let mut all = Vec::new();
+                let mut page_token = String::new();
+                loop {
+                    let request = pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: label_selector.clone() };
+                    let reply = self.sandboxes.list_sandboxes(request).await?.into_inner();
+                    all.extend(reply.sandboxes);
+                    if reply.next_page_token.is_empty() {
+                        break;
+                    }
+                    page_token = reply.next_page_token;
+                }
+                match self.output {
+                    Output::Json => println!("{:#}", json!(all.iter().map(sandbox_json).collect::<Vec<_>>())),
+                    Output::Table => self.print_sandboxes(&all),
+                }
+                Ok(())
+            }
+            SandboxCmd::Watch { name } => {
+                let mut events = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
+                while let Some(event) = events.message().await? {
+                    match (event.sandbox, self.output) {
+                        (Some(s), Output::Json) => println!("{}", sandbox_json(&s)),
+                        (Some(s), Output::Table) => println!("{}", sandbox_row(&s).join("  ").trim_end()),
+                        (None, Output::Json) => println!("{}", json!({"name": name, "removed": true})),
+                        (None, Output::Table) => println!("{name}  removed"),
+                    }
+                }
+                Ok(())
+            }
+            SandboxCmd::Stop { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.stop_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Stopped, &wait).await
+            }
+            SandboxCmd::Start { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.start_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Delete { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.delete_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Gone, &wait).await
+            }
+        }
+    }
+
+    async fn provider(&mut self, command: ProviderCmd) -> Result<(), Failed> {
+        match command {
+            ProviderCmd::Create { name, kind, credentials } => {
+                let mut values = BTreeMap::new();
+                for key in credentials {
+                    let value = std::env::var(&key)
+                        .map_err(|_| Failed(format!("--credential-from-env {key}: no such environment variable")))?;
+                    values.insert(key, value);
+                }
+                let request = pb::CreateProviderRequest { name, kind, credentials: values, expected_resource_version: None };
+                let reply = self.providers.create_provider(request).await?.into_inner();
+                self.print_providers(&[reply.provider.unwrap_or_default()]);
+            }
+            ProviderCmd::Get { name } => {
+                let reply = self.providers.get_provider(pb::GetProviderRequest { name }).await?.into_inner();
+                self.print_providers(&[reply.provider.unwrap_or_default()]);
+            }
+            ProviderCmd::List => {
+                let mut all = Vec::new();
+                let mut page_token = String::new();
+                loop {
+                    let reply = self.providers.list_providers(pb::ListProvidersRequest { page_size: 500, page_token }).await?.into_inner();
+                    all.extend(reply.providers);
+                    if reply.next_page_token.is_empty() {
+                        break;
+                    }
+                    page_token = reply.next_page_token;
+                }
+                match self.output {
+                    Output::Json => println!("{:#}", json!(all.iter().map(provider_json).collect::<Vec<_>>())),
+                    Output::Table => self.print_providers(&all),
+                }
+            }
+            ProviderCmd::Delete { name, version } => {
+                let request = pb::DeleteProviderRequest { name: name.clone(), expected_resource_version: version.expected_version };
+                self.providers.delete_provider(request).await?;
+                match self.output {
+                    Output::Json => println!("{}", json!({"name": name, "deleted": true})),
+                    Output::Table => println!("provider '{name}' deleted"),
+                }
+            }
+            ProviderCmd::Attach { sandbox, provider, version } => {
+                let request = pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
+                let reply = self.providers.attach_provider(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+            }
+            ProviderCmd::Detach { sandbox, provider, version } => {
+                let request = pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
+                let reply = self.providers.detach_provider(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_trimmed(path: PathBuf) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+async fn connect(cli: &Cli) -> Result<Client, Failed> {
+    let data = cli.data_dir.clone().unwrap_or_else(default_data_dir);
+    let address = cli
+        .gateway
+        .clone()
+        .or_else(|| read_trimmed(data.join(ADDRESS_FILE)))
+        .unwrap_or_else(|| "http://127.0.0.1:7420".to_string());
+    let token = cli.token.clone().or_else(|| read_trimmed(data.join(API_TOKEN_FILE))).ok_or_else(|| {
+        Failed(format!("no API token: pass --token, set BERTH_TOKEN, or point --data-dir at the gateway's ({})", data.display()))
+    })?;
+    let bearer = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| Failed("the token is not valid ASCII".into()))?;
+    let channel = Endpoint::from_shared(address.clone())
+        .map_err(|e| Failed(format!("{address:?} is not a gateway address: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| Failed(format!("cannot reach the gateway at {address}: {e}")))?;
+    let auth = Bearer(bearer);
+    Ok(Client {
+        sandboxes: SandboxesClient::with_interceptor(channel.clone(), auth.clone()),
+        providers: ProvidersClient::with_interceptor(channel, auth),
+        output: cli.output,
+    })
+}
+
+/// Runs the CLI; returns the process's exit status.
+pub async fn main(cli: Cli) -> std::process::ExitCode {
+    let result = async {
+        let mut client = connect(&cli).await?;
+        match cli.command {
+            Top::Sandbox(c) => client.sandbox(c).await,
+            Top::Provider(c) => client.provider(c).await,
+        }
+    }
+    .await;
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(Failed(message)) => {
+            eprintln!("error: {message}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

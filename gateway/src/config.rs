@@ -1,0 +1,178 @@
+//! Gateway configuration: command-line flags, `BERTH_*` environment variables, and an optional
+//! TOML file, in that order of precedence, over built-in defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use serde::Deserialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriverKind {
+    /// Each sandbox is a process group on this host (no isolation; nothing to install).
+    Process,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 500ms, 10s or 2m: {e}"))
+}
+
+/// The Berth gateway: serves the public and supervisor gRPC APIs and keeps every sandbox
+/// converging to its intent.
+#[derive(Parser, Debug, Default)]
+#[command(name = "berth-gateway", version, about, long_about = None)]
+pub struct Flags {
+    /// A TOML file with any of the settings below (keys as the flags, with '_' for '-').
+    #[arg(long, env = "BERTH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the gRPC API. [default: 127.0.0.1:7420]
+    #[arg(long, env = "BERTH_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Where the database, secrets and sandboxes live. [default: $XDG_DATA_HOME/berth, or ~/.local/share/berth]
+    #[arg(long, env = "BERTH_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The runtime that runs sandboxes. [default: process]
+    #[arg(long, env = "BERTH_DRIVER")]
+    pub driver: Option<DriverKind>,
+    /// The public API's bearer token. [default: read from, or created in, <data-dir>/api-token]
+    #[arg(long, env = "BERTH_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// The berth-supervisor binary the process driver runs. [default: next to berth-gateway]
+    #[arg(long, env = "BERTH_SUPERVISOR_BIN")]
+    pub supervisor_bin: Option<PathBuf>,
+    /// Time between two reconcile sweeps of the whole runtime. [default: 10s]
+    #[arg(long, env = "BERTH_POLL_INTERVAL", value_parser = duration)]
+    pub poll_interval: Option<Duration>,
+    /// A transition unconfirmed this long is re-driven by the next sweep. [default: 30s]
+    #[arg(long, env = "BERTH_REDRIVE_AFTER", value_parser = duration)]
+    pub redrive_after: Option<Duration>,
+    /// How long a stop waits for a graceful exit before it forces one. [default: 10s]
+    #[arg(long, env = "BERTH_STOP_GRACE", value_parser = duration)]
+    pub stop_grace: Option<Duration>,
+    /// Supervisors' heartbeat interval. [default: 5s]
+    #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
+    pub heartbeat: Option<Duration>,
+    /// Log filter, in `RUST_LOG` syntax. [default: info]
+    #[arg(long, env = "BERTH_LOG")]
+    pub log: Option<String>,
+    /// Log format. [default: text]
+    #[arg(long, env = "BERTH_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// The TOML file: the same settings, every one optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Option<SocketAddr>,
+    data_dir: Option<PathBuf>,
+    driver: Option<DriverKind>,
+    api_token: Option<String>,
+    supervisor_bin: Option<PathBuf>,
+    poll_interval: Option<String>,
+    redrive_after: Option<String>,
+    stop_grace: Option<String>,
+    heartbeat: Option<String>,
+    log: Option<String>,
+    log_format: Option<LogFormat>,
+}
+
+/// The settings the gateway runs with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub driver: DriverKind,
+    pub api_token: Option<String>,
+    pub supervisor_bin: PathBuf,
+    pub poll_interval: Duration,
+    pub redrive_after: Duration,
+    pub stop_grace: Duration,
+    pub heartbeat: Duration,
+    pub log: String,
+    pub log_format: LogFormat,
+}
+
+/// Where Berth keeps its data unless told otherwise.
+pub fn default_data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("berth")
+}
+
+impl Config {
+    pub fn load(flags: Flags) -> Result<Self, String> {
+        let file: File = match &flags.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => File::default(),
+        };
+        let from_file = |name: &str, value: Option<String>| -> Result<Option<Duration>, String> {
+            value.map(|v| duration(&v).map_err(|e| format!("{name}: {e}"))).transpose()
+        };
+        let supervisor_bin = match flags.supervisor_bin.or(file.supervisor_bin) {
+            Some(path) => path,
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot locate berth-supervisor: {e}"))?
+                .with_file_name("berth-supervisor"),
+        };
+        Ok(Self {
+            listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
+            data_dir: flags.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir),
+            driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
+            api_token: flags.api_token.or(file.api_token),
+            supervisor_bin,
+            poll_interval: flags
+                .poll_interval
+                .or(from_file("poll_interval", file.poll_interval)?)
+                .unwrap_or(Duration::from_secs(10)),
+            redrive_after: flags
+                .redrive_after
+                .or(from_file("redrive_after", file.redrive_after)?)
+                .unwrap_or(Duration::from_secs(30)),
+            stop_grace: flags.stop_grace.or(from_file("stop_grace", file.stop_grace)?).unwrap_or(Duration::from_secs(10)),
+            heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
+            log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
+            log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file_which_wins_over_defaults() {
+        let dir = std::env::temp_dir().join(format!("berth-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("berth.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:9000\"\npoll_interval = \"250ms\"\nstop_grace = \"3s\"\n").unwrap();
+        let flags = Flags { config: Some(path.clone()), stop_grace: Some(Duration::from_secs(7)), ..Flags::default() };
+        let config = Config::load(flags).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(config.poll_interval, Duration::from_millis(250));
+        assert_eq!(config.stop_grace, Duration::from_secs(7));
+        assert_eq!(config.redrive_after, Duration::from_secs(30));
+        std::fs::write(&path, "poll_interval = \"often\"\n").unwrap();
+        let err = Config::load(Flags { config: Some(path.clone()), ..Flags::default() }).unwrap_err();
+        assert!(err.contains("poll_interval"), "{err}");
+        std::fs::write(&path, "pol_interval = \"1s\"\n").unwrap();
+        let err = Config::load(Flags { config: Some(path), ..Flags::default() }).unwrap_err();
+        assert!(err.contains("pol_interval"), "unknown keys are named: {err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

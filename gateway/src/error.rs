@@ -1,0 +1,45 @@
+//! What the gateway's operations fail with, and its gRPC status.
+
+use berth_core::Code;
+use tonic::Status;
+
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Core(#[from] berth_core::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Driver(#[from] berth_drivers::DriverError),
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Self {
+        let message = e.to_string();
+        match e {
+            ApiError::Core(e) => Status::new(code(e.code()), message),
+            ApiError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
+            // A record the store cannot read is damage or a bug, never an expected condition.
+            ApiError::Store(StoreError::Corrupt(_)) => Status::internal(message),
+            ApiError::Driver(berth_drivers::DriverError::Unavailable(_)) => Status::unavailable(message),
+            ApiError::Driver(berth_drivers::DriverError::Failed(_)) => Status::failed_precondition(message),
+        }
+    }
+}
+
+pub fn code(code: Code) -> tonic::Code {
+    match code {
+        Code::InvalidArgument => tonic::Code::InvalidArgument,
+        Code::NotFound => tonic::Code::NotFound,
+        Code::AlreadyExists => tonic::Code::AlreadyExists,
+        Code::FailedPrecondition => tonic::Code::FailedPrecondition,
+        Code::Aborted => tonic::Code::Aborted,
+        Code::Unauthenticated => tonic::Code::Unauthenticated,
+        Code::PermissionDenied => tonic::Code::PermissionDenied,
+        Code::Unavailable => tonic::Code::Unavailable,
+        Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        Code::Internal => tonic::Code::Internal,
+    }
+}

@@ -1,0 +1,174 @@
+//! Reconcile (DESIGN 3.6): what the runtime shows, merged into the records, continuously.
+//!
+//! - Recovery at start-up re-drives every unconfirmed transition with its committed generation.
+//! - The watch loop consumes the driver's event stream, its initial sync merged like any other
+//!   observation, and reconnects with jittered backoff when it ends.
+//! - The poll loop sweeps everything on an interval: every record (paged, no cap) and
+//!   everything the runtime lists (paged), re-driving transitions that waited too long.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use berth_core::{Observation, RuntimeSource, RuntimeState, SandboxId, recovery};
+use berth_drivers::WatchEvent;
+use futures_util::StreamExt;
+use tracing::{debug, info, warn};
+
+use crate::engine::Engine;
+use crate::error::ApiError;
+use crate::store::PageRequest;
+
+#[derive(Clone, Debug)]
+pub struct ReconcileSettings {
+    /// Time between two polls of the whole runtime.
+    pub poll_interval: Duration,
+    /// A transition left unconfirmed this long since its last write is re-driven by a sweep.
+    pub redrive_after: Duration,
+    /// Records and runtime entries read per page.
+    pub page_size: usize,
+    /// The longest wait between two attempts to reopen the runtime's event stream.
+    pub max_watch_backoff: Duration,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(10),
+            redrive_after: Duration::from_secs(30),
+            page_size: 500,
+            max_watch_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    pub records: usize,
+    pub runtime: usize,
+    pub redriven: usize,
+}
+
+/// Re-drives every unconfirmed transition, once, at gateway start-up.
+pub async fn recover(engine: &Engine, page_size: usize) -> Result<usize, ApiError> {
+    let mut redriven = 0;
+    let mut page = PageRequest { after: None, limit: page_size };
+    loop {
+        let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
+        for sandbox in &batch.items {
+            if let Some(effect) = recovery::unfinished(sandbox) {
+                info!(sandbox = %sandbox.name, id = %sandbox.id, generation = sandbox.generation, phase = %sandbox.phase, ?effect, "recovery re-drives an unfinished transition");
+                engine.dispatch(&[effect]);
+                redriven += 1;
+            }
+        }
+        match batch.next {
+            Some(next) => page.after = Some(next),
+            None => return Ok(redriven),
+        }
+    }
+}
+
+/// Consumes the runtime's event stream forever, reconnecting with backoff.
+pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match engine.driver().watch().await {
+            Ok(mut stream) => {
+                while let Some(item) = stream.next().await {
+                    let (sandbox, state, source) = match item {
+                        Ok(WatchEvent::Sync { sandbox, state }) => (sandbox, state, RuntimeSource::InitialSync),
+                        Ok(WatchEvent::Changed { sandbox, state }) => (sandbox, state, RuntimeSource::WatchEvent),
+                        Ok(WatchEvent::Synced) => {
+                            backoff = Duration::from_millis(100);
+                            continue;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "the runtime's event stream failed");
+                            break;
+                        }
+                    };
+                    let observation = Observation::Runtime { source, state, as_of_version: None };
+                    if let Err(e) = engine.observe(&sandbox, &observation, None).await {
+                        warn!(sandbox = %sandbox, error = %e, "cannot merge a watch event");
+                    }
+                }
+                debug!("the runtime's event stream ended; reopening");
+            }
+            Err(e) => warn!(error = %e, "cannot open the runtime's event stream"),
+        }
+        // Full jitter: reconnecting gateways do not stampede the runtime.
+        let wait = backoff.mul_f64((engine.random() % 1000) as f64 / 1000.0);
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(settings.max_watch_backoff);
+    }
+}
+
+/// Sweeps forever, every `poll_interval`.
+pub async fn poll_loop(engine: Engine, settings: ReconcileSettings) {
+    loop {
+        tokio::time::sleep(settings.poll_interval).await;
+        match sweep(&engine, &settings).await {
+            Ok(stats) => debug!(?stats, "reconcile sweep"),
+            Err(e) => warn!(error = %e, "reconcile sweep failed; the next one retries"),
+        }
+    }
+}
+
+/// One sweep: records first (their versions fence what the runtime then says of absence),
+/// then everything the runtime lists, then absence for what it did not list.
+pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
+    let mut stats = SweepStats::default();
+    let now = engine.clock().now();
+    let mut records = BTreeMap::new();
+    let mut page = PageRequest { after: None, limit: settings.page_size };
+    loop {
+        let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
+        for sandbox in batch.items {
+            if let Some(effect) = recovery::due(&sandbox, now, settings.redrive_after) {
+                engine.dispatch(&[effect]);
+                stats.redriven += 1;
+            }
+            records.insert(sandbox.id.clone(), sandbox);
+        }
+        match batch.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+    }
+    stats.records = records.len();
+
+    let mut listed = BTreeSet::new();
+    let mut after: Option<SandboxId> = None;
+    loop {
+        let batch = engine.driver().list(after.as_ref(), settings.page_size).await?;
+        for (id, state) in batch.items {
+            let observation = Observation::Runtime { source: RuntimeSource::PollList, state, as_of_version: None };
+            let known = records.get(&id).cloned();
+            if let Err(e) = engine.observe(&id, &observation, known).await {
+                warn!(sandbox = %id, error = %e, "cannot merge a polled state");
+            }
+            listed.insert(id);
+            stats.runtime += 1;
+        }
+        match batch.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+
+    for (id, sandbox) in records {
+        if listed.contains(&id) {
+            continue;
+        }
+        let observation = Observation::Runtime {
+            source: RuntimeSource::PollList,
+            state: RuntimeState::Absent { at: None },
+            as_of_version: Some(sandbox.resource_version),
+        };
+        if let Err(e) = engine.observe(&id, &observation, Some(sandbox)).await {
+            warn!(sandbox = %id, error = %e, "cannot merge an absence");
+        }
+    }
+    Ok(stats)
+}

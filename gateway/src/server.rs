@@ -1,0 +1,180 @@
+//! A production gateway: the data directory and its secrets, the SQLite store, the driver, the
+//! engine, recovery, the reconcile loops and the listeners, and a graceful shutdown.
+
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_core::identity::IdentityKey;
+use berth_drivers::Driver;
+use berth_drivers::process::{ProcessConfig, ProcessDriver};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tracing::info;
+
+use crate::clock::SystemClock;
+use crate::config::{Config, DriverKind};
+use crate::engine::{Engine, EngineSettings};
+use crate::reconcile::{self, ReconcileSettings};
+use crate::store::sqlite::SqliteStore;
+
+/// Files of the data directory.
+pub const API_TOKEN_FILE: &str = "api-token";
+pub const IDENTITY_KEY_FILE: &str = "identity.key";
+pub const ADDRESS_FILE: &str = "gateway.addr";
+pub const DATABASE_FILE: &str = "berth.db";
+pub const SUPERVISOR_SOCKET: &str = "supervisor.sock";
+/// How long a shutdown waits for effects under way to finish.
+const DRAIN_FOR: Duration = Duration::from_secs(10);
+
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    Ok(hex::encode(buf))
+}
+
+/// Writes `contents` to a new file readable by its owner only.
+fn write_private(path: &Path, contents: &str) -> Result<(), String> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("creating {}: {e}", path.display()))?;
+    f.write_all(contents.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Reads a secret file, creating it with `bytes` random bytes on first start.
+fn secret(path: &Path, bytes: usize) -> Result<String, String> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => {
+            let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.permissions().mode();
+            if mode & 0o077 != 0 {
+                return Err(format!("{} is readable by others (mode {:o}); chmod 600 it", path.display(), mode & 0o777));
+            }
+            Ok(s.trim().to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let value = random_hex(bytes)?;
+            write_private(path, &value)?;
+            Ok(value)
+        }
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
+}
+
+fn identity_key(path: &Path) -> Result<IdentityKey, String> {
+    let hex_key = secret(path, 32)?;
+    let bytes: [u8; 32] = hex::decode(&hex_key)
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| format!("{} does not hold a 32-byte hex key", path.display()))?;
+    Ok(IdentityKey::from_bytes(bytes))
+}
+
+fn seed() -> Result<u64, String> {
+    let mut buf = [0u8; 8];
+    getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    Ok(u64::from_le_bytes(buf))
+}
+
+/// Runs a gateway until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> Result<(), String> {
+    let data = &config.data_dir;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data)
+        .map_err(|e| format!("creating {}: {e}", data.display()))?;
+    let token = match &config.api_token {
+        Some(t) if t.len() < 16 => return Err("the API token must be at least 16 characters".to_string()),
+        Some(t) => t.clone(),
+        None => secret(&data.join(API_TOKEN_FILE), 32)?,
+    };
+    let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
+    let store = Arc::new(SqliteStore::open(&data.join(DATABASE_FILE)).map_err(|e| e.to_string())?);
+
+    let socket: PathBuf = data.join(SUPERVISOR_SOCKET);
+    match std::fs::remove_file(&socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("removing the stale {}: {e}", socket.display())),
+    }
+    let unix = UnixListener::bind(&socket).map_err(|e| format!("binding {}: {e}", socket.display()))?;
+    let driver: Arc<dyn Driver> = match config.driver {
+        DriverKind::Process => {
+            if !config.supervisor_bin.exists() {
+                return Err(format!(
+                    "berth-supervisor not found at {} (build it, or pass --supervisor-bin)",
+                    config.supervisor_bin.display()
+                ));
+            }
+            Arc::new(
+                ProcessDriver::new(ProcessConfig {
+                    root: data.join("sandboxes"),
+                    supervisor: config.supervisor_bin.clone(),
+                    gateway: format!("unix:{}", socket.display()),
+                })
+                .map_err(|e| e.to_string())?,
+            )
+        }
+    };
+    let settings = EngineSettings { stop_grace: config.stop_grace, ..EngineSettings::default() };
+    let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
+
+    let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let address_file = data.join(ADDRESS_FILE);
+    std::fs::write(&address_file, format!("http://{address}\n"))
+        .map_err(|e| format!("writing {}: {e}", address_file.display()))?;
+
+    let reconcile_settings = ReconcileSettings {
+        poll_interval: config.poll_interval,
+        redrive_after: config.redrive_after,
+        ..ReconcileSettings::default()
+    };
+    let redriven = reconcile::recover(&engine, reconcile_settings.page_size).await.map_err(|e| e.to_string())?;
+    let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), reconcile_settings.clone()));
+    let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), reconcile_settings));
+
+    let routes = crate::api::routes(&engine, &token, config.heartbeat).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let server = || {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .add_routes(routes.clone())
+    };
+    let tcp = tokio::spawn(server().serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone())));
+    let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
+    info!(%address, data_dir = %data.display(), driver = engine.driver().name(), redriven, "berth-gateway serving");
+
+    shutdown_signal().await;
+    info!("shutting down: no new requests; letting effects under way finish");
+    let _ = stop_tx.send(true);
+    watch.abort();
+    poll.abort();
+    let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+    while engine.busy() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = tcp.await;
+    let _ = local.await;
+    let _ = std::fs::remove_file(&socket);
+    info!("stopped; sandboxes keep running and are adopted at the next start");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,99 @@
+//! Bad input: the status code of DESIGN 3.7, a message naming the field or versions, nothing
+//! written, and the gateway still serving.
+
+use berth_proto::v1 as pb;
+use tonic::Code;
+
+use crate::harness::*;
+
+fn expect<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, mention: &str) {
+    let status = result.expect_err("a bad input was accepted");
+    assert_eq!(status.code(), code, "{status}");
+    assert!(status.message().contains(mention), "{:?} does not mention {mention:?}", status.message());
+}
+
+fn create_request(name: &str, spec: pb::SandboxSpec, providers: Vec<String>) -> pb::CreateSandboxRequest {
+    pb::CreateSandboxRequest { name: name.into(), spec: Some(spec), providers, expected_resource_version: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_status_code_and_writes_nothing() {
+    let data = DataDir::new();
+    let gateway = Gateway::start(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let mut providers = gateway.providers().await;
+    let good = create(&mut sandboxes, "good", COUNTING, &[]).await;
+    wait_phase(&mut sandboxes, "good", pb::Phase::Ready).await;
+    let before = get(&mut sandboxes, "good").await.unwrap();
+
+    let ok_spec = || spec(&["sleep", "1"]);
+    for (name, mention) in [("Bad_Name", "name"), (&"x".repeat(64) as &str, "63"), ("", "name"), ("-lead", "name")] {
+        expect(sandboxes.create_sandbox(create_request(name, ok_spec(), vec![])).await, Code::InvalidArgument, mention);
+    }
+    expect(sandboxes.create_sandbox(create_request("empty", spec(&[]), vec![])).await, Code::InvalidArgument, "spec.command");
+    let mut bad_env = ok_spec();
+    bad_env.env.insert("1BAD".into(), "v".into());
+    expect(sandboxes.create_sandbox(create_request("env", bad_env, vec![])).await, Code::InvalidArgument, "spec.env");
+    let mut reserved = ok_spec();
+    reserved.env.insert("BERTH_RUNTIME_TOKEN".into(), "v".into());
+    expect(sandboxes.create_sandbox(create_request("env", reserved, vec![])).await, Code::InvalidArgument, "reserved");
+    let mut huge = ok_spec();
+    for i in 0..20 {
+        huge.env.insert(format!("V{i}"), "x".repeat(32 * 1024));
+    }
+    expect(sandboxes.create_sandbox(create_request("huge", huge, vec![])).await, Code::InvalidArgument, "spec");
+    let many: Vec<String> = (0..33).map(|i| format!("p{i}")).collect();
+    expect(sandboxes.create_sandbox(create_request("many", ok_spec(), many)).await, Code::InvalidArgument, "providers");
+    expect(
+        sandboxes.create_sandbox(create_request("orphan", ok_spec(), vec!["nope".into()])).await,
+        Code::FailedPrecondition,
+        "nope",
+    );
+    let no_spec = pb::CreateSandboxRequest { name: "nospec".into(), ..Default::default() };
+    expect(sandboxes.create_sandbox(no_spec).await, Code::InvalidArgument, "spec");
+    expect(sandboxes.create_sandbox(create_request("good", ok_spec(), vec![])).await, Code::AlreadyExists, "good");
+
+    for verb in ["stop", "start", "delete"] {
+        expect(lifecycle(&mut sandboxes, verb, "missing").await, Code::NotFound, "missing");
+    }
+    expect(get(&mut sandboxes, "missing").await, Code::NotFound, "missing");
+    let stale = pb::LifecycleRequest { name: "good".into(), expected_resource_version: Some(before.resource_version - 1) };
+    expect(sandboxes.stop_sandbox(stale).await, Code::Aborted, &format!("current {}", before.resource_version));
+    expect(
+        sandboxes.list_sandboxes(pb::ListSandboxesRequest { page_size: 5000, ..Default::default() }).await,
+        Code::InvalidArgument,
+        "page_size",
+    );
+
+    // A provider deleted, then attached.
+    providers
+        .create_provider(pb::CreateProviderRequest { name: "gone".into(), kind: "k".into(), ..Default::default() })
+        .await
+        .unwrap();
+    providers.delete_provider(pb::DeleteProviderRequest { name: "gone".into(), expected_resource_version: None }).await.unwrap();
+    let attach = pb::AttachRequest { sandbox: "good".into(), provider: "gone".into(), expected_resource_version: None };
+    expect(providers.attach_provider(attach).await, Code::FailedPrecondition, "gone");
+    let bad_creds = pb::CreateProviderRequest {
+        name: "creds".into(),
+        kind: "k".into(),
+        credentials: [("NOT VALID".to_string(), "secret-value".to_string())].into(),
+        expected_resource_version: None,
+    };
+    let status = providers.create_provider(bad_creds).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(!status.message().contains("secret-value"), "a secret in an error: {}", status.message());
+
+    // Missing and malformed bearer tokens.
+    let channel = gateway.channel().await;
+    let mut anonymous = berth_proto::v1::sandboxes_client::SandboxesClient::new(channel.clone());
+    expect(anonymous.get_sandbox(pb::GetSandboxRequest { name: "good".into() }).await, Code::Unauthenticated, "missing");
+    let mut wrong = berth_proto::v1::sandboxes_client::SandboxesClient::with_interceptor(channel, Bearer("wrong-token-1234".into()));
+    expect(wrong.get_sandbox(pb::GetSandboxRequest { name: "good".into() }).await, Code::Unauthenticated, "invalid");
+
+    // Nothing was written; the gateway still serves.
+    let all = sandboxes.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    assert_eq!(all.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["good"]);
+    let after = get(&mut sandboxes, "good").await.unwrap();
+    assert_eq!(after.resource_version, before.resource_version);
+    assert_eq!(after.id, good.id);
+}

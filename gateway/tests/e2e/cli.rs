@@ -1,0 +1,75 @@
+//! The `berth` CLI against a real gateway.
+
+use std::process::Output;
+
+use crate::harness::*;
+
+async fn berth(data: &DataDir, args: &[&str]) -> Output {
+    tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(args)
+        .env("CLI_SECRET", "from-the-environment")
+        .env_remove("BERTH_GATEWAY")
+        .env_remove("BERTH_TOKEN")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(out)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+
+    let created = berth(&data, &["-o", "json", "sandbox", "create", "web", "--label", "team=a", "--", "sleep", "3600"]).await;
+    let created = json(&created);
+    assert_eq!((created["phase"].as_str(), created["generation"].as_u64()), (Some("Ready"), Some(1)));
+
+    let table = ok(&berth(&data, &["sandbox", "list", "--selector", "team=a"]).await);
+    assert!(table.starts_with("NAME") && table.contains("web") && table.contains("Ready"), "{table}");
+    assert!(!ok(&berth(&data, &["sandbox", "list", "--selector", "team=b"]).await).contains("web"));
+
+    let provider = json(&berth(&data, &["-o", "json", "provider", "create", "p", "--kind", "llm", "--credential-from-env", "CLI_SECRET"]).await);
+    assert_eq!(provider["credential_names"], serde_json::json!(["CLI_SECRET"]));
+    ok(&berth(&data, &["provider", "attach", "web", "p"]).await);
+
+    let stopped = json(&berth(&data, &["-o", "json", "sandbox", "stop", "web"]).await);
+    assert_eq!(stopped["phase"], "Stopped");
+    let started = json(&berth(&data, &["-o", "json", "sandbox", "start", "web"]).await);
+    assert_eq!((started["phase"].as_str(), started["generation"].as_u64()), (Some("Ready"), Some(2)));
+    let got = json(&berth(&data, &["-o", "json", "sandbox", "get", "web"]).await);
+    assert_eq!(got["providers"], serde_json::json!(["p"]));
+
+    let refused = berth(&data, &["provider", "delete", "p"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("FailedPrecondition"), "{refused:?}");
+
+    assert!(ok(&berth(&data, &["sandbox", "delete", "web"]).await).contains("deleted"));
+    ok(&berth(&data, &["provider", "delete", "p"]).await);
+
+    let missing = berth(&data, &["sandbox", "stop", "web"]).await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"), "{missing:?}");
+    let no_wait = json(&berth(&data, &["-o", "json", "sandbox", "create", "quick", "--no-wait", "--", "sleep", "3600"]).await);
+    assert_eq!(no_wait["phase"], "Provisioning");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_fails_when_the_sandbox_lands_in_error() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let out = berth(&data, &["sandbox", "create", "broken", "--", "sh", "-c", "exit 4"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("failed") && stderr.contains('4'), "{stderr}");
+}

@@ -1,0 +1,227 @@
+//! Real gateways for end-to-end tests: the `berth-gateway` binary on a real TCP port, with a
+//! real SQLite file and real sandbox processes in a temporary data directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use berth_core::identity::{IdentityKey, RuntimeIdentity, RuntimeToken, derive_token};
+use berth_core::SandboxId;
+use berth_proto::v1 as pb;
+use berth_proto::v1::providers_client::ProvidersClient;
+use berth_proto::v1::sandboxes_client::SandboxesClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
+pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
+
+#[derive(Clone)]
+pub struct Bearer(pub String);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: Request<()>) -> Result<Request<()>, Status> {
+        r.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {}", self.0)).unwrap());
+        Ok(r)
+    }
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let gateway = PathBuf::from(env!("CARGO_BIN_EXE_berth-gateway"));
+    let path = gateway.with_file_name(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --workspace --bins` first (ci/test does)", path.display());
+    path
+}
+
+/// A temporary data directory that outlives gateway restarts, and cleans up every sandbox
+/// process it holds when dropped.
+pub struct DataDir {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl DataDir {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("berth-e2e-").tempdir().unwrap();
+        Self { path: dir.path().to_path_buf(), _dir: dir }
+    }
+
+    /// The pid of a sandbox's current run (its supervisor), from the process driver's state.
+    pub fn run_pid(&self, id: &str) -> Option<i32> {
+        let state = std::fs::read_to_string(self.path.join("sandboxes").join(id).join("run/state.json")).ok()?;
+        serde_json::from_str::<serde_json::Value>(&state).ok()?["pid"].as_i64().map(|p| p as i32)
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.path.join("sandboxes").join(id).join("workspace")
+    }
+
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.path.join("api-token")).unwrap().trim().to_string()
+    }
+
+    /// A runtime token of any generation, derived from the gateway's own key.
+    pub fn runtime_token(&self, id: &str, generation: u64) -> RuntimeToken {
+        let hex_key = std::fs::read_to_string(self.path.join("identity.key")).unwrap();
+        let key = IdentityKey::from_bytes(hex::decode(hex_key.trim()).unwrap().try_into().unwrap());
+        derive_token(&key, &RuntimeIdentity { sandbox: SandboxId::new(id), generation })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path.join("gateway.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.path.join("sandboxes")) else { return };
+        for e in entries.flatten() {
+            if let Some(pid) = self.run_pid(&e.file_name().to_string_lossy()) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+pub struct Gateway {
+    child: Child,
+    pub address: String,
+    pub token: String,
+}
+
+impl Gateway {
+    /// Starts a gateway on `data` with a short poll interval; waits until it serves.
+    pub async fn start(data: &DataDir, extra: &[&str]) -> Self {
+        let _ = std::fs::remove_file(data.path.join("gateway.addr"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(data.path.join("gateway.log")).unwrap();
+        let child = Command::new(bin("berth-gateway"))
+            .args(["--data-dir", data.path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .args(["--poll-interval", "500ms", "--redrive-after", "2s", "--stop-grace", "5s", "--heartbeat", "1s"])
+            .args(["--log", "info,berth_gateway=debug"])
+            .args(extra)
+            .env_remove("BERTH_API_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let address_file = data.path.join("gateway.addr");
+        for _ in 0..200 {
+            if let Ok(address) = std::fs::read_to_string(&address_file) {
+                let gateway = Gateway { child, address: address.trim().to_string(), token: data.token() };
+                gateway.sandboxes().await;
+                return gateway;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the gateway did not start:\n{}", data.log());
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.address.clone()).unwrap().connect().await.unwrap()
+    }
+
+    pub async fn sandboxes(&self) -> Sandboxes {
+        SandboxesClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub async fn providers(&self) -> Providers {
+        ProvidersClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn spec(command: &[&str]) -> pb::SandboxSpec {
+    pb::SandboxSpec { image: "host".into(), command: command.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+/// A workload that counts its starts in its workspace and then idles.
+pub const COUNTING: &[&str] = &["sh", "-c", "n=$(cat starts 2>/dev/null || echo 0); echo $((n + 1)) > starts; exec sleep 3600"];
+
+pub async fn create(sandboxes: &mut Sandboxes, name: &str, command: &[&str], providers: &[&str]) -> pb::Sandbox {
+    let request = pb::CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(spec(command)),
+        providers: providers.iter().map(|p| p.to_string()).collect(),
+        expected_resource_version: None,
+    };
+    sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
+}
+
+pub async fn get(sandboxes: &mut Sandboxes, name: &str) -> Result<pb::Sandbox, Status> {
+    sandboxes.get_sandbox(pb::GetSandboxRequest { name: name.into() }).await.map(|r| r.into_inner().sandbox.unwrap())
+}
+
+pub fn phase(s: &pb::Sandbox) -> pb::Phase {
+    pb::Phase::try_from(s.phase).unwrap()
+}
+
+/// Follows the watch stream until `want` holds, recording every phase seen; panics (with the
+/// phases) on timeout.
+pub async fn wait_for(
+    sandboxes: &mut Sandboxes,
+    name: &str,
+    timeout: Duration,
+    want: impl Fn(Option<&pb::Sandbox>) -> bool,
+) -> (Option<pb::Sandbox>, Vec<pb::Phase>) {
+    let mut seen = Vec::new();
+    let result = tokio::time::timeout(timeout, async {
+        let mut events = sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.into() }).await?.into_inner();
+        while let Some(event) = events.message().await? {
+            if let Some(s) = &event.sandbox {
+                seen.push(phase(s));
+            }
+            if want(event.sandbox.as_ref()) {
+                return Ok::<_, Status>(event.sandbox);
+            }
+        }
+        Ok(None)
+    })
+    .await;
+    match result {
+        Ok(Ok(s)) => (s, seen),
+        Ok(Err(status)) if status.code() == tonic::Code::NotFound && want(None) => (None, seen),
+        other => panic!("waiting for {name}: {other:?}; phases seen: {seen:?}"),
+    }
+}
+
+pub async fn wait_phase(sandboxes: &mut Sandboxes, name: &str, target: pb::Phase) -> (pb::Sandbox, Vec<pb::Phase>) {
+    let (s, seen) = wait_for(sandboxes, name, Duration::from_secs(30), |s| s.is_some_and(|s| phase(s) == target)).await;
+    (s.unwrap(), seen)
+}
+
+pub async fn wait_gone(sandboxes: &mut Sandboxes, name: &str) {
+    wait_for(sandboxes, name, Duration::from_secs(30), |s| s.is_none()).await;
+}
+
+pub async fn lifecycle(sandboxes: &mut Sandboxes, verb: &str, name: &str) -> Result<pb::Sandbox, Status> {
+    let request = pb::LifecycleRequest { name: name.into(), expected_resource_version: None };
+    let reply = match verb {
+        "stop" => sandboxes.stop_sandbox(request).await,
+        "start" => sandboxes.start_sandbox(request).await,
+        "delete" => sandboxes.delete_sandbox(request).await,
+        other => panic!("no verb {other}"),
+    };
+    reply.map(|r| r.into_inner().sandbox.unwrap())
+}
+
+pub fn workspace_file(data: &Path, id: &str, file: &str) -> Option<String> {
+    std::fs::read_to_string(data.join("sandboxes").join(id).join("workspace").join(file)).ok().map(|s| s.trim().to_string())
+}

@@ -1,0 +1,10 @@
+//! End-to-end tests: the real gateway binary over real TCP, a real SQLite file, real sandbox
+//! processes. One binary, so the harness is shared.
+
+mod bad_input;
+mod cli;
+mod crash;
+mod harness;
+mod identity;
+mod lifecycle;
+mod providers;

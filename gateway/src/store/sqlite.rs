@@ -1,1 +1,528 @@
-//! placeholder: the SQLite store is being written.
+//! The embedded store: one SQLite file in WAL mode, owned by one gateway process.
+//!
+//! Records are kept whole as JSON next to the columns the store queries by (id, name, version),
+//! plus two index tables kept in step with every write: which sandboxes reference which
+//! provider, and which labels each sandbox carries, so that `sandboxes_using` and label
+//! selectors are indexed lookups and a selector page is always full.
+//!
+//! A transaction checks every condition against the state before it, exactly like
+//! [`super::memory::MemoryStore`], then applies the writes as conditional statements, all inside
+//! one `BEGIN IMMEDIATE` transaction: the write lock is held from the first check, so nothing can
+//! change between checking and applying.
+//!
+//! rusqlite blocks, so every operation runs on tokio's blocking pool against one connection
+//! behind a mutex. That serializes reads behind writes; one connection is enough for a control
+//! plane's rate of change and keeps every read consistent with the last acknowledged write.
+//! A caller that drops a `commit` future before it resolves does not cancel it: the write may
+//! still land, as it may on any remote store after a timeout.
+
+use std::collections::BTreeMap;
+use std::fs::{OpenOptions, Permissions};
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use rusqlite::types::Value;
+use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{CommitError, Page, PageRequest, Store, StoreError};
+
+/// Schema migrations; applying `MIGRATIONS[i]` takes `PRAGMA user_version` from `i` to `i + 1`.
+/// Append only: a released step is never edited, since databases already past it never rerun it.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE sandboxes (
+    id      TEXT    NOT NULL PRIMARY KEY,
+    name    TEXT    NOT NULL UNIQUE,
+    version INTEGER NOT NULL,
+    record  TEXT    NOT NULL
+) STRICT;
+
+CREATE TABLE sandbox_providers (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    provider   TEXT NOT NULL,
+    PRIMARY KEY (sandbox_id, provider)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX sandbox_providers_by_provider ON sandbox_providers (provider, sandbox_id);
+
+CREATE TABLE sandbox_labels (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    PRIMARY KEY (sandbox_id, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX sandbox_labels_by_pair ON sandbox_labels (key, value, sandbox_id);
+
+CREATE TABLE providers (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    version INTEGER NOT NULL,
+    record  TEXT    NOT NULL
+) STRICT;
+"#];
+
+// A handful of steps: the cast cannot truncate.
+const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How long a statement waits for another process's lock (a backup, an operator's `sqlite3`)
+/// before the operation fails as unavailable.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteStore {
+    /// Opens the database at `path`, creating it if missing, and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = connect(path).map_err(|e| match e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("{}: {m}", path.display())),
+            StoreError::Corrupt(m) => StoreError::Corrupt(format!("{}: {m}", path.display())),
+        })?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+    }
+
+    /// Runs `f` on the connection on tokio's blocking pool.
+    async fn run<T, E>(&self, f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock cannot leave a half-applied transaction: the
+            // `Transaction` guard rolls back as it unwinds.
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| E::from(StoreError::Unavailable(format!("store operation did not complete: {e}"))))?
+    }
+}
+
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    create_private(path)?;
+    let mut conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL lets an operator's reader (a backup) run without blocking the gateway's writes.
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!("cannot use write-ahead logging (journal mode stays {mode:?})")));
+    }
+    // FULL, not NORMAL: in WAL mode NORMAL may lose the last commits on power loss. The
+    // gateway runs a decision's effects (creating or deleting compute) only after its commit
+    // returns, so a lost commit would leave an effect with no record of it.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    // The index tables cascade off `sandboxes`; the pragma is per connection and off by default.
+    conn.pragma_update(None, "foreign_keys", true)?;
+    migrate(&mut conn)?;
+    // SQLite creates these with the database file's mode; tightened again in case an older
+    // build or an operator left them more open than the database.
+    for suffix in ["-wal", "-shm"] {
+        let mut sidecar = path.as_os_str().to_owned();
+        sidecar.push(suffix);
+        restrict(&PathBuf::from(sidecar), false)?;
+    }
+    Ok(conn)
+}
+
+/// Creates `path` readable by its owner only, or tightens an existing file to that: it holds
+/// provider credentials.
+fn create_private(path: &Path) -> Result<(), StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", path.display())))?;
+    // The mode given at creation is reduced by the umask and ignored for an existing file.
+    restrict(path, true)
+}
+
+fn restrict(path: &Path, must_exist: bool) -> Result<(), StoreError> {
+    match std::fs::set_permissions(path, Permissions::from_mode(0o600)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && !must_exist => Ok(()),
+        Err(e) => Err(StoreError::Unavailable(format!("cannot restrict {} to its owner: {e}", path.display()))),
+        Ok(()) => Ok(()),
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let found = schema_version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::Unavailable(format!(
+            "database schema version {found} is newer than this build supports ({SCHEMA_VERSION}); \
+             refusing to open it rather than misread it: run a newer berth-gateway"
+        )));
+    }
+    for (to, sql) in (1..).zip(MIGRATIONS).skip_while(|(to, _)| *to <= found) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Another process may have applied this step since the version was read; the write lock
+        // now held rules that out from here on.
+        if schema_version(&tx)? >= to {
+            continue;
+        }
+        tx.execute_batch(sql).map_err(|e| StoreError::Unavailable(format!("schema migration {to} failed: {e}")))?;
+        tx.pragma_update(None, "user_version", to)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+fn schema_version(conn: &Connection) -> Result<i64, StoreError> {
+    let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    if version < 0 {
+        return Err(StoreError::Unavailable(format!("database schema version {version} is not one Berth writes")));
+    }
+    Ok(version)
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::Error as E;
+        match &e {
+            E::SqliteFailure(f, _) if matches!(f.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => {
+                StoreError::Corrupt(e.to_string())
+            }
+            E::FromSqlConversionFailure(..)
+            | E::IntegralValueOutOfRange(..)
+            | E::Utf8Error(..)
+            | E::InvalidColumnType(..) => StoreError::Corrupt(e.to_string()),
+            // Busy, locked, I/O, full disk, and anything else SQLite refuses.
+            _ => StoreError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// What the store needs to know of a record kept as JSON.
+trait Record: Serialize + DeserializeOwned {
+    const TABLE: &'static str;
+    /// The primary key: the sandbox id, the provider name.
+    fn key(&self) -> &str;
+    /// What pages are ordered by.
+    fn name(&self) -> &str;
+    fn version(&self) -> u64;
+}
+
+impl Record for Sandbox {
+    const TABLE: &'static str = "sandboxes";
+    fn key(&self) -> &str {
+        self.id.as_str()
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Record for Provider {
+    const TABLE: &'static str = "providers";
+    fn key(&self) -> &str {
+        &self.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+/// Decodes a `(key, version, record)` row. The columns must agree with the record: conditions
+/// are checked against the version column, so a disagreement would make them lie.
+fn decode<T: Record>(row: &Row<'_>) -> Result<T, StoreError> {
+    let table = T::TABLE;
+    let key: String = row.get(0).map_err(|e| StoreError::Corrupt(format!("{table}: unreadable key: {e}")))?;
+    let corrupt = |what: String| StoreError::Corrupt(format!("{table} {key:?}: {what}"));
+    let version: i64 = row.get(1).map_err(|e| corrupt(format!("unreadable version: {e}")))?;
+    let version = from_sql_version(table, &key, version)?;
+    let json = row.get_ref(2).and_then(|v| Ok(v.as_str()?)).map_err(|e| corrupt(format!("unreadable record: {e}")))?;
+    // Only where decoding failed, never serde's message: it may quote the record's contents,
+    // and those include provider credentials.
+    let record: T = serde_json::from_str(json).map_err(|e| {
+        corrupt(format!(
+            "record does not decode ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if record.key() != key {
+        return Err(corrupt(format!("record is keyed {:?}", record.key())));
+    }
+    if record.version() != version {
+        return Err(corrupt(format!("version column {version} but record version {}", record.version())));
+    }
+    Ok(record)
+}
+
+fn encode<T: Record>(record: &T) -> Result<String, StoreError> {
+    // Nothing in a record can fail to serialize (every map is keyed by strings); kept an error
+    // rather than a panic all the same, without serde's message, which could quote a secret.
+    serde_json::to_string(record)
+        .map_err(|_| StoreError::Unavailable(format!("{} {:?}: record cannot be encoded", T::TABLE, record.key())))
+}
+
+/// One record at most, from a query selecting `(key, version, record)`.
+fn read_one<T: Record>(conn: &Connection, sql: &str, key: &str) -> Result<Option<T>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query([key])?;
+    rows.next()?.map(decode).transpose()
+}
+
+/// Every record a query selecting `(key, version, record)` returns.
+fn read_all<T: Record>(conn: &Connection, sql: &str, args: Vec<Value>) -> Result<Vec<T>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(decode(row)?);
+    }
+    Ok(out)
+}
+
+/// A page from a query selecting `(key, version, record)` ordered by name, whose last parameter
+/// is the row limit: one row more than the page is fetched to learn whether another follows.
+fn read_page<T: Record>(
+    conn: &Connection,
+    sql: &str,
+    mut args: Vec<Value>,
+    limit: usize,
+) -> Result<Page<T>, StoreError> {
+    let limit = limit.max(1);
+    args.push(Value::Integer(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX)));
+    let mut items: Vec<T> = read_all(conn, sql, args)?;
+    let next = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|r| r.name().to_owned())
+    } else {
+        None
+    };
+    Ok(Page { items, next })
+}
+
+// Versions are u64 in records and a signed 64-bit INTEGER in SQLite.
+fn to_sql_version(version: u64) -> Result<i64, StoreError> {
+    i64::try_from(version)
+        .map_err(|_| StoreError::Unavailable(format!("version {version} exceeds what the store can hold")))
+}
+
+fn from_sql_version(table: &str, key: &str, version: i64) -> Result<u64, StoreError> {
+    u64::try_from(version).map_err(|_| StoreError::Corrupt(format!("{table} {key:?}: negative version {version}")))
+}
+
+fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError> {
+    let (table, sql, key) = match key {
+        Key::Sandbox(id) => (Sandbox::TABLE, "SELECT version FROM sandboxes WHERE id = ?1", id.as_str()),
+        Key::Provider(name) => (Provider::TABLE, "SELECT version FROM providers WHERE name = ?1", name.as_str()),
+    };
+    let version: Option<i64> = tx.prepare_cached(sql)?.query_row([key], |row| row.get(0)).optional()?;
+    version.map(|v| from_sql_version(table, key, v)).transpose()
+}
+
+/// The sandbox holding `name`, as the conflict a create of that name reports.
+fn name_conflict(tx: &Transaction<'_>, name: &str) -> Result<Option<Conflict>, StoreError> {
+    let holder: Option<(String, i64)> = tx
+        .prepare_cached("SELECT id, version FROM sandboxes WHERE name = ?1")?
+        .query_row([name], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    holder
+        .map(|(id, version)| {
+            let current = Some(from_sql_version(Sandbox::TABLE, &id, version)?);
+            Ok(Conflict { key: Key::Sandbox(SandboxId::new(id)), expected: None, current })
+        })
+        .transpose()
+}
+
+/// The write's condition against the state before the transaction, as memory.rs checks it.
+fn check(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreError> {
+    let key = write.key();
+    let current = version_of(tx, &key)?;
+    if current != write.expected() {
+        return Ok(Some(Conflict { key, expected: write.expected(), current }));
+    }
+    match write {
+        Write::CreateSandbox(s) => name_conflict(tx, &s.name),
+        _ => Ok(None),
+    }
+}
+
+/// Applies one write whose condition was checked; a conflict here can only come from an earlier
+/// write of the same transaction (the same record written twice, or two sandboxes given one name).
+fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreError> {
+    let changed = match write {
+        Write::CreateSandbox(s) => tx
+            .prepare_cached(
+                "INSERT INTO sandboxes (id, name, version, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![s.id.as_str(), s.name, to_sql_version(s.resource_version)?, encode(s)?])?,
+        // OR IGNORE turns a rename onto a taken name into "no row changed", explained below.
+        Write::UpdateSandbox { record: s, expected } => tx
+            .prepare_cached(
+                "UPDATE OR IGNORE sandboxes SET name = ?2, version = ?3, record = ?4 WHERE id = ?1 AND version = ?5",
+            )?
+            .execute(params![
+                s.id.as_str(),
+                s.name,
+                to_sql_version(s.resource_version)?,
+                encode(s)?,
+                to_sql_version(*expected)?
+            ])?,
+        Write::RemoveSandbox { id, expected } => tx
+            .prepare_cached("DELETE FROM sandboxes WHERE id = ?1 AND version = ?2")?
+            .execute(params![id.as_str(), to_sql_version(*expected)?])?,
+        Write::CreateProvider(p) => tx
+            .prepare_cached("INSERT INTO providers (name, version, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")?
+            .execute(params![p.name, to_sql_version(p.resource_version)?, encode(p)?])?,
+        Write::UpdateProvider { record: p, expected } => tx
+            .prepare_cached("UPDATE providers SET version = ?2, record = ?3 WHERE name = ?1 AND version = ?4")?
+            .execute(params![p.name, to_sql_version(p.resource_version)?, encode(p)?, to_sql_version(*expected)?])?,
+        Write::RemoveProvider { name, expected } => tx
+            .prepare_cached("DELETE FROM providers WHERE name = ?1 AND version = ?2")?
+            .execute(params![name, to_sql_version(*expected)?])?,
+    };
+    if changed == 0 {
+        return explain(tx, write).map(Some);
+    }
+    if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write {
+        index(tx, s)?;
+    }
+    Ok(None)
+}
+
+/// Why a conditional statement changed no row.
+fn explain(tx: &Transaction<'_>, write: &Write) -> Result<Conflict, StoreError> {
+    let key = write.key();
+    let current = version_of(tx, &key)?;
+    if current != write.expected() {
+        return Ok(Conflict { key, expected: write.expected(), current });
+    }
+    // The version held, so only the name's uniqueness can have refused the row.
+    if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write
+        && let Some(conflict) = name_conflict(tx, &s.name)?
+        && conflict.key != key
+    {
+        return Ok(conflict);
+    }
+    Err(StoreError::Unavailable(format!("a write to {key:?} changed no row although its condition held")))
+}
+
+/// Brings the sandbox's rows in the index tables in line with its record.
+fn index(tx: &Transaction<'_>, s: &Sandbox) -> Result<(), StoreError> {
+    let id = s.id.as_str();
+    tx.prepare_cached("DELETE FROM sandbox_providers WHERE sandbox_id = ?1")?.execute([id])?;
+    tx.prepare_cached("DELETE FROM sandbox_labels WHERE sandbox_id = ?1")?.execute([id])?;
+    let mut insert = tx.prepare_cached("INSERT INTO sandbox_providers (sandbox_id, provider) VALUES (?1, ?2)")?;
+    for provider in &s.providers {
+        insert.execute([id, provider])?;
+    }
+    let mut insert = tx.prepare_cached("INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?1, ?2, ?3)")?;
+    for (key, value) in &s.spec.labels {
+        insert.execute([id, key, value])?;
+    }
+    Ok(())
+}
+
+fn commit(conn: &mut Connection, writes: &[Write]) -> Result<(), CommitError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+    // Dropping `tx` on any early return rolls back whatever was applied.
+    for write in writes {
+        if let Some(conflict) = check(&tx, write)? {
+            return Err(CommitError::Conflict(conflict));
+        }
+    }
+    for write in writes {
+        if let Some(conflict) = apply(&tx, write)? {
+            return Err(CommitError::Conflict(conflict));
+        }
+    }
+    tx.commit().map_err(StoreError::from)?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
+        let id = id.clone();
+        self.run(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE id = ?1", id.as_str()))
+            .await
+    }
+
+    async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
+        let name = name.to_owned();
+        self.run(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE name = ?1", &name)).await
+    }
+
+    async fn list_sandboxes(
+        &self,
+        request: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Page<Sandbox>, StoreError> {
+        let mut sql = String::from("SELECT s.id, s.version, s.record FROM sandboxes s WHERE 1");
+        let mut args = Vec::new();
+        if let Some(after) = &request.after {
+            sql.push_str(" AND s.name > ?");
+            args.push(Value::Text(after.clone()));
+        }
+        // Filtered here rather than after reading, so that a page holds `limit` matches.
+        for (key, value) in selector {
+            sql.push_str(
+                " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ? AND l.value = ?)",
+            );
+            args.push(Value::Text(key.clone()));
+            args.push(Value::Text(value.clone()));
+        }
+        sql.push_str(" ORDER BY s.name LIMIT ?");
+        let limit = request.limit;
+        self.run(move |conn| read_page(conn, &sql, args, limit)).await
+    }
+
+    async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
+        let provider = provider.to_owned();
+        self.run(move |conn| {
+            read_all(
+                conn,
+                "SELECT s.id, s.version, s.record FROM sandbox_providers p JOIN sandboxes s ON s.id = p.sandbox_id \
+                 WHERE p.provider = ?1 ORDER BY s.name",
+                vec![Value::Text(provider)],
+            )
+        })
+        .await
+    }
+
+    async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
+        let name = name.to_owned();
+        self.run(move |conn| read_one(conn, "SELECT name, version, record FROM providers WHERE name = ?1", &name)).await
+    }
+
+    async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
+        let request = request.clone();
+        self.run(move |conn| match request.after {
+            Some(after) => read_page(
+                conn,
+                "SELECT name, version, record FROM providers WHERE name > ? ORDER BY name LIMIT ?",
+                vec![Value::Text(after)],
+                request.limit,
+            ),
+            None => read_page(
+                conn,
+                "SELECT name, version, record FROM providers ORDER BY name LIMIT ?",
+                Vec::new(),
+                request.limit,
+            ),
+        })
+        .await
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+        let writes = writes.to_vec();
+        self.run(move |conn| commit(conn, &writes)).await
+    }
+}

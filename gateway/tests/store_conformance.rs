@@ -1,0 +1,680 @@
+//! One conformance suite for every `Store`: each check is written once against `dyn Store` and
+//! run on the in-memory store and on SQLite, so the two cannot drift apart. SQLite's own
+//! concerns (file mode, restarts, migrations, damaged data) follow in `sqlite_only`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use berth_core::{
+    Conflict, ExitFence, Intent, Key, Phase, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp, Write,
+};
+use berth_gateway::store::memory::MemoryStore;
+use berth_gateway::store::sqlite::SqliteStore;
+use berth_gateway::store::{CommitError, Page, PageRequest, Store};
+
+type Shared = Arc<dyn Store>;
+
+/// Instantiates every check once per store, as `memory::<check>` and `sqlite::<check>`.
+macro_rules! conformance {
+    ($($check:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    super::$check(std::sync::Arc::new(super::MemoryStore::new())).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = super::SqliteStore::open(&dir.path().join("berth.db")).unwrap();
+                    super::$check(std::sync::Arc::new(store)).await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    create_if_absent,
+    write_if_version,
+    delete_if_version,
+    transactions_are_atomic,
+    sandbox_pages,
+    label_selected_pages,
+    provider_pages,
+    sandboxes_using_follows_writes,
+    versions_increase_and_reads_see_writes,
+    concurrent_compare_and_swap_loses_no_update,
+);
+
+fn sandbox(id: &str, name: &str) -> Sandbox {
+    Sandbox {
+        id: SandboxId::new(id),
+        name: name.into(),
+        spec: SandboxSpec {
+            image: "alpine:3".into(),
+            command: vec!["sleep".into(), "infinity".into()],
+            env: [("GREETING".to_string(), "hello".to_string())].into(),
+            labels: BTreeMap::new(),
+        },
+        providers: BTreeSet::new(),
+        intent: Intent::Running,
+        phase: Phase::Provisioning,
+        resource_version: 1,
+        generation: 1,
+        exit_fence: ExitFence { marker: None, settled: true },
+        run: Run::Pending,
+        last_exit: None,
+        created_at: Timestamp::from_unix_millis(1),
+        updated_at: Timestamp::from_unix_millis(1),
+    }
+}
+
+fn provider(name: &str) -> Provider {
+    Provider {
+        name: name.into(),
+        kind: "test".into(),
+        credentials: [("TOKEN".to_string(), Secret::new("hunter2"))].into(),
+        resource_version: 1,
+        created_at: Timestamp::from_unix_millis(1),
+        updated_at: Timestamp::from_unix_millis(1),
+    }
+}
+
+/// `s`'s next version, as core writes it.
+fn bumped(s: &Sandbox) -> Sandbox {
+    let mut next = s.clone();
+    next.resource_version += 1;
+    next.updated_at = Timestamp(s.updated_at.0 + 1);
+    next
+}
+
+fn bumped_provider(p: &Provider) -> Provider {
+    let mut next = p.clone();
+    next.resource_version += 1;
+    next.updated_at = Timestamp(p.updated_at.0 + 1);
+    next
+}
+
+fn update(s: &Sandbox) -> (Write, Sandbox) {
+    let next = bumped(s);
+    (Write::UpdateSandbox { record: next.clone(), expected: s.resource_version }, next)
+}
+
+fn conflict(key: Key, expected: Option<u64>, current: Option<u64>) -> Result<(), CommitError> {
+    Err(CommitError::Conflict(Conflict { key, expected, current }))
+}
+
+fn sandbox_key(id: &str) -> Key {
+    Key::Sandbox(SandboxId::new(id))
+}
+
+fn provider_key(name: &str) -> Key {
+    Key::Provider(name.into())
+}
+
+async fn create(store: &Shared, s: &Sandbox) {
+    store.commit(&[Write::CreateSandbox(s.clone())]).await.unwrap();
+}
+
+async fn read(store: &Shared, id: &str) -> Option<Sandbox> {
+    store.sandbox(&SandboxId::new(id)).await.unwrap()
+}
+
+fn names(items: &[Sandbox]) -> Vec<&str> {
+    items.iter().map(|s| s.name.as_str()).collect()
+}
+
+fn selector(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Every page of sandboxes matching `selector`, `limit` at a time.
+async fn all_sandbox_pages(store: &Shared, limit: usize, selector: &BTreeMap<String, String>) -> Vec<Page<Sandbox>> {
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.list_sandboxes(&PageRequest { after, limit }, selector).await.unwrap();
+        after = page.next.clone();
+        pages.push(page);
+        if after.is_none() {
+            return pages;
+        }
+        assert!(pages.len() <= 100, "paging does not end");
+    }
+}
+
+/// Checks that `pages` are `sizes` long, continue from each other and hold `expected` in order.
+fn assert_pages(pages: &[Page<Sandbox>], sizes: &[usize], expected: &[String]) {
+    assert_eq!(pages.iter().map(|p| p.items.len()).collect::<Vec<_>>(), sizes);
+    for page in &pages[..pages.len() - 1] {
+        assert_eq!(page.next.as_deref(), page.items.last().map(|s| s.name.as_str()), "next is the last name");
+    }
+    assert_eq!(pages.last().unwrap().next, None);
+    let listed: Vec<&str> = pages.iter().flat_map(|p| names(&p.items)).collect();
+    assert_eq!(listed, expected.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+async fn create_if_absent(store: Shared) {
+    let a = sandbox("sb-a", "alpha");
+    create(&store, &a).await;
+    assert_eq!(read(&store, "sb-a").await, Some(a.clone()));
+    assert_eq!(store.sandbox_by_name("alpha").await.unwrap(), Some(a.clone()));
+
+    let mut again = a.clone();
+    again.spec.image = "busybox".into();
+    assert_eq!(store.commit(&[Write::CreateSandbox(again)]).await, conflict(sandbox_key("sb-a"), None, Some(1)));
+    assert_eq!(read(&store, "sb-a").await, Some(a.clone()), "a failed create leaves the record alone");
+
+    // The name's holder is reported with its own current version.
+    let (write, a2) = update(&a);
+    store.commit(&[write]).await.unwrap();
+    let b = sandbox("sb-b", "alpha");
+    assert_eq!(store.commit(&[Write::CreateSandbox(b.clone())]).await, conflict(sandbox_key("sb-a"), None, Some(2)));
+    assert_eq!(read(&store, "sb-b").await, None);
+    assert_eq!(store.sandbox_by_name("alpha").await.unwrap(), Some(a2));
+
+    store.commit(&[Write::RemoveSandbox { id: SandboxId::new("sb-a"), expected: 2 }]).await.unwrap();
+    create(&store, &b).await;
+    assert_eq!(store.sandbox_by_name("alpha").await.unwrap(), Some(b));
+    assert_eq!(read(&store, "sb-a").await, None);
+
+    let p = provider("p1");
+    store.commit(&[Write::CreateProvider(p.clone())]).await.unwrap();
+    let mut other = provider("p1");
+    other.kind = "other".into();
+    assert_eq!(store.commit(&[Write::CreateProvider(other)]).await, conflict(provider_key("p1"), None, Some(1)));
+    assert_eq!(store.provider("p1").await.unwrap(), Some(p));
+}
+
+async fn write_if_version(store: Shared) {
+    let a = sandbox("sb-a", "alpha");
+    create(&store, &a).await;
+    let mut next = bumped(&a);
+    next.intent = Intent::Stopped;
+    next.phase = Phase::Stopping;
+    store.commit(&[Write::UpdateSandbox { record: next.clone(), expected: 1 }]).await.unwrap();
+    let got = read(&store, "sb-a").await.unwrap();
+    assert_eq!((got.resource_version, &got), (2, &next));
+
+    let mut stale = bumped(&a);
+    stale.intent = Intent::Deleted;
+    assert_eq!(
+        store.commit(&[Write::UpdateSandbox { record: stale, expected: 1 }]).await,
+        conflict(sandbox_key("sb-a"), Some(1), Some(2))
+    );
+    assert_eq!(read(&store, "sb-a").await, Some(next.clone()), "nothing written on conflict");
+
+    let ghost = bumped(&sandbox("sb-ghost", "ghost"));
+    assert_eq!(
+        store.commit(&[Write::UpdateSandbox { record: ghost, expected: 1 }]).await,
+        conflict(sandbox_key("sb-ghost"), Some(1), None)
+    );
+    assert_eq!(read(&store, "sb-ghost").await, None);
+    assert_eq!(store.sandbox_by_name("ghost").await.unwrap(), None);
+
+    let p = provider("p1");
+    store.commit(&[Write::CreateProvider(p.clone())]).await.unwrap();
+    let mut p2 = bumped_provider(&p);
+    p2.credentials.insert("OTHER".into(), Secret::new("s2"));
+    store.commit(&[Write::UpdateProvider { record: p2.clone(), expected: 1 }]).await.unwrap();
+    assert_eq!(store.provider("p1").await.unwrap(), Some(p2.clone()));
+    assert_eq!(
+        store.commit(&[Write::UpdateProvider { record: bumped_provider(&p), expected: 1 }]).await,
+        conflict(provider_key("p1"), Some(1), Some(2))
+    );
+    assert_eq!(
+        store.commit(&[Write::UpdateProvider { record: bumped_provider(&provider("p9")), expected: 1 }]).await,
+        conflict(provider_key("p9"), Some(1), None)
+    );
+    assert_eq!(store.provider("p1").await.unwrap(), Some(p2));
+    assert_eq!(store.provider("p9").await.unwrap(), None);
+}
+
+async fn delete_if_version(store: Shared) {
+    let mut a = sandbox("sb-a", "alpha");
+    a.providers.insert("p1".into());
+    create(&store, &a).await;
+    let remove = |expected| Write::RemoveSandbox { id: SandboxId::new("sb-a"), expected };
+    assert_eq!(store.commit(&[remove(7)]).await, conflict(sandbox_key("sb-a"), Some(7), Some(1)));
+    assert_eq!(read(&store, "sb-a").await, Some(a.clone()));
+    store.commit(&[remove(1)]).await.unwrap();
+    assert_eq!(read(&store, "sb-a").await, None);
+    assert_eq!(store.sandbox_by_name("alpha").await.unwrap(), None);
+    assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![]);
+    assert_eq!(store.commit(&[remove(1)]).await, conflict(sandbox_key("sb-a"), Some(1), None));
+
+    let p = provider("p1");
+    store.commit(&[Write::CreateProvider(p.clone())]).await.unwrap();
+    let remove = |expected| Write::RemoveProvider { name: "p1".into(), expected };
+    assert_eq!(store.commit(&[remove(2)]).await, conflict(provider_key("p1"), Some(2), Some(1)));
+    assert_eq!(store.provider("p1").await.unwrap(), Some(p));
+    store.commit(&[remove(1)]).await.unwrap();
+    assert_eq!(store.provider("p1").await.unwrap(), None);
+    assert_eq!(store.commit(&[remove(1)]).await, conflict(provider_key("p1"), Some(1), None));
+    assert_eq!(store.list_providers(&PageRequest { after: None, limit: 10 }).await.unwrap().items, vec![]);
+}
+
+async fn transactions_are_atomic(store: Shared) {
+    let a = sandbox("sb-a", "alpha");
+    let b = sandbox("sb-b", "beta");
+    let p = provider("p1");
+    store
+        .commit(&[Write::CreateSandbox(a.clone()), Write::CreateSandbox(b.clone()), Write::CreateProvider(p.clone())])
+        .await
+        .unwrap();
+
+    let (to_a2, a2) = update(&a);
+    let p2 = bumped_provider(&p);
+    let to_p2 = Write::UpdateProvider { record: p2.clone(), expected: 1 };
+    let mut c = sandbox("sb-c", "gamma");
+    c.providers.insert("p1".into());
+    let stale_b = Write::UpdateSandbox { record: bumped(&b), expected: 5 };
+    for failing in [
+        vec![to_a2.clone(), to_p2.clone(), stale_b.clone()],
+        vec![Write::CreateSandbox(c.clone()), to_a2.clone(), stale_b.clone()],
+    ] {
+        assert_eq!(store.commit(&failing).await, conflict(sandbox_key("sb-b"), Some(5), Some(1)));
+        assert_eq!(read(&store, "sb-a").await, Some(a.clone()));
+        assert_eq!(store.provider("p1").await.unwrap(), Some(p.clone()));
+        assert_eq!(read(&store, "sb-c").await, None);
+        assert_eq!(store.sandbox_by_name("gamma").await.unwrap(), None);
+        assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![]);
+    }
+
+    // Of several failing conditions, the first in the transaction is reported.
+    let stale_p = Write::RemoveProvider { name: "p1".into(), expected: 9 };
+    assert_eq!(store.commit(&[to_a2.clone(), stale_p, stale_b]).await, conflict(provider_key("p1"), Some(9), Some(1)));
+    // Conditions are checked against the state before the transaction: a record created earlier
+    // in it is still absent to a later write.
+    let c2 = bumped(&c);
+    assert_eq!(
+        store.commit(&[Write::CreateSandbox(c.clone()), Write::UpdateSandbox { record: c2, expected: 1 }]).await,
+        conflict(sandbox_key("sb-c"), Some(1), None)
+    );
+    assert_eq!(read(&store, "sb-c").await, None);
+
+    store.commit(&[to_a2, to_p2, Write::CreateSandbox(c.clone())]).await.unwrap();
+    assert_eq!(read(&store, "sb-a").await, Some(a2));
+    assert_eq!(store.provider("p1").await.unwrap(), Some(p2));
+    assert_eq!(read(&store, "sb-c").await, Some(c.clone()));
+    assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![c]);
+    assert_eq!(read(&store, "sb-b").await, Some(b));
+}
+
+/// 25 sandboxes `box-00`..`box-24`, created in a scrambled order; even ones carry `team=a`,
+/// odd ones `team=b`, and multiples of four also `tier=gold`.
+async fn create_boxes(store: &Shared) -> Vec<String> {
+    for i in (0..25).map(|i| i * 11 % 25) {
+        let mut s = sandbox(&format!("sb-{i}"), &format!("box-{i:02}"));
+        s.spec.labels.insert("team".into(), if i % 2 == 0 { "a" } else { "b" }.into());
+        if i % 4 == 0 {
+            s.spec.labels.insert("tier".into(), "gold".into());
+        }
+        create(store, &s).await;
+    }
+    (0..25).map(|i| format!("box-{i:02}")).collect()
+}
+
+async fn sandbox_pages(store: Shared) {
+    let all = create_boxes(&store).await;
+    let everything = BTreeMap::new();
+    assert_pages(&all_sandbox_pages(&store, 10, &everything).await, &[10, 10, 5], &all);
+    // A page exactly as long as what is left is the last one.
+    assert_pages(&all_sandbox_pages(&store, 25, &everything).await, &[25], &all);
+    assert_pages(&all_sandbox_pages(&store, 5, &everything).await, &[5; 5], &all);
+    // A zero limit still makes progress, one at a time.
+    assert_pages(&all_sandbox_pages(&store, 0, &everything).await, &[1; 25], &all);
+
+    // A cursor need not be a stored name.
+    let page = store.list_sandboxes(&PageRequest { after: Some("box-09x".into()), limit: 3 }, &everything).await;
+    let page = page.unwrap();
+    assert_eq!((names(&page.items), page.next.as_deref()), (vec!["box-10", "box-11", "box-12"], Some("box-12")));
+    let page = store.list_sandboxes(&PageRequest { after: Some("box-24".into()), limit: 3 }, &everything).await;
+    assert_eq!(page.unwrap(), Page { items: vec![], next: None });
+}
+
+async fn label_selected_pages(store: Shared) {
+    let all = create_boxes(&store).await;
+    let even: Vec<String> = all.iter().step_by(2).cloned().collect();
+    let team_a = selector(&[("team", "a")]);
+    assert_pages(&all_sandbox_pages(&store, 5, &team_a).await, &[5, 5, 3], &even);
+    assert_pages(&all_sandbox_pages(&store, 13, &team_a).await, &[13], &even);
+
+    let odd: Vec<String> = all.iter().skip(1).step_by(2).cloned().collect();
+    assert_pages(&all_sandbox_pages(&store, 10, &selector(&[("team", "b")])).await, &[10, 2], &odd);
+
+    let gold: Vec<String> = all.iter().step_by(4).cloned().collect();
+    assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("team", "a"), ("tier", "gold")])).await, &[3, 3, 1], &gold);
+    assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("team", "b"), ("tier", "gold")])).await, &[0], &[]);
+    assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("team", "c")])).await, &[0], &[]);
+    // A key is matched as a whole, not as a prefix or a pattern.
+    assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("tea", "a")])).await, &[0], &[]);
+    assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("te%", "a")])).await, &[0], &[]);
+}
+
+async fn provider_pages(store: Shared) {
+    for i in (0..12).map(|i| i * 5 % 12) {
+        store.commit(&[Write::CreateProvider(provider(&format!("prov-{i:02}")))]).await.unwrap();
+    }
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.list_providers(&PageRequest { after, limit: 5 }).await.unwrap();
+        after = page.next.clone();
+        if let Some(next) = &page.next {
+            assert_eq!(Some(next), page.items.last().map(|p| &p.name), "next is the last name");
+        }
+        pages.push(page);
+        if after.is_none() {
+            break;
+        }
+    }
+    assert_eq!(pages.iter().map(|p| p.items.len()).collect::<Vec<_>>(), vec![5, 5, 2]);
+    let listed: Vec<String> = pages.iter().flat_map(|p| p.items.iter().map(|p| p.name.clone())).collect();
+    assert_eq!(listed, (0..12).map(|i| format!("prov-{i:02}")).collect::<Vec<_>>());
+    assert_eq!(pages[0].items[0], provider("prov-00"), "records come back whole, credentials included");
+
+    let whole = store.list_providers(&PageRequest { after: None, limit: 12 }).await.unwrap();
+    assert_eq!((whole.items.len(), whole.next), (12, None));
+    let one = store.list_providers(&PageRequest { after: Some("prov-03".into()), limit: 0 }).await.unwrap();
+    assert_eq!((one.items, one.next.as_deref()), (vec![provider("prov-04")], Some("prov-04")));
+}
+
+async fn sandboxes_using_follows_writes(store: Shared) {
+    let mut a = sandbox("sb-a", "alpha");
+    a.providers.insert("p1".into());
+    let mut b = sandbox("sb-b", "beta");
+    b.providers.extend(["p1".to_string(), "p2".to_string()]);
+    let c = sandbox("sb-c", "gamma");
+    // Created out of name order: results are ordered by name.
+    for s in [&b, &c, &a] {
+        create(&store, s).await;
+    }
+    assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![a.clone(), b.clone()]);
+    assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![b.clone()]);
+    assert_eq!(store.sandboxes_using("p3").await.unwrap(), vec![]);
+
+    let mut b2 = bumped(&b);
+    b2.providers = ["p2".to_string(), "p3".to_string()].into();
+    store.commit(&[Write::UpdateSandbox { record: b2.clone(), expected: 1 }]).await.unwrap();
+    assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![a.clone()]);
+    assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![b2.clone()], "the current record is returned");
+    assert_eq!(store.sandboxes_using("p3").await.unwrap(), vec![b2.clone()]);
+
+    store.commit(&[Write::RemoveSandbox { id: a.id.clone(), expected: 1 }]).await.unwrap();
+    assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![]);
+    // A sandbox's references do not depend on the provider record existing.
+    assert_eq!(store.provider("p2").await.unwrap(), None);
+    assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![b2]);
+}
+
+async fn versions_increase_and_reads_see_writes(store: Shared) {
+    let mut s = sandbox("sb-a", "alpha");
+    create(&store, &s).await;
+    let mut p = provider("p1");
+    store.commit(&[Write::CreateProvider(p.clone())]).await.unwrap();
+    let mut seen = vec![1];
+    for step in 0..20 {
+        let mut next = bumped(&s);
+        next.spec.env.insert("STEP".into(), step.to_string());
+        let p_next = bumped_provider(&p);
+        store
+            .commit(&[
+                Write::UpdateSandbox { record: next.clone(), expected: s.resource_version },
+                Write::UpdateProvider { record: p_next.clone(), expected: p.resource_version },
+            ])
+            .await
+            .unwrap();
+        let got = read(&store, "sb-a").await.unwrap();
+        assert_eq!(got, next, "a read after a commit sees it");
+        assert_eq!(store.sandbox_by_name("alpha").await.unwrap().as_ref(), Some(&next));
+        assert_eq!(store.provider("p1").await.unwrap().as_ref(), Some(&p_next));
+        seen.push(got.resource_version);
+        s = next;
+        p = p_next;
+    }
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "versions strictly increase: {seen:?}");
+    assert_eq!(seen.last(), Some(&21));
+    assert_eq!(p.resource_version, 21);
+}
+
+async fn concurrent_compare_and_swap_loses_no_update(store: Shared) {
+    const TASKS: usize = 8;
+    const INCREMENTS: u64 = 50;
+    create(&store, &sandbox("sb-a", "alpha")).await;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for _ in 0..INCREMENTS {
+                    loop {
+                        let current = read(&store, "sb-a").await.unwrap();
+                        let mut next = bumped(&current);
+                        for counter in ["TOTAL".to_string(), format!("TASK_{task}")] {
+                            let n: u64 = next.spec.env.get(&counter).map_or(0, |v| v.parse().unwrap());
+                            next.spec.env.insert(counter, (n + 1).to_string());
+                        }
+                        let write = Write::UpdateSandbox { record: next, expected: current.resource_version };
+                        match store.commit(&[write]).await {
+                            Ok(()) => break,
+                            Err(CommitError::Conflict(c)) => {
+                                assert!(c.current > Some(current.resource_version), "{c:?}");
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let last = read(&store, "sb-a").await.unwrap();
+    let total = TASKS as u64 * INCREMENTS;
+    assert_eq!(last.resource_version, 1 + total);
+    assert_eq!(last.spec.env.get("TOTAL"), Some(&total.to_string()));
+    for task in 0..TASKS {
+        assert_eq!(last.spec.env.get(&format!("TASK_{task}")), Some(&INCREMENTS.to_string()), "task {task}");
+    }
+}
+
+mod sqlite_only {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use berth_core::{Key, SandboxId, Write};
+    use berth_gateway::store::sqlite::SqliteStore;
+    use berth_gateway::store::{CommitError, PageRequest, StoreError};
+
+    use super::{Shared, provider, sandbox, selector};
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    fn open(path: &Path) -> Shared {
+        Arc::new(SqliteStore::open(path).unwrap())
+    }
+
+    fn user_version(path: &Path) -> i64 {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn database_files_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = open(&path);
+        store.commit(&[Write::CreateProvider(provider("p1"))]).await.unwrap();
+        assert_eq!(mode(&path), 0o600);
+        for sidecar in ["berth.db-wal", "berth.db-shm"] {
+            let sidecar = dir.path().join(sidecar);
+            assert!(sidecar.exists(), "WAL mode keeps {}", sidecar.display());
+            assert_eq!(mode(&sidecar), 0o600, "{}", sidecar.display());
+        }
+        drop(store);
+
+        // A database left readable by others is tightened when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store = open(&path);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(store.provider("p1").await.unwrap(), Some(provider("p1")));
+    }
+
+    #[tokio::test]
+    async fn reopening_keeps_every_write_and_migrates_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let mut a = sandbox("sb-a", "alpha");
+        a.providers.insert("p1".into());
+        a.spec.labels.insert("team".into(), "a".into());
+        let b = sandbox("sb-b", "beta");
+        let store = open(&path);
+        store
+            .commit(&[
+                Write::CreateSandbox(a.clone()),
+                Write::CreateSandbox(b.clone()),
+                Write::CreateProvider(provider("p1")),
+            ])
+            .await
+            .unwrap();
+        let version = user_version(&path);
+        assert!(version >= 1, "migrations ran: user_version {version}");
+        drop(store);
+
+        for _restart in 0..2 {
+            let store = open(&path);
+            assert_eq!(user_version(&path), version);
+            assert_eq!(store.sandbox(&SandboxId::new("sb-a")).await.unwrap(), Some(a.clone()));
+            assert_eq!(store.sandbox_by_name("beta").await.unwrap(), Some(b.clone()));
+            assert_eq!(store.provider("p1").await.unwrap(), Some(provider("p1")));
+            // The index tables survive too.
+            assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![a.clone()]);
+            let page = store.list_sandboxes(&PageRequest { after: None, limit: 10 }, &selector(&[("team", "a")])).await;
+            assert_eq!(page.unwrap().items, vec![a.clone()]);
+            // Conditions still hold against what was stored before the restart.
+            assert!(matches!(
+                store.commit(&[Write::CreateSandbox(sandbox("sb-c", "alpha"))]).await,
+                Err(CommitError::Conflict(c)) if c.key == Key::Sandbox(SandboxId::new("sb-a"))
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn version_column_is_the_records_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = open(&path);
+        let a = sandbox("sb-a", "alpha");
+        let (write, a2) = super::update(&a);
+        store.commit(&[Write::CreateSandbox(a)]).await.unwrap();
+        store.commit(&[write]).await.unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn.query_row("SELECT version FROM sandboxes WHERE id = 'sb-a'", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, 2);
+        assert_eq!(store.sandbox(&SandboxId::new("sb-a")).await.unwrap(), Some(a2));
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        drop(open(&path));
+        let newer = user_version(&path) + 1;
+        rusqlite::Connection::open(&path).unwrap().pragma_update(None, "user_version", newer).unwrap();
+        match SqliteStore::open(&path) {
+            Err(StoreError::Unavailable(message)) => assert!(message.contains("newer"), "{message}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a database from a newer build was opened"),
+        }
+        assert_eq!(user_version(&path), newer, "the refused database is left as it was");
+    }
+
+    #[tokio::test]
+    async fn an_unopenable_path_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let result = SqliteStore::open(&dir.path().join("missing").join("berth.db"));
+        assert!(matches!(result, Err(StoreError::Unavailable(_))));
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_a_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        std::fs::write(&path, vec![b'x'; 4096]).unwrap();
+        match SqliteStore::open(&path) {
+            Err(StoreError::Corrupt(message)) => assert!(message.contains("berth.db"), "{message}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a text file was opened as a database"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), vec![b'x'; 4096], "the file is left as it was");
+    }
+
+    #[tokio::test]
+    async fn damaged_records_are_reported_not_panicked_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = open(&path);
+        let mut a = sandbox("sb-a", "alpha");
+        a.providers.insert("p1".into());
+        store
+            .commit(&[
+                Write::CreateSandbox(a),
+                Write::CreateSandbox(sandbox("sb-b", "beta")),
+                Write::CreateProvider(provider("p1")),
+            ])
+            .await
+            .unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute("UPDATE sandboxes SET record = '{\"id\": \"sb-a\", garbage' WHERE id = 'sb-a'", []).unwrap();
+        // Valid JSON of the wrong shape, whose serde message would quote the secret.
+        raw.execute(r#"UPDATE providers SET record = '{"name": "p1", "credentials": "hunter2"}'"#, []).unwrap();
+        // A well-formed record whose version column disagrees with it.
+        raw.execute("UPDATE sandboxes SET version = 9 WHERE id = 'sb-b'", []).unwrap();
+
+        let corrupt = |result: Result<_, StoreError>, names: &[&str]| match result {
+            Err(StoreError::Corrupt(message)) => {
+                for name in names {
+                    assert!(message.contains(name), "{message:?} does not name {name}");
+                }
+                assert!(!message.contains("hunter2"), "{message:?} shows a secret");
+            }
+            other => panic!("expected a corrupt record, got {other:?}"),
+        };
+        corrupt(store.sandbox(&SandboxId::new("sb-a")).await.map(drop), &["sandboxes", "sb-a"]);
+        corrupt(store.sandbox_by_name("alpha").await.map(drop), &["sandboxes", "sb-a"]);
+        corrupt(store.sandboxes_using("p1").await.map(drop), &["sandboxes", "sb-a"]);
+        corrupt(store.list_sandboxes(&PageRequest::default(), &Default::default()).await.map(drop), &["sb-a"]);
+        corrupt(store.sandbox(&SandboxId::new("sb-b")).await.map(drop), &["sandboxes", "sb-b", "9"]);
+        corrupt(store.provider("p1").await.map(drop), &["providers", "p1"]);
+        corrupt(store.list_providers(&PageRequest::default()).await.map(drop), &["providers", "p1"]);
+
+        // The store keeps working for what is intact.
+        store.commit(&[Write::CreateSandbox(sandbox("sb-c", "gamma"))]).await.unwrap();
+        assert_eq!(store.sandbox(&SandboxId::new("sb-c")).await.unwrap(), Some(sandbox("sb-c", "gamma")));
+    }
+
+    #[tokio::test]
+    async fn a_locked_database_is_unavailable_not_a_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = open(&path);
+        store.commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let result = store.commit(&[Write::CreateSandbox(sandbox("sb-b", "beta"))]).await;
+        assert!(matches!(result, Err(CommitError::Store(StoreError::Unavailable(_)))), "{result:?}");
+        // WAL readers are not blocked by the writer.
+        assert!(store.sandbox(&SandboxId::new("sb-a")).await.unwrap().is_some());
+        raw.execute_batch("ROLLBACK").unwrap();
+        store.commit(&[Write::CreateSandbox(sandbox("sb-b", "beta"))]).await.unwrap();
+    }
+}

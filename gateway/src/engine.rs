@@ -69,6 +69,8 @@ struct Inner {
     /// Sandboxes with effects queued or running; a worker task drains each.
     queues: Mutex<BTreeMap<SandboxId, Queue>>,
     changes: broadcast::Sender<Change>,
+    /// Set once the gateway shuts down: long-lived streams end.
+    shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Clone)]
@@ -101,6 +103,7 @@ impl Engine {
                 rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
                 queues: Mutex::default(),
                 changes,
+                shutdown: tokio::sync::watch::channel(false).0,
             }),
         }
     }
@@ -251,6 +254,17 @@ impl Engine {
                 tokio::spawn(self.clone().drain(id));
             }
         }
+    }
+
+    /// Asks every long-lived stream (supervisor sessions, watches) to end.
+    pub fn shut_down(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// Resolves once the gateway is shutting down.
+    pub async fn shutting_down(&self) {
+        let mut rx = self.inner.shutdown.subscribe();
+        let _ = rx.wait_for(|down| *down).await;
     }
 
     /// Whether any effect is queued or running.

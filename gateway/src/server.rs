@@ -157,6 +157,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     shutdown_signal().await;
     info!("shutting down: no new requests; letting effects under way finish");
     let _ = stop_tx.send(true);
+    engine.shut_down();
     watch.abort();
     poll.abort();
     let deadline = tokio::time::Instant::now() + DRAIN_FOR;

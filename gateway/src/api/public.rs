@@ -122,6 +122,7 @@ impl Sandboxes for SandboxApi {
         // Subscribe first: no change between the read and the subscription is missed.
         let mut changes = self.engine.subscribe();
         let store = self.engine.store().clone();
+        let engine = self.engine.clone();
         let record = store
             .sandbox_by_name(&name)
             .await
@@ -139,7 +140,15 @@ impl Sandboxes for SandboxApi {
                 return;
             }
             loop {
-                let current = match tokio::time::timeout(WATCH_RESYNC, changes.recv()).await {
+                let received = tokio::select! {
+                    biased;
+                    () = engine.shutting_down() => {
+                        let _ = tx.send(Err(Status::unavailable("the gateway is shutting down"))).await;
+                        return;
+                    }
+                    received = tokio::time::timeout(WATCH_RESYNC, changes.recv()) => received,
+                };
+                let current = match received {
                     Ok(Ok(change)) if change.id == id => change.sandbox,
                     Ok(Ok(_)) => continue,
                     Ok(Err(broadcast::error::RecvError::Closed)) => return,

@@ -64,7 +64,15 @@ async fn serve_session(
     tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
 ) {
     loop {
-        let next = match inbound.message().await {
+        let received = tokio::select! {
+            biased;
+            () = engine.shutting_down() => {
+                let _ = tx.send(Err(Status::unavailable("the gateway is shutting down; reconnect"))).await;
+                break;
+            }
+            received = inbound.message() => received,
+        };
+        let next = match received {
             Ok(Some(m)) => m.message,
             Ok(None) => break,
             Err(status) => {

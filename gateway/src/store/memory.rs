@@ -49,8 +49,15 @@ impl Tables {
         if current != write.expected() {
             return Err(Conflict { key, expected: write.expected(), current });
         }
-        if let Write::CreateSandbox(s) = write
-            && let Some(holder) = self.names.get(&s.name)
+        // A name belongs to one sandbox: a create (or a rename, which core never decides)
+        // onto a taken name fails, naming its holder.
+        let claimed = match write {
+            Write::CreateSandbox(s) => Some(s),
+            Write::UpdateSandbox { record: s, .. } => Some(s),
+            _ => None,
+        };
+        if let Some(s) = claimed
+            && let Some(holder) = self.names.get(&s.name).filter(|holder| **holder != s.id)
         {
             let key = Key::Sandbox(holder.clone());
             let current = self.version(&key);
@@ -62,8 +69,10 @@ impl Tables {
     fn apply(&mut self, write: &Write) {
         match write {
             Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
+                if let Some(old) = self.sandboxes.insert(s.id.clone(), s.clone()) {
+                    self.names.remove(&old.name);
+                }
                 self.names.insert(s.name.clone(), s.id.clone());
-                self.sandboxes.insert(s.id.clone(), s.clone());
             }
             Write::RemoveSandbox { id, .. } => {
                 if let Some(s) = self.sandboxes.remove(id) {

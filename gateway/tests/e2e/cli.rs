@@ -67,9 +67,12 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_fails_when_the_sandbox_lands_in_error() {
     let data = DataDir::new();
-    let _gateway = Gateway::start(&data, &[]).await;
-    let out = berth(&data, &["sandbox", "create", "broken", "--", "sh", "-c", "exit 4"]).await;
+    // A "supervisor" that exits 1 at once and never connects: every run fails before Ready.
+    let _gateway = Gateway::start(&data, &["--supervisor-bin", "/bin/false"]).await;
+    let out = berth(&data, &["sandbox", "create", "broken", "--", "sleep", "3600"]).await;
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("failed") && stderr.contains('4'), "{stderr}");
+    assert!(stderr.contains("'broken' failed: ContainerExited"), "{stderr}");
+    let got = json(&berth(&data, &["-o", "json", "sandbox", "get", "broken"]).await);
+    assert_eq!((got["phase"].as_str(), got["failure"]["exit_code"].as_i64()), (Some("Error"), Some(1)));
 }

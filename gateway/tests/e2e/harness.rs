@@ -96,9 +96,12 @@ impl Gateway {
     pub async fn start(data: &DataDir, extra: &[&str]) -> Self {
         let _ = std::fs::remove_file(data.path.join("gateway.addr"));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(data.path.join("gateway.log")).unwrap();
+        // Test defaults, each unless `extra` sets it.
+        let defaults = [("--poll-interval", "500ms"), ("--redrive-after", "2s"), ("--stop-grace", "5s"), ("--heartbeat", "1s")];
+        let defaults = defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]);
         let child = Command::new(bin("berth-gateway"))
             .args(["--data-dir", data.path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .args(["--poll-interval", "500ms", "--redrive-after", "2s", "--stop-grace", "5s", "--heartbeat", "1s"])
+            .args(defaults)
             .args(["--log", "info,berth_gateway=debug"])
             .args(extra)
             .env_remove("BERTH_API_TOKEN")

@@ -70,7 +70,8 @@ async fn a_supervisor_of_the_previous_generation_is_rejected_and_its_exit_report
     let ack = old_inbound.message().await.unwrap().and_then(|m| m.message);
     assert!(matches!(ack, Some(FromGateway::ExitAck(_))), "{ack:?}");
     let after = get(&mut sandboxes, "box").await.unwrap();
-    assert_eq!((phase(&after), after.generation, after.resource_version), (pb::Phase::Ready, 2, ready.resource_version));
+    assert_eq!((phase(&after), after.generation, after.failure), (pb::Phase::Ready, 2, None));
+    assert!(!data.log().contains("cause=\"supervisor exit report\""), "the stale report changed a phase");
     // Its next heartbeat ends the session for good.
     old_tx.send(pb::SupervisorMessage { message: Some(ToGateway::Heartbeat(pb::Heartbeat {})) }).await.unwrap();
     let ended = old_inbound.message().await.unwrap_err();

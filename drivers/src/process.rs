@@ -277,12 +277,13 @@ impl Inner {
             .stderr(log2)
             .process_group(0);
         let started_at = now_nanos();
-        let mut child = command.spawn().map_err(|e| {
-            DriverError::Failed(format!("cannot run {}: {e}", self.config.supervisor.display()))
-        })?;
-        let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or_else(|| {
-            DriverError::Failed("the supervisor exited before it could be recorded".to_string())
-        })?;
+        let mut child = command
+            .spawn()
+            .map_err(|e| DriverError::Failed(format!("cannot run {}: {e}", self.config.supervisor.display())))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| DriverError::Failed("the supervisor exited before it could be recorded".to_string()))?;
         let kernel_start = proc_stat(pid).map(|(_, s)| s).unwrap_or_default();
         let run = RunFile { generation: launch.generation, pid, kernel_start, started_at };
         write_json(&run_dir.join("state.json"), &run)?;
@@ -335,7 +336,9 @@ impl Inner {
                 }
             }
             for id in last.keys().filter(|id| !seen.contains_key(*id)) {
-                let _ = self.events.send((id.clone(), RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(now_nanos())) }));
+                let _ = self
+                    .events
+                    .send((id.clone(), RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(now_nanos())) }));
             }
             last = seen;
             tokio::time::sleep(MONITOR_INTERVAL).await;

@@ -305,7 +305,12 @@ impl Client {
                     &["NAME", "KIND", "CREDENTIALS", "VERSION"],
                     providers
                         .iter()
-                        .map(|p| vec![p.name.clone(), p.kind.clone(), p.credential_names.join(","), p.resource_version.to_string()])
+                        .map(|p| vec![
+                            p.name.clone(),
+                            p.kind.clone(),
+                            p.credential_names.join(","),
+                            p.resource_version.to_string()
+                        ])
                         .collect()
                 )
             ),
@@ -319,7 +324,8 @@ impl Client {
         spinner.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"));
         spinner.enable_steady_tick(Duration::from_millis(100));
         let result = tokio::time::timeout(wait.timeout, async {
-            let mut events = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await?.into_inner();
+            let mut events =
+                self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await?.into_inner();
             while let Some(event) = events.message().await? {
                 let Some(s) = event.sandbox else {
                     return match target {
@@ -386,7 +392,8 @@ impl Client {
                 let mut all = Vec::new();
                 let mut page_token = String::new();
                 loop {
-                    let request = pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: label_selector.clone() };
+                    let request =
+                        pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: label_selector.clone() };
                     let reply = self.sandboxes.list_sandboxes(request).await?.into_inner();
                     all.extend(reply.sandboxes);
                     if reply.next_page_token.is_empty() {
@@ -401,7 +408,8 @@ impl Client {
                 Ok(())
             }
             SandboxCmd::Watch { name } => {
-                let mut events = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
+                let mut events =
+                    self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
                 while let Some(event) = events.message().await? {
                     match (event.sandbox, self.output) {
                         (Some(s), Output::Json) => println!("{}", sandbox_json(&s)),
@@ -439,7 +447,8 @@ impl Client {
                         .map_err(|_| Failed(format!("--credential-from-env {key}: no such environment variable")))?;
                     values.insert(key, value);
                 }
-                let request = pb::CreateProviderRequest { name, kind, credentials: values, expected_resource_version: None };
+                let request =
+                    pb::CreateProviderRequest { name, kind, credentials: values, expected_resource_version: None };
                 let reply = self.providers.create_provider(request).await?.into_inner();
                 self.print_providers(&[reply.provider.unwrap_or_default()]);
             }
@@ -451,7 +460,11 @@ impl Client {
                 let mut all = Vec::new();
                 let mut page_token = String::new();
                 loop {
-                    let reply = self.providers.list_providers(pb::ListProvidersRequest { page_size: 500, page_token }).await?.into_inner();
+                    let reply = self
+                        .providers
+                        .list_providers(pb::ListProvidersRequest { page_size: 500, page_token })
+                        .await?
+                        .into_inner();
                     all.extend(reply.providers);
                     if reply.next_page_token.is_empty() {
                         break;
@@ -464,7 +477,10 @@ impl Client {
                 }
             }
             ProviderCmd::Delete { name, version } => {
-                let request = pb::DeleteProviderRequest { name: name.clone(), expected_resource_version: version.expected_version };
+                let request = pb::DeleteProviderRequest {
+                    name: name.clone(),
+                    expected_resource_version: version.expected_version,
+                };
                 self.providers.delete_provider(request).await?;
                 match self.output {
                     Output::Json => println!("{}", json!({"name": name, "deleted": true})),
@@ -472,12 +488,14 @@ impl Client {
                 }
             }
             ProviderCmd::Attach { sandbox, provider, version } => {
-                let request = pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
+                let request =
+                    pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
                 let reply = self.providers.attach_provider(request).await?.into_inner();
                 self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
             }
             ProviderCmd::Detach { sandbox, provider, version } => {
-                let request = pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
+                let request =
+                    pb::AttachRequest { sandbox, provider, expected_resource_version: version.expected_version };
                 let reply = self.providers.detach_provider(request).await?.into_inner();
                 self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
             }
@@ -498,9 +516,13 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
         .or_else(|| read_trimmed(data.join(ADDRESS_FILE)))
         .unwrap_or_else(|| "http://127.0.0.1:7420".to_string());
     let token = cli.token.clone().or_else(|| read_trimmed(data.join(API_TOKEN_FILE))).ok_or_else(|| {
-        Failed(format!("no API token: pass --token, set BERTH_TOKEN, or point --data-dir at the gateway's ({})", data.display()))
+        Failed(format!(
+            "no API token: pass --token, set BERTH_TOKEN, or point --data-dir at the gateway's ({})",
+            data.display()
+        ))
     })?;
-    let bearer = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| Failed("the token is not valid ASCII".into()))?;
+    let bearer = MetadataValue::try_from(format!("Bearer {token}"))
+        .map_err(|_| Failed("the token is not valid ASCII".into()))?;
     let channel = Endpoint::from_shared(address.clone())
         .map_err(|e| Failed(format!("{address:?} is not a gateway address: {e}")))?
         .connect_timeout(Duration::from_secs(5))

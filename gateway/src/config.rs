@@ -143,7 +143,10 @@ impl Config {
                 .redrive_after
                 .or(from_file("redrive_after", file.redrive_after)?)
                 .unwrap_or(Duration::from_secs(30)),
-            stop_grace: flags.stop_grace.or(from_file("stop_grace", file.stop_grace)?).unwrap_or(Duration::from_secs(10)),
+            stop_grace: flags
+                .stop_grace
+                .or(from_file("stop_grace", file.stop_grace)?)
+                .unwrap_or(Duration::from_secs(10)),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),

@@ -52,7 +52,11 @@ fn secret(path: &Path, bytes: usize) -> Result<String, String> {
         Ok(s) => {
             let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.permissions().mode();
             if mode & 0o077 != 0 {
-                return Err(format!("{} is readable by others (mode {:o}); chmod 600 it", path.display(), mode & 0o777));
+                return Err(format!(
+                    "{} is readable by others (mode {:o}); chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                ));
             }
             Ok(s.trim().to_string())
         }
@@ -150,7 +154,8 @@ pub async fn run(config: Config) -> Result<(), String> {
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_routes(routes.clone())
     };
-    let tcp = tokio::spawn(server().serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone())));
+    let tcp =
+        tokio::spawn(server().serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone())));
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(%address, data_dir = %data.display(), driver = engine.driver().name(), redriven, "berth-gateway serving");
 

@@ -99,7 +99,8 @@ async fn session(gateway: &str, token: &str, exit: &mut watch::Receiver<Option<i
         Err(status) => return Err(status.to_string()),
     };
     log(format_args!("connected: sandbox {} generation {}", accepted.sandbox_id, accepted.generation));
-    let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(accepted.heartbeat_interval_ms.max(100))));
+    let mut heartbeat =
+        tokio::time::interval(Duration::from_millis(u64::from(accepted.heartbeat_interval_ms.max(100))));
     let mut reported = false;
     loop {
         let exited = if reported { None } else { *exit.borrow_and_update() };

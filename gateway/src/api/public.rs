@@ -102,7 +102,8 @@ impl Sandboxes for SandboxApi {
         let r = request.into_inner();
         let page = page(r.page_size, r.page_token)?;
         for (k, v) in &r.label_selector {
-            validate::label(k, v).map_err(|_| invalid("label_selector", &format!("{k:?}={v:?} is not a valid label")))?;
+            validate::label(k, v)
+                .map_err(|_| invalid("label_selector", &format!("{k:?}={v:?} is not a valid label")))?;
         }
         let batch = self.engine.store().list_sandboxes(&page, &r.label_selector).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ListSandboxesReply {
@@ -185,12 +186,18 @@ impl Sandboxes for SandboxApi {
         self.lifecycle(Command::StopSandbox { name: r.name }, r.expected_resource_version).await
     }
 
-    async fn start_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+    async fn start_sandbox(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
         let r = request.into_inner();
         self.lifecycle(Command::StartSandbox { name: r.name }, r.expected_resource_version).await
     }
 
-    async fn delete_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {
+    async fn delete_sandbox(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
         let r = request.into_inner();
         self.lifecycle(Command::DeleteSandbox { name: r.name }, r.expected_resource_version).await
     }
@@ -213,14 +220,18 @@ impl Providers for ProviderApi {
         request: Request<pb::CreateProviderRequest>,
     ) -> Result<Response<pb::ProviderReply>, Status> {
         let r = request.into_inner();
-        let command = Command::CreateProvider { name: r.name, kind: r.kind, credentials: convert::credentials(r.credentials) };
+        let command =
+            Command::CreateProvider { name: r.name, kind: r.kind, credentials: convert::credentials(r.credentials) };
         match self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await? {
             Outcome::Provider(p) => Ok(Response::new(pb::ProviderReply { provider: Some(convert::provider(&p)) })),
             other => Err(Status::internal(format!("a provider command returned {other:?}"))),
         }
     }
 
-    async fn get_provider(&self, request: Request<pb::GetProviderRequest>) -> Result<Response<pb::ProviderReply>, Status> {
+    async fn get_provider(
+        &self,
+        request: Request<pb::GetProviderRequest>,
+    ) -> Result<Response<pb::ProviderReply>, Status> {
         let name = request.into_inner().name;
         validate::dns_label("name", &name).map_err(core_invalid)?;
         match self.engine.store().provider(&name).await.map_err(ApiError::from)? {
@@ -234,7 +245,8 @@ impl Providers for ProviderApi {
         request: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersReply>, Status> {
         let r = request.into_inner();
-        let batch = self.engine.store().list_providers(&page(r.page_size, r.page_token)?).await.map_err(ApiError::from)?;
+        let batch =
+            self.engine.store().list_providers(&page(r.page_size, r.page_token)?).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ListProvidersReply {
             providers: batch.items.iter().map(convert::provider).collect(),
             next_page_token: batch.next.unwrap_or_default(),

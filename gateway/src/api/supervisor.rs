@@ -93,7 +93,9 @@ async fn serve_session(
                     Err(e) => Err(e.into()),
                 }
             }
-            Some(FromSupervisor::Hello(_)) | None => Err(Status::invalid_argument("expected a heartbeat or an exit report")),
+            Some(FromSupervisor::Hello(_)) | None => {
+                Err(Status::invalid_argument("expected a heartbeat or an exit report"))
+            }
         };
         let stop = reply.is_err();
         if tx.send(reply).await.is_err() || stop {

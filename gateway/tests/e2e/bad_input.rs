@@ -30,7 +30,11 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
     for (name, mention) in [("Bad_Name", "name"), (&"x".repeat(64) as &str, "63"), ("", "name"), ("-lead", "name")] {
         expect(sandboxes.create_sandbox(create_request(name, ok_spec(), vec![])).await, Code::InvalidArgument, mention);
     }
-    expect(sandboxes.create_sandbox(create_request("empty", spec(&[]), vec![])).await, Code::InvalidArgument, "spec.command");
+    expect(
+        sandboxes.create_sandbox(create_request("empty", spec(&[]), vec![])).await,
+        Code::InvalidArgument,
+        "spec.command",
+    );
     let mut bad_env = ok_spec();
     bad_env.env.insert("1BAD".into(), "v".into());
     expect(sandboxes.create_sandbox(create_request("env", bad_env, vec![])).await, Code::InvalidArgument, "spec.env");
@@ -57,7 +61,8 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
         expect(lifecycle(&mut sandboxes, verb, "missing").await, Code::NotFound, "missing");
     }
     expect(get(&mut sandboxes, "missing").await, Code::NotFound, "missing");
-    let stale = pb::LifecycleRequest { name: "good".into(), expected_resource_version: Some(before.resource_version - 1) };
+    let stale =
+        pb::LifecycleRequest { name: "good".into(), expected_resource_version: Some(before.resource_version - 1) };
     expect(sandboxes.stop_sandbox(stale).await, Code::Aborted, &format!("current {}", before.resource_version));
     expect(
         sandboxes.list_sandboxes(pb::ListSandboxesRequest { page_size: 5000, ..Default::default() }).await,
@@ -70,7 +75,10 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
         .create_provider(pb::CreateProviderRequest { name: "gone".into(), kind: "k".into(), ..Default::default() })
         .await
         .unwrap();
-    providers.delete_provider(pb::DeleteProviderRequest { name: "gone".into(), expected_resource_version: None }).await.unwrap();
+    providers
+        .delete_provider(pb::DeleteProviderRequest { name: "gone".into(), expected_resource_version: None })
+        .await
+        .unwrap();
     let attach = pb::AttachRequest { sandbox: "good".into(), provider: "gone".into(), expected_resource_version: None };
     expect(providers.attach_provider(attach).await, Code::FailedPrecondition, "gone");
     let bad_creds = pb::CreateProviderRequest {
@@ -86,8 +94,15 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
     // Missing and malformed bearer tokens.
     let channel = gateway.channel().await;
     let mut anonymous = berth_proto::v1::sandboxes_client::SandboxesClient::new(channel.clone());
-    expect(anonymous.get_sandbox(pb::GetSandboxRequest { name: "good".into() }).await, Code::Unauthenticated, "missing");
-    let mut wrong = berth_proto::v1::sandboxes_client::SandboxesClient::with_interceptor(channel, Bearer("wrong-token-1234".into()));
+    expect(
+        anonymous.get_sandbox(pb::GetSandboxRequest { name: "good".into() }).await,
+        Code::Unauthenticated,
+        "missing",
+    );
+    let mut wrong = berth_proto::v1::sandboxes_client::SandboxesClient::with_interceptor(
+        channel,
+        Bearer("wrong-token-1234".into()),
+    );
     expect(wrong.get_sandbox(pb::GetSandboxRequest { name: "good".into() }).await, Code::Unauthenticated, "invalid");
 
     // Nothing was written; the gateway still serves.

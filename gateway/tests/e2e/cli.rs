@@ -18,7 +18,12 @@ async fn berth(data: &DataDir, args: &[&str]) -> Output {
 }
 
 fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "failed: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -31,7 +36,8 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
     let data = DataDir::new();
     let _gateway = Gateway::start(&data, &[]).await;
 
-    let created = berth(&data, &["-o", "json", "sandbox", "create", "web", "--label", "team=a", "--", "sleep", "3600"]).await;
+    let created =
+        berth(&data, &["-o", "json", "sandbox", "create", "web", "--label", "team=a", "--", "sleep", "3600"]).await;
     let created = json(&created);
     assert_eq!((created["phase"].as_str(), created["generation"].as_u64()), (Some("Ready"), Some(1)));
 
@@ -39,7 +45,13 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
     assert!(table.starts_with("NAME") && table.contains("web") && table.contains("Ready"), "{table}");
     assert!(!ok(&berth(&data, &["sandbox", "list", "--selector", "team=b"]).await).contains("web"));
 
-    let provider = json(&berth(&data, &["-o", "json", "provider", "create", "p", "--kind", "llm", "--credential-from-env", "CLI_SECRET"]).await);
+    let provider = json(
+        &berth(
+            &data,
+            &["-o", "json", "provider", "create", "p", "--kind", "llm", "--credential-from-env", "CLI_SECRET"],
+        )
+        .await,
+    );
     assert_eq!(provider["credential_names"], serde_json::json!(["CLI_SECRET"]));
     ok(&berth(&data, &["provider", "attach", "web", "p"]).await);
 
@@ -60,7 +72,8 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
     let missing = berth(&data, &["sandbox", "stop", "web"]).await;
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"), "{missing:?}");
-    let no_wait = json(&berth(&data, &["-o", "json", "sandbox", "create", "quick", "--no-wait", "--", "sleep", "3600"]).await);
+    let no_wait =
+        json(&berth(&data, &["-o", "json", "sandbox", "create", "quick", "--no-wait", "--", "sleep", "3600"]).await);
     assert_eq!(no_wait["phase"], "Provisioning");
 }
 

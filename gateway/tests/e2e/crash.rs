@@ -36,8 +36,14 @@ async fn killed_mid_operations_then_restarted_every_acknowledged_operation_holds
         lifecycle(&mut sandboxes, "delete", "delete-me").await.unwrap().phase,
     ];
     gateway.kill9();
-    let expected_acks =
-        [pb::Phase::Provisioning, pb::Phase::Provisioning, pb::Phase::Stopping, pb::Phase::Stopping, pb::Phase::Starting, pb::Phase::Deleting];
+    let expected_acks = [
+        pb::Phase::Provisioning,
+        pb::Phase::Provisioning,
+        pb::Phase::Stopping,
+        pb::Phase::Stopping,
+        pb::Phase::Starting,
+        pb::Phase::Deleting,
+    ];
     assert_eq!(acked.to_vec(), expected_acks.iter().map(|p| *p as i32).collect::<Vec<_>>());
 
     let gateway = Gateway::start(&data, &[]).await;

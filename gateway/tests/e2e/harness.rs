@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use berth_core::identity::{IdentityKey, RuntimeIdentity, RuntimeToken, derive_token};
 use berth_core::SandboxId;
+use berth_core::identity::{IdentityKey, RuntimeIdentity, RuntimeToken, derive_token};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
@@ -97,8 +97,10 @@ impl Gateway {
         let _ = std::fs::remove_file(data.path.join("gateway.addr"));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(data.path.join("gateway.log")).unwrap();
         // Test defaults, each unless `extra` sets it.
-        let defaults = [("--poll-interval", "500ms"), ("--redrive-after", "2s"), ("--stop-grace", "5s"), ("--heartbeat", "1s")];
-        let defaults = defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]);
+        let defaults =
+            [("--poll-interval", "500ms"), ("--redrive-after", "2s"), ("--stop-grace", "5s"), ("--heartbeat", "1s")];
+        let defaults =
+            defaults.iter().filter(|(flag, _)| !extra.contains(flag)).flat_map(|(flag, value)| [*flag, *value]);
         let child = Command::new(bin("berth-gateway"))
             .args(["--data-dir", data.path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
             .args(defaults)
@@ -109,10 +111,13 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .unwrap();
+        // Owned at once, so a failed start still kills and reaps it (Drop).
+        let mut gateway = Gateway { child, address: String::new(), token: String::new() };
         let address_file = data.path.join("gateway.addr");
         for _ in 0..200 {
             if let Ok(address) = std::fs::read_to_string(&address_file) {
-                let gateway = Gateway { child, address: address.trim().to_string(), token: data.token() };
+                gateway.address = address.trim().to_string();
+                gateway.token = data.token();
                 gateway.sandboxes().await;
                 return gateway;
             }
@@ -152,11 +157,16 @@ impl Drop for Gateway {
 }
 
 pub fn spec(command: &[&str]) -> pb::SandboxSpec {
-    pb::SandboxSpec { image: "host".into(), command: command.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+    pb::SandboxSpec {
+        image: "host".into(),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 /// A workload that counts its starts in its workspace and then idles.
-pub const COUNTING: &[&str] = &["sh", "-c", "n=$(cat starts 2>/dev/null || echo 0); echo $((n + 1)) > starts; exec sleep 3600"];
+pub const COUNTING: &[&str] =
+    &["sh", "-c", "n=$(cat starts 2>/dev/null || echo 0); echo $((n + 1)) > starts; exec sleep 3600"];
 
 pub async fn create(sandboxes: &mut Sandboxes, name: &str, command: &[&str], providers: &[&str]) -> pb::Sandbox {
     let request = pb::CreateSandboxRequest {
@@ -226,5 +236,7 @@ pub async fn lifecycle(sandboxes: &mut Sandboxes, verb: &str, name: &str) -> Res
 }
 
 pub fn workspace_file(data: &Path, id: &str, file: &str) -> Option<String> {
-    std::fs::read_to_string(data.join("sandboxes").join(id).join("workspace").join(file)).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(data.join("sandboxes").join(id).join("workspace").join(file))
+        .ok()
+        .map(|s| s.trim().to_string())
 }

@@ -66,7 +66,10 @@ async fn a_supervisor_of_the_previous_generation_is_rejected_and_its_exit_report
     assert!(!rejected.message().contains(old.expose()), "the token never appears in an error");
 
     // The still-open generation-1 session reports an exit: acknowledged, and ignored.
-    old_tx.send(pb::SupervisorMessage { message: Some(ToGateway::Exit(pb::MainProcessExit { exit_code: 9 })) }).await.unwrap();
+    old_tx
+        .send(pb::SupervisorMessage { message: Some(ToGateway::Exit(pb::MainProcessExit { exit_code: 9 })) })
+        .await
+        .unwrap();
     let ack = old_inbound.message().await.unwrap().and_then(|m| m.message);
     assert!(matches!(ack, Some(FromGateway::ExitAck(_))), "{ack:?}");
     let after = get(&mut sandboxes, "box").await.unwrap();

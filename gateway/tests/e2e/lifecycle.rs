@@ -86,15 +86,18 @@ async fn a_real_exit_of_the_restarted_workload_is_an_error_with_its_code() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_every_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let data = DataDir::new();
     let gateway = Gateway::start(&data, &[]).await;
     let mut client = ServerReflectionClient::new(gateway.channel().await);
-    let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
     let mut replies = client.server_reflection_info(tokio_stream::iter([request])).await.unwrap().into_inner();
     let Some(Ok(reply)) = replies.next().await else { panic!("no reflection reply") };
     let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else { panic!("{reply:?}") };

@@ -33,7 +33,11 @@ async fn delete_sandbox_then_its_provider_at_once_fifty_times_under_concurrent_w
         let id = create(&mut sandboxes, &sandbox, &command, &[&provider]).await.id;
         wait_phase(&mut sandboxes, &sandbox, pb::Phase::Ready).await;
         if i == 0 {
-            assert_eq!(workspace_file(&data.path, &id, "key").as_deref(), Some(SECRET), "credentials reach the sandbox");
+            assert_eq!(
+                workspace_file(&data.path, &id, "key").as_deref(),
+                Some(SECRET),
+                "credentials reach the sandbox"
+            );
         }
         // Another client keeps attaching and detaching a provider, bumping the version.
         let stop = Arc::new(AtomicBool::new(false));
@@ -43,7 +47,11 @@ async fn delete_sandbox_then_its_provider_at_once_fifty_times_under_concurrent_w
             tokio::spawn(async move {
                 let mut bumps = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let request = pb::AttachRequest { sandbox: name.clone(), provider: "bumper".into(), expected_resource_version: None };
+                    let request = pb::AttachRequest {
+                        sandbox: name.clone(),
+                        provider: "bumper".into(),
+                        expected_resource_version: None,
+                    };
                     let result = if bumps % 2 == 0 {
                         providers.attach_provider(request).await
                     } else {
@@ -83,11 +91,16 @@ async fn a_provider_in_use_cannot_be_deleted_and_an_attached_one_reaches_the_nex
     let gateway = Gateway::start(&data, &[]).await;
     let mut sandboxes = gateway.sandboxes().await;
     let mut providers = gateway.providers().await;
-    let id = create(&mut sandboxes, "box", &["sh", "-c", "printf %s \"$LATE_KEY\" > late; exec sleep 3600"], &[]).await.id;
+    let id =
+        create(&mut sandboxes, "box", &["sh", "-c", "printf %s \"$LATE_KEY\" > late; exec sleep 3600"], &[]).await.id;
     wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
     create_provider(&mut providers, "late", "LATE_KEY", "v2").await;
     providers
-        .attach_provider(pb::AttachRequest { sandbox: "box".into(), provider: "late".into(), expected_resource_version: None })
+        .attach_provider(pb::AttachRequest {
+            sandbox: "box".into(),
+            provider: "late".into(),
+            expected_resource_version: None,
+        })
         .await
         .unwrap();
     let refused = providers

@@ -324,8 +324,13 @@ impl Client {
         spinner.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"));
         spinner.enable_steady_tick(Duration::from_millis(100));
         let result = tokio::time::timeout(wait.timeout, async {
-            let mut events =
-                self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await?.into_inner();
+            let watch = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await;
+            let mut events = match (watch, target) {
+                (Ok(events), _) => events.into_inner(),
+                // Already gone before the watch began.
+                (Err(s), Target::Gone) if s.code() == tonic::Code::NotFound => return Ok(None),
+                (Err(s), _) => return Err(s.into()),
+            };
             while let Some(event) = events.message().await? {
                 let Some(s) = event.sandbox else {
                     return match target {

@@ -8,6 +8,8 @@
 
 use core::time::Duration;
 
+use crate::command::Request;
+use crate::decision::Conflict;
 use crate::error::{Error, Kind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,11 +34,26 @@ pub struct Retry {
     conflicts: u32,
     kind: Kind,
     name: String,
+    /// Give up at the first conflict (only a known-bug switch sets it).
+    fail_fast: bool,
 }
 
 impl Retry {
     pub fn new(policy: RetryPolicy, kind: Kind, name: impl Into<String>) -> Self {
-        Self { policy, conflicts: 0, kind, name: name.into() }
+        Self { policy, conflicts: 0, kind, name: name.into(), fail_fast: false }
+    }
+
+    /// The retry state of an API command.
+    pub fn for_request(policy: RetryPolicy, request: &Request) -> Self {
+        let (kind, name) = request.subject();
+        #[allow(unused_mut)]
+        let mut retry = Self::new(policy, kind, name);
+        #[cfg(feature = "bugs")]
+        {
+            retry.fail_fast = crate::bugs::on(crate::bugs::Bug::DeleteWithoutRetry)
+                && matches!(request.command, crate::command::Command::DeleteSandbox { .. });
+        }
+        retry
     }
 
     /// Conflicts seen so far.
@@ -47,8 +64,16 @@ impl Retry {
     /// A write conflicted. Returns how long to wait before re-reading, or the error once the
     /// bound is reached. `random` is any uniformly random number (the randomness is an input,
     /// so a seeded run waits the same every time): the wait is uniform in `[0, bound]`.
-    pub fn after_conflict(&mut self, random: u64) -> Result<Duration, Error> {
+    pub fn after_conflict(&mut self, conflict: &Conflict, random: u64) -> Result<Duration, Error> {
         self.conflicts += 1;
+        if self.fail_fast {
+            return Err(Error::StaleVersion {
+                kind: self.kind,
+                name: self.name.clone(),
+                expected: conflict.expected.unwrap_or_default(),
+                current: conflict.current,
+            });
+        }
         if self.conflicts > self.policy.max_conflicts {
             return Err(Error::Contention { kind: self.kind, name: self.name.clone(), attempts: self.conflicts });
         }
@@ -63,15 +88,19 @@ impl Retry {
 mod tests {
     use super::*;
 
+    fn conflict() -> Conflict {
+        Conflict { key: crate::decision::Key::Provider("p".into()), expected: Some(1), current: Some(2) }
+    }
+
     #[test]
     fn waits_are_jittered_bounded_and_exhaust() {
         let policy = RetryPolicy { max_conflicts: 4, base: Duration::from_millis(2), cap: Duration::from_millis(5) };
         let mut r = Retry::new(policy, Kind::Sandbox, "a");
-        assert_eq!(r.after_conflict(u64::MAX).unwrap(), Duration::from_millis(2));
-        assert_eq!(r.after_conflict(u64::MAX).unwrap(), Duration::from_millis(4));
-        assert_eq!(r.after_conflict(0).unwrap(), Duration::ZERO);
-        assert_eq!(r.after_conflict(u64::MAX / 2).unwrap(), Duration::from_nanos(2_499_999));
-        let err = r.after_conflict(1).unwrap_err();
+        assert_eq!(r.after_conflict(&conflict(), u64::MAX).unwrap(), Duration::from_millis(2));
+        assert_eq!(r.after_conflict(&conflict(), u64::MAX).unwrap(), Duration::from_millis(4));
+        assert_eq!(r.after_conflict(&conflict(), 0).unwrap(), Duration::ZERO);
+        assert_eq!(r.after_conflict(&conflict(), u64::MAX / 2).unwrap(), Duration::from_nanos(2_499_999));
+        let err = r.after_conflict(&conflict(), 1).unwrap_err();
         assert_eq!(err, Error::Contention { kind: Kind::Sandbox, name: "a".into(), attempts: 5 });
         assert_eq!(err.code(), crate::error::Code::Unavailable);
     }
@@ -81,7 +110,9 @@ mod tests {
         let run = |seed: u64| {
             let mut r = Retry::new(RetryPolicy::default(), Kind::Provider, "p");
             (0..10)
-                .map(|i| r.after_conflict(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_mul(i + 7)).unwrap())
+                .map(|i| {
+                    r.after_conflict(&conflict(), seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_mul(i + 7)).unwrap()
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(run(11), run(11));

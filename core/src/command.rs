@@ -258,6 +258,12 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
             next.phase = Phase::Starting;
             next.intent = Intent::Running;
             let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
+            #[cfg(feature = "bugs")]
+            if crate::bugs::on(crate::bugs::Bug::RotationOutsideStart) {
+                // The known R1 bug: Starting is written without the rotation.
+                next.generation = sandbox.generation;
+                next.exit_fence = sandbox.exit_fence;
+            }
             Ok(commit(sandbox, next, vec![], vec![effect], now))
         }
     }

@@ -12,6 +12,8 @@
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`error`]: typed errors with their status class (3.7)
 
+#[cfg(feature = "bugs")]
+pub mod bugs;
 pub mod cas;
 pub mod command;
 pub mod decision;

@@ -14,6 +14,12 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
     match (sandbox.intent, sandbox.phase.kind(), sandbox.run) {
         (_, PhaseKind::Deleting, _) => Some(Effect::Delete { sandbox: id }),
         (_, PhaseKind::Stopping, _) => Some(Effect::Stop { sandbox: id, generation }),
+        #[cfg(feature = "bugs")]
+        (Intent::Running, PhaseKind::Starting, Run::Pending)
+            if crate::bugs::on(crate::bugs::Bug::RotationOutsideStart) =>
+        {
+            Some(Effect::Start { sandbox: id, generation: generation + 1 })
+        }
         (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
             Some(Effect::Start { sandbox: id, generation })
         }

@@ -140,14 +140,13 @@ impl Engine {
 
     /// Runs an API command: decide, commit (re-deciding after conflicts), then run its effects.
     pub async fn execute(&self, request: &Request) -> Result<Outcome, ApiError> {
-        let (kind, name) = request.subject();
-        let mut retry = Retry::new(self.inner.settings.retry, kind, name);
+        let mut retry = Retry::for_request(self.inner.settings.retry, request);
         loop {
             let reads = self.read(request).await?;
             let decision = decide(request, &reads, self.inner.clock.now())?;
             match self.commit(&decision, reads.sandbox.as_ref(), command_name(request)).await {
                 Ok(()) => return Ok(decision.outcome),
-                Err(CommitError::Conflict(_)) => tokio::time::sleep(retry.after_conflict(self.random())?).await,
+                Err(CommitError::Conflict(c)) => tokio::time::sleep(retry.after_conflict(&c, self.random())?).await,
                 Err(CommitError::Store(e)) => return Err(e.into()),
             }
         }
@@ -170,7 +169,7 @@ impl Engine {
             let decision = merge(current.as_ref(), id, observation, self.inner.clock.now())?;
             match self.commit(&decision, current.as_ref(), observation.source_name()).await {
                 Ok(()) => return Ok(decision),
-                Err(CommitError::Conflict(_)) => tokio::time::sleep(retry.after_conflict(self.random())?).await,
+                Err(CommitError::Conflict(c)) => tokio::time::sleep(retry.after_conflict(&c, self.random())?).await,
                 Err(CommitError::Store(e)) => return Err(e.into()),
             }
         }

@@ -208,8 +208,9 @@ impl World {
                     self.effects.extend(decision.effects.iter().cloned());
                     return Ok(decision);
                 }
-                Err(_) => {
-                    retry.after_conflict(self.random())?;
+                Err(conflict) => {
+                    let random = self.random();
+                    retry.after_conflict(&conflict, random)?;
                 }
             }
         }

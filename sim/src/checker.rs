@@ -1,0 +1,278 @@
+//! The invariant checkers of DESIGN 4. Commit-time checks see every write the gateway makes
+//! (through [`TracingStore`]) and compare it with the runtime's ground truth; the rest run
+//! continuously or once the quiet phase has ended.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use berth_core::{FailureReason, Intent, Phase, PhaseKind, Provider, Run as RunState, Sandbox, SandboxId, Write};
+use berth_gateway::store::{CommitError, Page, PageRequest, Store, StoreError};
+
+use crate::runtime::{Container, EndCause};
+use crate::world::{Commit, Seen, World, lock};
+
+pub fn seen(s: &Sandbox) -> Seen {
+    Seen { version: s.resource_version, generation: s.generation, intent: s.intent, phase: s.phase.kind() }
+}
+
+/// The shared in-memory store, with every commit traced and checked, and each operation
+/// taking a random time as a database's would: the gaps between a read and its write are where
+/// writers race.
+pub struct TracingStore {
+    world: Arc<World>,
+}
+
+impl TracingStore {
+    pub fn new(world: Arc<World>) -> Self {
+        Self { world }
+    }
+
+    async fn latency(&self) {
+        let max = self.world.scenario.store_latency.as_millis() as u64;
+        let wait = lock(&self.world.store_draw).millis(0, max);
+        tokio::time::sleep(wait).await;
+    }
+
+    fn record(&self, before: Option<&Sandbox>, after: Option<&Sandbox>) {
+        let world = &self.world;
+        let Some(id) = after.or(before).map(|s| s.id.clone()) else { return };
+        let name = after.or(before).map(|s| s.name.clone()).unwrap_or_default();
+        lock(&world.commits).push(Commit { t: World::micros(), sandbox: name.clone(), after: after.map(seen) });
+        if let Some(a) = after
+            && before.is_none_or(|b| b.generation != a.generation)
+        {
+            lock(&world.generations).entry(id.clone()).or_default().push((World::micros(), a.generation));
+        }
+        // I5: every write adds one to the version.
+        match (before, after) {
+            (None, Some(a)) if a.resource_version != 1 => {
+                world.violate("I5", format!("{name} was created at version {}", a.resource_version));
+            }
+            (Some(b), Some(a)) if a.resource_version != b.resource_version + 1 => {
+                world.violate(
+                    "I5",
+                    format!("{name} went from version {} to {}", b.resource_version, a.resource_version),
+                );
+            }
+            _ => {}
+        }
+        let old = before.map(|b| b.phase.clone());
+        let new = after.map(|a| a.phase.clone());
+        if old.as_ref().map(Phase::kind) != new.as_ref().map(Phase::kind) {
+            let describe = |p: &Option<Phase>| p.as_ref().map_or_else(|| "gone".to_string(), |p| p.to_string());
+            let generation = after.or(before).map_or(0, |s| s.generation);
+            world.event(
+                "gateway",
+                "phase",
+                format!("{name}: {} -> {} (generation {generation})", describe(&old), describe(&new)),
+            );
+        }
+        if let (Some(b), Some(a)) = (before, after) {
+            self.check_failure(b, a);
+        }
+    }
+
+    /// I1: an Error that leaves Starting or Ready must have a cause in the ground truth.
+    fn check_failure(&self, before: &Sandbox, after: &Sandbox) {
+        let Phase::Error(failure) = &after.phase else { return };
+        if !matches!(before.phase.kind(), PhaseKind::Starting | PhaseKind::Ready)
+            || before.generation != after.generation
+        {
+            return;
+        }
+        let runtime = lock(&self.world.runtime);
+        let generation = after.generation;
+        let container = runtime.containers.get(&after.id);
+        let run = runtime.runs(&after.id).find(|r| r.generation == generation);
+        let justified = match failure.reason {
+            FailureReason::ContainerExited => run.is_some_and(|r| r.finished.is_some()),
+            FailureReason::MainProcessExited => runtime.main_exits.contains(&(after.id.clone(), generation)),
+            FailureReason::ComputeResourceMissing => {
+                let started = run.map(|r| r.started_at);
+                let removed_since = runtime
+                    .removals
+                    .get(&after.id)
+                    .is_some_and(|times| times.iter().any(|t| started.is_none_or(|s| *t > s)));
+                container.is_none() || removed_since
+            }
+            FailureReason::StartFailed => runtime.refused.get(&after.id).is_some_and(|g| g.contains(&generation)),
+        };
+        if !justified {
+            self.world.violate(
+                "I1",
+                format!(
+                    "{} went {} -> Error ({}) at generation {generation}, but its run of that generation {}",
+                    after.name,
+                    before.phase.kind(),
+                    failure.reason,
+                    match run {
+                        None => "never started".to_string(),
+                        Some(r) if r.finished.is_none() => "is still running".to_string(),
+                        Some(_) => "ended otherwise".to_string(),
+                    }
+                ),
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl Store for TracingStore {
+    async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
+        self.latency().await;
+        self.world.store.sandbox(id).await
+    }
+    async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
+        self.latency().await;
+        self.world.store.sandbox_by_name(name).await
+    }
+    async fn list_sandboxes(
+        &self,
+        page: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Page<Sandbox>, StoreError> {
+        self.latency().await;
+        self.world.store.list_sandboxes(page, selector).await
+    }
+    async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
+        self.latency().await;
+        self.world.store.sandboxes_using(provider).await
+    }
+    async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
+        self.latency().await;
+        self.world.store.provider(name).await
+    }
+    async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
+        self.latency().await;
+        self.world.store.list_providers(page).await
+    }
+    async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+        self.latency().await;
+        // The in-memory store never yields, so nothing interleaves between these reads and the commit.
+        let mut befores = Vec::new();
+        for write in writes {
+            if let berth_core::Key::Sandbox(id) = write.key() {
+                befores.push((write.clone(), self.world.store.sandbox(&id).await?));
+            }
+        }
+        self.world.store.commit(writes).await?;
+        for (write, before) in befores {
+            let after = match &write {
+                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
+                _ => None,
+            };
+            self.record(before.as_ref(), after);
+        }
+        Ok(())
+    }
+}
+
+/// I6: whether `generation` was a sandbox's committed generation at some moment in `[from, to]`.
+pub fn generation_current_between(world: &World, sandbox: &SandboxId, generation: u64, from: u64, to: u64) -> bool {
+    let generations = lock(&world.generations);
+    let Some(history) = generations.get(sandbox) else { return false };
+    // The generation in force at `from`, and every one committed until `to`.
+    let at_start = history.iter().rev().find(|(t, _)| *t <= from).map(|(_, g)| *g);
+    at_start == Some(generation) || history.iter().any(|(t, g)| *t >= from && *t <= to && *g == generation)
+}
+
+/// I6: whether a generation newer than `generation` was committed by `to`.
+pub fn superseded_by(world: &World, sandbox: &SandboxId, generation: u64, to: u64) -> bool {
+    lock(&world.generations).get(sandbox).is_some_and(|h| h.iter().any(|(t, g)| *t <= to && *g > generation))
+}
+
+fn alive_generation(container: &Container) -> Option<u64> {
+    container.runs.last().filter(|r| r.finished.is_none()).map(|r| r.generation)
+}
+
+/// I2: every genuine exit of the current run is reported within `bound` (counted from the end of
+/// the fault phase for exits that happened during it).
+pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: u64) {
+    let records = all_records(world).await;
+    let now = World::micros();
+    let runtime = lock(&world.runtime);
+    for s in records {
+        if s.intent != Intent::Running || matches!(s.phase.kind(), PhaseKind::Error | PhaseKind::Deleting) {
+            continue;
+        }
+        let Some(run) = runtime.runs(&s.id).find(|r| r.generation == s.generation) else { continue };
+        let Some((finished, code, cause)) = run.finished else { continue };
+        if cause == EndCause::Replaced {
+            continue;
+        }
+        let since = micros_of(world, finished).max(quiet_from);
+        if now > since + bound_micros {
+            world.violate(
+                "I2",
+                format!(
+                    "{}'s run of generation {} exited (code {code}, {cause:?}) but the record is still {}",
+                    s.name, s.generation, s.phase
+                ),
+            );
+        }
+    }
+}
+
+/// Simulated microseconds of a runtime timestamp.
+fn micros_of(_: &World, t: berth_core::Timestamp) -> u64 {
+    let epoch = i64::try_from(std::time::Duration::from_secs(crate::world::EPOCH_SECS).as_nanos()).unwrap_or(0);
+    u64::try_from((t.unix_nanos() - epoch) / 1_000).unwrap_or(0)
+}
+
+pub async fn all_records(world: &World) -> Vec<Sandbox> {
+    let mut out = Vec::new();
+    let mut page = PageRequest { after: None, limit: 100 };
+    while let Ok(batch) = world.store.list_sandboxes(&page, &BTreeMap::new()).await {
+        out.extend(batch.items);
+        match batch.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+    }
+    out
+}
+
+/// I7 and I8, once the quiet phase is over: every sandbox at its intent, nothing in a
+/// transitional phase, nothing deleted still around, nothing left in the runtime without a
+/// record, and each record agreeing with what runs.
+pub async fn check_converged(world: &World) {
+    let records = all_records(world).await;
+    let runtime = lock(&world.runtime);
+    for s in &records {
+        let expected = match s.intent {
+            Intent::Running => PhaseKind::Ready,
+            Intent::Stopped => PhaseKind::Stopped,
+            Intent::Deleted => {
+                world.violate("I7", format!("{} is still {} after the quiet phase", s.name, s.phase));
+                continue;
+            }
+        };
+        if s.phase.kind() != expected {
+            world.violate(
+                "I8",
+                format!("{} has intent {:?} but is {} after the quiet phase", s.name, s.intent, s.phase),
+            );
+            continue;
+        }
+        let alive = runtime.containers.get(&s.id).and_then(alive_generation);
+        let consistent = match expected {
+            PhaseKind::Ready => alive == Some(s.generation),
+            _ => alive.is_none(),
+        };
+        if !consistent {
+            world.violate(
+                "I8",
+                format!("{} is {} at generation {} but the runtime runs {alive:?}", s.name, s.phase, s.generation),
+            );
+        }
+        if let (PhaseKind::Ready, RunState::Pending) = (s.phase.kind(), s.run) {
+            world.violate("I8", format!("{} is Ready with no run known to have started", s.name));
+        }
+    }
+    for id in runtime.containers.keys() {
+        if !records.iter().any(|s| s.id == *id) {
+            world.violate("I7", format!("the runtime still has {id}, whose record is gone"));
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Simulated clients: the real generated gRPC client over simulated TCP, issuing random
+//! operations (with and without expected versions) and the shapes of the motivating reports.
+//! Every sandbox operation goes into the history for the linearizability check; replies a
+//! correct gateway never gives are violations on the spot (I3, I10).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_core::{Intent, PhaseKind};
+use berth_proto::v1 as pb;
+use berth_proto::v1::providers_client::ProvidersClient;
+use berth_proto::v1::sandboxes_client::SandboxesClient;
+use tonic::Code;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::net;
+use crate::scenario::Draw;
+use crate::world::{Op, Outcome, Seen, World, lock, now};
+
+/// How long a client waits for any reply.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Clone)]
+struct Bearer;
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let value = MetadataValue::try_from(format!("Bearer {}", net::API_TOKEN)).expect("an ASCII token");
+        r.metadata_mut().insert("authorization", value);
+        Ok(r)
+    }
+}
+
+type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
+type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
+
+pub fn sandbox_name(i: usize) -> String {
+    format!("sb{i}")
+}
+
+pub fn provider_name(i: usize) -> String {
+    format!("p{i}")
+}
+
+fn seen(s: &pb::Sandbox) -> Seen {
+    let intent = match pb::Intent::try_from(s.intent) {
+        Ok(pb::Intent::Stopped) => Intent::Stopped,
+        Ok(pb::Intent::Deleted) => Intent::Deleted,
+        _ => Intent::Running,
+    };
+    let phase = match pb::Phase::try_from(s.phase) {
+        Ok(pb::Phase::Provisioning) => PhaseKind::Provisioning,
+        Ok(pb::Phase::Starting) => PhaseKind::Starting,
+        Ok(pb::Phase::Ready) => PhaseKind::Ready,
+        Ok(pb::Phase::Stopping) => PhaseKind::Stopping,
+        Ok(pb::Phase::Stopped) => PhaseKind::Stopped,
+        Ok(pb::Phase::Deleting) => PhaseKind::Deleting,
+        _ => PhaseKind::Error,
+    };
+    Seen { version: s.resource_version, generation: s.generation, intent, phase }
+}
+
+struct Client {
+    world: Arc<World>,
+    index: usize,
+    actor: String,
+    draw: Draw,
+    sandboxes: Sandboxes,
+    providers: Providers,
+    r2_runs: usize,
+}
+
+enum Versioned {
+    None,
+    Current,
+    Stale,
+}
+
+impl Client {
+    fn new(world: Arc<World>, index: usize) -> Self {
+        let channel = net::channel();
+        let draw = Draw::new(world.scenario.seed, 100 + index as u64);
+        Self {
+            world,
+            index,
+            actor: format!("client {index}"),
+            draw,
+            sandboxes: SandboxesClient::with_interceptor(channel.clone(), Bearer),
+            providers: ProvidersClient::with_interceptor(channel, Bearer),
+            r2_runs: 0,
+        }
+    }
+
+    /// Checks a reply any correct gateway could give, and records the operation.
+    fn record(
+        &self,
+        sandbox: &str,
+        kind: &'static str,
+        expected: Option<u64>,
+        called: u64,
+        result: &Result<Option<pb::Sandbox>, Option<tonic::Status>>,
+    ) {
+        let outcome = match result {
+            Ok(s) => Outcome::Ok(s.as_ref().map(seen)),
+            Err(None) => Outcome::Unknown,
+            Err(Some(status)) => {
+                let message = status.message().to_string();
+                if status.code() == Code::Internal {
+                    self.world.violate("I10", format!("{kind} {sandbox}: INTERNAL: {message}"));
+                }
+                if expected.is_none() && (status.code() == Code::Aborted || message.contains("under contention")) {
+                    self.world
+                        .violate("I3", format!("a server-owned {kind} of {sandbox} failed on a conflict: {message}"));
+                }
+                Outcome::Failed { code: format!("{:?}", status.code()), message }
+            }
+        };
+        let detail = match &outcome {
+            Outcome::Ok(Some(s)) => format!("{kind} {sandbox} -> {:?} v{} g{}", s.phase, s.version, s.generation),
+            Outcome::Ok(None) => format!("{kind} {sandbox} -> ok"),
+            Outcome::Failed { code, .. } => format!("{kind} {sandbox} -> {code}"),
+            Outcome::Unknown => format!("{kind} {sandbox} -> no answer"),
+        };
+        self.world.event(self.actor.clone(), "reply", detail);
+        lock(&self.world.history).push(Op {
+            client: self.index,
+            sandbox: sandbox.to_string(),
+            kind,
+            expected_version: expected,
+            called,
+            returned: World::micros(),
+            outcome,
+        });
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, Option<tonic::Status>> {
+        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(Some(status)),
+            Err(_) => Err(None),
+        }
+    }
+
+    async fn get(&mut self, name: &str) -> Option<pb::Sandbox> {
+        let called = World::micros();
+        let mut c = self.sandboxes.clone();
+        let result =
+            self.timed(c.get_sandbox(pb::GetSandboxRequest { name: name.to_string() })).await.map(|r| r.sandbox);
+        self.record(name, "get", None, called, &result);
+        result.ok().flatten()
+    }
+
+    async fn version(&mut self, name: &str, mode: Versioned) -> Option<u64> {
+        match mode {
+            Versioned::None => None,
+            Versioned::Current => Some(self.get(name).await.map_or(1, |s| s.resource_version)),
+            Versioned::Stale => Some(self.get(name).await.map_or(1, |s| s.resource_version.saturating_sub(1))),
+        }
+    }
+
+    fn versioned(&mut self) -> Versioned {
+        match self.draw.below(6) {
+            0 => Versioned::Current,
+            1 => Versioned::Stale,
+            _ => Versioned::None,
+        }
+    }
+
+    async fn lifecycle(&mut self, verb: &'static str, name: &str, expected: Option<u64>) -> Option<pb::Sandbox> {
+        self.world.event(
+            self.actor.clone(),
+            "call",
+            format!("{verb} {name}{}", expected.map(|v| format!(" @v{v}")).unwrap_or_default()),
+        );
+        let called = World::micros();
+        let request = pb::LifecycleRequest { name: name.to_string(), expected_resource_version: expected };
+        let mut c = self.sandboxes.clone();
+        let result = match verb {
+            "stop" => self.timed(c.stop_sandbox(request)).await,
+            "start" => self.timed(c.start_sandbox(request)).await,
+            _ => self.timed(c.delete_sandbox(request)).await,
+        }
+        .map(|r| r.sandbox);
+        self.record(name, verb, expected, called, &result);
+        result.ok().flatten()
+    }
+
+    async fn create(&mut self, name: &str, providers: Vec<String>) -> Option<pb::Sandbox> {
+        self.world.event(self.actor.clone(), "call", format!("create {name} {providers:?}"));
+        let called = World::micros();
+        let request = pb::CreateSandboxRequest {
+            name: name.to_string(),
+            spec: Some(pb::SandboxSpec { image: "sim".into(), command: vec!["work".into()], ..Default::default() }),
+            providers,
+            expected_resource_version: None,
+        };
+        let mut c = self.sandboxes.clone();
+        let result = self.timed(c.create_sandbox(request)).await.map(|r| r.sandbox);
+        self.record(name, "create", None, called, &result);
+        result.ok().flatten()
+    }
+
+    async fn attach(&mut self, attach: bool, name: &str, provider: &str, expected: Option<u64>) {
+        let kind = if attach { "attach" } else { "detach" };
+        self.world.event(self.actor.clone(), "call", format!("{kind} {provider} to {name}"));
+        let called = World::micros();
+        let request = pb::AttachRequest {
+            sandbox: name.to_string(),
+            provider: provider.to_string(),
+            expected_resource_version: expected,
+        };
+        let mut c = self.providers.clone();
+        let result = if attach {
+            self.timed(c.attach_provider(request)).await
+        } else {
+            self.timed(c.detach_provider(request)).await
+        }
+        .map(|r| r.sandbox);
+        self.record(name, kind, expected, called, &result);
+    }
+
+    async fn provider(&mut self, create: bool, name: &str) -> Result<(), Option<tonic::Status>> {
+        let kind = if create { "create provider" } else { "delete provider" };
+        self.world.event(self.actor.clone(), "call", format!("{kind} {name}"));
+        let mut c = self.providers.clone();
+        let result = if create {
+            let request = pb::CreateProviderRequest {
+                name: name.to_string(),
+                kind: "sim".into(),
+                credentials: [(format!("KEY_{}", name.to_uppercase().replace('-', "_")), "secret".to_string())].into(),
+                expected_resource_version: None,
+            };
+            self.timed(c.create_provider(request)).await.map(|_| ())
+        } else {
+            self.timed(
+                c.delete_provider(pb::DeleteProviderRequest {
+                    name: name.to_string(),
+                    expected_resource_version: None,
+                }),
+            )
+            .await
+            .map(|_| ())
+        };
+        if let Err(Some(status)) = &result {
+            if status.code() == Code::Internal {
+                self.world.violate("I10", format!("{kind}: INTERNAL: {}", status.message()));
+            }
+            if status.code() == Code::Aborted || status.message().contains("under contention") {
+                self.world.violate("I3", format!("a server-owned {kind} failed on a conflict: {}", status.message()));
+            }
+        }
+        let detail = match &result {
+            Ok(()) => "ok".to_string(),
+            Err(Some(s)) => format!("{:?}", s.code()),
+            Err(None) => "no answer".to_string(),
+        };
+        self.world.event(self.actor.clone(), "reply", format!("{kind} {name} -> {detail}"));
+        result
+    }
+
+    /// Follows a sandbox until `done` holds or `within` passes.
+    async fn wait(&mut self, name: &str, within: Duration, done: impl Fn(&pb::Sandbox) -> bool) -> Option<pb::Sandbox> {
+        let deadline = now() + within;
+        while now() < deadline {
+            let s = self.get(name).await?;
+            if done(&s) {
+                return Some(s);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    /// R3's shape: stop, then start, then wait for Ready.
+    async fn stop_start_wait(&mut self, name: &str) {
+        self.lifecycle("stop", name, None).await;
+        self.wait(name, Duration::from_secs(8), |s| s.phase == pb::Phase::Stopped as i32).await;
+        self.lifecycle("start", name, None).await;
+        self.wait(name, Duration::from_secs(8), |s| s.phase == pb::Phase::Ready as i32).await;
+    }
+
+    /// R2's shape: a provider of its own, a sandbox using it, delete the sandbox, delete the
+    /// provider at once. With the sandbox Deleting, the provider delete must succeed (I7).
+    async fn delete_then_delete_provider(&mut self) {
+        self.r2_runs += 1;
+        let provider = format!("r2-c{}-{}", self.index, self.r2_runs);
+        let sandbox = format!("r2c{}n{}", self.index, self.r2_runs);
+        if self.provider(true, &provider).await.is_err() {
+            return;
+        }
+        self.create(&sandbox, vec![provider.clone()]).await;
+        tokio::time::sleep(self.draw.millis(0, 1_500)).await;
+        let deleting = self.lifecycle("delete", &sandbox, None).await;
+        if deleting.is_some_and(|s| s.phase == pb::Phase::Deleting as i32) {
+            match self.provider(false, &provider).await {
+                Err(Some(status)) if status.code() == Code::FailedPrecondition => self.world.violate(
+                    "I7",
+                    format!(
+                        "{provider} could not be deleted right after {sandbox} became Deleting: {}",
+                        status.message()
+                    ),
+                ),
+                _ => {}
+            }
+        }
+    }
+
+    /// R1's shape: a writer bumping a sandbox's version while others run server-owned commands.
+    async fn bump(&mut self, name: &str) {
+        for i in 0..self.draw.below(8) + 2 {
+            let provider = provider_name((i % self.world.scenario.providers as u64) as usize);
+            self.attach(i % 2 == 0, name, &provider, None).await;
+        }
+    }
+
+    async fn random_operation(&mut self) {
+        let scenario = &self.world.scenario;
+        let name = sandbox_name(self.draw.below(scenario.sandboxes as u64) as usize);
+        let provider = provider_name(self.draw.below(scenario.providers as u64) as usize);
+        match self.draw.below(100) {
+            0..=14 => {
+                let providers = if self.draw.chance(0.3) { vec![provider] } else { vec![] };
+                self.create(&name, providers).await;
+            }
+            15..=29 => {
+                let mode = self.versioned();
+                let expected = self.version(&name, mode).await;
+                self.lifecycle("stop", &name, expected).await;
+            }
+            30..=44 => {
+                let mode = self.versioned();
+                let expected = self.version(&name, mode).await;
+                self.lifecycle("start", &name, expected).await;
+            }
+            45..=51 => {
+                let mode = self.versioned();
+                let expected = self.version(&name, mode).await;
+                self.lifecycle("delete", &name, expected).await;
+            }
+            52..=59 => {
+                let mode = self.versioned();
+                let expected = self.version(&name, mode).await;
+                let attach = self.draw.chance(0.5);
+                self.attach(attach, &name, &provider, expected).await;
+            }
+            60..=63 => {
+                let create = self.draw.chance(0.6);
+                let _ = self.provider(create, &provider).await;
+            }
+            64..=71 => {
+                self.get(&name).await;
+            }
+            72..=83 => self.stop_start_wait(&name).await,
+            84..=89 => self.delete_then_delete_provider().await,
+            _ => self.bump(&name).await,
+        }
+    }
+
+    /// The quiet phase: client 0 re-issues each sandbox's intent out of Error (Error waits for
+    /// a user, by design), so that every sandbox can converge; the others wait. It never
+    /// re-issues a delete: a delete must complete by itself (I7).
+    async fn heal(&mut self, until: Duration) {
+        if self.index != 0 {
+            return;
+        }
+        let mut desired = std::collections::BTreeMap::new();
+        while now() < until {
+            let mut c = self.sandboxes.clone();
+            let listed =
+                self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
+            for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
+                let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
+                match (intent, seen(&s).phase) {
+                    (Intent::Running | Intent::Stopped, PhaseKind::Error) => {
+                        self.lifecycle("start", &s.name, None).await;
+                    }
+                    (Intent::Stopped, PhaseKind::Ready) => {
+                        self.lifecycle("stop", &s.name, None).await;
+                    }
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+pub async fn client(world: Arc<World>, index: usize) -> turmoil::Result {
+    let mut c = Client::new(world.clone(), index);
+    // Stagger the start, and give the gateway a moment to come up.
+    tokio::time::sleep(Duration::from_millis(200 + 50 * index as u64)).await;
+    // The fleet: the providers, then every sandbox, each client creating its share.
+    if index == 0 {
+        for p in 0..world.scenario.providers {
+            let _ = c.provider(true, &provider_name(p)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in (index..world.scenario.sandboxes).step_by(world.scenario.clients) {
+        let providers = if i % 3 == 0 { vec![provider_name(i % world.scenario.providers)] } else { vec![] };
+        c.create(&sandbox_name(i), providers).await;
+    }
+    let scenario = world.scenario.clone();
+    while now() < scenario.fault_phase {
+        c.random_operation().await;
+        let pause = c.draw.millis(0, 400);
+        tokio::time::sleep(pause).await;
+    }
+    c.heal(scenario.total() - Duration::from_secs(8)).await;
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! The gateway's side of the simulated runtime: a real `Driver`, whose calls cross to the
+//! runtime's host and may come back late or never.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::{RuntimeState, SandboxId, StartReply};
+use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::runtime::{Answer, Call, DRIVER_TIMEOUT, Request};
+
+pub struct SimDriver {
+    calls: mpsc::UnboundedSender<Request>,
+}
+
+impl SimDriver {
+    pub fn new(calls: mpsc::UnboundedSender<Request>) -> Arc<Self> {
+        Arc::new(Self { calls })
+    }
+
+    async fn call(&self, call: Call) -> Result<Answer, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.calls
+            .send(Request { call, reply: tx })
+            .map_err(|_| DriverError::Unavailable("the runtime is gone".to_string()))?;
+        match tokio::time::timeout(DRIVER_TIMEOUT, rx).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(DriverError::Unavailable("the runtime's reply was lost".to_string())),
+            Err(_) => Err(DriverError::Unavailable("the runtime did not answer in time".to_string())),
+        }
+    }
+}
+
+fn unexpected() -> DriverError {
+    DriverError::Failed("the runtime answered another call".to_string())
+}
+
+#[async_trait]
+impl Driver for SimDriver {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
+        match self.call(Call::Start(Box::new(launch))).await? {
+            Answer::Start(reply) => Ok(reply),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn stop(&self, sandbox: &SandboxId, _grace: Duration) -> Result<RuntimeState, DriverError> {
+        match self.call(Call::Stop(sandbox.clone())).await? {
+            Answer::State(state) => Ok(state),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        match self.call(Call::Delete(sandbox.clone())).await? {
+            Answer::Deleted => Ok(()),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        match self.call(Call::Get(sandbox.clone())).await? {
+            Answer::State(state) => Ok(state),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
+        match self.call(Call::List(after.cloned(), limit)).await? {
+            Answer::List(page) => Ok(page),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn watch(&self) -> Result<WatchStream, DriverError> {
+        match self.call(Call::Watch).await? {
+            Answer::Watch(rx) => Ok(Box::pin(UnboundedReceiverStream::new(rx))),
+            _ => Err(unexpected()),
+        }
+    }
+}

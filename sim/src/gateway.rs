@@ -1,0 +1,71 @@
+//! The gateway's host: the real berth-gateway (engine, reconcile loop, recovery, gRPC services)
+//! over turmoil TCP, with the shared in-memory store that keeps acknowledged writes across
+//! crashes, the simulated runtime's driver, and time and randomness from the simulation.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use berth_core::Timestamp;
+use berth_core::identity::IdentityKey;
+use berth_gateway::clock::Clock;
+use berth_gateway::engine::{Engine, EngineSettings};
+use berth_gateway::reconcile::{self, ReconcileSettings};
+use tokio::sync::mpsc;
+
+use crate::checker::TracingStore;
+use crate::driver::SimDriver;
+use crate::net;
+use crate::runtime::Request;
+use crate::world::{EPOCH_SECS, World};
+
+/// The simulation's wall clock: the pinned epoch plus simulated time.
+struct SimClock;
+
+impl Clock for SimClock {
+    fn now(&self) -> Timestamp {
+        let since_epoch = Duration::from_secs(EPOCH_SECS) + crate::world::now();
+        Timestamp::from_unix_nanos(i64::try_from(since_epoch.as_nanos()).unwrap_or(i64::MAX))
+    }
+}
+
+pub const IDENTITY_KEY: [u8; 32] = [0x5a; 32];
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// One boot of the gateway; the host runs it again after every crash.
+pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -> turmoil::Result {
+    let boot = world.boots.fetch_add(1, Ordering::Relaxed);
+    world.event("gateway", "boot", format!("boot {boot}"));
+    let scenario = &world.scenario;
+    let store = Arc::new(TracingStore::new(world.clone()));
+    let settings = EngineSettings {
+        stop_grace: Duration::from_secs(2),
+        effect_retries: vec![Duration::from_millis(200), Duration::from_millis(800)],
+        ..EngineSettings::default()
+    };
+    let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let engine = Engine::new(
+        store,
+        SimDriver::new(calls),
+        Arc::new(SimClock),
+        IdentityKey::from_bytes(IDENTITY_KEY),
+        settings,
+        seed,
+    );
+    let reconcile_settings = ReconcileSettings {
+        poll_interval: scenario.poll_interval,
+        redrive_after: scenario.redrive_after,
+        page_size: 4,
+        max_watch_backoff: Duration::from_secs(2),
+    };
+    reconcile::recover(&engine, reconcile_settings.page_size).await.map_err(|e| e.to_string())?;
+    tokio::spawn(reconcile::watch_loop(engine.clone(), reconcile_settings.clone()));
+    tokio::spawn(reconcile::poll_loop(engine.clone(), reconcile_settings));
+    let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
+    tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(net::fixed_date))
+        .add_routes(routes)
+        .serve_with_incoming(net::incoming().await?)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! `berth-sim`: run one seed, explore many, or show that every known-bug switch is caught.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use berth_core::bugs::Bug;
+use berth_sim::run::{Outcome, run};
+use berth_sim::scenario::Scenario;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "berth-sim", version, about = "Seeded simulation of the Berth gateway under injected races")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Phases {
+    /// Simulated time with faults.
+    #[arg(long, default_value = "60s", value_parser = humantime_duration)]
+    fault_phase: Duration,
+    /// Simulated time without faults, after which every sandbox must have converged.
+    #[arg(long, default_value = "30s", value_parser = humantime_duration)]
+    quiet_phase: Duration,
+    /// Switch a known bug back on.
+    #[arg(long, value_parser = bug)]
+    bug: Option<Bug>,
+}
+
+fn humantime_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(60 * n)),
+        _ => Err(format!("{s:?} is not a duration like 30s or 500ms")),
+    }
+}
+
+fn bug(s: &str) -> Result<Bug, String> {
+    Bug::ALL
+        .into_iter()
+        .find(|b| b.name() == s)
+        .ok_or_else(|| format!("no bug {s:?}; known: {}", Bug::ALL.map(Bug::name).join(", ")))
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one seed.
+    Run {
+        #[arg(long)]
+        seed: u64,
+        #[command(flatten)]
+        phases: Phases,
+        /// Write the trace as JSON lines.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Write an HTML timeline (one swimlane per actor).
+        #[arg(long)]
+        timeline: Option<PathBuf>,
+    },
+    /// Run many seeds.
+    Explore {
+        #[arg(long, default_value_t = 100)]
+        seeds: u64,
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        #[command(flatten)]
+        phases: Phases,
+    },
+    /// Switch each known bug on in turn and count the seeds until the simulator catches it.
+    Bugs {
+        #[arg(long, default_value_t = 500)]
+        max_seeds: u64,
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        #[arg(long, default_value = "60s", value_parser = humantime_duration)]
+        fault_phase: Duration,
+        #[arg(long, default_value = "30s", value_parser = humantime_duration)]
+        quiet_phase: Duration,
+    },
+}
+
+fn scenario(seed: u64, phases: &Phases) -> Scenario {
+    Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase)
+}
+
+fn reproduce(o: &Outcome, phases: &Phases) -> String {
+    let mut command = format!("berth-sim run --seed {}", o.seed);
+    if phases.fault_phase != Duration::from_secs(60) || phases.quiet_phase != Duration::from_secs(30) {
+        command += &format!(
+            " --fault-phase {}s --quiet-phase {}s",
+            phases.fault_phase.as_secs(),
+            phases.quiet_phase.as_secs()
+        );
+    }
+    if let Some(bug) = o.bug {
+        command += &format!(" --bug {}", bug.name());
+    }
+    command + " --timeline timeline.html"
+}
+
+fn print_violations(o: &Outcome, phases: &Phases) {
+    for v in &o.violations {
+        println!("seed {}: {} at {:.3}s: {}", o.seed, v.invariant, v.t as f64 / 1e6, v.message);
+    }
+    if !o.passed() {
+        println!("  reproduce: {}", reproduce(o, phases));
+    }
+}
+
+/// Runs `seeds` on `jobs` threads; calls `done` for each outcome as it lands, and stops early
+/// once `stop` says so.
+fn run_many(
+    seeds: std::ops::Range<u64>,
+    jobs: usize,
+    make: impl Fn(u64) -> (Scenario, Option<Bug>) + Sync,
+    done: impl Fn(Outcome) -> bool + Sync,
+) {
+    let next = AtomicU64::new(seeds.start);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= seeds.end || stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let (scenario, bug) = make(seed);
+                    if done(run(scenario, bug)) {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn main() -> std::process::ExitCode {
+    match Cli::parse().command {
+        Command::Run { seed, phases, trace, timeline } => {
+            let outcome = run(scenario(seed, &phases), phases.bug);
+            if let Some(path) = trace {
+                std::fs::write(&path, outcome.trace_lines()).expect("writing the trace");
+            }
+            if let Some(path) = timeline {
+                std::fs::write(&path, berth_sim::timeline::html(&outcome)).expect("writing the timeline");
+            }
+            println!(
+                "seed {}: {} ({:.1}s simulated in {:.2}s, {} trace events)",
+                seed,
+                if outcome.passed() { "ok" } else { "VIOLATION" },
+                outcome.simulated.as_secs_f64(),
+                outcome.wall.as_secs_f64(),
+                outcome.trace.len()
+            );
+            print_violations(&outcome, &phases);
+            if outcome.passed() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+        }
+        Command::Explore { seeds, from, jobs, phases } => {
+            let started = Instant::now();
+            let bar = ProgressBar::new(seeds);
+            bar.set_style(
+                ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {msg} [{elapsed} < {eta}]")
+                    .expect("a valid template"),
+            );
+            let failed = Mutex::new(Vec::new());
+            let simulated = Mutex::new(Duration::ZERO);
+            run_many(
+                from..from + seeds,
+                jobs,
+                |seed| (scenario(seed, &phases), phases.bug),
+                |o| {
+                    *simulated.lock().unwrap() += o.simulated;
+                    if !o.passed() {
+                        bar.suspend(|| print_violations(&o, &phases));
+                        failed.lock().unwrap().push(o.seed);
+                    }
+                    bar.inc(1);
+                    bar.set_message(format!("{} failed", failed.lock().unwrap().len()));
+                    false
+                },
+            );
+            bar.finish();
+            let wall = started.elapsed().as_secs_f64();
+            let simulated = simulated.lock().unwrap().as_secs_f64();
+            let failed = failed.into_inner().unwrap();
+            println!(
+                "{seeds} seeds from {from} in {wall:.1}s: {} failed; {:.2} seeds/s, {:.1} simulated seconds per wall second",
+                failed.len(),
+                seeds as f64 / wall,
+                simulated / wall
+            );
+            if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+        }
+        Command::Bugs { max_seeds, jobs, fault_phase, quiet_phase } => {
+            println!("{:<24} {:>10} {:>8} {:>10}  {}", "known bug", "seeds", "seed", "wall", "caught by");
+            let mut all_caught = true;
+            for bug in Bug::ALL {
+                let phases = Phases { fault_phase, quiet_phase, bug: Some(bug) };
+                let started = Instant::now();
+                let caught: Mutex<Option<Outcome>> = Mutex::new(None);
+                let tried = AtomicU64::new(0);
+                run_many(
+                    0..max_seeds,
+                    jobs,
+                    |seed| (scenario(seed, &phases), Some(bug)),
+                    |o| {
+                        tried.fetch_add(1, Ordering::Relaxed);
+                        let mut c = caught.lock().unwrap();
+                        if !o.passed() && c.as_ref().is_none_or(|prev| o.seed < prev.seed) {
+                            *c = Some(o);
+                        }
+                        c.is_some()
+                    },
+                );
+                let wall = started.elapsed().as_secs_f64();
+                match caught.into_inner().unwrap() {
+                    Some(o) => {
+                        let v = &o.violations[0];
+                        println!(
+                            "{:<24} {:>10} {:>8} {:>9.1}s  {}: {}",
+                            bug.name(),
+                            o.seed + 1,
+                            o.seed,
+                            wall,
+                            v.invariant,
+                            v.message
+                        );
+                        println!("{:<24} reproduce: {}", "", reproduce(&o, &phases));
+                    }
+                    None => {
+                        all_caught = false;
+                        println!(
+                            "{:<24} {:>10} {:>8} {:>9.1}s  NOT CAUGHT",
+                            bug.name(),
+                            format!(">{max_seeds}"),
+                            "-",
+                            wall
+                        );
+                    }
+                }
+            }
+            if all_caught { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+        }
+    }
+}

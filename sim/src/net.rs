@@ -1,0 +1,77 @@
+//! tonic over turmoil's simulated TCP: the server's accept stream, the clients' connector, and
+//! the fixed `date` header that keeps the bytes of a seeded run identical.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const GATEWAY_HOST: &str = "gateway";
+pub const GATEWAY_PORT: u16 = 7420;
+pub const API_TOKEN: &str = "simulated-api-token";
+
+/// turmoil's TCP stream, as tonic's server wants it.
+pub struct SimConn(turmoil::net::TcpStream);
+
+impl Connected for SimConn {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo { local_addr: self.0.local_addr().ok(), remote_addr: self.0.peer_addr().ok() }
+    }
+}
+
+impl AsyncRead for SimConn {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SimConn {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+/// The gateway's accepted connections.
+pub async fn incoming() -> io::Result<impl futures_util::Stream<Item = io::Result<SimConn>>> {
+    let listener = turmoil::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, GATEWAY_PORT)).await?;
+    Ok(futures_util::stream::unfold(listener, |listener| async move {
+        let next = listener.accept().await.map(|(stream, _)| SimConn(stream));
+        Some((next, listener))
+    }))
+}
+
+/// hyper stamps responses with the wall clock; a fixed `date` keeps a seeded run's bytes identical.
+pub fn fixed_date(mut response: http::Response<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+    response.headers_mut().insert(http::header::DATE, http::HeaderValue::from_static("Tue, 14 Nov 2023 22:13:20 GMT"));
+    response
+}
+
+/// A channel to the gateway that connects on first use and reconnects by itself. HTTP/2
+/// keepalive notices a connection stalled by a partition.
+pub fn channel() -> Channel {
+    let connector = tower::service_fn(|uri: Uri| async move {
+        let host = uri.host().unwrap_or(GATEWAY_HOST).to_string();
+        let port = uri.port_u16().unwrap_or(GATEWAY_PORT);
+        let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
+        Ok::<_, io::Error>(TokioIo::new(stream))
+    });
+    Endpoint::from_static("http://gateway:7420")
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(1))
+        .keep_alive_while_idle(true)
+        .connect_timeout(Duration::from_secs(2))
+        .connect_with_connector_lazy(connector)
+}

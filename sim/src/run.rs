@@ -1,0 +1,215 @@
+//! One seeded run: the hosts, the fault schedule, the phases, and the verdict.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use berth_core::bugs::{self, Bug};
+use tokio::sync::mpsc;
+
+use crate::checker;
+use crate::client::client;
+use crate::gateway::gateway;
+use crate::linear;
+use crate::net::GATEWAY_HOST;
+use crate::runtime::Runtime;
+use crate::scenario::{Draw, Scenario};
+use crate::supervisor::supervisors;
+use crate::world::{EPOCH_SECS, Event, Violation, World, lock};
+
+/// Simulated time per step.
+pub const TICK: Duration = Duration::from_millis(2);
+
+pub struct Outcome {
+    pub seed: u64,
+    pub bug: Option<Bug>,
+    pub violations: Vec<Violation>,
+    pub trace: Vec<Event>,
+    pub simulated: Duration,
+    pub wall: Duration,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The trace as JSON lines.
+    pub fn trace_lines(&self) -> String {
+        self.trace.iter().map(|e| serde_json::to_string(e).expect("events serialize") + "\n").collect()
+    }
+}
+
+thread_local! {
+    static PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Records a panic on this thread (a simulation's tasks are all on its thread), so a panic
+/// that a task boundary would swallow still fails the run (I10).
+fn watch_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANIC.with(|p| p.borrow_mut().get_or_insert_with(|| info.to_string()).clone());
+            previous(info);
+        }));
+    });
+    PANIC.with(|p| *p.borrow_mut() = None);
+}
+
+/// Host names, in the order the timeline draws them.
+pub fn client_host(i: usize) -> String {
+    format!("client{i}")
+}
+
+/// Runs one seed (with `bug` switched on, if any) through `scenario`.
+pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
+    let started = Instant::now();
+    watch_panics();
+    bugs::set(bug);
+    let seed = scenario.seed;
+    let world = World::new(scenario.clone());
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .simulation_duration(scenario.total() + Duration::from_secs(30))
+        .tick_duration(TICK)
+        .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(10))
+        .build();
+
+    let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+    let (spawn_tx, spawn_rx) = mpsc::unbounded_channel();
+    let runtime = Runtime::new(world.clone(), spawn_tx);
+    // The runtime and the supervisors never crash: their hosts start once.
+    let calls_rx = Mutex::new(Some(calls_rx));
+    sim.host("runtime", move || {
+        let (runtime, calls) = (runtime.clone(), lock(&calls_rx).take());
+        async move {
+            match calls {
+                Some(calls) => runtime.serve(calls).await,
+                None => Ok(()),
+            }
+        }
+    });
+    let w = world.clone();
+    let calls = calls_tx.clone();
+    sim.host(GATEWAY_HOST, move || gateway(w.clone(), calls.clone()));
+    let spawn_rx = Mutex::new(Some(spawn_rx));
+    let w = world.clone();
+    sim.host("supervisors", move || {
+        let (world, spawns, calls) = (w.clone(), lock(&spawn_rx).take(), calls_tx.clone());
+        async move {
+            match spawns {
+                Some(spawns) => supervisors(world, spawns, calls).await,
+                None => Ok(()),
+            }
+        }
+    });
+    for i in 0..scenario.clients {
+        sim.client(client_host(i), client(world.clone(), i));
+    }
+    sim.client("checker", check_continuously(world.clone()));
+
+    let mut faults = Draw::new(seed, 3);
+    let mut crashed_until: Option<Duration> = None;
+    let mut partitioned: Vec<(String, Duration)> = Vec::new();
+    let mut next_fault_roll = Duration::ZERO;
+    let mut quiet = false;
+    loop {
+        let finished = match sim.step() {
+            Ok(finished) => finished,
+            Err(e) => {
+                world.violate("I10", format!("a host failed: {e}"));
+                true
+            }
+        };
+        let elapsed = sim.elapsed();
+        if let Some(message) = PANIC.with(|p| p.borrow_mut().take()) {
+            world.violate("I10", format!("panic: {message}"));
+        }
+        if finished || !world.violations().is_empty() {
+            break;
+        }
+        if let Some(until) = crashed_until
+            && elapsed >= until
+        {
+            world.event("sim", "gateway restarts", "");
+            sim.bounce(GATEWAY_HOST);
+            crashed_until = None;
+        }
+        partitioned.retain(|(host, until)| {
+            if elapsed >= *until {
+                world.event("sim", "repair", format!("{host} <-> gateway"));
+                sim.repair(host.as_str(), GATEWAY_HOST);
+                false
+            } else {
+                true
+            }
+        });
+        if !quiet && elapsed >= scenario.fault_phase {
+            quiet = true;
+            world.stop_faults();
+            if crashed_until.take().is_some() {
+                sim.bounce(GATEWAY_HOST);
+            }
+            for (host, _) in partitioned.drain(..) {
+                sim.repair(host.as_str(), GATEWAY_HOST);
+            }
+        }
+        if quiet || elapsed < next_fault_roll {
+            continue;
+        }
+        next_fault_roll = elapsed + Duration::from_millis(100);
+        let per_roll = |per_minute: f64| per_minute / 600.0;
+        if crashed_until.is_none() && faults.chance(per_roll(scenario.faults.gateway_crashes)) {
+            world.event("sim", "gateway crashes", "");
+            sim.crash(GATEWAY_HOST);
+            crashed_until = Some(elapsed + faults.millis(100, 3_000));
+        }
+        if faults.chance(per_roll(scenario.faults.partitions)) {
+            let host = if faults.chance(0.5) {
+                "supervisors".to_string()
+            } else {
+                client_host(faults.below(scenario.clients as u64) as usize)
+            };
+            if !partitioned.iter().any(|(h, _)| *h == host) {
+                world.event("sim", "partition", format!("{host} <-> gateway"));
+                sim.partition(host.as_str(), GATEWAY_HOST);
+                partitioned.push((host, elapsed + faults.millis(300, 4_000)));
+            }
+        }
+    }
+    if world.violations().is_empty() {
+        let ops = lock(&world.history).clone();
+        let commits = lock(&world.commits).clone();
+        for failure in linear::check_histories(&ops, &commits) {
+            world.violate("I5", format!("not linearizable: {failure}"));
+        }
+    }
+    bugs::set(None);
+    Outcome {
+        seed,
+        bug,
+        violations: world.violations(),
+        trace: world.trace(),
+        simulated: sim.elapsed(),
+        wall: started.elapsed(),
+    }
+}
+
+/// The checker's host: I2 all along, then I7 and I8 once the quiet phase has ended.
+async fn check_continuously(world: Arc<World>) -> turmoil::Result {
+    let scenario = world.scenario.clone();
+    let quiet_from = u64::try_from(scenario.fault_phase.as_micros()).unwrap_or(u64::MAX);
+    // An exit must be in the record within a few polls, however slow this seed's timings.
+    let bound = scenario.poll_interval * 3 + scenario.redrive_after + Duration::from_secs(10);
+    let bound = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
+    while crate::world::now() < scenario.total() {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        checker::check_exits_reported(&world, bound, quiet_from).await;
+    }
+    checker::check_converged(&world).await;
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! One seed derives everything about a run: sizes, timings, and which faults it injects and how
+//! often (swarm testing: each seed turns a random subset of faults on, so rare combinations
+//! get seeds of their own).
+
+use std::time::Duration;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use serde::Serialize;
+
+/// Deterministic draws from the seed.
+pub struct Draw(ChaCha8Rng);
+
+impl Draw {
+    pub fn new(seed: u64, stream: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream);
+        Self(rng)
+    }
+
+    pub fn u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Uniform in `[0, n)`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.u64() % n }
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high - low + 1))
+    }
+
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// The faults one run injects, each with its rate (0 = off).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Faults {
+    /// Gateway crashes (then restarts) per minute.
+    pub gateway_crashes: f64,
+    /// Client–gateway and supervisor–gateway partitions per minute.
+    pub partitions: f64,
+    /// Probability that a driver call's effect happens but its reply is lost.
+    pub lost_replies: f64,
+    /// Probability that a driver call answers too late (the driver times out; the effect happened).
+    pub slow_replies: f64,
+    /// Probability that a watch event is delivered late (and so maybe out of order).
+    pub late_events: f64,
+    pub duplicate_events: f64,
+    pub dropped_events: f64,
+    /// Watch stream disconnects per minute.
+    pub watch_disconnects: f64,
+    /// Out-of-band container removals per minute.
+    pub removals: f64,
+    /// Out-of-band kills of a running sandbox per minute.
+    pub kills: f64,
+    /// Workloads exiting by themselves per minute.
+    pub workload_exits: f64,
+    /// Supervisors of ended runs reconnecting with their old tokens, per minute.
+    pub stale_supervisors: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Scenario {
+    pub seed: u64,
+    pub sandboxes: usize,
+    pub providers: usize,
+    pub clients: usize,
+    pub fault_phase: Duration,
+    pub quiet_phase: Duration,
+    /// How long the runtime's multi-step start takes; polls inside it still see the old exit.
+    pub start_duration: (Duration, Duration),
+    pub stop_duration: (Duration, Duration),
+    /// How late a late watch event can be.
+    pub event_delay: Duration,
+    pub poll_interval: Duration,
+    /// The longest a store read or commit takes: the window in which writers race.
+    pub store_latency: Duration,
+    pub redrive_after: Duration,
+    pub faults: Faults,
+}
+
+impl Scenario {
+    /// DESIGN 7's standard scenario, with this seed's timings and fault mix.
+    pub fn standard(seed: u64) -> Self {
+        Self::with_phases(seed, Duration::from_secs(60), Duration::from_secs(30))
+    }
+
+    pub fn with_phases(seed: u64, fault_phase: Duration, quiet_phase: Duration) -> Self {
+        let mut d = Draw::new(seed, 0);
+        let mut rate = |on: f64, low: f64, high: f64| {
+            if d.chance(on) { low + (high - low) * (d.below(1000) as f64 / 1000.0) } else { 0.0 }
+        };
+        let faults = Faults {
+            gateway_crashes: rate(0.4, 0.5, 3.0),
+            partitions: rate(0.4, 0.5, 3.0),
+            lost_replies: rate(0.5, 0.02, 0.15),
+            slow_replies: rate(0.3, 0.02, 0.1),
+            late_events: rate(0.6, 0.05, 0.4),
+            duplicate_events: rate(0.5, 0.05, 0.3),
+            dropped_events: rate(0.4, 0.05, 0.3),
+            watch_disconnects: rate(0.5, 1.0, 6.0),
+            removals: rate(0.3, 0.5, 2.0),
+            kills: rate(0.4, 0.5, 3.0),
+            workload_exits: rate(0.4, 0.5, 3.0),
+            stale_supervisors: rate(0.5, 1.0, 6.0),
+        };
+        let mut d = Draw::new(seed, 1);
+        let start_max = d.millis(50, 2_000);
+        Self {
+            seed,
+            sandboxes: 8,
+            providers: 2,
+            clients: 4,
+            fault_phase,
+            quiet_phase,
+            start_duration: (start_max / 4, start_max),
+            stop_duration: (Duration::from_millis(10), d.millis(20, 800)),
+            event_delay: d.millis(50, 3_000),
+            poll_interval: Duration::from_millis(d.pick(&[50, 100, 250, 500, 1_000, 2_000])),
+            store_latency: d.millis(1, 8),
+            redrive_after: d.millis(1_000, 4_000),
+            faults,
+        }
+    }
+
+    pub fn total(&self) -> Duration {
+        self.fault_phase + self.quiet_phase
+    }
+}

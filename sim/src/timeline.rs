@@ -1,0 +1,134 @@
+//! A run as a picture: an HTML page with one SVG swimlane per actor (clients, gateway, runtime,
+//! supervisors), every traced event on its lane, and the violated invariant marked. With a
+//! violation it zooms on the seconds that led to it.
+
+use std::fmt::Write as _;
+
+use crate::run::Outcome;
+use crate::world::Event;
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn lane(actor: &str) -> String {
+    match actor {
+        a if a.starts_with("client") => a.to_string(),
+        "gateway" | "runtime" | "sim" | "checker" => actor.to_string(),
+        a if a.contains("supervisor") => "supervisors".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn colour(e: &Event) -> &'static str {
+    match e.kind.as_str() {
+        "violation" => "#d00000",
+        "phase" if e.detail.contains("Error") => "#e85d04",
+        "phase" => "#2a9d8f",
+        "start begins" | "running" => "#6a4c93",
+        "exited" | "removed" | "workload exits" => "#9d0208",
+        "driver" => "#adb5bd",
+        "rejected" => "#f48c06",
+        "accepted" => "#52b788",
+        _ => "#457b9d",
+    }
+}
+
+pub fn html(outcome: &Outcome) -> String {
+    let violation = outcome.trace.iter().find(|e| e.kind == "violation");
+    let end = violation.map_or_else(|| outcome.trace.last().map_or(1, |e| e.t), |v| v.t) + 500_000;
+    let start = if violation.is_some() { end.saturating_sub(10_500_000) } else { 0 };
+    let events: Vec<&Event> = outcome.trace.iter().filter(|e| e.t >= start && e.t <= end).collect();
+    let mut lanes: Vec<String> = Vec::new();
+    for wanted in ["client0", "client1", "client2", "client3", "gateway", "runtime", "supervisors", "sim", "checker"] {
+        if events.iter().any(|e| lane(&e.actor) == wanted) {
+            lanes.push(wanted.to_string());
+        }
+    }
+    for e in &events {
+        if !lanes.contains(&lane(&e.actor)) {
+            lanes.push(lane(&e.actor));
+        }
+    }
+    let (left, width, row) = (120.0, 1600.0, 60.0);
+    let x = |t: u64| left + (t - start) as f64 / (end - start).max(1) as f64 * width;
+    let height = row * lanes.len() as f64 + 60.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="monospace" font-size="11">"#,
+        left + width + 40.0
+    );
+    for (i, name) in lanes.iter().enumerate() {
+        let y = 30.0 + row * i as f64;
+        let _ = write!(
+            svg,
+            r##"<line x1="{left}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="4" y="{}">{}</text>"##,
+            left + width,
+            y + 4.0,
+            escape(name)
+        );
+    }
+    for s in (start / 1_000_000)..=(end / 1_000_000) {
+        let t = s * 1_000_000;
+        if t >= start {
+            let _ = write!(
+                svg,
+                r##"<line x1="{0}" y1="10" x2="{0}" y2="{1}" stroke="#f1f1f1"/><text x="{0}" y="{2}" fill="#999">{s}s</text>"##,
+                x(t),
+                height - 30.0,
+                height - 14.0
+            );
+        }
+    }
+    let mut labelled_until = vec![0.0f64; lanes.len()];
+    for e in &events {
+        let index = lanes.iter().position(|l| *l == lane(&e.actor)).unwrap_or(0);
+        let y = 30.0 + row * index as f64;
+        let cx = x(e.t);
+        let tip = escape(&format!("{:.3}s {} {}: {}", e.t as f64 / 1e6, e.actor, e.kind, e.detail));
+        if e.kind == "violation" {
+            let _ = write!(
+                svg,
+                r##"<line x1="{cx}" y1="10" x2="{cx}" y2="{}" stroke="#d00000" stroke-width="2"><title>{tip}</title></line>"##,
+                height - 30.0
+            );
+            let _ = write!(
+                svg,
+                r##"<text x="{}" y="20" fill="#d00000" font-weight="bold">{}</text>"##,
+                (cx - 300.0).max(left),
+                escape(&e.detail)
+            );
+            continue;
+        }
+        let _ = write!(svg, r#"<circle cx="{cx}" cy="{y}" r="4" fill="{}"><title>{tip}</title></circle>"#, colour(e));
+        let important = matches!(
+            e.kind.as_str(),
+            "phase" | "start begins" | "running" | "exited" | "rejected" | "call" | "gateway crashes" | "partition"
+        );
+        if important && cx > labelled_until[index] {
+            let label = escape(&format!("{} {}", e.kind, e.detail));
+            let label =
+                if label.len() > 60 { format!("{}…", &label[..label.floor_char_boundary(60)]) } else { label };
+            let offset = if labelled_until[index] > 0.0 && (index % 2 == 0) { 16.0 } else { -8.0 };
+            let _ = write!(svg, r#"<text x="{}" y="{}" fill="{}">{label}</text>"#, cx + 5.0, y + offset, colour(e));
+            labelled_until[index] = cx + 6.5 * label.len() as f64;
+        }
+    }
+    svg.push_str("</svg>");
+    let title = match violation {
+        Some(v) => format!("seed {} — {}", outcome.seed, v.detail),
+        None => format!("seed {} — no violation", outcome.seed),
+    };
+    let bug = outcome.bug.map(|b| format!(" (known bug switched on: {})", b.name())).unwrap_or_default();
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>berth-sim seed {}</title></head><body style=\"font-family:sans-serif\">\
+         <h2>{}{}</h2><p>{:.3}s to {:.3}s of simulated time; hover a point for the event. \
+         Lanes: clients, the gateway (phase changes, driver calls), the runtime, the supervisors.</p>{svg}</body></html>\n",
+        outcome.seed,
+        escape(&title),
+        escape(&bug),
+        start as f64 / 1e6,
+        end as f64 / 1e6
+    )
+}

@@ -201,7 +201,7 @@ pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: 
         if cause == EndCause::Replaced {
             continue;
         }
-        let since = micros_of(world, finished).max(quiet_from);
+        let since = micros_of(finished).max(quiet_from);
         if now > since + bound_micros {
             world.violate(
                 "I2",
@@ -215,7 +215,7 @@ pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: 
 }
 
 /// Simulated microseconds of a runtime timestamp.
-fn micros_of(_: &World, t: berth_core::Timestamp) -> u64 {
+fn micros_of(t: berth_core::Timestamp) -> u64 {
     let epoch = i64::try_from(std::time::Duration::from_secs(crate::world::EPOCH_SECS).as_nanos()).unwrap_or(0);
     u64::try_from((t.unix_nanos() - epoch) / 1_000).unwrap_or(0)
 }

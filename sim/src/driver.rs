@@ -11,17 +11,29 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::runtime::{Answer, Call, DRIVER_TIMEOUT, Request};
+use crate::world::World;
 
 pub struct SimDriver {
+    world: Arc<World>,
     calls: mpsc::UnboundedSender<Request>,
 }
 
 impl SimDriver {
-    pub fn new(calls: mpsc::UnboundedSender<Request>) -> Arc<Self> {
-        Arc::new(Self { calls })
+    pub fn new(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -> Arc<Self> {
+        Arc::new(Self { world, calls })
     }
 
     async fn call(&self, call: Call) -> Result<Answer, DriverError> {
+        let what = match &call {
+            Call::Start(launch) => format!("start {} generation {}", launch.name, launch.generation),
+            Call::Stop(id) => format!("stop {}", crate::world::lock(&self.world.runtime).name(id)),
+            Call::Delete(id) => format!("delete {}", crate::world::lock(&self.world.runtime).name(id)),
+            Call::Get(id) => format!("get {}", crate::world::lock(&self.world.runtime).name(id)),
+            Call::List(..) => "list".to_string(),
+            Call::Watch => "watch".to_string(),
+            Call::SupervisorExited(..) => String::new(),
+        };
+        self.world.event("gateway", "driver", what);
         let (tx, rx) = oneshot::channel();
         self.calls
             .send(Request { call, reply: tx })

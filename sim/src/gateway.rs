@@ -46,7 +46,7 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let engine = Engine::new(
         store,
-        SimDriver::new(calls),
+        SimDriver::new(world.clone(), calls),
         Arc::new(SimClock),
         IdentityKey::from_bytes(IDENTITY_KEY),
         settings,

@@ -101,6 +101,11 @@ impl Model for Register {
             }
             SandboxOp::Client { kind, expected, outcome } => {
                 let holds = match outcome {
+                    // I4: a command carrying a version succeeds only from that version: it wrote
+                    // the next one, or was a no-op and returns it unchanged.
+                    Outcome::Ok(Some(seen)) if expected.is_some_and(|e| seen.version != e && seen.version != e + 1) => {
+                        false
+                    }
                     Outcome::Ok(Some(seen)) => state.as_ref() == Some(seen),
                     Outcome::Ok(None) | Outcome::Unknown => true,
                     Outcome::Failed { code, message } => match code.as_str() {
@@ -193,7 +198,7 @@ mod tests {
         // Version 2 was not committed before this read returned.
         let mut stale_future = base();
         stale_future.push(client(12, 18, "get", None, Outcome::Ok(Some(seen(2, PhaseKind::Ready)))));
-        assert_eq!(check(&Register, None, &stale_future), Err(2));
+        assert!(check(&Register, None, &stale_future).is_err());
         // A read after version 2 cannot see version 1 again.
         let mut went_back = base();
         went_back.push(client(21, 30, "get", None, Outcome::Ok(Some(seen(1, PhaseKind::Provisioning)))));
@@ -210,6 +215,16 @@ mod tests {
         assert!(check(&Register, None, &history).is_err(), "ABORTED while the client's version was current");
         let skipped = vec![commit(10, Some(seen(1, PhaseKind::Ready))), commit(20, Some(seen(3, PhaseKind::Ready)))];
         assert!(check(&Register, None, &skipped).is_err(), "a lost write");
+    }
+
+    #[test]
+    fn a_stale_version_never_succeeds() {
+        let mut history =
+            vec![commit(10, Some(seen(1, PhaseKind::Ready))), commit(20, Some(seen(2, PhaseKind::Stopping)))];
+        history.push(client(15, 25, "stop", Some(1), Outcome::Ok(Some(seen(2, PhaseKind::Stopping)))));
+        assert_eq!(check(&Register, None, &history), Ok(()));
+        history.push(client(21, 30, "stop", Some(0), Outcome::Ok(Some(seen(2, PhaseKind::Stopping)))));
+        assert!(check(&Register, None, &history).is_err());
     }
 
     #[test]

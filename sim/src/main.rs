@@ -202,7 +202,7 @@ fn main() -> std::process::ExitCode {
             if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
         }
         Command::Bugs { max_seeds, jobs, fault_phase, quiet_phase } => {
-            println!("{:<24} {:>10} {:>8} {:>10}  {}", "known bug", "seeds", "seed", "wall", "caught by");
+            println!("{:<24} {:>10} {:>8} {:>10}  caught by", "known bug", "seeds", "seed", "wall");
             let mut all_caught = true;
             for bug in Bug::ALL {
                 let phases = Phases { fault_phase, quiet_phase, bug: Some(bug) };
@@ -235,7 +235,13 @@ fn main() -> std::process::ExitCode {
                             v.invariant,
                             v.message
                         );
-                        println!("{:<24} reproduce: {}", "", reproduce(&o, &phases));
+                        // A catch is only useful if replaying its seed shows the same thing.
+                        let replay = run(scenario(o.seed, &phases), Some(bug));
+                        let same = replay.violations.first().map(|r| (r.invariant, &r.message, r.t))
+                            == Some((v.invariant, &v.message, v.t));
+                        let verdict = if same { "same violation" } else { "DIFFERENT" };
+                        println!("{:<24} reproduce: {} (replayed: {verdict})", "", reproduce(&o, &phases));
+                        all_caught &= same;
                     }
                     None => {
                         all_caught = false;

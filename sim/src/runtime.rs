@@ -110,6 +110,8 @@ pub struct RuntimeModel {
     subscribers: Vec<Subscriber>,
     locks: BTreeMap<SandboxId, Arc<tokio::sync::Mutex<()>>>,
     last_time: i64,
+    /// Sandbox names, for the trace.
+    names: BTreeMap<SandboxId, String>,
 }
 
 impl RuntimeModel {
@@ -120,6 +122,11 @@ impl RuntimeModel {
 
     pub fn state(&self, id: &SandboxId) -> RuntimeState {
         self.containers.get(id).map_or(RuntimeState::Absent { at: None }, Container::state)
+    }
+
+    /// The sandbox's name if the runtime has been told it, for the trace.
+    pub fn name(&self, id: &SandboxId) -> String {
+        self.names.get(id).cloned().unwrap_or_else(|| id.to_string())
     }
 
     /// Every run the sandbox ever had, its removed containers' included.
@@ -234,6 +241,7 @@ impl Runtime {
         let _guard = serialize.lock().await;
         {
             let mut m = lock(&self.world.runtime);
+            m.names.insert(id.clone(), launch.name.clone());
             if let Some(newest) = m.newest.get(&id).copied().filter(|n| *n > generation) {
                 m.refused.entry(id.clone()).or_default().push(generation);
                 return StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") };
@@ -296,7 +304,8 @@ impl Runtime {
             run.signal.send_replace(RunSignal::Ended);
             run.generation
         };
-        self.world.event("runtime", "exited", format!("{id} generation {ended} code {code} ({cause:?})"));
+        let name = lock(&self.world.runtime).name(id);
+        self.world.event("runtime", "exited", format!("{name} generation {ended} code {code} ({cause:?})"));
         let state = lock(&self.world.runtime).state(id);
         self.emit(id, state);
         true
@@ -333,7 +342,8 @@ impl Runtime {
             existed
         };
         if existed {
-            self.world.event("runtime", "removed", format!("{id} ({cause:?})"));
+            let name = lock(&self.world.runtime).name(id);
+            self.world.event("runtime", "removed", format!("{name} ({cause:?})"));
             self.emit(id, RuntimeState::Absent { at: Some(at) });
         }
     }
@@ -375,7 +385,7 @@ impl Runtime {
         let faults = &self.world.scenario.faults;
         for subscriber in subscribers {
             if self.fault(faults.dropped_events) {
-                self.world.event("runtime", "event dropped", format!("{id}"));
+                self.world.event("runtime", "event dropped", lock(&self.world.runtime).name(id));
                 continue;
             }
             let copies = if self.fault(faults.duplicate_events) { 2 } else { 1 };
@@ -383,7 +393,8 @@ impl Runtime {
                 let event = Ok(WatchEvent::Changed { sandbox: id.clone(), state });
                 if self.fault(faults.late_events) {
                     let delay = self.draw(|d| d.millis(1, self.world.scenario.event_delay.as_millis() as u64));
-                    self.world.event("runtime", "event late", format!("{id} by {delay:?}"));
+                    let name = lock(&self.world.runtime).name(id);
+                    self.world.event("runtime", "event late", format!("{name} {state:?} by {delay:?}"));
                     let subscriber = subscriber.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
@@ -449,7 +460,8 @@ impl Runtime {
             m.main_exits.push((id.clone(), generation));
             generation
         };
-        self.world.event("runtime", "workload exits", format!("{id} generation {generation} code {code}"));
+        let name = lock(&self.world.runtime).name(id);
+        self.world.event("runtime", "workload exits", format!("{name} generation {generation} code {code}"));
         let this = Arc::clone(self);
         let id = id.clone();
         let linger = self.draw(|d| d.millis(20, 500));
@@ -474,7 +486,8 @@ impl Runtime {
             return;
         }
         let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
-        self.world.event("runtime", "stale supervisor", format!("{sandbox} generation {generation}"));
+        let name = lock(&self.world.runtime).name(&sandbox);
+        self.world.event("runtime", "stale supervisor", format!("{name} generation {generation}"));
         let (_, signal) = watch::channel(RunSignal::Ended);
         let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true });
     }

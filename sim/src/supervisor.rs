@@ -16,7 +16,7 @@ use tonic::Code;
 use crate::checker::{generation_current_between, superseded_by};
 use crate::net;
 use crate::runtime::{Call, Request, RunSignal, Spawn};
-use crate::world::World;
+use crate::world::{World, lock};
 
 enum End {
     /// Nothing more to do: the run ended, or its exit was reported.
@@ -74,7 +74,8 @@ fn rejected(world: &World, spawn: &Spawn, actor: &str, status: &tonic::Status, s
     if !matches!(status.code(), Code::PermissionDenied | Code::NotFound | Code::Unauthenticated) {
         return None;
     }
-    world.event(actor, "rejected", format!("{} generation {}: {:?}", spawn.sandbox, spawn.generation, status.code()));
+    let name = lock(&world.runtime).name(&spawn.sandbox);
+    world.event(actor, "rejected", format!("{name} generation {}: {:?}", spawn.generation, status.code()));
     let now = World::micros();
     match status.code() {
         Code::PermissionDenied if !superseded_by(world, &spawn.sandbox, spawn.generation, now) => world.violate(
@@ -107,7 +108,8 @@ async fn session(world: &World, spawn: &mut Spawn, actor: &str) -> End {
         _ => return End::Lost,
     }
     let accepted = World::micros();
-    world.event(actor, "accepted", format!("{} generation {}", spawn.sandbox, spawn.generation));
+    let name = lock(&world.runtime).name(&spawn.sandbox);
+    world.event(actor, "accepted", format!("{name} generation {}", spawn.generation));
     // I6: only the current generation authenticates.
     if !generation_current_between(world, &spawn.sandbox, spawn.generation, sent, accepted) {
         world.violate(
@@ -130,7 +132,8 @@ async fn session(world: &World, spawn: &mut Spawn, actor: &str) -> End {
             _ => None,
         };
         if let Some(code) = exited {
-            world.event(actor, "exit report", format!("{} generation {} code {code}", spawn.sandbox, spawn.generation));
+            let name = lock(&world.runtime).name(&spawn.sandbox);
+            world.event(actor, "exit report", format!("{name} generation {} code {code}", spawn.generation));
             if tx.send(message(ToGateway::Exit(pb::MainProcessExit { exit_code: code }))).await.is_err() {
                 return End::Lost;
             }

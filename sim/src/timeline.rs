@@ -38,7 +38,19 @@ pub fn html(outcome: &Outcome) -> String {
     let violation = outcome.trace.iter().find(|e| e.kind == "violation");
     let end = violation.map_or_else(|| outcome.trace.last().map_or(1, |e| e.t), |v| v.t) + 500_000;
     let start = if violation.is_some() { end.saturating_sub(10_500_000) } else { 0 };
-    let events: Vec<&Event> = outcome.trace.iter().filter(|e| e.t >= start && e.t <= end).collect();
+    // With a violation, the sandbox it names, the gateway's polls of the runtime, and the faults.
+    let focus =
+        violation.and_then(|v| v.detail.split_whitespace().find(|w| w.starts_with("sb") || w.starts_with("r2c")));
+    let relevant = |e: &Event| match focus {
+        None => true,
+        Some(name) => {
+            e.kind == "violation"
+                || e.actor == "sim"
+                || (e.kind == "driver" && e.detail == "list")
+                || e.detail.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == name.trim_end_matches(':'))
+        }
+    };
+    let events: Vec<&Event> = outcome.trace.iter().filter(|e| e.t >= start && e.t <= end && relevant(e)).collect();
     let mut lanes: Vec<String> = Vec::new();
     for wanted in ["client0", "client1", "client2", "client3", "gateway", "runtime", "supervisors", "sim", "checker"] {
         if events.iter().any(|e| lane(&e.actor) == wanted) {
@@ -52,7 +64,9 @@ pub fn html(outcome: &Outcome) -> String {
     }
     let (left, width, row) = (120.0, 1600.0, 60.0);
     let x = |t: u64| left + (t - start) as f64 / (end - start).max(1) as f64 * width;
-    let height = row * lanes.len() as f64 + 60.0;
+    // Lanes start below the violation's headline.
+    let top = 50.0;
+    let height = top + row * lanes.len() as f64 + 40.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -60,7 +74,7 @@ pub fn html(outcome: &Outcome) -> String {
         left + width + 40.0
     );
     for (i, name) in lanes.iter().enumerate() {
-        let y = 30.0 + row * i as f64;
+        let y = top + row * i as f64;
         let _ = write!(
             svg,
             r##"<line x1="{left}" y1="{y}" x2="{}" y2="{y}" stroke="#ddd"/><text x="4" y="{}">{}</text>"##,
@@ -84,7 +98,7 @@ pub fn html(outcome: &Outcome) -> String {
     let mut labelled_until = vec![0.0f64; lanes.len()];
     for e in &events {
         let index = lanes.iter().position(|l| *l == lane(&e.actor)).unwrap_or(0);
-        let y = 30.0 + row * index as f64;
+        let y = top + row * index as f64;
         let cx = x(e.t);
         let tip = escape(&format!("{:.3}s {} {}: {}", e.t as f64 / 1e6, e.actor, e.kind, e.detail));
         if e.kind == "violation" {
@@ -117,8 +131,8 @@ pub fn html(outcome: &Outcome) -> String {
     }
     svg.push_str("</svg>");
     let title = match violation {
-        Some(v) => format!("seed {} — {}", outcome.seed, v.detail),
-        None => format!("seed {} — no violation", outcome.seed),
+        Some(v) => format!("seed {}: {}", outcome.seed, v.detail),
+        None => format!("seed {}: no violation", outcome.seed),
     };
     let bug = outcome.bug.map(|b| format!(" (known bug switched on: {})", b.name())).unwrap_or_default();
     format!(

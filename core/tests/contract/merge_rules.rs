@@ -5,16 +5,9 @@ use berth_core::{
     RuntimeSource, RuntimeState, Sandbox, SandboxId, StartReply, Timestamp, Write, merge,
 };
 
-use crate::world::spec;
+use crate::world::{SOURCES, spec};
 
 const NOW: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
-const SOURCES: [RuntimeSource; 5] = [
-    RuntimeSource::WatchEvent,
-    RuntimeSource::InitialSync,
-    RuntimeSource::PollGet,
-    RuntimeSource::PollList,
-    RuntimeSource::RecoveryLookup,
-];
 
 fn t(n: i64) -> Timestamp {
     Timestamp::from_unix_nanos(n)

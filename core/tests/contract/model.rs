@@ -17,17 +17,10 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
-use crate::world::{Store, World};
+use crate::world::{SOURCES, Store, World};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 const PROVIDERS: [&str; 2] = ["p", "q"];
-const SOURCES: [RuntimeSource; 5] = [
-    RuntimeSource::WatchEvent,
-    RuntimeSource::InitialSync,
-    RuntimeSource::PollGet,
-    RuntimeSource::PollList,
-    RuntimeSource::RecoveryLookup,
-];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Version {

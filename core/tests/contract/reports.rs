@@ -6,15 +6,7 @@ use berth_core::{
     Run, RuntimeSource, RuntimeState, StartReply, Timestamp, recovery,
 };
 
-use crate::world::World;
-
-const SOURCES: [RuntimeSource; 5] = [
-    RuntimeSource::WatchEvent,
-    RuntimeSource::InitialSync,
-    RuntimeSource::PollGet,
-    RuntimeSource::PollList,
-    RuntimeSource::RecoveryLookup,
-];
+use crate::world::{SOURCES, World};
 
 /// A sandbox brought to Ready through the runtime and its supervisor.
 fn ready(w: &mut World, name: &str, providers: &[&str]) {

@@ -11,6 +11,15 @@ use berth_core::{
     RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
 };
 
+/// Every path a runtime report can come by.
+pub const SOURCES: [RuntimeSource; 5] = [
+    RuntimeSource::WatchEvent,
+    RuntimeSource::InitialSync,
+    RuntimeSource::PollGet,
+    RuntimeSource::PollList,
+    RuntimeSource::RecoveryLookup,
+];
+
 /// One run the runtime made, with the generation whose identity it carried (ground truth the
 /// core never sees).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

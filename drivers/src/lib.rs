@@ -13,6 +13,7 @@ use berth_core::identity::RuntimeToken;
 use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, StartReply};
 use futures_util::Stream;
 
+pub mod container;
 pub mod process;
 
 /// What a driver needs to start one generation's run.

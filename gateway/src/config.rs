@@ -13,6 +13,12 @@ use serde::Deserialize;
 pub enum DriverKind {
     /// Each sandbox is a process group on this host (no isolation; nothing to install).
     Process,
+    /// Each sandbox is a Docker container.
+    Docker,
+    /// Each sandbox is a Podman container.
+    Podman,
+    /// Docker if its socket answers, else Podman if its socket answers, else the process driver.
+    Auto,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -46,9 +52,20 @@ pub struct Flags {
     /// The public API's bearer token. [default: read from, or created in, <data-dir>/api-token]
     #[arg(long, env = "BERTH_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
-    /// The berth-supervisor binary the process driver runs. [default: next to berth-gateway]
+    /// The berth-supervisor binary every sandbox runs; container drivers need a statically
+    /// linked one. [default: next to berth-gateway]
     #[arg(long, env = "BERTH_SUPERVISOR_BIN")]
     pub supervisor_bin: Option<PathBuf>,
+    /// Docker's API socket. [default: DOCKER_HOST's unix socket, else /var/run/docker.sock]
+    #[arg(long, env = "BERTH_DOCKER_SOCKET")]
+    pub docker_socket: Option<PathBuf>,
+    /// Podman's API socket. [default: /run/podman/podman.sock]
+    #[arg(long, env = "BERTH_PODMAN_SOCKET")]
+    pub podman_socket: Option<PathBuf>,
+    /// This gateway's name in a shared container runtime: it sees only the containers it made.
+    /// [default: read from, or created in, <data-dir>/instance-id]
+    #[arg(long, env = "BERTH_INSTANCE")]
+    pub instance: Option<String>,
     /// Time between two reconcile sweeps of the whole runtime. [default: 10s]
     #[arg(long, env = "BERTH_POLL_INTERVAL", value_parser = duration)]
     pub poll_interval: Option<Duration>,
@@ -78,6 +95,9 @@ struct File {
     driver: Option<DriverKind>,
     api_token: Option<String>,
     supervisor_bin: Option<PathBuf>,
+    docker_socket: Option<PathBuf>,
+    podman_socket: Option<PathBuf>,
+    instance: Option<String>,
     poll_interval: Option<String>,
     redrive_after: Option<String>,
     stop_grace: Option<String>,
@@ -94,6 +114,9 @@ pub struct Config {
     pub driver: DriverKind,
     pub api_token: Option<String>,
     pub supervisor_bin: PathBuf,
+    pub docker_socket: PathBuf,
+    pub podman_socket: PathBuf,
+    pub instance: Option<String>,
     pub poll_interval: Duration,
     pub redrive_after: Duration,
     pub stop_grace: Duration,
@@ -109,6 +132,13 @@ pub fn default_data_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("berth")
+}
+
+fn default_docker_socket() -> PathBuf {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"))
 }
 
 impl Config {
@@ -135,6 +165,12 @@ impl Config {
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
             api_token: flags.api_token.or(file.api_token),
             supervisor_bin,
+            docker_socket: flags.docker_socket.or(file.docker_socket).unwrap_or_else(default_docker_socket),
+            podman_socket: flags
+                .podman_socket
+                .or(file.podman_socket)
+                .unwrap_or_else(|| PathBuf::from("/run/podman/podman.sock")),
+            instance: flags.instance.or(file.instance),
             poll_interval: flags
                 .poll_interval
                 .or(from_file("poll_interval", file.poll_interval)?)

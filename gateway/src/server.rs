@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use berth_core::identity::IdentityKey;
 use berth_drivers::Driver;
+use berth_drivers::container::docker::DockerEngine;
+use berth_drivers::container::podman::PodmanEngine;
+use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -25,6 +28,10 @@ pub const API_TOKEN_FILE: &str = "api-token";
 pub const IDENTITY_KEY_FILE: &str = "identity.key";
 pub const ADDRESS_FILE: &str = "gateway.addr";
 pub const DATABASE_FILE: &str = "berth.db";
+pub const INSTANCE_FILE: &str = "instance-id";
+/// The supervisors' socket, in a directory of its own: containers mount the directory, which
+/// keeps working when a restarted gateway replaces the socket.
+pub const SOCKET_DIR: &str = "run";
 pub const SUPERVISOR_SOCKET: &str = "supervisor.sock";
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
@@ -100,31 +107,26 @@ pub async fn run(config: Config) -> Result<(), String> {
     let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
     let store = Arc::new(SqliteStore::open(&data.join(DATABASE_FILE)).map_err(|e| e.to_string())?);
 
-    let socket: PathBuf = data.join(SUPERVISOR_SOCKET);
+    let socket_dir = data.join(SOCKET_DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&socket_dir)
+        .map_err(|e| format!("creating {}: {e}", socket_dir.display()))?;
+    let socket: PathBuf = socket_dir.join(SUPERVISOR_SOCKET);
     match std::fs::remove_file(&socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(format!("removing the stale {}: {e}", socket.display())),
     }
     let unix = UnixListener::bind(&socket).map_err(|e| format!("binding {}: {e}", socket.display()))?;
-    let driver: Arc<dyn Driver> = match config.driver {
-        DriverKind::Process => {
-            if !config.supervisor_bin.exists() {
-                return Err(format!(
-                    "berth-supervisor not found at {} (build it, or pass --supervisor-bin)",
-                    config.supervisor_bin.display()
-                ));
-            }
-            Arc::new(
-                ProcessDriver::new(ProcessConfig {
-                    root: data.join("sandboxes"),
-                    supervisor: config.supervisor_bin.clone(),
-                    gateway: format!("unix:{}", socket.display()),
-                })
-                .map_err(|e| e.to_string())?,
-            )
-        }
-    };
+    if !config.supervisor_bin.exists() {
+        return Err(format!(
+            "berth-supervisor not found at {} (build it, or pass --supervisor-bin)",
+            config.supervisor_bin.display()
+        ));
+    }
+    let driver = driver(&config, &socket_dir).await?;
     let settings = EngineSettings { stop_grace: config.stop_grace, ..EngineSettings::default() };
     let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
 
@@ -174,6 +176,56 @@ pub async fn run(config: Config) -> Result<(), String> {
     let _ = std::fs::remove_file(&socket);
     info!("stopped; sandboxes keep running and are adopted at the next start");
     Ok(())
+}
+
+/// The configured runtime's driver; `auto` takes the first runtime that answers.
+async fn driver(config: &Config, socket_dir: &Path) -> Result<Arc<dyn Driver>, String> {
+    let data = &config.data_dir;
+    let instance = match &config.instance {
+        Some(name) => name.clone(),
+        None => secret(&data.join(INSTANCE_FILE), 8)?,
+    };
+    let containers = |runtime: &str| ContainerConfig {
+        root: data.join(runtime),
+        supervisor: config.supervisor_bin.clone(),
+        socket_dir: socket_dir.to_path_buf(),
+        socket_name: SUPERVISOR_SOCKET.to_string(),
+    };
+    let docker = || async {
+        let socket = config.docker_socket.display().to_string();
+        DockerEngine::connect(&socket, &instance).await.map_err(|e| format!("Docker at {socket}: {e}"))
+    };
+    let podman = || async {
+        let socket = config.podman_socket.display().to_string();
+        PodmanEngine::connect(&socket, &instance).await.map_err(|e| format!("Podman at {socket}: {e}"))
+    };
+    let process = || -> Result<Arc<dyn Driver>, String> {
+        let driver = ProcessDriver::new(ProcessConfig {
+            root: data.join("sandboxes"),
+            supervisor: config.supervisor_bin.clone(),
+            gateway: format!("unix:{}", socket_dir.join(SUPERVISOR_SOCKET).display()),
+        });
+        Ok(Arc::new(driver.map_err(|e| e.to_string())?))
+    };
+    let wrap = |d: Result<Arc<dyn Driver>, berth_drivers::DriverError>| d.map_err(|e| e.to_string());
+    match config.driver {
+        DriverKind::Process => process(),
+        DriverKind::Docker => {
+            wrap(ContainerDriver::new(docker().await?, containers("docker")).map(|d| Arc::new(d) as _))
+        }
+        DriverKind::Podman => {
+            wrap(ContainerDriver::new(podman().await?, containers("podman")).map(|d| Arc::new(d) as _))
+        }
+        DriverKind::Auto => {
+            if let Ok(engine) = docker().await {
+                return wrap(ContainerDriver::new(engine, containers("docker")).map(|d| Arc::new(d) as _));
+            }
+            if let Ok(engine) = podman().await {
+                return wrap(ContainerDriver::new(engine, containers("podman")).map(|d| Arc::new(d) as _));
+            }
+            process()
+        }
+    }
 }
 
 async fn shutdown_signal() {

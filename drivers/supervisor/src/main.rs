@@ -37,8 +37,15 @@ struct Args {
     #[arg(long)]
     exit_file: Option<PathBuf>,
     /// The runtime token of this run.
-    #[arg(long, env = "BERTH_RUNTIME_TOKEN", hide_env_values = true)]
-    token: String,
+    #[arg(long, env = "BERTH_RUNTIME_TOKEN", hide_env_values = true, required_unless_present = "token_file")]
+    token: Option<String>,
+    /// A file holding the runtime token (container drivers rewrite it before every start).
+    #[arg(long, conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// A JSON object of environment variables for the command (the spec's and the providers'),
+    /// read at start.
+    #[arg(long)]
+    env_file: Option<PathBuf>,
     /// The sandbox's command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -181,12 +188,36 @@ async fn main() -> ExitCode {
         }
         ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
     };
+    let token = match (&args.token, &args.token_file) {
+        (Some(token), _) => token.clone(),
+        (None, path) => match path.as_ref().map(std::fs::read_to_string) {
+            Some(Ok(token)) => token.trim().to_string(),
+            _ => {
+                log("no runtime token: pass --token, BERTH_RUNTIME_TOKEN or a readable --token-file");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let env: std::collections::BTreeMap<String, String> = match &args.env_file {
+        None => Default::default(),
+        Some(path) => match std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(env) => env,
+            Err(e) => {
+                log(format_args!("cannot read the environment from {}: {e}", path.display()));
+                return ExitCode::from(2);
+            }
+        },
+    };
     let (exit_tx, exit_rx) = watch::channel(None);
-    let mut session = tokio::spawn(keep_session(args.gateway.clone(), args.token.clone(), exit_rx));
+    let mut session = tokio::spawn(keep_session(args.gateway.clone(), token, exit_rx));
     let mut child = match tokio::process::Command::new(&args.command[0])
         .args(&args.command[1..])
         .env_remove("BERTH_RUNTIME_TOKEN")
         .env_remove("BERTH_SUPERVISOR_GATEWAY")
+        .envs(&env)
         .spawn()
     {
         Ok(child) => child,
@@ -200,6 +231,9 @@ async fn main() -> ExitCode {
         }
     };
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    // Told to terminate, the command's exit is the stop's doing, not a failure of the command:
+    // the runtime reports that exit, the supervisor does not.
+    let mut terminated = false;
     let code = loop {
         tokio::select! {
             biased;
@@ -210,6 +244,7 @@ async fn main() -> ExitCode {
                 return record(stop(&mut child).await);
             }
             Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {
+                terminated = true;
                 // Passed on, in case only the supervisor was signalled.
                 if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
@@ -219,7 +254,9 @@ async fn main() -> ExitCode {
     };
     log(format_args!("the command exited with code {code}"));
     let status = record(code);
-    let _ = exit_tx.send(Some(code));
-    let _ = session.await;
+    if !terminated {
+        let _ = exit_tx.send(Some(code));
+        let _ = session.await;
+    }
     status
 }

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cli;
+mod conformance;
 mod crash;
 mod harness;
 mod identity;

@@ -1,0 +1,562 @@
+//! Container drivers. Docker and Podman run a sandbox the same way; only their APIs differ, so
+//! the driver contract is implemented once, here, over an [`Engine`] per runtime.
+//!
+//! A sandbox is one container, `berth-<id>`, labelled as Berth's, on no network, its workspace
+//! a named volume that survives stop and start. Its entrypoint is the host's static
+//! `berth-supervisor`, mounted read-only, with the user's command as its child, so any image
+//! works. Per sandbox, a host directory mounted read-only at `/run/berth/state` holds what
+//! changes with each generation and is written before every start: the run's token and its
+//! environment (the spec's and the attached providers'), and the driver's own record of which
+//! generation it started last. The gateway's supervisor socket reaches the container through a
+//! mounted directory, so it survives the gateway replacing the socket.
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex as SyncMutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
+use futures_util::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream};
+
+pub mod docker;
+pub mod image;
+pub mod podman;
+
+/// Labels on everything Berth makes in a runtime. The owner is the gateway instance (gateways
+/// sharing one runtime each see only their own).
+pub const LABEL_OWNER: &str = "dev.berth.owner";
+pub const LABEL_SANDBOX: &str = "dev.berth.sandbox";
+pub const LABEL_NAME: &str = "dev.berth.name";
+/// How long a stop may take beyond its grace period before the driver gives up waiting.
+const STOP_SLACK: Duration = Duration::from_secs(10);
+/// How long an older generation's run may take to stop when a newer one replaces it.
+const REPLACE_GRACE: Duration = Duration::from_secs(10);
+
+pub fn container_name(sandbox: &SandboxId) -> String {
+    format!("berth-{sandbox}")
+}
+
+pub fn volume_name(sandbox: &SandboxId) -> String {
+    format!("berth-{sandbox}-workspace")
+}
+
+/// A bind mount from the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// Everything an engine needs to create a sandbox's container.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub binds: Vec<Bind>,
+    /// The named workspace volume and where it is mounted.
+    pub volume: (String, String),
+    pub workdir: String,
+    pub stop_grace: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Exited,
+    /// Being removed, or a state Berth does not use (paused, restarting).
+    Other,
+}
+
+/// What an engine shows of one container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inspection {
+    pub status: Status,
+    /// The last run's start and finish (an engine keeps the previous finish while running).
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub exit_code: i32,
+}
+
+impl Inspection {
+    pub fn state(&self) -> RuntimeState {
+        match (self.status, self.started_at) {
+            (Status::Running | Status::Other, Some(started_at)) => RuntimeState::Running { started_at },
+            (Status::Exited, Some(started_at)) => RuntimeState::Exited(ExitMarker {
+                started_at,
+                finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
+                exit_code: self.exit_code,
+            }),
+            _ => RuntimeState::Created,
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.status == Status::Running
+    }
+}
+
+/// A container event, already narrowed to Berth's sandboxes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineEvent {
+    pub sandbox: SandboxId,
+    /// The container is gone.
+    pub removed: bool,
+    /// The runtime's time of the event.
+    pub at: Timestamp,
+}
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<EngineEvent, EngineError>> + Send>>;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The runtime answered and refused (a missing image, a conflict, a bad spec).
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The runtime could not be reached, or failed on its side.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+}
+
+impl From<EngineError> for DriverError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Unreachable(m) => DriverError::Unavailable(m),
+            EngineError::NotFound(m) | EngineError::Refused(m) => DriverError::Failed(m),
+        }
+    }
+}
+
+/// One runtime's API, as the container driver uses it.
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// The gateway instance whose containers this engine sees.
+    fn owner(&self) -> &str;
+    async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
+    async fn start(&self, container: &str) -> Result<(), EngineError>;
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
+    /// Removes the container, forcibly; absence is success.
+    async fn remove(&self, container: &str) -> Result<(), EngineError>;
+    /// Creates a labelled volume; an existing one is success.
+    async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError>;
+    /// Removes a volume; absence is success.
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
+    async fn inspect(&self, container: &str) -> Result<Option<Inspection>, EngineError>;
+    /// Every container of this owner, by sandbox id.
+    async fn list(&self) -> Result<Vec<SandboxId>, EngineError>;
+    /// Every volume of this owner.
+    async fn list_volumes(&self) -> Result<Vec<String>, EngineError>;
+    /// Container events of this owner's sandboxes, from now on.
+    async fn events(&self) -> Result<EventStream, EngineError>;
+    /// Imports a root filesystem tarball as an image.
+    async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError>;
+}
+
+/// Where the container driver finds what it mounts into every sandbox.
+#[derive(Clone, Debug)]
+pub struct ContainerConfig {
+    /// Per-sandbox host state: `<data dir>/<runtime>/<sandbox id>/`.
+    pub root: PathBuf,
+    /// A statically linked `berth-supervisor`.
+    pub supervisor: PathBuf,
+    /// The directory holding the gateway's supervisor socket.
+    pub socket_dir: PathBuf,
+    /// The socket's name in it.
+    pub socket_name: String,
+}
+
+/// The driver's record of the newest generation it started, beside the sandbox's state.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Started {
+    generation: u64,
+    started_at: Timestamp,
+}
+
+pub struct ContainerDriver<E> {
+    engine: Arc<E>,
+    config: ContainerConfig,
+    locks: SyncMutex<BTreeMap<SandboxId, Arc<Mutex<()>>>>,
+}
+
+fn io(context: &str, e: std::io::Error) -> DriverError {
+    DriverError::Unavailable(format!("{context}: {e}"))
+}
+
+/// Writes a file only its owner reads, atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), DriverError> {
+    let tmp = path.with_extension("tmp");
+    let result = (|| {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    result.map_err(|e| io(&format!("writing {}", path.display()), e))
+}
+
+/// Whether an executable is statically linked (has no ELF interpreter): a container's
+/// userland may have no C library to run anything else.
+pub fn is_static(path: &Path) -> std::io::Result<bool> {
+    let bytes = std::fs::read(path)?;
+    let field = |at: usize, len: usize| -> Option<u64> {
+        let b = bytes.get(at..at + len)?;
+        Some(b.iter().rev().fold(0u64, |acc, x| (acc << 8) | u64::from(*x)))
+    };
+    let elf64 = bytes.get(0..5) == Some(b"\x7fELF\x02");
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (field(32, 8), field(54, 2), field(56, 2)) else {
+        return Ok(false);
+    };
+    if !elf64 {
+        return Ok(false);
+    }
+    const PT_INTERP: u64 = 3;
+    Ok((0..phnum).all(|i| field((phoff + i * phentsize) as usize, 4) != Some(PT_INTERP)))
+}
+
+impl<E: Engine> ContainerDriver<E> {
+    pub fn new(engine: E, config: ContainerConfig) -> Result<Self, DriverError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.root)
+            .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
+        match is_static(&config.supervisor) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(DriverError::Failed(format!(
+                    "{} is not a statically linked berth-supervisor; containers need one (see the README)",
+                    config.supervisor.display()
+                )));
+            }
+            Err(e) => return Err(io(&format!("reading {}", config.supervisor.display()), e)),
+        }
+        Ok(Self { engine: Arc::new(engine), config, locks: SyncMutex::default() })
+    }
+
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    fn dir(&self, sandbox: &SandboxId) -> PathBuf {
+        self.config.root.join(sandbox.as_str())
+    }
+
+    async fn lock(&self, sandbox: &SandboxId) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            locks.entry(sandbox.clone()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
+    fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
+        let path = self.dir(sandbox).join("driver.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display()))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn spec(&self, launch: &Launch) -> ContainerSpec {
+        let id = &launch.sandbox;
+        let socket = format!("unix:/run/berth/gateway/{}", self.config.socket_name);
+        let mut command = vec![
+            "--gateway".to_string(),
+            socket,
+            "--token-file".into(),
+            "/run/berth/state/token".into(),
+            "--env-file".into(),
+            "/run/berth/state/env".into(),
+            "--".into(),
+        ];
+        command.extend(launch.spec.command.iter().cloned());
+        let labels: BTreeMap<String, String> = [
+            (LABEL_OWNER.to_string(), self.engine.owner().to_string()),
+            (LABEL_SANDBOX.to_string(), id.to_string()),
+            (LABEL_NAME.to_string(), launch.name.clone()),
+        ]
+        .into();
+        ContainerSpec {
+            name: container_name(id),
+            image: launch.spec.image.clone(),
+            entrypoint: vec!["/run/berth/bin/berth-supervisor".into()],
+            command,
+            env: [
+                ("BERTH_SANDBOX_ID".to_string(), id.to_string()),
+                ("BERTH_SANDBOX_NAME".to_string(), launch.name.clone()),
+            ]
+            .into(),
+            labels,
+            binds: vec![
+                Bind {
+                    source: self.config.supervisor.clone(),
+                    target: "/run/berth/bin/berth-supervisor".into(),
+                    read_only: true,
+                },
+                Bind { source: self.config.socket_dir.clone(), target: "/run/berth/gateway".into(), read_only: false },
+                Bind { source: self.dir(id), target: "/run/berth/state".into(), read_only: true },
+            ],
+            volume: (volume_name(id), "/workspace".into()),
+            workdir: "/workspace".into(),
+            stop_grace: REPLACE_GRACE,
+        }
+    }
+
+    /// Installs the generation's identity and environment where its supervisor reads them.
+    fn install(&self, launch: &Launch) -> Result<(), DriverError> {
+        let dir = self.dir(&launch.sandbox);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+        let mut env = launch.spec.env.clone();
+        env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
+        let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
+        write_private(&dir.join("env"), &env)?;
+        write_private(&dir.join("token"), launch.token.expose().as_bytes())
+    }
+
+    /// Stops the container and waits until it has fully exited; its final state.
+    async fn stop_locked(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+        let name = container_name(sandbox);
+        let Some(inspection) = self.engine.inspect(&name).await? else {
+            return Ok(RuntimeState::Absent { at: None });
+        };
+        if inspection.running() {
+            match self.engine.stop(&name, grace).await {
+                Ok(()) | Err(EngineError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let deadline = tokio::time::Instant::now() + grace + STOP_SLACK;
+            loop {
+                match self.engine.inspect(&name).await? {
+                    None => return Ok(RuntimeState::Absent { at: None }),
+                    Some(i) if !i.running() => return Ok(i.state()),
+                    Some(_) if tokio::time::Instant::now() > deadline => {
+                        return Err(DriverError::Unavailable(format!("{name} is still running after its stop")));
+                    }
+                    Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        Ok(inspection.state())
+    }
+
+    async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        Ok(match self.engine.inspect(&container_name(sandbox)).await? {
+            Some(i) => i.state(),
+            None => RuntimeState::Absent { at: None },
+        })
+    }
+}
+
+#[async_trait]
+impl<E: Engine> Driver for ContainerDriver<E> {
+    fn name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
+        let id = launch.sandbox.clone();
+        let name = container_name(&id);
+        let _guard = self.lock(&id).await;
+        let current = self.engine.inspect(&name).await?;
+        match self.started(&id)? {
+            Some(s) if s.generation > launch.generation => {
+                return Ok(StartReply::Failed {
+                    message: format!("generation {} is superseded by {}", launch.generation, s.generation),
+                });
+            }
+            // This generation already ran: report its run, never start a second one.
+            Some(s) if s.generation == launch.generation => {
+                return Ok(match current.map(|i| i.state()) {
+                    Some(RuntimeState::Running { started_at }) => StartReply::Running { started_at },
+                    Some(RuntimeState::Exited(marker)) => StartReply::Exited(marker),
+                    _ => StartReply::Failed {
+                        message: format!("the container of generation {} is gone", launch.generation),
+                    },
+                });
+            }
+            _ => {}
+        }
+        if current.is_some_and(|i| i.running()) {
+            self.stop_locked(&id, REPLACE_GRACE).await?;
+        }
+        self.install(&launch)?;
+        let spec = self.spec(&launch);
+        self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
+        let created = match current {
+            Some(_) => Ok(()),
+            None => self.engine.create(&spec).await,
+        };
+        let started = match created {
+            Ok(()) => match self.engine.start(&name).await {
+                // Removed since it was inspected: make it again.
+                Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
+                    Ok(()) => self.engine.start(&name).await,
+                    Err(e) => Err(e),
+                },
+                other => other,
+            },
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(()) => {}
+            Err(EngineError::Refused(message) | EngineError::NotFound(message)) => {
+                return Ok(StartReply::Failed { message });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let Some(inspection) = self.engine.inspect(&name).await? else {
+            return Ok(StartReply::Failed { message: format!("{name} vanished as it started") });
+        };
+        let Some(started_at) = inspection.started_at else {
+            return Err(DriverError::Unavailable(format!("{name} started but reports no start time")));
+        };
+        let record = serde_json::to_vec(&Started { generation: launch.generation, started_at })
+            .map_err(|e| DriverError::Failed(e.to_string()))?;
+        write_private(&self.dir(&id).join("driver.json"), &record)?;
+        Ok(match inspection.state() {
+            RuntimeState::Exited(marker) => StartReply::Exited(marker),
+            _ => StartReply::Running { started_at },
+        })
+    }
+
+    async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+        let _guard = self.lock(sandbox).await;
+        self.stop_locked(sandbox, grace).await
+    }
+
+    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let _guard = self.lock(sandbox).await;
+        self.engine.remove(&container_name(sandbox)).await?;
+        let volume = volume_name(sandbox);
+        self.engine.remove_volume(&volume).await?;
+        // A runtime may still hold the volume for a moment after the container went: report
+        // that as unfinished, so the delete is retried instead of leaving the workspace behind.
+        if self.engine.list_volumes().await?.contains(&volume) {
+            return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
+        }
+        match std::fs::remove_dir_all(self.dir(sandbox)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing the sandbox's state", e)),
+        }
+    }
+
+    async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        self.state(sandbox).await
+    }
+
+    async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
+        let limit = limit.max(1);
+        let mut ids = self.engine.list().await?;
+        ids.sort();
+        ids.dedup();
+        let ids: Vec<SandboxId> = ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit + 1).collect();
+        let mut page = ListPage::default();
+        for id in ids.iter().take(limit) {
+            let state = self.state(id).await?;
+            if !matches!(state, RuntimeState::Absent { .. }) {
+                page.items.push((id.clone(), state));
+            }
+        }
+        if ids.len() > limit {
+            page.next = ids.get(limit - 1).cloned();
+        }
+        Ok(page)
+    }
+
+    async fn watch(&self) -> Result<WatchStream, DriverError> {
+        // Subscribe before the sync, so nothing that changes in between is missed.
+        let events = self.engine.events().await?;
+        let mut sync = Vec::new();
+        let mut ids = self.engine.list().await?;
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            sync.push(Ok(WatchEvent::Sync { state: self.state(&id).await?, sandbox: id }));
+        }
+        sync.push(Ok(WatchEvent::Synced));
+        let engine = Arc::clone(&self.engine);
+        let live = events.then(move |event| {
+            let engine = Arc::clone(&engine);
+            async move {
+                let event = event.map_err(DriverError::from)?;
+                let state = if event.removed {
+                    RuntimeState::Absent { at: Some(event.at) }
+                } else {
+                    match engine.inspect(&container_name(&event.sandbox)).await? {
+                        Some(i) => i.state(),
+                        None => RuntimeState::Absent { at: Some(event.at) },
+                    }
+                };
+                Ok(WatchEvent::Changed { sandbox: event.sandbox, state })
+            }
+        });
+        Ok(Box::pin(futures_util::stream::iter(sync).chain(live)))
+    }
+}
+
+/// A runtime timestamp from RFC 3339 (as both APIs print them); the zero time means "never".
+pub fn parse_time(text: &str) -> Option<Timestamp> {
+    let t = humantime::parse_rfc3339_weak(text.trim_end_matches('Z')).ok()?;
+    let nanos = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(Timestamp::from_unix_nanos(i64::try_from(nanos).ok()?)).filter(|t| t.0 > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_times_parse_to_the_nanosecond_and_zero_means_never() {
+        let t = parse_time("2026-11-29T12:28:46.049908438Z").unwrap();
+        assert_eq!(t.unix_nanos() % 1_000_000_000, 49_908_438);
+        assert_eq!(parse_time("0001-01-01T00:00:00Z"), None);
+        assert_eq!(parse_time("garbage"), None);
+    }
+
+    #[test]
+    fn inspections_map_to_runtime_states() {
+        let t = |n| Some(Timestamp::from_unix_nanos(n));
+        let running = Inspection { status: Status::Running, started_at: t(100), finished_at: t(50), exit_code: 0 };
+        assert_eq!(running.state(), RuntimeState::Running { started_at: Timestamp(100) });
+        let exited = Inspection { status: Status::Exited, started_at: t(100), finished_at: t(200), exit_code: 3 };
+        assert_eq!(
+            exited.state(),
+            RuntimeState::Exited(ExitMarker { started_at: Timestamp(100), finished_at: Timestamp(200), exit_code: 3 })
+        );
+        let never = Inspection { status: Status::Created, started_at: None, finished_at: None, exit_code: 0 };
+        assert_eq!(never.state(), RuntimeState::Created);
+    }
+
+    #[test]
+    fn static_executables_are_told_from_dynamic_ones() {
+        // This test binary is dynamically linked.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static(&me).unwrap());
+    }
+}

@@ -1,0 +1,431 @@
+//! One conformance suite, run against every driver: the process driver, Docker and Podman.
+//! Each test drives a real gateway binary on a real runtime. Docker and Podman tests need their
+//! daemons (`ci/runtimes up`) and a static supervisor (`ci/build-static-supervisor`); under
+//! `ci/test` (`BERTH_REQUIRE_RUNTIMES=1`) a missing one is a failure, elsewhere the test says
+//! it skips.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use berth_drivers::container::docker::DockerEngine;
+use berth_drivers::container::podman::PodmanEngine;
+use berth_drivers::container::{Engine, container_name, image, volume_name};
+use berth_proto::v1 as pb;
+
+use crate::harness::*;
+
+const IMAGE: &str = "berth-test/sandbox:1";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runtime {
+    Process,
+    Docker,
+    Podman,
+}
+
+/// A runtime a test can use: how to start a gateway on it, and how to reach it out of band.
+struct Target {
+    runtime: Runtime,
+    socket: Option<String>,
+    instance: String,
+}
+
+fn required() -> bool {
+    std::env::var("BERTH_REQUIRE_RUNTIMES").is_ok_and(|v| v == "1")
+}
+
+fn unavailable(runtime: Runtime, why: &str) -> Option<Target> {
+    assert!(!required(), "{runtime:?} is required under ci/test but unavailable: {why}");
+    eprintln!("skipping the {runtime:?} conformance test: {why} (run ci/runtimes up, or ci/test)");
+    None
+}
+
+fn static_supervisor() -> Option<PathBuf> {
+    std::env::var_os("BERTH_TEST_STATIC_SUPERVISOR").map(PathBuf::from).filter(|p| p.exists())
+}
+
+/// Imports the sandbox image into a runtime once per test process.
+async fn import_image(engine: &dyn Engine) -> Result<(), String> {
+    let supervisor = static_supervisor().ok_or("no static supervisor")?;
+    let rootfs = image::rootfs(std::path::Path::new(image::BUSYBOX), &supervisor).map_err(|e| e.to_string())?;
+    engine.import_image(IMAGE, rootfs).await.map_err(|e| e.to_string())
+}
+
+static DOCKER_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
+static PODMAN_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
+
+async fn target(runtime: Runtime, test: &str) -> Option<Target> {
+    let instance = format!("t-{test}").chars().take(40).collect::<String>();
+    if runtime == Runtime::Process {
+        return Some(Target { runtime, socket: None, instance });
+    }
+    let (variable, once) = match runtime {
+        Runtime::Docker => ("BERTH_TEST_DOCKER_SOCKET", &DOCKER_IMAGE),
+        _ => ("BERTH_TEST_PODMAN_SOCKET", &PODMAN_IMAGE),
+    };
+    let Ok(socket) = std::env::var(variable) else { return unavailable(runtime, &format!("{variable} is not set")) };
+    if static_supervisor().is_none() {
+        return unavailable(runtime, "BERTH_TEST_STATIC_SUPERVISOR does not name a static berth-supervisor");
+    }
+    let engine: Box<dyn Engine> = match runtime {
+        Runtime::Docker => match DockerEngine::connect(&socket, &instance).await {
+            Ok(e) => Box::new(e),
+            Err(e) => return unavailable(runtime, &e.to_string()),
+        },
+        _ => match PodmanEngine::connect(&socket, &instance).await {
+            Ok(e) => Box::new(e),
+            Err(e) => return unavailable(runtime, &e.to_string()),
+        },
+    };
+    if once.get().is_none() {
+        let imported = import_image(engine.as_ref()).await;
+        let _ = once.set(imported);
+    }
+    if let Some(Err(e)) = once.get() {
+        return unavailable(runtime, &format!("the sandbox image: {e}"));
+    }
+    Some(Target { runtime, socket: Some(socket), instance })
+}
+
+impl Target {
+    fn gateway_args(&self) -> Vec<String> {
+        let mut args = vec!["--instance".to_string(), self.instance.clone()];
+        match self.runtime {
+            Runtime::Process => args.extend(["--driver".into(), "process".into()]),
+            Runtime::Docker | Runtime::Podman => {
+                let (driver, flag) = if self.runtime == Runtime::Docker {
+                    ("docker", "--docker-socket")
+                } else {
+                    ("podman", "--podman-socket")
+                };
+                let supervisor = static_supervisor().expect("checked").display().to_string();
+                args.extend([
+                    "--driver".into(),
+                    driver.into(),
+                    flag.into(),
+                    self.socket.clone().expect("a socket"),
+                    "--supervisor-bin".into(),
+                    supervisor,
+                ]);
+            }
+        }
+        args
+    }
+
+    async fn gateway(&self, data: &DataDir, extra: &[&str]) -> Gateway {
+        let mut args = self.gateway_args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Gateway::start(data, &args).await
+    }
+
+    /// The runtime's CLI, pointed at the test's socket.
+    fn cli(&self, args: &[&str]) -> String {
+        let socket = format!("unix://{}", self.socket.as_deref().expect("a container runtime"));
+        let mut command = match self.runtime {
+            Runtime::Docker => {
+                let mut c = Command::new("docker");
+                c.args(["-H", &socket]);
+                c
+            }
+            _ => {
+                let mut c = Command::new("podman");
+                c.args(["--url", &socket]);
+                c
+            }
+        };
+        let out = command.args(args).output().expect("the runtime's CLI runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A file of the sandbox's workspace, read from the host.
+    fn workspace_file(&self, data: &DataDir, id: &str, file: &str) -> Option<String> {
+        match self.runtime {
+            Runtime::Process => workspace_file(&data.path, id, file),
+            _ => {
+                let volume = volume_name(&berth_core::SandboxId::new(id));
+                let mountpoint = self.cli(&["volume", "inspect", "--format", "{{.Mountpoint}}", &volume]);
+                std::fs::read_to_string(PathBuf::from(mountpoint).join(file)).ok().map(|s| s.trim().to_string())
+            }
+        }
+    }
+
+    /// What identifies the run that is up now: the supervisor's pid, or the container's start.
+    fn run_identity(&self, data: &DataDir, id: &str) -> Option<String> {
+        match self.runtime {
+            Runtime::Process => data.run_pid(id).map(|p| p.to_string()),
+            _ => Some(self.cli(&[
+                "inspect",
+                "--format",
+                "{{.State.StartedAt}}",
+                &container_name(&berth_core::SandboxId::new(id)),
+            ])),
+        }
+    }
+
+    /// Removes the sandbox's compute resource behind Berth's back (`docker rm -f`).
+    fn remove_out_of_band(&self, data: &DataDir, id: &str) {
+        match self.runtime {
+            Runtime::Process => {
+                if let Some(pid) = data.run_pid(id) {
+                    let _ =
+                        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                }
+                std::fs::remove_dir_all(data.path.join("sandboxes").join(id)).unwrap();
+            }
+            _ => {
+                self.cli(&["rm", "-f", &container_name(&berth_core::SandboxId::new(id))]);
+            }
+        }
+    }
+
+    /// Kills the sandbox's run behind Berth's back (`docker kill`).
+    fn kill_out_of_band(&self, data: &DataDir, id: &str) {
+        match self.runtime {
+            Runtime::Process => {
+                let pid = data.run_pid(id).unwrap();
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+            }
+            _ => {
+                self.cli(&["kill", &container_name(&berth_core::SandboxId::new(id))]);
+            }
+        }
+    }
+
+    /// Everything of this gateway's left in the runtime: containers, volumes, state.
+    fn leftovers(&self, data: &DataDir) -> Vec<String> {
+        let dir = match self.runtime {
+            Runtime::Process => "sandboxes",
+            Runtime::Docker => "docker",
+            Runtime::Podman => "podman",
+        };
+        let mut left: Vec<String> = std::fs::read_dir(data.path.join(dir))
+            .map(|entries| entries.flatten().map(|e| format!("state {}", e.file_name().to_string_lossy())).collect())
+            .unwrap_or_default();
+        if self.runtime != Runtime::Process {
+            let label = format!("label=dev.berth.owner={}", self.instance);
+            let containers = self.cli(&["ps", "-a", "--filter", &label, "--format", "{{.Names}}"]);
+            let volumes = self.cli(&["volume", "ls", "--filter", &label, "--format", "{{.Name}}"]);
+            left.extend(containers.lines().chain(volumes.lines()).filter(|l| !l.is_empty()).map(str::to_string));
+        }
+        left
+    }
+}
+
+fn image_for(target: &Target) -> &'static str {
+    if target.runtime == Runtime::Process { "host" } else { IMAGE }
+}
+
+async fn create_in(target: &Target, sandboxes: &mut Sandboxes, name: &str, command: &[&str]) -> pb::Sandbox {
+    let mut s = spec(command);
+    s.image = image_for(target).to_string();
+    let request = pb::CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(s),
+        providers: vec![],
+        expected_resource_version: None,
+    };
+    sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
+}
+
+/// Deletes what a test made and checks nothing carrying its labels is left.
+async fn clean_up(target: &Target, data: &DataDir, sandboxes: &mut Sandboxes) {
+    let all = sandboxes.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
+    for s in all {
+        let _ = lifecycle(sandboxes, "delete", &s.name).await;
+        wait_gone(sandboxes, &s.name).await;
+    }
+    let left = target.leftovers(data);
+    let log = data.log();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+    assert!(
+        left.is_empty(),
+        "left behind in {:?}: {left:?}; the gateway warned:\n{}",
+        target.runtime,
+        warnings.join("\n")
+    );
+}
+
+async fn ready_through_the_supervisor(runtime: Runtime) {
+    let Some(target) = target(runtime, "ready").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    create_in(&target, &mut sandboxes, "web", &["sleep", "3600"]).await;
+    let (ready, seen) = wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;
+    assert_eq!(ready.generation, 1);
+    assert!(seen.contains(&pb::Phase::Provisioning) || seen.first() == Some(&pb::Phase::Ready), "{seen:?}");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+async fn fifty_cycles_keep_the_workspace_with_polls_inside_starts(runtime: Runtime) {
+    let Some(target) = target(runtime, "cycles").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &["--poll-interval", "10ms"]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let id = create_in(&target, &mut sandboxes, "cycler", COUNTING).await.id;
+    wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
+    for cycle in 1..=50u64 {
+        lifecycle(&mut sandboxes, "stop", "cycler").await.unwrap();
+        let (_, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Stopped).await;
+        assert!(!seen.contains(&pb::Phase::Error), "{runtime:?} cycle {cycle}: {seen:?}");
+        lifecycle(&mut sandboxes, "start", "cycler").await.unwrap();
+        let (ready, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
+        assert!(!seen.contains(&pb::Phase::Error), "{runtime:?} cycle {cycle}: {seen:?}");
+        assert_eq!(ready.generation, cycle + 1);
+        // Ready is the supervisor's connection; the workload counts its start a moment later.
+        let counted = (cycle + 1).to_string();
+        let mut waited = Duration::ZERO;
+        while target.workspace_file(&data, &id, "starts").as_deref() != Some(counted.as_str()) {
+            assert!(waited < Duration::from_secs(10), "{runtime:?} cycle {cycle}: the workspace lost its count");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            waited += Duration::from_millis(20);
+        }
+    }
+    assert_eq!(
+        target.workspace_file(&data, &id, "starts").as_deref(),
+        Some("51"),
+        "the workspace survived every cycle"
+    );
+    assert!(!data.log().contains("new_phase=Some(Error)"), "no Error was ever written");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+async fn a_real_exit_is_an_error_with_its_code(runtime: Runtime) {
+    let Some(target) = target(runtime, "exit").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let command = ["sh", "-c", "if [ -e ran ]; then sleep 1; exit 3; fi; touch ran; exec sleep 3600"];
+    create_in(&target, &mut sandboxes, "flaky", &command).await;
+    wait_phase(&mut sandboxes, "flaky", pb::Phase::Ready).await;
+    lifecycle(&mut sandboxes, "stop", "flaky").await.unwrap();
+    wait_phase(&mut sandboxes, "flaky", pb::Phase::Stopped).await;
+    lifecycle(&mut sandboxes, "start", "flaky").await.unwrap();
+    let (failed, _) = wait_phase(&mut sandboxes, "flaky", pb::Phase::Error).await;
+    assert_eq!(failed.failure.unwrap().exit_code, Some(3), "{runtime:?}");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+async fn stop_and_delete_while_starting_or_stopping(runtime: Runtime) {
+    let Some(target) = target(runtime, "races").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    // Stop while starting.
+    create_in(&target, &mut sandboxes, "a", &["sleep", "3600"]).await;
+    lifecycle(&mut sandboxes, "stop", "a").await.unwrap();
+    wait_phase(&mut sandboxes, "a", pb::Phase::Stopped).await;
+    // Delete while starting.
+    create_in(&target, &mut sandboxes, "b", &["sleep", "3600"]).await;
+    lifecycle(&mut sandboxes, "delete", "b").await.unwrap();
+    wait_gone(&mut sandboxes, "b").await;
+    // Delete while stopping (a workload that ignores SIGTERM takes the whole grace).
+    create_in(&target, &mut sandboxes, "c", &["sh", "-c", "trap '' TERM; while true; do sleep 1; done"]).await;
+    wait_phase(&mut sandboxes, "c", pb::Phase::Ready).await;
+    lifecycle(&mut sandboxes, "stop", "c").await.unwrap();
+    lifecycle(&mut sandboxes, "delete", "c").await.unwrap();
+    // Repeated deletes re-drive, and never fail.
+    for _ in 0..3 {
+        match lifecycle(&mut sandboxes, "delete", "c").await {
+            Ok(s) => assert_eq!(phase(&s), pb::Phase::Deleting),
+            Err(status) => assert_eq!(status.code(), tonic::Code::NotFound),
+        }
+    }
+    wait_gone(&mut sandboxes, "c").await;
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+async fn out_of_band_removal_and_kill(runtime: Runtime) {
+    let Some(target) = target(runtime, "oob").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let removed = create_in(&target, &mut sandboxes, "removed", &["sleep", "3600"]).await.id;
+    let killed = create_in(&target, &mut sandboxes, "killed", &["sleep", "3600"]).await.id;
+    wait_phase(&mut sandboxes, "removed", pb::Phase::Ready).await;
+    wait_phase(&mut sandboxes, "killed", pb::Phase::Ready).await;
+    target.remove_out_of_band(&data, &removed);
+    // A removal may first show as the run's exit (Podman stops before it removes); it ends missing.
+    let missing = |s: Option<&pb::Sandbox>| {
+        s.and_then(|s| s.failure.as_ref()).is_some_and(|f| f.reason == "ComputeResourceMissing")
+    };
+    let (s, seen) = wait_for(&mut sandboxes, "removed", Duration::from_secs(30), missing).await;
+    assert!(s.is_some(), "{runtime:?}: {seen:?}");
+    assert!(seen.iter().all(|p| matches!(p, pb::Phase::Ready | pb::Phase::Error)), "{runtime:?}: {seen:?}");
+    target.kill_out_of_band(&data, &killed);
+    let (s, _) = wait_phase(&mut sandboxes, "killed", pb::Phase::Error).await;
+    assert_eq!(s.failure.unwrap().exit_code, Some(137), "{runtime:?}");
+    // Both recover by Start, with a new generation.
+    for name in ["removed", "killed"] {
+        lifecycle(&mut sandboxes, "start", name).await.unwrap();
+        let (s, _) = wait_phase(&mut sandboxes, name, pb::Phase::Ready).await;
+        assert_eq!(s.generation, 2);
+    }
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
+    let Some(target) = target(runtime, "adopt").await else { return };
+    let data = DataDir::new();
+    let mut gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let id = create_in(&target, &mut sandboxes, "kept", &["sleep", "3600"]).await.id;
+    wait_phase(&mut sandboxes, "kept", pb::Phase::Ready).await;
+    let before = target.run_identity(&data, &id);
+    gateway.kill9();
+    drop(gateway);
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    // Give the supervisor time to reconnect, and the reconcile loop time to look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = get(&mut sandboxes, "kept").await.unwrap();
+    assert_eq!((phase(&s), s.generation), (pb::Phase::Ready, 1), "{runtime:?}");
+    assert_eq!(target.run_identity(&data, &id), before, "{runtime:?}: the sandbox was restarted, not adopted");
+    assert!(data.log().contains("supervisor connected"), "the supervisor reconnected");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+macro_rules! conformance {
+    ($($runtime:ident => $module:ident),*) => {
+        $(
+            mod $module {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn ready_through_the_supervisor() {
+                    super::ready_through_the_supervisor(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn fifty_cycles_keep_the_workspace_with_polls_inside_starts() {
+                    super::fifty_cycles_keep_the_workspace_with_polls_inside_starts(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_real_exit_is_an_error_with_its_code() {
+                    super::a_real_exit_is_an_error_with_its_code(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn stop_and_delete_while_starting_or_stopping() {
+                    super::stop_and_delete_while_starting_or_stopping(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn out_of_band_removal_and_kill() {
+                    super::out_of_band_removal_and_kill(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_restarted_gateway_adopts_running_sandboxes() {
+                    super::a_restarted_gateway_adopts_running_sandboxes(Runtime::$runtime).await
+                }
+            }
+        )*
+    };
+}
+
+conformance!(Process => process, Docker => docker, Podman => podman);

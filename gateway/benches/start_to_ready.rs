@@ -22,7 +22,13 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-async fn wait_phase(client: &mut SandboxesClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, impl tonic::service::Interceptor>>, name: &str, target: pb::Phase) {
+async fn wait_phase(
+    client: &mut SandboxesClient<
+        tonic::service::interceptor::InterceptedService<tonic::transport::Channel, impl tonic::service::Interceptor>,
+    >,
+    name: &str,
+    target: pb::Phase,
+) {
     let mut events = client.watch_sandbox(pb::WatchSandboxRequest { name: name.into() }).await.unwrap().into_inner();
     while let Some(event) = events.message().await.unwrap() {
         if event.sandbox.is_some_and(|s| s.phase == target as i32) {
@@ -58,7 +64,8 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
         r.metadata_mut().insert("authorization", bearer.clone());
         Ok(r)
     });
-    let spec = pb::SandboxSpec { image: IMAGE.into(), command: vec!["sleep".into(), "3600".into()], ..Default::default() };
+    let spec =
+        pb::SandboxSpec { image: IMAGE.into(), command: vec!["sleep".into(), "3600".into()], ..Default::default() };
     let created = client
         .create_sandbox(pb::CreateSandboxRequest { name: "bench".into(), spec: Some(spec), ..Default::default() })
         .await
@@ -106,7 +113,9 @@ fn main() {
     };
     println!("Start-to-Ready through the gateway beside the runtime's own start (median of {RUNS})");
     println!("{:<8} {:>16} {:>16} {:>12}", "runtime", "through Berth", "runtime alone", "overhead");
-    for (variable, kind) in [("BERTH_TEST_DOCKER_SOCKET", DriverKind::Docker), ("BERTH_TEST_PODMAN_SOCKET", DriverKind::Podman)] {
+    for (variable, kind) in
+        [("BERTH_TEST_DOCKER_SOCKET", DriverKind::Docker), ("BERTH_TEST_PODMAN_SOCKET", DriverKind::Podman)]
+    {
         let Ok(socket) = std::env::var(variable) else {
             println!("{kind:?}: skipped ({variable} is not set)");
             continue;

@@ -219,14 +219,21 @@ fn image_for(target: &Target) -> &'static str {
 }
 
 async fn create_in(target: &Target, sandboxes: &mut Sandboxes, name: &str, command: &[&str]) -> pb::Sandbox {
+    create_with(target, sandboxes, name, command, &[]).await
+}
+
+async fn create_with(
+    target: &Target,
+    sandboxes: &mut Sandboxes,
+    name: &str,
+    command: &[&str],
+    providers: &[&str],
+) -> pb::Sandbox {
     let mut s = spec(command);
     s.image = image_for(target).to_string();
-    let request = pb::CreateSandboxRequest {
-        name: name.into(),
-        spec: Some(s),
-        providers: vec![],
-        expected_resource_version: None,
-    };
+    let providers = providers.iter().map(|p| p.to_string()).collect();
+    let request =
+        pb::CreateSandboxRequest { name: name.into(), spec: Some(s), providers, expected_resource_version: None };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }
 
@@ -253,11 +260,33 @@ async fn ready_through_the_supervisor(runtime: Runtime) {
     let data = DataDir::new();
     let gateway = target.gateway(&data, &[]).await;
     let mut sandboxes = gateway.sandboxes().await;
-    create_in(&target, &mut sandboxes, "web", &["sleep", "3600"]).await;
+    let mut providers = gateway.providers().await;
+    const SECRET: &str = "conformance-secret";
+    let credentials = [("API_KEY".to_string(), SECRET.to_string())].into();
+    let provider = pb::CreateProviderRequest {
+        name: "creds".into(),
+        kind: "k".into(),
+        credentials,
+        expected_resource_version: None,
+    };
+    providers.create_provider(provider).await.unwrap();
+    let command = ["sh", "-c", "printf %s \"$API_KEY\" > key; exec sleep 3600"];
+    let id = create_with(&target, &mut sandboxes, "web", &command, &["creds"]).await.id;
     let (ready, seen) = wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;
     assert_eq!(ready.generation, 1);
     assert!(seen.contains(&pb::Phase::Provisioning) || seen.first() == Some(&pb::Phase::Ready), "{seen:?}");
+    // The provider's credentials reach the sandbox's environment.
+    let mut waited = Duration::ZERO;
+    while target.workspace_file(&data, &id, "key").as_deref() != Some(SECRET) {
+        assert!(waited < Duration::from_secs(10), "{runtime:?}: the credential never reached the sandbox");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
     clean_up(&target, &data, &mut sandboxes).await;
+    providers
+        .delete_provider(pb::DeleteProviderRequest { name: "creds".into(), expected_resource_version: None })
+        .await
+        .unwrap();
 }
 
 async fn fifty_cycles_keep_the_workspace_with_polls_inside_starts(runtime: Runtime) {

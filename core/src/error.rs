@@ -101,3 +101,25 @@ impl Error {
         Error::Invalid { field: field.into(), reason: reason.into() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_record_and_the_versions() {
+        let missing = Error::NotFound { kind: Kind::Sandbox, name: "box".into() };
+        assert_eq!(missing.to_string(), "sandbox 'box' not found");
+        let stale = Error::StaleVersion { kind: Kind::Provider, name: "p".into(), expected: 3, current: Some(5) };
+        assert_eq!(stale.to_string(), "provider 'p': expected resource_version 3, current 5");
+        let gone = Error::StaleVersion { kind: Kind::Sandbox, name: "b".into(), expected: 3, current: None };
+        assert_eq!(gone.to_string(), "sandbox 'b': expected resource_version 3, current absent");
+        let attached = Error::ProviderAttached { provider: "p".into(), sandboxes: vec!["a".into(), "b".into()] };
+        assert_eq!(attached.to_string(), "provider 'p' is attached to sandbox(es): a, b");
+        let invalid = Error::invalid("spec.image", "must not be empty");
+        assert_eq!(
+            (invalid.code(), invalid.to_string().as_str()),
+            (Code::InvalidArgument, "invalid spec.image: must not be empty")
+        );
+    }
+}

@@ -189,19 +189,32 @@ async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
     (started.elapsed(), stats.records)
 }
 
+/// A machine-readable line for ci/bench's report.
+fn figure(name: &str, value: f64, unit: &str) {
+    println!("figure: {name} = {value:.3} {unit}");
+}
+
 fn main() {
+    // `cargo test --benches` runs this once, small, so it cannot rot.
+    let quick = std::env::args().any(|a| a == "--test") || std::env::var_os("BERTH_BENCH_QUICK").is_some();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     println!("gateway lifecycle RPCs (gRPC over loopback TCP, SQLite, no-op driver)");
     println!("{:>8} {:>10} {:>12} {:>12} {:>12}", "clients", "rpcs", "rpc/s", "p50", "p99");
-    for (clients, cycles) in [(1, 200), (16, 25), (64, 8)] {
+    let loads = if quick { vec![(1, 2), (4, 2)] } else { vec![(1, 200), (16, 25), (64, 8)] };
+    for (clients, cycles) in loads {
         let (rate, p50, p99, n) = runtime.block_on(rpc_load(clients, cycles));
         println!("{clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
+        figure(&format!("gateway lifecycle RPCs, {clients} clients"), rate, "rpc/s");
+        figure(&format!("gateway RPC p50, {clients} clients"), p50.as_secs_f64() * 1e3, "ms");
+        figure(&format!("gateway RPC p99, {clients} clients"), p99.as_secs_f64() * 1e3, "ms");
     }
     println!();
     println!("reconcile sweep (SQLite, no-op driver listing every sandbox)");
     println!("{:>10} {:>14} {:>16}", "sandboxes", "sweep", "per sandbox");
-    for n in [1_000, 10_000] {
+    let fleets = if quick { vec![20] } else { vec![1_000, 10_000] };
+    for n in fleets {
         let (took, records) = runtime.block_on(sweep_time(n));
         println!("{records:>10} {:>14?} {:>16?}", took, took / records as u32);
+        figure(&format!("reconcile sweep, {records} sandboxes"), took.as_secs_f64() * 1e3, "ms");
     }
 }

@@ -4,6 +4,11 @@
 
 use std::cell::Cell;
 
+use crate::command::Command;
+use crate::decision::Effect;
+use crate::observation::{Observation, RuntimeSource, StartReply};
+use crate::record::{ExitFence, Intent, PhaseKind, Run, Sandbox};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Bug {
     /// R3: polled snapshots (get and list) skip the exit fence.
@@ -43,4 +48,52 @@ pub fn set(bug: Option<Bug>) {
 
 pub fn on(bug: Bug) -> bool {
     ON.with(|on| on.get() == Some(bug))
+}
+
+// Where each switch bends berth-core. The rules themselves never mention a bug: each of these
+// is called from one `#[cfg(feature = "bugs")]` line next to the rule it bends.
+
+/// R3 and its event-path twin: a runtime report of `source` is taken without the exit fence.
+pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
+    match source {
+        RuntimeSource::PollGet | RuntimeSource::PollList => on(Bug::PollBypassesFence),
+        RuntimeSource::WatchEvent => on(Bug::EventBypassesFence),
+        RuntimeSource::InitialSync | RuntimeSource::RecoveryLookup => false,
+    }
+}
+
+/// R2: a delete gives up at its first conflicting write.
+pub(crate) fn fails_fast(command: &Command) -> bool {
+    on(Bug::DeleteWithoutRetry) && matches!(command, Command::DeleteSandbox { .. })
+}
+
+/// R1, at the Start decision: Starting is written without the rotation.
+pub(crate) fn leave_rotation_out(before: &Sandbox, next: &mut Sandbox) {
+    if on(Bug::RotationOutsideStart) {
+        next.generation = before.generation;
+        next.exit_fence = before.exit_fence;
+    }
+}
+
+/// R1, at the driver's start reply: the rotation is persisted only now. Returns the reply to
+/// merge when the switch took it.
+pub(crate) fn rotate_late<'o>(next: &mut Sandbox, observation: &'o Observation) -> Option<&'o StartReply> {
+    match observation {
+        Observation::Started { generation, reply }
+            if on(Bug::RotationOutsideStart) && *generation == next.generation + 1 && next.is(PhaseKind::Starting) =>
+        {
+            next.generation = *generation;
+            next.exit_fence = ExitFence { marker: next.last_exit, settled: true };
+            Some(reply)
+        }
+        _ => None,
+    }
+}
+
+/// R1, at recovery: a start re-driven after the rotation was left out launches yet another
+/// generation.
+pub(crate) fn unfinished_start(sandbox: &Sandbox) -> Option<Effect> {
+    let pending = sandbox.intent == Intent::Running && sandbox.is(PhaseKind::Starting) && sandbox.run == Run::Pending;
+    (on(Bug::RotationOutsideStart) && pending)
+        .then(|| Effect::Start { sandbox: sandbox.id.clone(), generation: sandbox.generation + 1 })
 }

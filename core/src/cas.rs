@@ -50,15 +50,9 @@ impl Retry {
         let mut retry = Self::new(policy, kind, name);
         #[cfg(feature = "bugs")]
         {
-            retry.fail_fast = crate::bugs::on(crate::bugs::Bug::DeleteWithoutRetry)
-                && matches!(request.command, crate::command::Command::DeleteSandbox { .. });
+            retry.fail_fast = crate::bugs::fails_fast(&request.command);
         }
         retry
-    }
-
-    /// Conflicts seen so far.
-    pub fn conflicts(&self) -> u32 {
-        self.conflicts
     }
 
     /// A write conflicted. Returns how long to wait before re-reading, or the error once the

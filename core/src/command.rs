@@ -259,11 +259,7 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
             next.intent = Intent::Running;
             let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
             #[cfg(feature = "bugs")]
-            if crate::bugs::on(crate::bugs::Bug::RotationOutsideStart) {
-                // The known R1 bug: Starting is written without the rotation.
-                next.generation = sandbox.generation;
-                next.exit_fence = sandbox.exit_fence;
-            }
+            crate::bugs::leave_rotation_out(sandbox, &mut next);
             Ok(commit(sandbox, next, vec![], vec![effect], now))
         }
     }

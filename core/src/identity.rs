@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn secrets_stay_out_of_debug_output() {
         let t = derive_token(&key(1), &id(3));
-        assert!(!format!("{t:?} {t} {:?}", key(1)).contains(t.expose()));
-        assert!(!format!("{:?}", key(7)).contains('7'));
+        // A placeholder, so a log reader sees that something was there and was withheld.
+        assert_eq!(format!("{t:?} {t} {:?}", key(7)), "RuntimeToken(<redacted>) <redacted> IdentityKey(<redacted>)");
     }
 }

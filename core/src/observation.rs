@@ -102,23 +102,6 @@ pub fn owns_run(sandbox: &Sandbox, started_at: Timestamp) -> bool {
     }
 }
 
-/// Whether a report is taken as this generation's without the fence: never, unless a
-/// known-bug switch of the simulator says so.
-#[cfg(not(feature = "bugs"))]
-fn bypasses_fence(_: RuntimeSource) -> bool {
-    false
-}
-
-#[cfg(feature = "bugs")]
-fn bypasses_fence(source: RuntimeSource) -> bool {
-    use crate::bugs::{Bug, on};
-    match source {
-        RuntimeSource::PollGet | RuntimeSource::PollList => on(Bug::PollBypassesFence),
-        RuntimeSource::WatchEvent => on(Bug::EventBypassesFence),
-        RuntimeSource::InitialSync | RuntimeSource::RecoveryLookup => false,
-    }
-}
-
 /// Merges `observation` about sandbox `id` into `current` (the record as just read; `None` if
 /// there is none) at gateway time `now`.
 ///
@@ -195,22 +178,24 @@ impl Merge<'_> {
 
     fn apply(&mut self, observation: &Observation) {
         let generation = self.before.generation;
+        #[cfg(feature = "bugs")]
+        if let Some(reply) = crate::bugs::rotate_late(&mut self.next, observation) {
+            self.start_reply(reply);
+            return;
+        }
         match observation {
             Observation::Runtime { source, state, as_of_version } => {
-                self.runtime(*state, *as_of_version, bypasses_fence(*source));
+                // No report skips the fence, unless a known-bug switch of the simulator says so.
+                #[cfg(feature = "bugs")]
+                let bypass = crate::bugs::bypasses_fence(*source);
+                #[cfg(not(feature = "bugs"))]
+                let bypass = {
+                    let _ = source;
+                    false
+                };
+                self.runtime(*state, *as_of_version, bypass);
             }
             Observation::Started { generation: g, reply } if *g == generation => self.start_reply(reply),
-            #[cfg(feature = "bugs")]
-            Observation::Started { generation: g, reply }
-                if crate::bugs::on(crate::bugs::Bug::RotationOutsideStart)
-                    && *g == generation + 1
-                    && self.next.is(PhaseKind::Starting) =>
-            {
-                // The known R1 bug: the rotation is persisted only now, apart from Starting.
-                self.next.generation = *g;
-                self.next.exit_fence = crate::record::ExitFence { marker: self.next.last_exit, settled: true };
-                self.start_reply(reply);
-            }
             Observation::Stopped { generation: g, state } if *g == generation && self.next.is(PhaseKind::Stopping) => {
                 self.stop_reply(*state);
             }

@@ -11,15 +11,13 @@ use crate::record::{Intent, PhaseKind, Run, Sandbox, Timestamp};
 pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
     let id = sandbox.id.clone();
     let generation = sandbox.generation;
+    #[cfg(feature = "bugs")]
+    if let Some(effect) = crate::bugs::unfinished_start(sandbox) {
+        return Some(effect);
+    }
     match (sandbox.intent, sandbox.phase.kind(), sandbox.run) {
         (_, PhaseKind::Deleting, _) => Some(Effect::Delete { sandbox: id }),
         (_, PhaseKind::Stopping, _) => Some(Effect::Stop { sandbox: id, generation }),
-        #[cfg(feature = "bugs")]
-        (Intent::Running, PhaseKind::Starting, Run::Pending)
-            if crate::bugs::on(crate::bugs::Bug::RotationOutsideStart) =>
-        {
-            Some(Effect::Start { sandbox: id, generation: generation + 1 })
-        }
         (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
             Some(Effect::Start { sandbox: id, generation })
         }

@@ -195,8 +195,10 @@ fn figure(name: &str, value: f64, unit: &str) {
 }
 
 fn main() {
-    // `cargo test --benches` runs this once, small, so it cannot rot.
-    let quick = std::env::args().any(|a| a == "--test") || std::env::var_os("BERTH_BENCH_QUICK").is_some();
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and runs this small, as a
+    // smoke, so it cannot rot.
+    let quick = !std::env::args().any(|a| a == "--bench")
+        || std::env::var_os("BERTH_BENCH_QUICK").is_some_and(|v| !v.is_empty());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     println!("gateway lifecycle RPCs (gRPC over loopback TCP, SQLite, no-op driver)");
     println!("{:>8} {:>10} {:>12} {:>12} {:>12}", "clients", "rpcs", "rpc/s", "p50", "p99");

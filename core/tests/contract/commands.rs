@@ -327,7 +327,13 @@ fn every_mutating_command_checks_a_client_version_first() {
         }
     }
     let provider_delete = Request::new(Command::DeleteProvider { name: "p1".into() }, Some(3));
-    assert_eq!(decide(&provider_delete, &reads(None), NOW).unwrap_err().code(), Code::Aborted);
+    let stale = decide(&provider_delete, &reads(None), NOW).unwrap_err();
+    assert_eq!(stale.code(), Code::Aborted);
+    assert_eq!(
+        stale,
+        Error::StaleVersion { kind: berth_core::Kind::Provider, name: "p1".into(), expected: 3, current: Some(4) },
+        "the provider's version is checked, and the error names the provider"
+    );
 }
 
 #[test]
@@ -360,4 +366,42 @@ fn a_server_owned_command_re_decides_after_a_conflict() {
     w.interference.push("box".into());
     let out = w.stop("box").unwrap();
     assert!(matches!(out, Outcome::Sandbox(s) if s.phase == Phase::Stopping && s.resource_version == 3));
+}
+
+#[test]
+fn phase_change_names_only_phases_a_decision_writes() {
+    let before = record(PhaseKind::Ready);
+    let stopping = on(PhaseKind::Ready, stop()).unwrap();
+    assert_eq!(stopping.phase_change(Some(&before)), Some((Some(PhaseKind::Ready), Some(PhaseKind::Stopping))));
+    // A no-op writes nothing, so changes nothing, even measured against another phase.
+    let noop = on(PhaseKind::Stopped, stop()).unwrap();
+    assert!(noop.writes.is_empty());
+    assert_eq!(noop.phase_change(Some(&before)), None);
+    // A write that keeps the phase is no phase change.
+    let attach =
+        on(PhaseKind::Ready, Command::AttachProvider { sandbox: "box".into(), provider: "p2".into() }).unwrap();
+    assert!(!attach.writes.is_empty());
+    assert_eq!(attach.phase_change(Some(&before)), None);
+    let created = decide(
+        &Request::new(
+            Command::CreateSandbox {
+                id: SandboxId::new("sb-new"),
+                name: "new".into(),
+                spec: spec(),
+                providers: Default::default(),
+            },
+            None,
+        ),
+        &reads(None),
+        NOW,
+    )
+    .unwrap();
+    assert_eq!(created.phase_change(None), Some((None, Some(PhaseKind::Provisioning))));
+    let provider = decide(
+        &Request::new(Command::DeleteProvider { name: "p9".into() }, None),
+        &Reads { providers: [("p9".to_string(), provider("p9", "K"))].into(), ..reads(None) },
+        NOW,
+    )
+    .unwrap();
+    assert_eq!(provider.phase_change(None), None, "provider decisions change no phase");
 }

@@ -355,3 +355,25 @@ fn a_leftover_resource_without_a_record_is_removed() {
     let err = merge(None, &id, &Observation::SupervisorConnected { generation: 1 }, NOW).unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 }
+
+#[test]
+fn every_observation_path_is_named_apart_in_logs_and_traces() {
+    let mut names: Vec<&str> = everything().iter().map(Observation::source_name).collect();
+    names.push(Observation::Deleted.source_name());
+    names.dedup();
+    assert_eq!(
+        names,
+        [
+            "watch event",
+            "initial sync",
+            "poll get",
+            "poll list",
+            "recovery lookup",
+            "driver start reply",
+            "driver stop reply",
+            "supervisor connect",
+            "supervisor exit report",
+            "driver delete reply"
+        ]
+    );
+}

@@ -204,11 +204,9 @@ impl World {
     /// Runs `decide_once` under the CAS rule until its writes commit; queues the effects.
     fn cas_loop(
         &mut self,
-        kind: Kind,
-        name: &str,
+        mut retry: Retry,
         mut decide_once: impl FnMut(&World) -> Result<Decision, Error>,
     ) -> Result<Decision, Error> {
-        let mut retry = Retry::new(RetryPolicy::default(), kind, name);
         loop {
             let decision = decide_once(self)?;
             self.interfere();
@@ -227,11 +225,11 @@ impl World {
 
     pub fn request(&mut self, command: Command, expected_version: Option<u64>) -> Result<Outcome, Error> {
         let request = Request::new(command, expected_version);
-        let (kind, name) = request.subject();
-        let name = name.to_string();
         self.now = self.now.plus(core::time::Duration::from_millis(1));
         let now = self.now;
-        self.cas_loop(kind, &name, |w| decide(&request, &w.store.reads(&request), now)).map(|d| d.outcome)
+        // The retry state the gateway gives an API command.
+        let retry = Retry::for_request(RetryPolicy::default(), &request);
+        self.cas_loop(retry, |w| decide(&request, &w.store.reads(&request), now)).map(|d| d.outcome)
     }
 
     pub fn create(&mut self, name: &str, providers: &[&str]) -> Result<Outcome, Error> {
@@ -275,7 +273,9 @@ impl World {
     pub fn observe(&mut self, id: &SandboxId, observation: Observation) -> Result<Decision, Error> {
         self.now = self.now.plus(core::time::Duration::from_millis(1));
         let now = self.now;
-        self.cas_loop(Kind::Sandbox, id.as_str(), |w| merge(w.store.sandboxes.get(id), id, &observation, now))
+        self.cas_loop(Retry::new(RetryPolicy::default(), Kind::Sandbox, id.as_str()), |w| {
+            merge(w.store.sandboxes.get(id), id, &observation, now)
+        })
     }
 
     pub fn snapshot(&self, id: &SandboxId) -> RuntimeState {

@@ -61,6 +61,33 @@ pub struct ListPage {
     pub next: Option<SandboxId>,
 }
 
+impl ListPage {
+    /// The page of `ids` (in any order, repeats allowed) after `after`, each looked up with
+    /// `driver.get`; those found absent meanwhile are left out.
+    pub async fn of(
+        driver: &(impl Driver + ?Sized),
+        mut ids: Vec<SandboxId>,
+        after: Option<&SandboxId>,
+        limit: usize,
+    ) -> Result<Self, DriverError> {
+        let limit = limit.max(1);
+        ids.sort();
+        ids.dedup();
+        let ids: Vec<SandboxId> = ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit + 1).collect();
+        let mut page = ListPage::default();
+        for id in ids.iter().take(limit) {
+            let state = driver.get(id).await?;
+            if !matches!(state, RuntimeState::Absent { .. }) {
+                page.items.push((id.clone(), state));
+            }
+        }
+        if ids.len() > limit {
+            page.next = ids.get(limit - 1).cloned();
+        }
+        Ok(page)
+    }
+}
+
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// A short name for logs: "process", "docker", "podman", "sim".

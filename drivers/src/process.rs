@@ -412,21 +412,7 @@ impl Driver for ProcessDriver {
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
-        let limit = limit.max(1);
-        let ids: Vec<SandboxId> =
-            self.inner.ids()?.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit + 1).collect();
-        let mut page = ListPage::default();
-        for id in ids.iter().take(limit) {
-            let _guard = self.inner.lock(id).await;
-            let state = self.inner.observe(id)?;
-            if !matches!(state, RuntimeState::Absent { .. }) {
-                page.items.push((id.clone(), state));
-            }
-        }
-        if ids.len() > limit {
-            page.next = ids.get(limit - 1).cloned();
-        }
-        Ok(page)
+        ListPage::of(self, self.inner.ids()?, after, limit).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

@@ -1,6 +1,7 @@
 //! Gateway configuration: command-line flags, `BERTH_*` environment variables, and an optional
 //! TOML file, in that order of precedence, over built-in defaults.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,6 +29,55 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where records are kept.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A SQLite file: the embedded default, for one gateway.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database (its URL), which several gateways may share.
+    Postgres(String),
+}
+
+impl StoreLocation {
+    /// `sqlite` (the file in `data_dir`), `sqlite:PATH`, or `postgres://…` / `postgresql://…`.
+    fn parse(value: &str, data_dir: &Path) -> Result<Self, String> {
+        if value == "sqlite" {
+            Ok(StoreLocation::Sqlite(data_dir.join(crate::server::DATABASE_FILE)))
+        } else if let Some(path) = value.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+            Ok(StoreLocation::Sqlite(PathBuf::from(path)))
+        } else if value.starts_with("postgres://") || value.starts_with("postgresql://") {
+            Ok(StoreLocation::Postgres(value.to_string()))
+        } else {
+            Err("store: expected sqlite, sqlite:PATH or a postgres:// URL".to_string())
+        }
+    }
+}
+
+/// The URL with its password (if any) replaced: this is what logs and errors may show.
+impl fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreLocation::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreLocation::Postgres(url) => {
+                let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+                match rest.split_once('@') {
+                    Some((user, host)) if user.contains(':') => {
+                        let user = user.split(':').next().unwrap_or_default();
+                        write!(f, "{scheme}://{user}:<redacted>@{host}")
+                    }
+                    _ => write!(f, "{url}"),
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for StoreLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreLocation({self})")
+    }
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 500ms, 10s or 2m: {e}"))
 }
@@ -49,6 +99,11 @@ pub struct Flags {
     /// The runtime that runs sandboxes. [default: process]
     #[arg(long, env = "BERTH_DRIVER")]
     pub driver: Option<DriverKind>,
+    /// Where records are kept: `sqlite` (<data-dir>/berth.db), `sqlite:PATH`, or a PostgreSQL
+    /// URL, `postgres://user[:password]@host[:port]/database`, which several gateways may
+    /// share. [default: sqlite]
+    #[arg(long, env = "BERTH_STORE", hide_env_values = true)]
+    pub store: Option<String>,
     /// The public API's bearer token. [default: read from, or created in, <data-dir>/api-token]
     #[arg(long, env = "BERTH_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -93,6 +148,7 @@ struct File {
     listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     driver: Option<DriverKind>,
+    store: Option<String>,
     api_token: Option<String>,
     supervisor_bin: Option<PathBuf>,
     docker_socket: Option<PathBuf>,
@@ -112,6 +168,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub driver: DriverKind,
+    pub store: StoreLocation,
     pub api_token: Option<String>,
     pub supervisor_bin: PathBuf,
     pub docker_socket: PathBuf,
@@ -159,10 +216,13 @@ impl Config {
                 .map_err(|e| format!("cannot locate berth-supervisor: {e}"))?
                 .with_file_name("berth-supervisor"),
         };
+        let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir);
+        let store = StoreLocation::parse(flags.store.or(file.store).as_deref().unwrap_or("sqlite"), &data_dir)?;
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
-            data_dir: flags.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir),
+            data_dir,
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
+            store,
             api_token: flags.api_token.or(file.api_token),
             supervisor_bin,
             docker_socket: flags.docker_socket.or(file.docker_socket).unwrap_or_else(default_docker_socket),
@@ -213,5 +273,24 @@ mod tests {
         let err = Config::load(Flags { config: Some(path), ..Flags::default() }).unwrap_err();
         assert!(err.contains("pol_interval"), "unknown keys are named: {err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn stores_are_named_by_url_and_passwords_never_shown() {
+        let data = Path::new("/var/lib/berth");
+        let load = |store: &str| {
+            Config::load(Flags { data_dir: Some(data.into()), store: Some(store.into()), ..Flags::default() })
+        };
+        assert_eq!(load("sqlite").unwrap().store, StoreLocation::Sqlite(data.join("berth.db")));
+        assert_eq!(load("sqlite:/tmp/b.db").unwrap().store, StoreLocation::Sqlite("/tmp/b.db".into()));
+        let pg = load("postgres://berth:s3cret@db.internal:5433/berth").unwrap().store;
+        assert_eq!(pg, StoreLocation::Postgres("postgres://berth:s3cret@db.internal:5433/berth".into()));
+        assert_eq!(pg.to_string(), "postgres://berth:<redacted>@db.internal:5433/berth");
+        assert!(!format!("{pg:?}").contains("s3cret"));
+        assert_eq!(load("postgresql://db/berth").unwrap().store.to_string(), "postgresql://db/berth");
+        for bad in ["mysql://db", "sqlite:", "berth.db"] {
+            let err = load(bad).unwrap_err();
+            assert!(err.starts_with("store:"), "{bad}: {err}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! A production gateway: the data directory and its secrets, the SQLite store, the driver, the
+//! A production gateway: the data directory and its secrets, the store, the driver, the
 //! engine, recovery, the reconcile loops and the listeners, and a graceful shutdown.
 
 use std::io::Write as _;
@@ -18,9 +18,11 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::info;
 
 use crate::clock::SystemClock;
-use crate::config::{Config, DriverKind};
+use crate::config::{Config, DriverKind, StoreLocation};
 use crate::engine::{Engine, EngineSettings};
 use crate::reconcile::{self, ReconcileSettings};
+use crate::store::Store;
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 
 /// Files of the data directory.
@@ -105,7 +107,10 @@ pub async fn run(config: Config) -> Result<(), String> {
         None => secret(&data.join(API_TOKEN_FILE), 32)?,
     };
     let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
-    let store = Arc::new(SqliteStore::open(&data.join(DATABASE_FILE)).map_err(|e| e.to_string())?);
+    let store: Arc<dyn Store> = match &config.store {
+        StoreLocation::Sqlite(path) => Arc::new(SqliteStore::open(path).map_err(|e| e.to_string())?),
+        StoreLocation::Postgres(url) => Arc::new(PostgresStore::connect(url).await.map_err(|e| e.to_string())?),
+    };
 
     let socket_dir = data.join(SOCKET_DIR);
     std::fs::DirBuilder::new()
@@ -159,7 +164,14 @@ pub async fn run(config: Config) -> Result<(), String> {
     let tcp =
         tokio::spawn(server().serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone())));
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
-    info!(%address, data_dir = %data.display(), driver = engine.driver().name(), redriven, "berth-gateway serving");
+    info!(
+        %address,
+        data_dir = %data.display(),
+        store = %config.store,
+        driver = engine.driver().name(),
+        redriven,
+        "berth-gateway serving"
+    );
 
     shutdown_signal().await;
     info!("shutting down: no new requests; letting effects under way finish");

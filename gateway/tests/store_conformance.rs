@@ -1,6 +1,12 @@
 //! One conformance suite for every `Store`: each check is written once against `dyn Store` and
-//! run on the in-memory store and on SQLite, so the two cannot drift apart. SQLite's own
-//! concerns (file mode, restarts, migrations, damaged data) follow in `sqlite_only`.
+//! run on the in-memory store, on SQLite and on PostgreSQL, so they cannot drift apart. SQLite's
+//! own concerns (file mode, restarts, migrations, damaged data) follow in `sqlite_only`,
+//! PostgreSQL's (an unreachable server, concurrent migrations) in `postgres_only`.
+//!
+//! PostgreSQL comes from `BERTH_TEST_POSTGRES_URL` (`ci/postgres up` starts one; `ci/postgres
+//! env` prints the variable), each test in a schema of its own. Under `ci/test`
+//! (`BERTH_REQUIRE_POSTGRES=1`) a missing database fails; a plain `cargo test` skips those tests
+//! and says so.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -9,12 +15,38 @@ use berth_core::{
     Conflict, ExitFence, Intent, Key, Phase, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp, Write,
 };
 use berth_gateway::store::memory::MemoryStore;
+use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
 use berth_gateway::store::{CommitError, Page, PageRequest, Store};
 
 type Shared = Arc<dyn Store>;
 
-/// Instantiates every check once per store, as `memory::<check>` and `sqlite::<check>`.
+/// A PostgreSQL store in a fresh schema named after `test`, or `None` when no database is
+/// configured and none is required.
+async fn postgres(test: &str) -> Option<PostgresStore> {
+    let url = postgres_url(test)?;
+    let schema = format!("test_{test}");
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).await.unwrap();
+    Some(PostgresStore::connect(&format!("{url}?options=-csearch_path%3D{schema}")).await.unwrap())
+}
+
+fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var("BERTH_TEST_POSTGRES_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("BERTH_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") => {
+            panic!("{test}: BERTH_TEST_POSTGRES_URL is not set, and this run requires PostgreSQL (ci/postgres up)")
+        }
+        Err(_) => {
+            eprintln!("skipped {test}: no PostgreSQL (ci/postgres up; export $(ci/postgres env))");
+            None
+        }
+    }
+}
+
+/// Instantiates every check once per store, as `memory::<check>`, `sqlite::<check>` and
+/// `postgres::<check>`.
 macro_rules! conformance {
     ($($check:ident),* $(,)?) => {
         mod memory {
@@ -32,6 +64,16 @@ macro_rules! conformance {
                     let dir = tempfile::tempdir().unwrap();
                     let store = super::SqliteStore::open(&dir.path().join("berth.db")).unwrap();
                     super::$check(std::sync::Arc::new(store)).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    if let Some(store) = super::postgres(stringify!($check)).await {
+                        super::$check(std::sync::Arc::new(store)).await;
+                    }
                 }
             )*
         }
@@ -676,5 +718,65 @@ mod sqlite_only {
         assert!(store.sandbox(&SandboxId::new("sb-a")).await.unwrap().is_some());
         raw.execute_batch("ROLLBACK").unwrap();
         store.commit(&[Write::CreateSandbox(sandbox("sb-b", "beta"))]).await.unwrap();
+    }
+}
+
+mod postgres_only {
+    use std::sync::Arc;
+
+    use berth_core::Write;
+    use berth_gateway::store::postgres::PostgresStore;
+    use berth_gateway::store::{PageRequest, Store, StoreError};
+
+    use super::{postgres, postgres_url, provider, sandbox};
+
+    #[tokio::test]
+    async fn an_unreachable_database_is_unavailable_and_its_password_never_shown() {
+        let err = PostgresStore::connect("postgres://berth:hunter2-secret@127.0.0.1:1/berth").await.err().unwrap();
+        let StoreError::Unavailable(message) = &err else { panic!("{err:?}") };
+        assert!(message.contains("berth@127.0.0.1:1/berth"), "names where it tried: {message}");
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+        let err = PostgresStore::connect("mysql://x").await.err().unwrap();
+        assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("not a PostgreSQL URL")), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn gateways_starting_together_migrate_once_and_share_records() {
+        let Some(first) = postgres("migrate_together").await else { return };
+        let url = postgres_url("migrate_together").unwrap();
+        let url = format!("{url}?options=-csearch_path%3Dtest_migrate_together");
+        // The schema is already current; more gateways racing to start must all get through.
+        let starts = (0..4).map(|_| PostgresStore::connect(&url));
+        let others: Vec<PostgresStore> =
+            futures_util::future::join_all(starts).await.into_iter().map(Result::unwrap).collect();
+        first.commit(&[Write::CreateSandbox(sandbox("sb-1", "one"))]).await.unwrap();
+        for other in &others {
+            assert_eq!(other.sandbox_by_name("one").await.unwrap().unwrap().id.as_str(), "sb-1");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_newer_schema_is_refused() {
+        let Some(store) = postgres("newer_schema").await else { return };
+        let url = postgres_url("newer_schema").unwrap();
+        let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        admin.batch_execute("UPDATE test_newer_schema.berth_schema SET version = version + 1").await.unwrap();
+        drop(store);
+        let err =
+            PostgresStore::connect(&format!("{url}?options=-csearch_path%3Dtest_newer_schema")).await.err().unwrap();
+        assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("newer than this build")), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn pages_come_in_byte_order_whatever_the_locale() {
+        let Some(store) = postgres("byte_order").await else { return };
+        let store: Arc<dyn Store> = Arc::new(store);
+        for name in ["b1", "b-1", "B", "b"] {
+            store.commit(&[Write::CreateProvider(provider(name))]).await.unwrap();
+        }
+        let page = store.list_providers(&PageRequest { after: None, limit: 10 }).await.unwrap();
+        let names: Vec<&str> = page.items.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["B", "b", "b-1", "b1"]);
     }
 }

@@ -471,22 +471,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
-        let limit = limit.max(1);
-        let mut ids = self.engine.list().await?;
-        ids.sort();
-        ids.dedup();
-        let ids: Vec<SandboxId> = ids.into_iter().filter(|id| after.is_none_or(|a| id > a)).take(limit + 1).collect();
-        let mut page = ListPage::default();
-        for id in ids.iter().take(limit) {
-            let state = self.state(id).await?;
-            if !matches!(state, RuntimeState::Absent { .. }) {
-                page.items.push((id.clone(), state));
-            }
-        }
-        if ids.len() > limit {
-            page.next = ids.get(limit - 1).cloned();
-        }
-        Ok(page)
+        ListPage::of(self, self.engine.list().await?, after, limit).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

@@ -3,15 +3,18 @@
 //! Every write is conditional: create-if-absent, write-if-version, delete-if-version, and a
 //! transaction of several, all applied or none. A failed condition is reported as a
 //! [`Conflict`] naming the record and its current version (or its absence), never silently
-//! overwritten. Implementations: [`sqlite::SqliteStore`] (the embedded default) and
-//! [`memory::MemoryStore`] (the simulator's, and tests').
+//! overwritten. Implementations: [`sqlite::SqliteStore`] (the embedded default),
+//! [`postgres::PostgresStore`] (shared by several gateways) and [`memory::MemoryStore`] (the
+//! simulator's, and tests').
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use berth_core::{Conflict, Provider, Sandbox, SandboxId, Write};
 
+mod codec;
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
 /// Where a page starts and how long it is. Pages are ordered by name.

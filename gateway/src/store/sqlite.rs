@@ -28,9 +28,8 @@ use async_trait::async_trait;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
+use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{CommitError, Page, PageRequest, Store, StoreError};
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `PRAGMA user_version` from `i` to `i + 1`.
@@ -199,75 +198,15 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// What the store needs to know of a record kept as JSON.
-trait Record: Serialize + DeserializeOwned {
-    const TABLE: &'static str;
-    /// The primary key: the sandbox id, the provider name.
-    fn key(&self) -> &str;
-    /// What pages are ordered by.
-    fn name(&self) -> &str;
-    fn version(&self) -> u64;
-}
-
-impl Record for Sandbox {
-    const TABLE: &'static str = "sandboxes";
-    fn key(&self) -> &str {
-        self.id.as_str()
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
-}
-
-impl Record for Provider {
-    const TABLE: &'static str = "providers";
-    fn key(&self) -> &str {
-        &self.name
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
-}
-
-/// Decodes a `(key, version, record)` row. The columns must agree with the record: conditions
-/// are checked against the version column, so a disagreement would make them lie.
+/// Decodes a `(key, version, record)` row.
 fn decode<T: Record>(row: &Row<'_>) -> Result<T, StoreError> {
-    let table = T::TABLE;
-    let key: String = row.get(0).map_err(|e| StoreError::Corrupt(format!("{table}: unreadable key: {e}")))?;
-    let corrupt = |what: String| StoreError::Corrupt(format!("{table} {key:?}: {what}"));
-    let version: i64 = row.get(1).map_err(|e| corrupt(format!("unreadable version: {e}")))?;
-    let version = from_sql_version(table, &key, version)?;
-    let json = row.get_ref(2).and_then(|v| Ok(v.as_str()?)).map_err(|e| corrupt(format!("unreadable record: {e}")))?;
-    // Only where decoding failed, never serde's message: it may quote the record's contents,
-    // and those include provider credentials.
-    let record: T = serde_json::from_str(json).map_err(|e| {
-        corrupt(format!(
-            "record does not decode ({:?} error at line {}, column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        ))
-    })?;
-    if record.key() != key {
-        return Err(corrupt(format!("record is keyed {:?}", record.key())));
-    }
-    if record.version() != version {
-        return Err(corrupt(format!("version column {version} but record version {}", record.version())));
-    }
-    Ok(record)
-}
-
-fn encode<T: Record>(record: &T) -> Result<String, StoreError> {
-    // Nothing in a record can fail to serialize (every map is keyed by strings); kept an error
-    // rather than a panic all the same, without serde's message, which could quote a secret.
-    serde_json::to_string(record)
-        .map_err(|_| StoreError::Unavailable(format!("{} {:?}: record cannot be encoded", T::TABLE, record.key())))
+    let key: String = row.get(0).map_err(|e| StoreError::Corrupt(format!("{}: unreadable key: {e}", T::TABLE)))?;
+    let version: i64 = row.get(1).map_err(|e| corrupt::<T>(&key, format!("unreadable version: {e}")))?;
+    let json = row
+        .get_ref(2)
+        .and_then(|v| Ok(v.as_str()?))
+        .map_err(|e| corrupt::<T>(&key, format!("unreadable record: {e}")))?;
+    codec::decode(&key, version, json)
 }
 
 /// One record at most, from a query selecting `(key, version, record)`.
@@ -289,42 +228,29 @@ fn read_all<T: Record>(conn: &Connection, sql: &str, args: Vec<Value>) -> Result
 }
 
 /// A page from a query selecting `(key, version, record)` ordered by name, whose last parameter
-/// is the row limit: one row more than the page is fetched to learn whether another follows.
+/// is the row limit.
 fn read_page<T: Record>(
     conn: &Connection,
     sql: &str,
     mut args: Vec<Value>,
     limit: usize,
 ) -> Result<Page<T>, StoreError> {
-    let limit = limit.max(1);
-    args.push(Value::Integer(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX)));
-    let mut items: Vec<T> = read_all(conn, sql, args)?;
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(|r| r.name().to_owned())
-    } else {
-        None
-    };
-    Ok(Page { items, next })
-}
-
-// Versions are u64 in records and a signed 64-bit INTEGER in SQLite.
-fn to_sql_version(version: u64) -> Result<i64, StoreError> {
-    i64::try_from(version)
-        .map_err(|_| StoreError::Unavailable(format!("version {version} exceeds what the store can hold")))
-}
-
-fn from_sql_version(table: &str, key: &str, version: i64) -> Result<u64, StoreError> {
-    u64::try_from(version).map_err(|_| StoreError::Corrupt(format!("{table} {key:?}: negative version {version}")))
+    args.push(Value::Integer(codec::row_limit(limit)));
+    Ok(codec::page(read_all(conn, sql, args)?, limit))
 }
 
 fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError> {
-    let (table, sql, key) = match key {
-        Key::Sandbox(id) => (Sandbox::TABLE, "SELECT version FROM sandboxes WHERE id = ?1", id.as_str()),
-        Key::Provider(name) => (Provider::TABLE, "SELECT version FROM providers WHERE name = ?1", name.as_str()),
+    let read = |sql: &str, key: &str| -> Result<Option<i64>, StoreError> {
+        Ok(tx.prepare_cached(sql)?.query_row([key], |row| row.get(0)).optional()?)
     };
-    let version: Option<i64> = tx.prepare_cached(sql)?.query_row([key], |row| row.get(0)).optional()?;
-    version.map(|v| from_sql_version(table, key, v)).transpose()
+    match key {
+        Key::Sandbox(id) => read("SELECT version FROM sandboxes WHERE id = ?1", id.as_str())?
+            .map(|v| from_sql_version::<Sandbox>(id.as_str(), v))
+            .transpose(),
+        Key::Provider(name) => read("SELECT version FROM providers WHERE name = ?1", name)?
+            .map(|v| from_sql_version::<Provider>(name, v))
+            .transpose(),
+    }
 }
 
 /// The sandbox holding `name`, as the conflict a create of that name reports.
@@ -335,7 +261,7 @@ fn name_conflict(tx: &Transaction<'_>, name: &str) -> Result<Option<Conflict>, S
         .optional()?;
     holder
         .map(|(id, version)| {
-            let current = Some(from_sql_version(Sandbox::TABLE, &id, version)?);
+            let current = Some(from_sql_version::<Sandbox>(&id, version)?);
             Ok(Conflict { key: Key::Sandbox(SandboxId::new(id)), expected: None, current })
         })
         .transpose()

@@ -1,0 +1,489 @@
+//! The shared store: PostgreSQL, so that several gateways can serve one fleet. The database
+//! does every check: nothing is replicated by Berth itself.
+//!
+//! The schema is SQLite's (see `codec`): each record whole, as JSON, beside the columns queried
+//! by, and the two index tables (provider references, labels) kept in step in the same
+//! transaction. Names are compared in the "C" collation, so pages come in the same byte order
+//! as from the other stores whatever the database's locale.
+//!
+//! A transaction first checks every condition against the state before it (reporting the
+//! first that fails, as the other stores do), then applies the writes as conditional
+//! statements; a statement that changes no row means another transaction got there first, and
+//! the whole transaction rolls back with that conflict. Two transactions that lock the same
+//! records in different orders may deadlock, and a rename may meet a name taken in between:
+//! PostgreSQL aborts one of them, which is then run again from its checks (nothing of it
+//! applied), a few times at most.
+//!
+//! When the database cannot be reached, every operation fails as unavailable after the pool's
+//! timeouts; the pool reconnects by itself once the database is back.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
+use super::{CommitError, Page, PageRequest, Store, StoreError};
+
+/// Schema migrations; applying `MIGRATIONS[i]` takes `berth_schema.version` from `i` to `i + 1`.
+/// Append only: a released step is never edited, since databases already past it never rerun it.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE sandboxes (
+    id      TEXT   NOT NULL PRIMARY KEY,
+    name    TEXT   COLLATE "C" NOT NULL UNIQUE,
+    version BIGINT NOT NULL,
+    record  TEXT   NOT NULL
+);
+
+CREATE TABLE sandbox_providers (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    provider   TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (sandbox_id, provider)
+);
+CREATE INDEX sandbox_providers_by_provider ON sandbox_providers (provider, sandbox_id);
+
+CREATE TABLE sandbox_labels (
+    sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    PRIMARY KEY (sandbox_id, key)
+);
+CREATE INDEX sandbox_labels_by_pair ON sandbox_labels (key, value, sandbox_id);
+
+CREATE TABLE providers (
+    name    TEXT   COLLATE "C" NOT NULL PRIMARY KEY,
+    version BIGINT NOT NULL,
+    record  TEXT   NOT NULL
+);
+"#];
+
+// A handful of steps: the cast cannot truncate.
+const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Serializes schema migrations between gateways starting together (an advisory lock's key).
+const MIGRATION_LOCK: i64 = 0x6265_7274_685f_6462; // "berth_db"
+
+/// Connections each gateway keeps at most.
+const POOL_SIZE: usize = 16;
+
+/// How long an operation waits for a connection, to connect, or for the server to answer the
+/// pool's health check, before it fails as unavailable.
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a transaction PostgreSQL aborted (deadlock, a name taken meanwhile) is run
+/// again before the commit fails as unavailable.
+const ATTEMPTS: usize = 5;
+
+pub struct PostgresStore {
+    pool: Pool,
+    /// `user@host:port/database`, for messages: never the password.
+    target: String,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`, or
+    /// any form libpq accepts) and brings its schema up to date.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        // The parser's message never quotes the URL, so never its password.
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("the store URL is not a PostgreSQL URL: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(TIMEOUT);
+        }
+        config.application_name("berth-gateway");
+        let target = target(&config);
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(TIMEOUT))
+            .create_timeout(Some(TIMEOUT))
+            .recycle_timeout(Some(TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("postgres {target}: {e}")))?;
+        let store = Self { pool, target };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.pool.get().await.map_err(|e| StoreError::Unavailable(format!("postgres {}: {e}", self.target)))
+    }
+
+    fn error(&self, e: &tokio_postgres::Error) -> StoreError {
+        match e.code() {
+            Some(c) if *c == SqlState::DATA_CORRUPTED || *c == SqlState::INDEX_CORRUPTED => {
+                StoreError::Corrupt(format!("postgres {}: {e}", self.target))
+            }
+            _ => StoreError::Unavailable(format!("postgres {}: {}", self.target, describe(e))),
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(&e))?;
+        // DDL is transactional in PostgreSQL: the steps and the version move together or not at all.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(|e| self.error(&e))?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS berth_schema (version BIGINT NOT NULL)")
+            .await
+            .map_err(|e| self.error(&e))?;
+        let found: i64 =
+            match tx.query_opt("SELECT version FROM berth_schema", &[]).await.map_err(|e| self.error(&e))? {
+                Some(row) => row.try_get(0).map_err(|e| self.error(&e))?,
+                None => {
+                    tx.execute("INSERT INTO berth_schema (version) VALUES (0)", &[])
+                        .await
+                        .map_err(|e| self.error(&e))?;
+                    0
+                }
+            };
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::Unavailable(format!(
+                "postgres {}: schema version {found} is newer than this build supports ({SCHEMA_VERSION}); \
+                 refusing to use it rather than misread it: run a newer berth-gateway",
+                self.target
+            )));
+        }
+        for (to, sql) in (1..).zip(MIGRATIONS).skip_while(|(to, _)| *to <= found) {
+            tx.batch_execute(sql).await.map_err(|e| {
+                StoreError::Unavailable(format!("postgres {}: schema migration {to} failed: {e}", self.target))
+            })?;
+            tx.execute("UPDATE berth_schema SET version = $1", &[&to]).await.map_err(|e| self.error(&e))?;
+        }
+        tx.commit().await.map_err(|e| self.error(&e))
+    }
+
+    async fn read_one<T: Record>(&self, sql: &str, key: &str) -> Result<Option<T>, StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.error(&e))?;
+        let row = client.query_opt(&statement, &[&key]).await.map_err(|e| self.error(&e))?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    async fn read_all<T: Record>(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<T>, StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.error(&e))?;
+        let rows = client.query(&statement, args).await.map_err(|e| self.error(&e))?;
+        rows.iter().map(decode).collect()
+    }
+
+    /// A page from a query selecting `(key, version, record)` ordered by name whose last
+    /// parameter is the row limit.
+    async fn read_page<T: Record>(
+        &self,
+        sql: &str,
+        args: &[&(dyn ToSql + Sync)],
+        limit: usize,
+    ) -> Result<Page<T>, StoreError> {
+        let rows = codec::row_limit(limit);
+        let mut args = args.to_vec();
+        args.push(&rows);
+        Ok(codec::page(self.read_all(sql, &args).await?, limit))
+    }
+
+    /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
+    async fn try_commit(&self, client: &mut Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
+        let tx = client.transaction().await.map_err(|e| self.error(&e))?;
+        // Dropping `tx` on any early return rolls back whatever was applied.
+        let attempt = async {
+            for write in writes {
+                if let Some(conflict) = check(&tx, write).await? {
+                    return Ok(Err(conflict));
+                }
+            }
+            for write in writes {
+                if let Some(conflict) = apply(&tx, write).await? {
+                    return Ok(Err(conflict));
+                }
+            }
+            Ok(Ok(()))
+        };
+        let outcome: TxResult<Result<(), Conflict>> = attempt.await;
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(conflict)) => return Err(CommitError::Conflict(conflict)),
+            Err(TxError::Db(e)) if retryable(&e) => return Ok(None),
+            Err(TxError::Db(e)) => return Err(self.error(&e).into()),
+            Err(TxError::Store(e)) => return Err(e.into()),
+        }
+        match tx.commit().await {
+            Ok(()) => Ok(Some(())),
+            Err(e) if retryable(&e) => Ok(None),
+            // The reply to COMMIT was lost: the transaction may have landed, as after any timeout.
+            Err(e) => Err(self.error(&e).into()),
+        }
+    }
+}
+
+/// `user@host:port/database`, for messages.
+fn target(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("?");
+    let database = config.get_dbname().unwrap_or(user);
+    format!("{user}@{host}:{port}/{database}")
+}
+
+/// The server's own message where there is one (tokio-postgres's Display says only "db error").
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// Aborted by PostgreSQL for a reason that passes: run the transaction again.
+fn retryable(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_DEADLOCK_DETECTED
+            || *c == SqlState::T_R_SERIALIZATION_FAILURE
+            || *c == SqlState::UNIQUE_VIOLATION
+    })
+}
+
+/// Decodes a `(key, version, record)` row.
+fn decode<T: Record>(row: &Row) -> Result<T, StoreError> {
+    let key: String = row.try_get(0).map_err(|e| StoreError::Corrupt(format!("{}: unreadable key: {e}", T::TABLE)))?;
+    let version: i64 = row.try_get(1).map_err(|e| corrupt::<T>(&key, format!("unreadable version: {e}")))?;
+    let json: &str = row.try_get(2).map_err(|e| corrupt::<T>(&key, format!("unreadable record: {e}")))?;
+    codec::decode(&key, version, json)
+}
+
+/// What can go wrong inside a transaction: the database, or a record that cannot be stored.
+enum TxError {
+    Db(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for TxError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TxError::Db(e)
+    }
+}
+
+impl From<StoreError> for TxError {
+    fn from(e: StoreError) -> Self {
+        TxError::Store(e)
+    }
+}
+
+type TxResult<T> = Result<T, TxError>;
+
+async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
+    let (sql, name) = match key {
+        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", id.as_str()),
+        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", name.as_str()),
+    };
+    let statement = tx.prepare_cached(sql).await?;
+    let Some(row) = tx.query_opt(&statement, &[&name]).await? else {
+        return Ok(None);
+    };
+    let version: i64 = row.try_get(0)?;
+    let version = match key {
+        Key::Sandbox(_) => from_sql_version::<Sandbox>(name, version)?,
+        Key::Provider(_) => from_sql_version::<Provider>(name, version)?,
+    };
+    Ok(Some(version))
+}
+
+/// The sandbox holding `name`, as the conflict a write of that name reports.
+async fn name_conflict(tx: &Transaction<'_>, name: &str) -> TxResult<Option<Conflict>> {
+    let statement = tx.prepare_cached("SELECT id, version FROM sandboxes WHERE name = $1").await?;
+    let Some(row) = tx.query_opt(&statement, &[&name]).await? else {
+        return Ok(None);
+    };
+    let id: String = row.try_get(0)?;
+    let current = Some(from_sql_version::<Sandbox>(&id, row.try_get(1)?)?);
+    Ok(Some(Conflict { key: Key::Sandbox(SandboxId::new(id)), expected: None, current }))
+}
+
+/// The write's condition against the state before the transaction, as memory.rs checks it.
+async fn check(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
+    let key = write.key();
+    let current = version_of(tx, &key).await?;
+    if current != write.expected() {
+        return Ok(Some(Conflict { key, expected: write.expected(), current }));
+    }
+    match write {
+        Write::CreateSandbox(s) => name_conflict(tx, &s.name).await,
+        _ => Ok(None),
+    }
+}
+
+/// Runs one conditional statement; how many rows it changed.
+async fn execute(tx: &Transaction<'_>, sql: &str, args: &[&(dyn ToSql + Sync)]) -> TxResult<u64> {
+    let statement = tx.prepare_cached(sql).await?;
+    Ok(tx.execute(&statement, args).await?)
+}
+
+/// Applies one write whose condition was checked; a conflict here comes from an earlier write
+/// of the same transaction, or from another transaction that committed meanwhile.
+async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
+    let changed = match write {
+        Write::CreateSandbox(s) => {
+            let sql =
+                "INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+            execute(tx, sql, &[&s.id.as_str(), &s.name, &to_sql_version(s.resource_version)?, &encode(s)?]).await?
+        }
+        Write::UpdateSandbox { record: s, expected } => {
+            // A rename onto a name another sandbox holds is that sandbox's conflict (should one
+            // take it after this check, the unique index aborts the transaction and it runs again).
+            if let Some(conflict) = name_conflict(tx, &s.name).await?
+                && conflict.key != write.key()
+            {
+                return Ok(Some(conflict));
+            }
+            let sql = "UPDATE sandboxes SET name = $2, version = $3, record = $4 WHERE id = $1 AND version = $5";
+            let version = to_sql_version(s.resource_version)?;
+            execute(tx, sql, &[&s.id.as_str(), &s.name, &version, &encode(s)?, &to_sql_version(*expected)?]).await?
+        }
+        Write::RemoveSandbox { id, expected } => {
+            let sql = "DELETE FROM sandboxes WHERE id = $1 AND version = $2";
+            execute(tx, sql, &[&id.as_str(), &to_sql_version(*expected)?]).await?
+        }
+        Write::CreateProvider(p) => {
+            let sql = "INSERT INTO providers (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+            execute(tx, sql, &[&p.name, &to_sql_version(p.resource_version)?, &encode(p)?]).await?
+        }
+        Write::UpdateProvider { record: p, expected } => {
+            let sql = "UPDATE providers SET version = $2, record = $3 WHERE name = $1 AND version = $4";
+            let version = to_sql_version(p.resource_version)?;
+            execute(tx, sql, &[&p.name, &version, &encode(p)?, &to_sql_version(*expected)?]).await?
+        }
+        Write::RemoveProvider { name, expected } => {
+            let sql = "DELETE FROM providers WHERE name = $1 AND version = $2";
+            execute(tx, sql, &[&name, &to_sql_version(*expected)?]).await?
+        }
+    };
+    if changed == 0 {
+        return explain(tx, write).await.map(Some);
+    }
+    if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write {
+        index(tx, s).await?;
+    }
+    Ok(None)
+}
+
+/// Why a conditional statement changed no row.
+async fn explain(tx: &Transaction<'_>, write: &Write) -> TxResult<Conflict> {
+    let key = write.key();
+    let current = version_of(tx, &key).await?;
+    if current != write.expected() {
+        return Ok(Conflict { key, expected: write.expected(), current });
+    }
+    // The version held, so only the name's uniqueness can have refused the row.
+    if let Write::CreateSandbox(s) = write
+        && let Some(conflict) = name_conflict(tx, &s.name).await?
+    {
+        return Ok(conflict);
+    }
+    Err(StoreError::Unavailable(format!("a write to {key:?} changed no row although its condition held")).into())
+}
+
+/// Brings the sandbox's rows in the index tables in line with its record.
+async fn index(tx: &Transaction<'_>, s: &Sandbox) -> TxResult<()> {
+    let id = s.id.as_str();
+    execute(tx, "DELETE FROM sandbox_providers WHERE sandbox_id = $1", &[&id]).await?;
+    execute(tx, "DELETE FROM sandbox_labels WHERE sandbox_id = $1", &[&id]).await?;
+    if !s.providers.is_empty() {
+        let providers: Vec<&str> = s.providers.iter().map(String::as_str).collect();
+        let sql = "INSERT INTO sandbox_providers (sandbox_id, provider) SELECT $1, p FROM UNNEST($2::text[]) AS p";
+        execute(tx, sql, &[&id, &providers]).await?;
+    }
+    if !s.spec.labels.is_empty() {
+        let keys: Vec<&str> = s.spec.labels.keys().map(String::as_str).collect();
+        let values: Vec<&str> = s.spec.labels.values().map(String::as_str).collect();
+        let sql = "INSERT INTO sandbox_labels (sandbox_id, key, value) SELECT $1, k, v FROM UNNEST($2::text[], $3::text[]) AS l (k, v)";
+        execute(tx, sql, &[&id, &keys, &values]).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
+        self.read_one("SELECT id, version, record FROM sandboxes WHERE id = $1", id.as_str()).await
+    }
+
+    async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
+        self.read_one("SELECT id, version, record FROM sandboxes WHERE name = $1", name).await
+    }
+
+    async fn list_sandboxes(
+        &self,
+        request: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Page<Sandbox>, StoreError> {
+        let mut sql = String::from("SELECT s.id, s.version, s.record FROM sandboxes s WHERE TRUE");
+        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        if let Some(after) = &request.after {
+            args.push(after);
+            sql.push_str(&format!(" AND s.name > ${}", args.len()));
+        }
+        // Filtered here rather than after reading, so that a page holds `limit` matches.
+        for (key, value) in selector {
+            args.push(key);
+            args.push(value);
+            sql.push_str(&format!(
+                " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id AND l.key = ${} AND l.value = ${})",
+                args.len() - 1,
+                args.len()
+            ));
+        }
+        sql.push_str(&format!(" ORDER BY s.name LIMIT ${}", args.len() + 1));
+        self.read_page(&sql, &args, request.limit).await
+    }
+
+    async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
+        self.read_all(
+            "SELECT s.id, s.version, s.record FROM sandbox_providers p JOIN sandboxes s ON s.id = p.sandbox_id \
+             WHERE p.provider = $1 ORDER BY s.name",
+            &[&provider],
+        )
+        .await
+    }
+
+    async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
+        self.read_one("SELECT name, version, record FROM providers WHERE name = $1", name).await
+    }
+
+    async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
+        match &request.after {
+            Some(after) => {
+                let sql = "SELECT name, version, record FROM providers WHERE name > $1 ORDER BY name LIMIT $2";
+                self.read_page(sql, &[after], request.limit).await
+            }
+            None => {
+                let sql = "SELECT name, version, record FROM providers ORDER BY name LIMIT $1";
+                self.read_page(sql, &[], request.limit).await
+            }
+        }
+    }
+
+    async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+        let mut client = self.client().await?;
+        for _ in 1..ATTEMPTS {
+            if let Some(()) = self.try_commit(&mut client, writes).await? {
+                return Ok(());
+            }
+        }
+        match self.try_commit(&mut client, writes).await? {
+            Some(()) => Ok(()),
+            None => Err(StoreError::Unavailable(format!(
+                "postgres {}: the transaction was aborted {ATTEMPTS} times by concurrent ones",
+                self.target
+            ))
+            .into()),
+        }
+    }
+}

@@ -2,11 +2,7 @@
 //! run on the in-memory store, on SQLite and on PostgreSQL, so they cannot drift apart. SQLite's
 //! own concerns (file mode, restarts, migrations, damaged data) follow in `sqlite_only`,
 //! PostgreSQL's (an unreachable server, concurrent migrations) in `postgres_only`.
-//!
-//! PostgreSQL comes from `BERTH_TEST_POSTGRES_URL` (`ci/postgres up` starts one; `ci/postgres
-//! env` prints the variable), each test in a schema of its own. Under `ci/test`
-//! (`BERTH_REQUIRE_POSTGRES=1`) a missing database fails; a plain `cargo test` skips those tests
-//! and says so.
+//! PostgreSQL is the one `support/postgres.rs` describes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,28 +17,13 @@ use berth_gateway::store::{CommitError, Page, PageRequest, Store};
 
 type Shared = Arc<dyn Store>;
 
+#[path = "support/postgres.rs"]
+mod pg;
+
 /// A PostgreSQL store in a fresh schema named after `test`, or `None` when no database is
 /// configured and none is required.
 async fn postgres(test: &str) -> Option<PostgresStore> {
-    let url = postgres_url(test)?;
-    let schema = format!("test_{test}");
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-    tokio::spawn(connection);
-    admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).await.unwrap();
-    Some(PostgresStore::connect(&format!("{url}?options=-csearch_path%3D{schema}")).await.unwrap())
-}
-
-fn postgres_url(test: &str) -> Option<String> {
-    match std::env::var("BERTH_TEST_POSTGRES_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var("BERTH_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") => {
-            panic!("{test}: BERTH_TEST_POSTGRES_URL is not set, and this run requires PostgreSQL (ci/postgres up)")
-        }
-        Err(_) => {
-            eprintln!("skipped {test}: no PostgreSQL (ci/postgres up; export $(ci/postgres env))");
-            None
-        }
-    }
+    Some(PostgresStore::connect(&pg::fresh_schema(test).await?).await.unwrap())
 }
 
 /// Instantiates every check once per store, as `memory::<check>`, `sqlite::<check>` and
@@ -728,7 +709,8 @@ mod postgres_only {
     use berth_gateway::store::postgres::PostgresStore;
     use berth_gateway::store::{PageRequest, Store, StoreError};
 
-    use super::{postgres, postgres_url, provider, sandbox};
+    use super::pg::{in_schema, server_url};
+    use super::{postgres, provider, sandbox};
 
     #[tokio::test]
     async fn an_unreachable_database_is_unavailable_and_its_password_never_shown() {
@@ -743,8 +725,7 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn gateways_starting_together_migrate_once_and_share_records() {
         let Some(first) = postgres("migrate_together").await else { return };
-        let url = postgres_url("migrate_together").unwrap();
-        let url = format!("{url}?options=-csearch_path%3Dtest_migrate_together");
+        let url = in_schema(&server_url("migrate_together").unwrap(), "test_migrate_together");
         // The schema is already current; more gateways racing to start must all get through.
         let starts = (0..4).map(|_| PostgresStore::connect(&url));
         let others: Vec<PostgresStore> =
@@ -758,7 +739,7 @@ mod postgres_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_newer_schema_is_refused() {
         let Some(store) = postgres("newer_schema").await else { return };
-        let url = postgres_url("newer_schema").unwrap();
+        let url = server_url("newer_schema").unwrap();
         let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
         tokio::spawn(connection);
         admin.batch_execute("UPDATE test_newer_schema.berth_schema SET version = version + 1").await.unwrap();

@@ -382,7 +382,10 @@ fn every_observation_path_is_named_apart_in_logs_and_traces() {
 fn a_failed_start_reply_is_an_error_only_for_a_wanted_start_not_yet_begun() {
     let failed = Observation::Started { generation: 2, reply: StartReply::Failed { message: "no".into() } };
     let starting = sandbox(Phase::Starting, Intent::Running, Run::Pending);
-    assert!(matches!(after(&starting, &failed).phase, Phase::Error(Failure { reason: FailureReason::StartFailed, .. })));
+    assert!(matches!(
+        after(&starting, &failed).phase,
+        Phase::Error(Failure { reason: FailureReason::StartFailed, .. })
+    ));
     // Stopped while starting: the stop goes on; a start that failed lost nothing.
     let stopping = sandbox(Phase::Stopping, Intent::Stopped, Run::Pending);
     assert_eq!(after(&stopping, &failed).phase, Phase::Stopping);

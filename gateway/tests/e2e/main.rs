@@ -1,5 +1,5 @@
-//! End-to-end tests: the real gateway binary over real TCP, a real SQLite file, real sandbox
-//! processes. One binary, so the harness is shared.
+//! End-to-end tests: the real gateway binary over real TCP, a real SQLite file (or PostgreSQL),
+//! real sandbox processes. One binary, so the harness is shared.
 
 mod bad_input;
 mod cli;
@@ -8,4 +8,7 @@ mod crash;
 mod harness;
 mod identity;
 mod lifecycle;
+#[path = "../support/postgres.rs"]
+mod pg;
+mod postgres;
 mod providers;

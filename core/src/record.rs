@@ -115,11 +115,6 @@ impl Phase {
             Phase::Error(_) => PhaseKind::Error,
         }
     }
-
-    /// A phase that waits for the runtime to confirm an effect.
-    pub fn is_transitional(&self) -> bool {
-        matches!(self.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Stopping | PhaseKind::Deleting)
-    }
 }
 
 impl fmt::Display for PhaseKind {
@@ -252,5 +247,29 @@ impl fmt::Debug for Secret {
 impl fmt::Display for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_convert_to_milliseconds_rounding_down() {
+        assert_eq!(Timestamp::from_unix_millis(1_700_000_000_123).unix_millis(), 1_700_000_000_123);
+        assert_eq!(Timestamp::from_unix_nanos(1_999_999).unix_millis(), 1);
+        // Before 1970, down is further into the past, not towards zero.
+        assert_eq!(Timestamp::from_unix_nanos(-1).unix_millis(), -1);
+    }
+
+    #[test]
+    fn phases_and_secrets_display_as_users_read_them() {
+        let failure = Failure { reason: FailureReason::ContainerExited, exit_code: Some(3), message: "x".into() };
+        assert_eq!(Phase::Error(failure).to_string(), "Error (ContainerExited)");
+        assert_eq!(Phase::Stopping.to_string(), "Stopping");
+        assert_eq!(PhaseKind::Ready.to_string(), "Ready");
+        assert_eq!(FailureReason::StartFailed.to_string(), "StartFailed");
+        let secret = Secret::new("hunter2");
+        assert_eq!(format!("{secret} {secret:?}"), "<redacted> Secret(<redacted>)");
     }
 }

@@ -104,8 +104,23 @@ mod tests {
         let later = Timestamp::from_unix_nanos(3_000);
         assert_eq!(due(&starting, soon, Duration::from_nanos(1_000)), None);
         assert_eq!(due(&starting, later, Duration::from_nanos(1_000)), unfinished(&starting));
+        // Exactly `min_age` old is old enough.
+        let exactly = Timestamp::from_unix_nanos(2_000);
+        assert_eq!(due(&starting, exactly, Duration::from_nanos(1_000)), unfinished(&starting));
         assert!(unfinished(&starting).is_some());
         let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: None });
         assert_eq!(unfinished(&ready), None, "settled and started: nothing to finish");
+    }
+
+    #[test]
+    fn a_start_with_an_unsettled_fence_is_asked_again_until_the_driver_answers() {
+        for phase in [Phase::Starting, Phase::Ready] {
+            let mut started = sandbox(phase, Intent::Running, Run::Started { at: None });
+            started.exit_fence.settled = false;
+            assert_eq!(unfinished(&started), Some(Effect::Start { sandbox: SandboxId::new("sb"), generation: 2 }));
+            // Once the reply told the start time, the run is known: nothing left to ask.
+            started.run = Run::Started { at: Some(Timestamp::from_unix_nanos(500)) };
+            assert_eq!(unfinished(&started), None);
+        }
     }
 }

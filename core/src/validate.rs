@@ -245,6 +245,25 @@ mod tests {
     }
 
     #[test]
+    fn limits_hold_at_their_boundaries() {
+        let mut s = good_spec();
+        s.command.push("x".repeat(MAX_ARG_BYTES));
+        spec(&s).unwrap();
+        s.command[2].push('x');
+        assert_eq!(field_of(spec(&s).unwrap_err()), "spec.command[2]");
+        // 256 KiB in all: seven full values fit, an eighth does not.
+        let mut s = good_spec();
+        for i in 0..7 {
+            s.env.insert(format!("V{i}"), "x".repeat(MAX_VALUE_BYTES));
+        }
+        spec(&s).unwrap();
+        s.env.insert("V7".into(), "x".repeat(MAX_VALUE_BYTES));
+        let err = spec(&s).unwrap_err();
+        assert!(err.to_string().contains("at most 262144"), "{err}");
+        assert_eq!(field_of(err), "spec");
+    }
+
+    #[test]
     fn providers_are_limited() {
         let many: BTreeSet<String> = (0..=MAX_PROVIDERS).map(|i| format!("p{i}")).collect();
         assert_eq!(field_of(provider_names("providers", &many).unwrap_err()), "providers");

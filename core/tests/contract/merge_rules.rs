@@ -398,3 +398,15 @@ fn a_failed_start_reply_is_an_error_only_for_a_wanted_start_not_yet_begun() {
         assert_eq!(after(&settled, &failed).phase, phase);
     }
 }
+
+#[test]
+fn rules_4_and_5_mark_a_pending_run_begun_and_keep_a_known_start_time() {
+    let connected = Observation::SupervisorConnected { generation: 2 };
+    let exited = Observation::MainProcessExited { generation: 2, exit_code: 7 };
+    for observation in [&connected, &exited] {
+        let pending = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+        assert_eq!(after(&pending, observation).run, Run::Started { at: None }, "{observation:?}");
+        let timed = sandbox(Phase::Starting, Intent::Running, Run::Started { at: Some(t(400)) });
+        assert_eq!(after(&timed, observation).run, Run::Started { at: Some(t(400)) }, "{observation:?}");
+    }
+}

@@ -207,6 +207,9 @@ mod tests {
         for bad in ["", "1A", "A-B", "A B", "BERTH_RUNTIME_TOKEN", "A=B"] {
             assert_eq!(field_of(env_name("spec.env", bad).unwrap_err()), "spec.env", "{bad:?}");
         }
+        env_name("spec.env", &"N".repeat(MAX_ENV_NAME_BYTES)).unwrap();
+        let long = "N".repeat(MAX_ENV_NAME_BYTES + 1);
+        assert_eq!(field_of(env_name("spec.env", &long).unwrap_err()), "spec.env");
     }
 
     fn good_spec() -> SandboxSpec {
@@ -251,15 +254,21 @@ mod tests {
         spec(&s).unwrap();
         s.command[2].push('x');
         assert_eq!(field_of(spec(&s).unwrap_err()), "spec.command[2]");
-        // 256 KiB in all: seven full values fit, an eighth does not.
+        // 256 KiB in all, counting every part: image, arguments, names and values.
         let mut s = good_spec();
-        for i in 0..7 {
-            s.env.insert(format!("V{i}"), "x".repeat(MAX_VALUE_BYTES));
+        s.labels.insert("team".into(), "x".into());
+        let fixed = "busybox".len() + "sleep".len() + "1".len() + "team".len() + "x".len();
+        let mut left = MAX_SPEC_BYTES - fixed;
+        for i in 0..8 {
+            let value = (left - 2).min(MAX_VALUE_BYTES);
+            s.env.insert(format!("V{i}"), "x".repeat(value));
+            left -= 2 + value;
         }
+        assert_eq!(left, 0);
         spec(&s).unwrap();
-        s.env.insert("V7".into(), "x".repeat(MAX_VALUE_BYTES));
+        s.labels.insert("team".into(), "xy".into());
         let err = spec(&s).unwrap_err();
-        assert!(err.to_string().contains("at most 262144"), "{err}");
+        assert!(err.to_string().contains("is 262145 bytes; at most 262144"), "{err}");
         assert_eq!(field_of(err), "spec");
     }
 

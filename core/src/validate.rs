@@ -273,6 +273,42 @@ mod tests {
     }
 
     #[test]
+    fn every_count_and_length_admits_its_maximum_and_refuses_one_more() {
+        type Case = (&'static str, Box<dyn Fn(usize) -> Result<(), Error>>, usize);
+        let with_spec = |f: fn(&mut SandboxSpec, usize)| -> Box<dyn Fn(usize) -> Result<(), Error>> {
+            Box::new(move |n| {
+                let mut s = good_spec();
+                f(&mut s, n);
+                spec(&s)
+            })
+        };
+        let credentials = |n: usize, len: usize| -> BTreeMap<String, Secret> {
+            (0..n).map(|i| (format!("K{i}"), Secret::new("x".repeat(len)))).collect()
+        };
+        let cases: Vec<Case> = vec![
+            ("spec.image", with_spec(|s, n| s.image = "i".repeat(n)), MAX_IMAGE_BYTES),
+            ("spec.command[2]", with_spec(|s, n| s.command.push("a".repeat(n))), MAX_ARG_BYTES),
+            ("spec.env[V]", with_spec(|s, n| _ = s.env.insert("V".into(), "v".repeat(n))), MAX_VALUE_BYTES),
+            (
+                "spec.labels",
+                with_spec(|s, n| s.labels = (0..n).map(|i| (format!("k{i}"), "v".to_string())).collect()),
+                MAX_LABELS,
+            ),
+            (
+                "providers",
+                Box::new(|n| provider_names("providers", &(0..n).map(|i| format!("p{i}")).collect())),
+                MAX_PROVIDERS,
+            ),
+            ("credentials", Box::new(move |n| provider("openai", &credentials(n, 1))), MAX_CREDENTIALS),
+            ("credentials[K0]", Box::new(move |n| provider("openai", &credentials(1, n))), MAX_VALUE_BYTES),
+        ];
+        for (field, check, max) in cases {
+            check(max).unwrap_or_else(|e| panic!("{field}: {max} must be allowed: {e}"));
+            assert_eq!(field_of(check(max + 1).unwrap_err()), field, "{field}: {} must be refused", max + 1);
+        }
+    }
+
+    #[test]
     fn providers_are_limited() {
         let many: BTreeSet<String> = (0..=MAX_PROVIDERS).map(|i| format!("p{i}")).collect();
         assert_eq!(field_of(provider_names("providers", &many).unwrap_err()), "providers");

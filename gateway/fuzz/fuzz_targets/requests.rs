@@ -119,7 +119,9 @@ fuzz_target!(|input: (u8, &[u8])| {
                 let key = berth_core::identity::IdentityKey::from_bytes([1; 32]);
                 if let Err(e) = berth_core::identity::verify_token(&key, &hello.runtime_token) {
                     assert_eq!(e.code(), Code::Unauthenticated);
-                    assert!(!e.to_string().contains(&hello.runtime_token) || hello.runtime_token.len() < 4);
+                    // The rejection carries nothing of the token (it cannot echo it). Comparing
+                    // texts instead would flag a token that merely quotes the fixed message.
+                    assert!(matches!(e, berth_core::Error::MalformedToken | berth_core::Error::BadToken), "{e:?}");
                 }
             }
         }

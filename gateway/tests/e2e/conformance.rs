@@ -173,7 +173,17 @@ impl Target {
                     let _ =
                         nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
                 }
-                std::fs::remove_dir_all(data.path.join("sandboxes").join(id)).unwrap();
+                // As an operator's `rm -rf` would, go on until it is gone: the dying run's
+                // supervisor may still be writing its exit into the folder meanwhile.
+                let dir = data.path.join("sandboxes").join(id);
+                for attempt in 1.. {
+                    match std::fs::remove_dir_all(&dir) {
+                        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempt < 50 => {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        result => break result.unwrap(),
+                    }
+                }
             }
             _ => {
                 self.cli(&["rm", "-f", &container_name(&berth_core::SandboxId::new(id))]);

@@ -176,9 +176,11 @@ impl Target {
                 // As an operator's `rm -rf` would, go on until it is gone: the dying run's
                 // supervisor may still be writing its exit into the folder meanwhile.
                 let dir = data.path.join("sandboxes").join(id);
-                for attempt in 1.. {
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
                     match std::fs::remove_dir_all(&dir) {
-                        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempt < 50 => {
+                        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && attempts < 50 => {
                             std::thread::sleep(std::time::Duration::from_millis(20));
                         }
                         result => break result.unwrap(),

@@ -95,8 +95,14 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Makes sure the sandbox's compute resource exists and that `launch.generation` has run:
     /// creates it if needed, installs the generation's identity before the process starts, and
-    /// starts at most one run per generation (none for a generation older than one already
-    /// started). A live run of an older generation is stopped first.
+    /// starts at most one run per generation, none for a generation older than one already
+    /// started. A live run of an older generation is stopped first.
+    ///
+    /// Both limits hold even after the compute resource was removed out of band: the driver
+    /// keeps its record of the newest started generation outside it. berth-core tells runs
+    /// apart by their start times, so an older generation's start that lands late (a delayed
+    /// effect, or a crashed gateway's call the runtime still completes) must never make a run
+    /// that would pass for the current generation's.
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError>;
 
     /// Stops whatever runs, gracefully and then by force after `grace`, and replies only once

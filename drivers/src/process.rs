@@ -10,7 +10,11 @@
 //! <root>/<sandbox id>/run/state.json  the newest run: generation, pid, its kernel start time, start time
 //! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
 //! <root>/<sandbox id>/run/output.log  the supervisor's and the command's output
+//! <root>/.started/<sandbox id>         the newest generation ever started
 //! ```
+//!
+//! The newest started generation lives outside the sandbox's folder: removing the folder out of
+//! band must not let a start of an older generation, still on its way, run after a newer one did.
 //!
 //! The runtime clock is the host's wall clock. There is no isolation beyond a process group:
 //! the command runs as the gateway's user.
@@ -38,6 +42,9 @@ pub const KILLED_EXIT_CODE: i32 = 137;
 const MONITOR_INTERVAL: Duration = Duration::from_millis(200);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
+/// The folder under the root holding each sandbox's newest started generation. Its leading dot
+/// keeps it apart from sandbox ids.
+const STARTED_DIR: &str = ".started";
 
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
@@ -161,6 +168,15 @@ impl Inner {
         self.dir(sandbox).join("run")
     }
 
+    fn started_file(&self, sandbox: &SandboxId) -> PathBuf {
+        self.config.root.join(STARTED_DIR).join(sandbox.as_str())
+    }
+
+    /// The newest generation this driver ever started for the sandbox.
+    fn newest_started(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
+        read_json(&self.started_file(sandbox))
+    }
+
     /// The lock that serializes everything the driver does to one sandbox.
     fn sandbox_lock(&self, sandbox: &SandboxId) -> Arc<Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -235,7 +251,8 @@ impl Inner {
         let dir = self.dir(&launch.sandbox);
         let run_dir = self.run_dir(&launch.sandbox);
         let workspace = dir.join("workspace");
-        for d in [&dir, &run_dir, &workspace] {
+        let started = self.config.root.join(STARTED_DIR);
+        for d in [&dir, &run_dir, &workspace, &started] {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -287,6 +304,7 @@ impl Inner {
         let kernel_start = proc_stat(pid).map(|(_, s)| s).unwrap_or_default();
         let run = RunFile { generation: launch.generation, pid, kernel_start, started_at };
         write_json(&run_dir.join("state.json"), &run)?;
+        write_json(&self.started_file(&launch.sandbox), &launch.generation)?;
         // Reap our own child and record its status if the supervisor could not.
         let inner = Arc::clone(self);
         let sandbox = launch.sandbox.clone();
@@ -352,6 +370,7 @@ impl Inner {
             .filter_map(Result::ok)
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name != STARTED_DIR)
             .map(SandboxId::new)
             .collect();
         ids.sort();
@@ -368,19 +387,26 @@ impl Driver for ProcessDriver {
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let inner = &self.inner;
         let _guard = inner.lock(&launch.sandbox).await;
-        if let Some(run) = inner.run_file(&launch.sandbox)? {
-            if run.generation > launch.generation {
-                return Ok(StartReply::Failed {
-                    message: format!("generation {} is superseded by {}", launch.generation, run.generation),
-                });
-            }
-            if run.generation == launch.generation {
-                return Ok(match inner.observe(&launch.sandbox)? {
-                    RuntimeState::Running { started_at } => StartReply::Running { started_at },
-                    RuntimeState::Exited(marker) => StartReply::Exited(marker),
-                    other => StartReply::Failed { message: format!("the run is in an unexpected state: {other:?}") },
-                });
-            }
+        let run = inner.run_file(&launch.sandbox)?;
+        let newest = inner.newest_started(&launch.sandbox)?.max(run.map(|r| r.generation));
+        if let Some(newest) = newest.filter(|n| *n > launch.generation) {
+            return Ok(StartReply::Failed {
+                message: format!("generation {} is superseded by {newest}", launch.generation),
+            });
+        }
+        // This generation already ran: report its run, never start a second one.
+        if newest == Some(launch.generation) {
+            return Ok(match inner.observe(&launch.sandbox)? {
+                RuntimeState::Running { started_at } if run.is_some_and(|r| r.generation == launch.generation) => {
+                    StartReply::Running { started_at }
+                }
+                RuntimeState::Exited(marker) if run.is_some_and(|r| r.generation == launch.generation) => {
+                    StartReply::Exited(marker)
+                }
+                _ => StartReply::Failed { message: format!("the run of generation {} is gone", launch.generation) },
+            });
+        }
+        if run.is_some() {
             inner.stop_locked(&launch.sandbox, REPLACE_GRACE).await?;
         }
         match inner.spawn(&launch) {
@@ -400,9 +426,14 @@ impl Driver for ProcessDriver {
         let _guard = inner.lock(sandbox).await;
         inner.stop_locked(sandbox, Duration::ZERO).await?;
         match std::fs::remove_dir_all(inner.dir(sandbox)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing the sandbox's directory", e)),
+        }
+        match std::fs::remove_file(inner.started_file(sandbox)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io("removing the sandbox's directory", e)),
+            Err(e) => Err(io("removing the sandbox's started record", e)),
         }
     }
 

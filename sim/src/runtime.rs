@@ -252,6 +252,10 @@ impl Runtime {
                     None => StartReply::Running { started_at: run.started_at },
                 };
             }
+            // At most one run per generation, even once its container was removed out of band.
+            if m.newest.get(&id) == Some(&generation) {
+                return StartReply::Failed { message: format!("the run of generation {generation} is gone") };
+            }
         }
         // The multi-step start: until its last step, every look shows what was there before.
         self.world.event("runtime", "start begins", format!("{} generation {generation}", launch.name));

@@ -297,6 +297,46 @@ fn a_start_of_the_previous_generation_still_in_flight_cannot_pass_for_the_new_on
     assert_eq!(w.containers[&id].alive().unwrap().generation, 2);
 }
 
+/// Found by the property test: the previous generation's start, still in flight, lands after
+/// the new generation's run was removed out of band. Runs are told apart by start time, so the
+/// driver must never start that older generation (it keeps its record of the newest generation
+/// outside the compute resource): the sandbox sees the loss, and a new Start brings it back.
+#[test]
+fn a_start_of_the_previous_generation_landing_after_an_out_of_band_removal_is_refused() {
+    let mut w = World::default();
+    w.create("box", &[]).unwrap();
+    let slow_create = w.effects.pop_front().unwrap();
+    w.stop("box").unwrap();
+    w.run_all_effects();
+    w.start("box").unwrap();
+    w.run_all_effects();
+    let id = w.id("box");
+    let Run::Started { at: Some(started) } = w.sandbox("box").run else { panic!("{:?}", w.sandbox("box").run) };
+    w.containers.remove(&id); // out of band, before anything saw generation 2's run
+
+    let (_, reply) = w.perform(&slow_create);
+    let Observation::Started { generation: 1, reply: StartReply::Failed { message } } = &reply else {
+        panic!("generation 1 must not run after generation 2 did: {reply:?}")
+    };
+    assert_eq!(message, "generation 1 is superseded by 2");
+    assert!(!w.containers.contains_key(&id), "a refused start makes nothing");
+    w.observe(&id, reply).unwrap();
+    assert_eq!(w.sandbox("box").run, Run::Started { at: Some(started) });
+
+    w.poll(&id, w.snapshot(&id)).unwrap();
+    let lost = w.sandbox("box");
+    assert_eq!(lost.phase.kind(), PhaseKind::Error, "{lost:?}");
+    assert_eq!(lost.generation, 2);
+    // Generation 2 had its run: re-driving it makes no second one.
+    let (_, again) = w.perform(&Effect::Start { sandbox: id.clone(), generation: 2 });
+    assert!(matches!(again, Observation::Started { reply: StartReply::Failed { .. }, .. }), "{again:?}");
+    w.start("box").unwrap();
+    w.run_all_effects();
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+    assert_eq!(w.containers[&id].alive().unwrap().generation, 3);
+}
+
 /// Found by the property test: a stop that finds nothing created yet is a stop, not a loss.
 #[test]
 fn absence_before_the_generation_ever_ran_is_not_an_error() {

@@ -140,6 +140,10 @@ impl Store {
 pub struct World {
     pub store: Store,
     pub containers: BTreeMap<SandboxId, Container>,
+    /// The driver's record of the newest generation it started per sandbox. Drivers keep it
+    /// outside the compute resource, so an out-of-band removal does not erase it and a start of
+    /// an older generation still in flight is refused even then.
+    pub newest_started: BTreeMap<SandboxId, u64>,
     /// The runtime's clock; each runtime action advances it.
     pub runtime_clock: i64,
     /// The gateway's clock.
@@ -157,6 +161,7 @@ impl Default for World {
         Self {
             store: Store::default(),
             containers: BTreeMap::new(),
+            newest_started: BTreeMap::new(),
             runtime_clock: 1_000,
             now: Timestamp::from_unix_millis(1_700_000_000_000),
             effects: VecDeque::new(),
@@ -293,22 +298,28 @@ impl World {
         match effect {
             Effect::Start { sandbox, generation } => {
                 let now = self.tick();
-                let c = self.containers.entry(sandbox.clone()).or_default();
-                let newest = c.runs.iter().map(|r| r.generation).max().unwrap_or(0);
+                let newest = self.newest_started.get(sandbox).copied().unwrap_or(0);
+                let this_run =
+                    self.containers.get(sandbox).and_then(|c| c.runs.iter().find(|r| r.generation == *generation));
                 let reply = if newest > *generation {
                     StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") }
-                } else if let Some(run) = c.runs.iter().find(|r| r.generation == *generation) {
-                    // At most one run per generation.
-                    match run.marker() {
-                        Some(m) => StartReply::Exited(m),
-                        None => StartReply::Running { started_at: run.started_at },
+                } else if newest == *generation {
+                    // At most one run per generation, even once it was removed.
+                    match this_run {
+                        Some(run) => match run.marker() {
+                            Some(m) => StartReply::Exited(m),
+                            None => StartReply::Running { started_at: run.started_at },
+                        },
+                        None => StartReply::Failed { message: format!("the run of generation {generation} is gone") },
                     }
                 } else {
+                    let c = self.containers.entry(sandbox.clone()).or_default();
                     if let Some(alive) = c.runs.last_mut().filter(|r| r.finished.is_none()) {
                         alive.finished = Some((now, 143));
                     }
                     let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
                     c.runs.push(RunRecord { generation: *generation, started_at, finished: None });
+                    self.newest_started.insert(sandbox.clone(), *generation);
                     StartReply::Running { started_at }
                 };
                 (sandbox.clone(), Observation::Started { generation: *generation, reply })
@@ -329,6 +340,7 @@ impl World {
             Effect::Delete { sandbox } => {
                 self.tick();
                 self.containers.remove(sandbox);
+                self.newest_started.remove(sandbox);
                 (sandbox.clone(), Observation::Deleted)
             }
         }

@@ -9,9 +9,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply};
 use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
-use berth_drivers::container::{Engine, container_name, image, volume_name};
+use berth_drivers::container::{ContainerConfig, ContainerDriver, Engine, container_name, image, volume_name};
+use berth_drivers::process::{ProcessConfig, ProcessDriver};
+use berth_drivers::{Driver, Launch};
+use berth_gateway::server::{SOCKET_DIR, SUPERVISOR_SOCKET};
 use berth_proto::v1 as pb;
 
 use crate::harness::*;
@@ -121,6 +125,37 @@ impl Target {
         Gateway::start(data, &args).await
     }
 
+    /// A second driver on the gateway's runtime and state, for what only a driver can do: a
+    /// start that lands late.
+    async fn driver(&self, data: &DataDir) -> Box<dyn Driver> {
+        let socket_dir = data.path.join(SOCKET_DIR);
+        let containers = |dir: &str| ContainerConfig {
+            root: data.path.join(dir),
+            supervisor: static_supervisor().expect("checked"),
+            socket_dir: socket_dir.clone(),
+            socket_name: SUPERVISOR_SOCKET.to_string(),
+        };
+        let socket = self.socket.clone().unwrap_or_default();
+        match self.runtime {
+            Runtime::Process => Box::new(
+                ProcessDriver::new(ProcessConfig {
+                    root: data.path.join("sandboxes"),
+                    supervisor: bin("berth-supervisor"),
+                    gateway: format!("unix:{}", socket_dir.join(SUPERVISOR_SOCKET).display()),
+                })
+                .unwrap(),
+            ),
+            Runtime::Docker => {
+                let engine = DockerEngine::connect(&socket, &self.instance).await.unwrap();
+                Box::new(ContainerDriver::new(engine, containers("docker")).unwrap())
+            }
+            Runtime::Podman => {
+                let engine = PodmanEngine::connect(&socket, &self.instance).await.unwrap();
+                Box::new(ContainerDriver::new(engine, containers("podman")).unwrap())
+            }
+        }
+    }
+
     /// The runtime's CLI, pointed at the test's socket.
     fn cli(&self, args: &[&str]) -> String {
         let socket = format!("unix://{}", self.socket.as_deref().expect("a container runtime"));
@@ -213,9 +248,20 @@ impl Target {
             Runtime::Docker => "docker",
             Runtime::Podman => "podman",
         };
-        let mut left: Vec<String> = std::fs::read_dir(data.path.join(dir))
-            .map(|entries| entries.flatten().map(|e| format!("state {}", e.file_name().to_string_lossy())).collect())
-            .unwrap_or_default();
+        let entries = |path: PathBuf| -> Vec<String> {
+            std::fs::read_dir(path)
+                .map(|entries| entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default()
+        };
+        let mut left = Vec::new();
+        for entry in entries(data.path.join(dir)) {
+            match entry.as_str() {
+                // The process driver's folder of started generations: only its contents count.
+                ".started" => left
+                    .extend(entries(data.path.join(dir).join(".started")).into_iter().map(|e| format!("started {e}"))),
+                _ => left.push(format!("state {entry}")),
+            }
+        }
         if self.runtime != Runtime::Process {
             let label = format!("label=dev.berth.owner={}", self.instance);
             let containers = self.cli(&["ps", "-a", "--filter", &label, "--format", "{{.Names}}"]);
@@ -408,6 +454,56 @@ async fn out_of_band_removal_and_kill(runtime: Runtime) {
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+/// Generation 1's start lands late (a delayed effect, or a crashed gateway's call the runtime
+/// still completes), after generation 2's run was removed out of band. The driver refuses it:
+/// berth-core tells runs apart by start time, so that run would pass for generation 2's.
+async fn a_late_start_of_an_older_generation_is_refused_after_out_of_band_removal(runtime: Runtime) {
+    let Some(target) = target(runtime, "late").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let id = create_in(&target, &mut sandboxes, "box", &["sleep", "3600"]).await.id;
+    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    lifecycle(&mut sandboxes, "stop", "box").await.unwrap();
+    wait_phase(&mut sandboxes, "box", pb::Phase::Stopped).await;
+    lifecycle(&mut sandboxes, "start", "box").await.unwrap();
+    let (s, _) = wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    assert_eq!(s.generation, 2);
+    target.remove_out_of_band(&data, &id);
+    let missing = |s: Option<&pb::Sandbox>| {
+        s.and_then(|s| s.failure.as_ref()).is_some_and(|f| f.reason == "ComputeResourceMissing")
+    };
+    let (s, seen) = wait_for(&mut sandboxes, "box", Duration::from_secs(30), missing).await;
+    assert!(s.is_some(), "{runtime:?}: {seen:?}");
+
+    let driver = target.driver(&data).await;
+    let sandbox = SandboxId::new(&id);
+    let launch = |generation: u64| Launch {
+        sandbox: sandbox.clone(),
+        name: "box".into(),
+        generation,
+        spec: SandboxSpec {
+            image: image_for(&target).into(),
+            command: vec!["sleep".into(), "3600".into()],
+            ..SandboxSpec::default()
+        },
+        credentials: Default::default(),
+        token: data.runtime_token(&id, generation),
+    };
+    let reply = driver.start(launch(1)).await.unwrap();
+    assert_eq!(reply, StartReply::Failed { message: "generation 1 is superseded by 2".into() }, "{runtime:?}");
+    // Nor does generation 2 get a second run.
+    let reply = driver.start(launch(2)).await.unwrap();
+    assert!(matches!(reply, StartReply::Failed { .. }), "{runtime:?}: {reply:?}");
+    let state = driver.get(&sandbox).await.unwrap();
+    assert!(matches!(state, RuntimeState::Absent { .. }), "{runtime:?}: {state:?}");
+
+    lifecycle(&mut sandboxes, "start", "box").await.unwrap();
+    let (s, _) = wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    assert_eq!(s.generation, 3);
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
 async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
     let Some(target) = target(runtime, "adopt").await else { return };
     let data = DataDir::new();
@@ -458,6 +554,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn out_of_band_removal_and_kill() {
                     super::out_of_band_removal_and_kill(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_late_start_of_an_older_generation_is_refused_after_out_of_band_removal() {
+                    super::a_late_start_of_an_older_generation_is_refused_after_out_of_band_removal(
+                        Runtime::$runtime,
+                    )
+                    .await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

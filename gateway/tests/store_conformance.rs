@@ -13,7 +13,7 @@ use berth_core::{
 use berth_gateway::store::memory::MemoryStore;
 use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
-use berth_gateway::store::{CommitError, Page, PageRequest, Store};
+use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store};
 
 type Shared = Arc<dyn Store>;
 
@@ -72,6 +72,8 @@ conformance!(
     sandboxes_using_follows_writes,
     versions_increase_and_reads_see_writes,
     concurrent_compare_and_swap_loses_no_update,
+    the_lease_has_one_holder_at_a_time,
+    gateways_racing_for_the_lease_agree_on_one_holder,
 );
 
 fn sandbox(id: &str, name: &str) -> Sandbox {
@@ -505,6 +507,51 @@ async fn concurrent_compare_and_swap_loses_no_update(store: Shared) {
     for task in 0..TASKS {
         assert_eq!(last.spec.env.get(&format!("TASK_{task}")), Some(&INCREMENTS.to_string()), "task {task}");
     }
+}
+
+fn held(holder: &str, term: u64) -> Lease {
+    Lease { holder: Some(holder.to_string()), term }
+}
+
+async fn the_lease_has_one_holder_at_a_time(store: Shared) {
+    let long = std::time::Duration::from_secs(60);
+    let first = store.acquire_lease("a", long).await.unwrap();
+    assert!(first.held_by("a"), "{first:?}");
+    let term = first.term;
+    // Held and not lapsed: another gateway cannot take it; its holder renews it in the same term.
+    assert_eq!(store.acquire_lease("b", long).await.unwrap(), held("a", term));
+    assert_eq!(store.acquire_lease("a", long).await.unwrap(), held("a", term));
+    // Only the holder releases it.
+    store.release_lease("b").await.unwrap();
+    assert_eq!(store.acquire_lease("b", long).await.unwrap(), held("a", term));
+    store.release_lease("a").await.unwrap();
+    // Released: taken at once, in a new term.
+    let short = std::time::Duration::from_millis(200);
+    assert_eq!(store.acquire_lease("b", short).await.unwrap(), held("b", term + 1));
+    // Lapsed without a renewal: taken over.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(store.acquire_lease("a", long).await.unwrap(), held("a", term + 2));
+    assert_eq!(store.acquire_lease("b", long).await.unwrap(), held("a", term + 2));
+}
+
+async fn gateways_racing_for_the_lease_agree_on_one_holder(store: Shared) {
+    const GATEWAYS: usize = 8;
+    let long = std::time::Duration::from_secs(60);
+    let tasks: Vec<_> = (0..GATEWAYS)
+        .map(|g| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { (format!("g{g}"), store.acquire_lease(&format!("g{g}"), long).await.unwrap()) })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    let mut holders = 0;
+    for task in tasks {
+        let (gateway, lease) = task.await.unwrap();
+        holders += usize::from(lease.held_by(&gateway));
+        seen.push(lease);
+    }
+    assert_eq!(holders, 1, "{seen:?}");
+    assert!(seen.iter().all(|l| *l == seen[0]), "every gateway sees the one holder: {seen:?}");
 }
 
 mod sqlite_only {

@@ -3,12 +3,14 @@
 //! No operation blocks, sleeps or spawns: it is safe on any runtime, simulated or not.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 
-use super::{CommitError, Page, PageRequest, Store, StoreError, selects};
+use super::{CommitError, Lease, Page, PageRequest, Store, StoreError, selects};
+use crate::clock::{Clock, SystemClock};
 
 #[derive(Default)]
 struct Tables {
@@ -16,16 +18,29 @@ struct Tables {
     /// name → id, for uniqueness and by-name reads.
     names: BTreeMap<String, SandboxId>,
     providers: BTreeMap<String, Provider>,
+    lease: Lease,
+    lease_expires: Timestamp,
 }
 
-#[derive(Default)]
 pub struct MemoryStore {
     tables: Mutex<Tables>,
+    /// The store's own clock, for the lease: the simulator's shared time.
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self { tables: Mutex::default(), clock }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -154,6 +169,27 @@ impl Store for MemoryStore {
         }
         for write in writes {
             t.apply(write);
+        }
+        Ok(())
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        let now = self.clock.now();
+        let mut t = self.lock();
+        let free = t.lease.holder.as_deref().is_none_or(|h| h == holder) || t.lease_expires <= now;
+        if free {
+            if !t.lease.held_by(holder) {
+                t.lease = Lease { holder: Some(holder.to_string()), term: t.lease.term + 1 };
+            }
+            t.lease_expires = now.plus(ttl);
+        }
+        Ok(t.lease.clone())
+    }
+
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
+        let mut t = self.lock();
+        if t.lease.held_by(holder) {
+            t.lease.holder = None;
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 //! simulator's, and tests').
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{Conflict, Provider, Sandbox, SandboxId, Write};
@@ -50,6 +51,22 @@ pub enum CommitError {
     Store(#[from] StoreError),
 }
 
+/// The reconcile lease as the store holds it (several gateways on one store: only its holder
+/// runs recovery and the reconcile loops).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lease {
+    /// Who holds it; `None` once released, or before anyone took it.
+    pub holder: Option<String>,
+    /// +1 at every change of holder: tells one tenure from the next.
+    pub term: u64,
+}
+
+impl Lease {
+    pub fn held_by(&self, holder: &str) -> bool {
+        self.holder.as_deref() == Some(holder)
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError>;
@@ -67,6 +84,13 @@ pub trait Store: Send + Sync + 'static {
     /// Applies `writes` atomically if every condition holds; otherwise applies none and reports
     /// the first condition that failed. A `CreateSandbox` also fails if its name is taken.
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError>;
+    /// Takes the reconcile lease for `holder` until `ttl` from now on the store's own clock (so
+    /// gateways' clocks never need to agree), if it is free, lapsed or already `holder`'s (a
+    /// renewal). Returns the lease as it stands afterwards, whoever holds it.
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError>;
+    /// Gives the lease up if `holder` holds it, so another gateway takes it without waiting for
+    /// it to lapse.
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError>;
 }
 
 /// Whether `sandbox` matches a label selector.

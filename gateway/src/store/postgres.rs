@@ -29,11 +29,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
-use super::{CommitError, Page, PageRequest, Store, StoreError};
+use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `berth_schema.version` from `i` to `i + 1`.
 /// Append only: a released step is never edited, since databases already past it never rerun it.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sandboxes (
     id      TEXT   NOT NULL PRIMARY KEY,
     name    TEXT   COLLATE "C" NOT NULL UNIQUE,
@@ -61,7 +62,19 @@ CREATE TABLE providers (
     version BIGINT NOT NULL,
     record  TEXT   NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE leases (
+    name       TEXT        NOT NULL PRIMARY KEY,
+    holder     TEXT,
+    term       BIGINT      NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+"#,
+];
+
+/// The lease of the reconcile loop, the one row of `leases` Berth uses.
+const RECONCILE_LEASE: &str = "reconcile";
 
 // A handful of steps: the cast cannot truncate.
 const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -485,5 +498,54 @@ impl Store for PostgresStore {
             ))
             .into()),
         }
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        // The database's clock decides, so gateways' clocks never need to agree. The outer
+        // SELECT reads the row as it was before the statement: the holder who kept it.
+        let statement = client
+            .prepare_cached(
+                "WITH taken AS ( \
+                     INSERT INTO leases AS l (name, holder, term, expires_at) \
+                     VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond') \
+                     ON CONFLICT (name) DO UPDATE SET \
+                         term = CASE WHEN l.holder = $2 THEN l.term ELSE l.term + 1 END, \
+                         holder = $2, expires_at = EXCLUDED.expires_at \
+                     WHERE l.holder IS NULL OR l.holder = $2 OR l.expires_at <= now() \
+                     RETURNING holder, term) \
+                 SELECT holder, term FROM taken \
+                 UNION ALL \
+                 SELECT holder, term FROM leases WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM taken)",
+            )
+            .await
+            .map_err(|e| self.error(&e))?;
+        let args: [&(dyn ToSql + Sync); 3] = [&RECONCILE_LEASE, &holder, &ttl_ms];
+        // The outer SELECT's snapshot predates a first row another gateway inserted meanwhile:
+        // then it finds nothing, and the next attempt sees that row.
+        let mut row = None;
+        for _ in 0..ATTEMPTS {
+            row = client.query_opt(&statement, &args).await.map_err(|e| self.error(&e))?;
+            if row.is_some() {
+                break;
+            }
+        }
+        let row = row
+            .ok_or_else(|| StoreError::Unavailable(format!("postgres {}: the lease row stays unseen", self.target)))?;
+        let holder: Option<String> = row.try_get(0).map_err(|e| self.error(&e))?;
+        let term: i64 = row.try_get(1).map_err(|e| self.error(&e))?;
+        let term =
+            u64::try_from(term).map_err(|_| StoreError::Corrupt(format!("the lease has a negative term {term}")))?;
+        Ok(Lease { holder, term })
+    }
+
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute("UPDATE leases SET holder = NULL WHERE name = $1 AND holder = $2", &[&RECONCILE_LEASE, &holder])
+            .await
+            .map_err(|e| self.error(&e))?;
+        Ok(())
     }
 }

@@ -30,11 +30,12 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
-use super::{CommitError, Page, PageRequest, Store, StoreError};
+use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `PRAGMA user_version` from `i` to `i + 1`.
 /// Append only: a released step is never edited, since databases already past it never rerun it.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sandboxes (
     id      TEXT    NOT NULL PRIMARY KEY,
     name    TEXT    NOT NULL UNIQUE,
@@ -62,7 +63,22 @@ CREATE TABLE providers (
     version INTEGER NOT NULL,
     record  TEXT    NOT NULL
 ) STRICT;
-"#];
+"#,
+    r#"
+CREATE TABLE leases (
+    name       TEXT    NOT NULL PRIMARY KEY,
+    holder     TEXT,
+    term       INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) STRICT;
+"#,
+];
+
+/// The lease of the reconcile loop, the one row of `leases` Berth uses.
+const RECONCILE_LEASE: &str = "reconcile";
+/// Now, in milliseconds since the Unix epoch, by SQLite's clock (the host's): every statement
+/// sees one value of it.
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 // A handful of steps: the cast cannot truncate.
 const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -373,6 +389,30 @@ fn commit(conn: &mut Connection, writes: &[Write]) -> Result<(), CommitError> {
     Ok(())
 }
 
+fn acquire_lease(conn: &mut Connection, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // In the update, bare column names are the row as it was.
+    tx.execute(
+        &format!(
+            "INSERT INTO leases (name, holder, term, expires_at) VALUES (?1, ?2, 1, {NOW_MS} + ?3) \
+             ON CONFLICT (name) DO UPDATE SET \
+                 term = CASE WHEN holder IS ?2 THEN term ELSE term + 1 END, \
+                 holder = ?2, expires_at = excluded.expires_at \
+             WHERE holder IS NULL OR holder = ?2 OR expires_at <= {NOW_MS}"
+        ),
+        params![RECONCILE_LEASE, holder, ttl_ms],
+    )?;
+    let (holder, term): (Option<String>, i64) =
+        tx.query_row("SELECT holder, term FROM leases WHERE name = ?1", params![RECONCILE_LEASE], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?;
+    let term = u64::try_from(term).map_err(|_| StoreError::Corrupt(format!("the lease has a negative term {term}")))?;
+    let lease = Lease { holder, term };
+    tx.commit()?;
+    Ok(lease)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
@@ -450,5 +490,22 @@ impl Store for SqliteStore {
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
         let writes = writes.to_vec();
         self.run(move |conn| commit(conn, &writes)).await
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        let holder = holder.to_string();
+        self.run(move |conn| acquire_lease(conn, &holder, ttl)).await
+    }
+
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
+        let holder = holder.to_string();
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE leases SET holder = NULL WHERE name = ?1 AND holder = ?2",
+                params![RECONCILE_LEASE, holder],
+            )?;
+            Ok(())
+        })
+        .await
     }
 }

@@ -46,6 +46,9 @@ pub enum StartReply {
     /// The runtime refused to start it (not a timeout or an unreachable runtime: those are
     /// ambiguous and produce no observation; recovery re-drives the start).
     Failed { message: String },
+    /// The generation's run was started once and its compute resource is gone since (removed
+    /// out of band): a driver never starts a generation twice.
+    Gone,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,6 +310,13 @@ impl Merge<'_> {
         match reply {
             StartReply::Running { started_at } => self.running(*started_at, true),
             StartReply::Exited(marker) => self.exited(*marker, true),
+            // It ran, so this is a loss (rule 6), not a start that failed.
+            StartReply::Gone => {
+                if self.next.run == Run::Pending {
+                    self.next.run = Run::Started { at: None };
+                }
+                self.missing();
+            }
             StartReply::Failed { message } => {
                 // The one thing that moves a sandbox whose run has not begun to Error.
                 if self.next.run == Run::Pending

@@ -403,7 +403,7 @@ impl Driver for ProcessDriver {
                 RuntimeState::Exited(marker) if run.is_some_and(|r| r.generation == launch.generation) => {
                     StartReply::Exited(marker)
                 }
-                _ => StartReply::Failed { message: format!("the run of generation {} is gone", launch.generation) },
+                _ => StartReply::Gone,
             });
         }
         if run.is_some() {

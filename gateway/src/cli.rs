@@ -20,7 +20,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::config::default_data_dir;
-use crate::server::{ADDRESS_FILE, API_TOKEN_FILE};
+use crate::server::{API_TOKEN_FILE, DEFAULT_NAME, address_file};
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "Drive a Berth gateway: sandboxes and providers")]
@@ -518,7 +518,7 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
     let address = cli
         .gateway
         .clone()
-        .or_else(|| read_trimmed(data.join(ADDRESS_FILE)))
+        .or_else(|| read_trimmed(data.join(address_file(DEFAULT_NAME))))
         .unwrap_or_else(|| "http://127.0.0.1:7420".to_string());
     let token = cli.token.clone().or_else(|| read_trimmed(data.join(API_TOKEN_FILE))).ok_or_else(|| {
         Failed(format!(

@@ -118,9 +118,19 @@ pub struct Flags {
     #[arg(long, env = "BERTH_PODMAN_SOCKET")]
     pub podman_socket: Option<PathBuf>,
     /// This gateway's name in a shared container runtime: it sees only the containers it made.
-    /// [default: read from, or created in, <data-dir>/instance-id]
+    /// Gateways sharing a store share it too. [default: read from, or created in,
+    /// <data-dir>/instance-id]
     #[arg(long, env = "BERTH_INSTANCE")]
     pub instance: Option<String>,
+    /// This gateway's own name among gateways sharing a store (letters, digits, '.', '_', '-'):
+    /// its name in the reconcile lease, its supervisor socket `<data-dir>/run/<name>.sock` and
+    /// its address file `<data-dir>/<name>.addr`. [default: gateway]
+    #[arg(long, env = "BERTH_NAME")]
+    pub name: Option<String>,
+    /// How long the reconcile lease lasts unrenewed: how soon another gateway takes over
+    /// reconciling when its holder dies. [default: 15s]
+    #[arg(long, env = "BERTH_LEASE_TTL", value_parser = duration)]
+    pub lease_ttl: Option<Duration>,
     /// Time between two reconcile sweeps of the whole runtime. [default: 10s]
     #[arg(long, env = "BERTH_POLL_INTERVAL", value_parser = duration)]
     pub poll_interval: Option<Duration>,
@@ -154,6 +164,8 @@ struct File {
     docker_socket: Option<PathBuf>,
     podman_socket: Option<PathBuf>,
     instance: Option<String>,
+    name: Option<String>,
+    lease_ttl: Option<String>,
     poll_interval: Option<String>,
     redrive_after: Option<String>,
     stop_grace: Option<String>,
@@ -174,6 +186,8 @@ pub struct Config {
     pub docker_socket: PathBuf,
     pub podman_socket: PathBuf,
     pub instance: Option<String>,
+    pub name: String,
+    pub lease_ttl: Duration,
     pub poll_interval: Duration,
     pub redrive_after: Duration,
     pub stop_grace: Duration,
@@ -189,6 +203,18 @@ pub fn default_data_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("berth")
+}
+
+/// A gateway's name names files: keep it to a safe alphabet.
+fn gateway_name(name: String) -> Result<String, String> {
+    let valid = (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if valid {
+        Ok(name)
+    } else {
+        Err(format!("name: {name:?} must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"))
+    }
 }
 
 fn default_docker_socket() -> PathBuf {
@@ -218,6 +244,11 @@ impl Config {
         };
         let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir);
         let store = StoreLocation::parse(flags.store.or(file.store).as_deref().unwrap_or("sqlite"), &data_dir)?;
+        let name = gateway_name(flags.name.or(file.name).unwrap_or_else(|| crate::server::DEFAULT_NAME.to_string()))?;
+        let lease_ttl = flags.lease_ttl.or(from_file("lease_ttl", file.lease_ttl)?).unwrap_or(Duration::from_secs(15));
+        if lease_ttl < Duration::from_millis(300) {
+            return Err(format!("lease_ttl: {lease_ttl:?} is too short to renew in time; give at least 300ms"));
+        }
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             data_dir,
@@ -231,6 +262,8 @@ impl Config {
                 .or(file.podman_socket)
                 .unwrap_or_else(|| PathBuf::from("/run/podman/podman.sock")),
             instance: flags.instance.or(file.instance),
+            name,
+            lease_ttl,
             poll_interval: flags
                 .poll_interval
                 .or(from_file("poll_interval", file.poll_interval)?)
@@ -273,6 +306,19 @@ mod tests {
         let err = Config::load(Flags { config: Some(path), ..Flags::default() }).unwrap_err();
         assert!(err.contains("pol_interval"), "unknown keys are named: {err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn gateway_names_name_files_so_only_a_safe_alphabet_passes() {
+        let load = |name: &str| Config::load(Flags { name: Some(name.into()), ..Flags::default() });
+        assert_eq!(load("gw-2.east_1").unwrap().name, "gw-2.east_1");
+        assert_eq!(Config::load(Flags::default()).unwrap().name, "gateway");
+        for bad in ["", ".hidden", "a/b", "../x", "a b", &"x".repeat(65)] {
+            let err = load(bad).unwrap_err();
+            assert!(err.starts_with("name:"), "{bad:?}: {err}");
+        }
+        let short = Config::load(Flags { lease_ttl: Some(Duration::from_millis(100)), ..Flags::default() });
+        assert!(short.unwrap_err().starts_with("lease_ttl:"));
     }
 
     #[test]

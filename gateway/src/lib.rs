@@ -6,6 +6,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod lease;
 pub mod reconcile;
 pub mod server;
 pub mod store;

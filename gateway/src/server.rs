@@ -20,7 +20,8 @@ use tracing::info;
 use crate::clock::SystemClock;
 use crate::config::{Config, DriverKind, StoreLocation};
 use crate::engine::{Engine, EngineSettings};
-use crate::reconcile::{self, ReconcileSettings};
+use crate::lease::{self, LeaseSettings};
+use crate::reconcile::ReconcileSettings;
 use crate::store::Store;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
@@ -28,13 +29,24 @@ use crate::store::sqlite::SqliteStore;
 /// Files of the data directory.
 pub const API_TOKEN_FILE: &str = "api-token";
 pub const IDENTITY_KEY_FILE: &str = "identity.key";
-pub const ADDRESS_FILE: &str = "gateway.addr";
 pub const DATABASE_FILE: &str = "berth.db";
 pub const INSTANCE_FILE: &str = "instance-id";
-/// The supervisors' socket, in a directory of its own: containers mount the directory, which
-/// keeps working when a restarted gateway replaces the socket.
+/// The gateway's name unless configured: the one gateway of a data directory.
+pub const DEFAULT_NAME: &str = "gateway";
+/// The supervisors' sockets, one per gateway, in a directory of their own: supervisors are
+/// given the directory and connect to any gateway listening in it, and containers mount it,
+/// which keeps working when a restarted gateway replaces its socket.
 pub const SOCKET_DIR: &str = "run";
-pub const SUPERVISOR_SOCKET: &str = "supervisor.sock";
+
+/// Where a gateway writes the address it listens on, for the CLI: `<name>.addr`.
+pub fn address_file(name: &str) -> String {
+    format!("{name}.addr")
+}
+
+/// A gateway's supervisor socket in [`SOCKET_DIR`]: `<name>.sock`.
+pub fn supervisor_socket(name: &str) -> String {
+    format!("{name}.sock")
+}
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
 
@@ -118,7 +130,14 @@ pub async fn run(config: Config) -> Result<(), String> {
         .mode(0o700)
         .create(&socket_dir)
         .map_err(|e| format!("creating {}: {e}", socket_dir.display()))?;
-    let socket: PathBuf = socket_dir.join(SUPERVISOR_SOCKET);
+    let socket: PathBuf = socket_dir.join(supervisor_socket(&config.name));
+    if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+        return Err(format!(
+            "another gateway named {:?} is serving from {}; give each gateway its own --name",
+            config.name,
+            data.display()
+        ));
+    }
     match std::fs::remove_file(&socket) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -137,7 +156,7 @@ pub async fn run(config: Config) -> Result<(), String> {
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    let address_file = data.join(ADDRESS_FILE);
+    let address_file = data.join(address_file(&config.name));
     std::fs::write(&address_file, format!("http://{address}\n"))
         .map_err(|e| format!("writing {}: {e}", address_file.display()))?;
 
@@ -146,12 +165,11 @@ pub async fn run(config: Config) -> Result<(), String> {
         redrive_after: config.redrive_after,
         ..ReconcileSettings::default()
     };
-    let redriven = reconcile::recover(&engine, reconcile_settings.page_size).await.map_err(|e| e.to_string())?;
-    let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), reconcile_settings.clone()));
-    let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), reconcile_settings));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let lease = LeaseSettings { holder: config.name.clone(), ttl: config.lease_ttl };
+    let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
 
     let routes = crate::api::routes(&engine, &token, config.heartbeat).await;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -166,10 +184,10 @@ pub async fn run(config: Config) -> Result<(), String> {
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
+        name = config.name,
         data_dir = %data.display(),
         store = %config.store,
         driver = engine.driver().name(),
-        redriven,
         "berth-gateway serving"
     );
 
@@ -177,8 +195,8 @@ pub async fn run(config: Config) -> Result<(), String> {
     info!("shutting down: no new requests; letting effects under way finish");
     let _ = stop_tx.send(true);
     engine.shut_down();
-    watch.abort();
-    poll.abort();
+    // Reconcile stops and the lease is given up, so another gateway takes over at once.
+    let _ = leading.await;
     let deadline = tokio::time::Instant::now() + DRAIN_FOR;
     while engine.busy() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -201,7 +219,6 @@ async fn driver(config: &Config, socket_dir: &Path) -> Result<Arc<dyn Driver>, S
         root: data.join(runtime),
         supervisor: config.supervisor_bin.clone(),
         socket_dir: socket_dir.to_path_buf(),
-        socket_name: SUPERVISOR_SOCKET.to_string(),
     };
     let docker = || async {
         let socket = config.docker_socket.display().to_string();
@@ -215,7 +232,7 @@ async fn driver(config: &Config, socket_dir: &Path) -> Result<Arc<dyn Driver>, S
         let driver = ProcessDriver::new(ProcessConfig {
             root: data.join("sandboxes"),
             supervisor: config.supervisor_bin.clone(),
-            gateway: format!("unix:{}", socket_dir.join(SUPERVISOR_SOCKET).display()),
+            gateway: format!("unix:{}", socket_dir.display()),
         });
         Ok(Arc::new(driver.map_err(|e| e.to_string())?))
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use berth_core::{FailureReason, Intent, Phase, PhaseKind, Provider, Run as RunState, Sandbox, SandboxId, Write};
-use berth_gateway::store::{CommitError, Page, PageRequest, Store, StoreError};
+use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
 use crate::runtime::{Container, EndCause};
 use crate::world::{Commit, Seen, World, lock};
@@ -165,6 +165,19 @@ impl Store for TracingStore {
             self.record(before.as_ref(), after);
         }
         Ok(())
+    }
+    async fn acquire_lease(&self, holder: &str, ttl: std::time::Duration) -> Result<Lease, StoreError> {
+        self.latency().await;
+        let lease = self.world.store.acquire_lease(holder, ttl).await?;
+        if lease.held_by(holder) && lock(&self.world.lease_terms).last() != Some(&lease.term) {
+            lock(&self.world.lease_terms).push(lease.term);
+            self.world.event(holder, "lease", format!("holds the reconcile lease, term {}", lease.term));
+        }
+        Ok(lease)
+    }
+    async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
+        self.latency().await;
+        self.world.store.release_lease(holder).await
     }
 }
 

@@ -10,7 +10,8 @@ use berth_core::Timestamp;
 use berth_core::identity::IdentityKey;
 use berth_gateway::clock::Clock;
 use berth_gateway::engine::{Engine, EngineSettings};
-use berth_gateway::reconcile::{self, ReconcileSettings};
+use berth_gateway::lease::{self, LeaseSettings};
+use berth_gateway::reconcile::ReconcileSettings;
 use tokio::sync::mpsc;
 
 use crate::checker::TracingStore;
@@ -20,7 +21,7 @@ use crate::runtime::Request;
 use crate::world::{EPOCH_SECS, World};
 
 /// The simulation's wall clock: the pinned epoch plus simulated time.
-struct SimClock;
+pub struct SimClock;
 
 impl Clock for SimClock {
     fn now(&self) -> Timestamp {
@@ -31,6 +32,9 @@ impl Clock for SimClock {
 
 pub const IDENTITY_KEY: [u8; 32] = [0x5a; 32];
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// The gateway's name in the reconcile lease: a restarted gateway renews its own lease.
+pub const GATEWAY_NAME: &str = "gateway";
+pub const LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// One boot of the gateway; the host runs it again after every crash.
 pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -> turmoil::Result {
@@ -58,9 +62,11 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -
         page_size: 4,
         max_watch_backoff: Duration::from_secs(2),
     };
-    reconcile::recover(&engine, reconcile_settings.page_size).await.map_err(|e| e.to_string())?;
-    tokio::spawn(reconcile::watch_loop(engine.clone(), reconcile_settings.clone()));
-    tokio::spawn(reconcile::poll_loop(engine.clone(), reconcile_settings));
+    // The same lease a production gateway keeps; the host is torn down at a crash, which is
+    // when this sender goes (and the lease is left to lapse, as a crash leaves it).
+    let (_running, stop) = tokio::sync::watch::channel(false);
+    let lease = LeaseSettings { holder: GATEWAY_NAME.to_string(), ttl: LEASE_TTL };
+    tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(net::fixed_date))

@@ -254,7 +254,7 @@ impl Runtime {
             }
             // At most one run per generation, even once its container was removed out of band.
             if m.newest.get(&id) == Some(&generation) {
-                return StartReply::Failed { message: format!("the run of generation {generation} is gone") };
+                return StartReply::Gone;
             }
         }
         // The multi-step start: until its last step, every look shows what was there before.

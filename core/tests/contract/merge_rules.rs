@@ -400,6 +400,22 @@ fn a_failed_start_reply_is_an_error_only_for_a_wanted_start_not_yet_begun() {
 }
 
 #[test]
+fn a_start_reply_that_the_generations_run_is_gone_is_a_loss_not_a_failed_start() {
+    let gone = Observation::Started { generation: 2, reply: StartReply::Gone };
+    for run in [Run::Pending, Run::Started { at: Some(t(400)) }] {
+        let next = after(&sandbox(Phase::Starting, Intent::Running, run), &gone);
+        assert!(
+            matches!(&next.phase, Phase::Error(f) if f.reason == FailureReason::ComputeResourceMissing),
+            "{run:?}: {next:?}"
+        );
+        assert_ne!(next.run, Run::Pending, "it ran");
+    }
+    // Of an older generation: ignored, like every other reply of one.
+    let old = Observation::Started { generation: 1, reply: StartReply::Gone };
+    assert_eq!(after(&sandbox(Phase::Starting, Intent::Running, Run::Pending), &old).phase, Phase::Starting);
+}
+
+#[test]
 fn rules_4_and_5_mark_a_pending_run_begun_and_keep_a_known_start_time() {
     let connected = Observation::SupervisorConnected { generation: 2 };
     let exited = Observation::MainProcessExited { generation: 2, exit_code: 7 };

@@ -310,7 +310,7 @@ impl World {
                             Some(m) => StartReply::Exited(m),
                             None => StartReply::Running { started_at: run.started_at },
                         },
-                        None => StartReply::Failed { message: format!("the run of generation {generation} is gone") },
+                        None => StartReply::Gone,
                     }
                 } else {
                     let c = self.containers.entry(sandbox.clone()).or_default();

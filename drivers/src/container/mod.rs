@@ -176,10 +176,9 @@ pub struct ContainerConfig {
     pub root: PathBuf,
     /// A statically linked `berth-supervisor`.
     pub supervisor: PathBuf,
-    /// The directory holding the gateway's supervisor socket.
+    /// The directory holding the gateways' supervisor sockets: the supervisor connects to any
+    /// of them.
     pub socket_dir: PathBuf,
-    /// The socket's name in it.
-    pub socket_name: String,
 }
 
 /// The driver's record of the newest generation it started, beside the sandbox's state.
@@ -280,10 +279,9 @@ impl<E: Engine> ContainerDriver<E> {
 
     fn spec(&self, launch: &Launch) -> ContainerSpec {
         let id = &launch.sandbox;
-        let socket = format!("unix:/run/berth/gateway/{}", self.config.socket_name);
         let mut command = vec![
             "--gateway".to_string(),
-            socket,
+            "unix:/run/berth/gateway".to_string(),
             "--token-file".into(),
             "/run/berth/state/token".into(),
             "--env-file".into(),
@@ -394,9 +392,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
                 return Ok(match current.map(|i| i.state()) {
                     Some(RuntimeState::Running { started_at }) => StartReply::Running { started_at },
                     Some(RuntimeState::Exited(marker)) => StartReply::Exited(marker),
-                    _ => StartReply::Failed {
-                        message: format!("the container of generation {} is gone", launch.generation),
-                    },
+                    _ => StartReply::Gone,
                 });
             }
             _ => {}

@@ -30,9 +30,12 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 #[derive(Parser)]
 #[command(version, about = "Runs a sandbox's command and keeps its session with the Berth gateway")]
 struct Args {
-    /// Where the gateway's supervisor API listens: `unix:/path/to/socket` or `http://host:port`.
-    #[arg(long, env = "BERTH_SUPERVISOR_GATEWAY")]
-    gateway: String,
+    /// Where gateways' supervisor API listens: `unix:/path/to/socket`, `unix:/a/directory`
+    /// (each `*.sock` in it: the gateways sharing a data directory) or `http://host:port`.
+    /// Several, separated by commas or given again: the session goes to any gateway that
+    /// answers, and moves on to the next when its gateway goes away.
+    #[arg(long, env = "BERTH_SUPERVISOR_GATEWAY", value_delimiter = ',', required = true)]
+    gateway: Vec<String>,
     /// Where to record the command's exit code and finish time for the driver.
     #[arg(long)]
     exit_file: Option<PathBuf>,
@@ -68,6 +71,30 @@ async fn connect(gateway: &str) -> Result<Channel, String> {
         let endpoint = Endpoint::from_shared(gateway.to_string()).map_err(|e| e.to_string())?;
         endpoint.connect().await.map_err(|e| e.to_string())
     }
+}
+
+/// Every endpoint the `--gateway` values name right now: a directory stands for the sockets it
+/// holds at this moment, as gateways come and go.
+fn endpoints(gateways: &[String]) -> Vec<String> {
+    let mut all = Vec::new();
+    for gateway in gateways {
+        match gateway.strip_prefix("unix:").map(Path::new).filter(|p| p.is_dir()) {
+            Some(dir) => {
+                let mut sockets: Vec<String> = std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|entry| entry.path())
+                    .filter(|path| path.extension().is_some_and(|e| e == "sock"))
+                    .map(|path| format!("unix:{}", path.display()))
+                    .collect();
+                sockets.sort();
+                all.extend(sockets);
+            }
+            None => all.push(gateway.clone()),
+        }
+    }
+    all
 }
 
 enum SessionEnd {
@@ -130,13 +157,19 @@ async fn session(gateway: &str, token: &str, exit: &mut watch::Receiver<Option<i
 }
 
 /// Keeps a session up until the exit is reported or the gateway rejects this run.
-async fn keep_session(gateway: String, token: String, mut exit: watch::Receiver<Option<i32>>) -> SessionEnd {
+async fn keep_session(gateways: Vec<String>, token: String, mut exit: watch::Receiver<Option<i32>>) -> SessionEnd {
     let mut backoff = Duration::from_millis(100);
     let mut reporting_since = None;
+    // Each attempt goes to the next endpoint: a gateway that went away is not tried twice running.
+    let mut attempt = 0usize;
     loop {
-        match session(&gateway, &token, &mut exit).await {
-            Ok(end) => return end,
-            Err(e) => log(format_args!("session lost ({e}); retrying in {backoff:?}")),
+        let all = endpoints(&gateways);
+        match all.get(attempt % all.len().max(1)) {
+            None => log(format_args!("no gateway socket in {}; retrying in {backoff:?}", gateways.join(","))),
+            Some(gateway) => match session(gateway, &token, &mut exit).await {
+                Ok(end) => return end,
+                Err(e) => log(format_args!("session with {gateway} lost ({e}); retrying in {backoff:?}")),
+            },
         }
         if exit.borrow().is_some() {
             let since = *reporting_since.get_or_insert_with(tokio::time::Instant::now);
@@ -147,6 +180,7 @@ async fn keep_session(gateway: String, token: String, mut exit: watch::Receiver<
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
+        attempt = attempt.wrapping_add(1);
     }
 }
 

@@ -131,7 +131,8 @@ fuzz_target!(|steps: Vec<Step>| {
                 let reply = match state(s) {
                     RuntimeState::Running { started_at } => StartReply::Running { started_at },
                     RuntimeState::Exited(m) => StartReply::Exited(m),
-                    _ => StartReply::Failed { message: "no".into() },
+                    RuntimeState::Absent { .. } => StartReply::Gone,
+                    RuntimeState::Created => StartReply::Failed { message: "no".into() },
                 };
                 merge(before.as_ref(), &id, &Observation::Started { generation: generation(*g), reply }, now)
             }

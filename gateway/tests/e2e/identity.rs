@@ -14,7 +14,7 @@ use tonic::transport::{Endpoint, Uri};
 use crate::harness::*;
 
 async fn supervisor(data: &DataDir) -> SupervisorClient<tonic::transport::Channel> {
-    let socket: PathBuf = data.path.join("run/supervisor.sock");
+    let socket: PathBuf = data.path.join("run/gateway.sock");
     let connector = tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
         async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }

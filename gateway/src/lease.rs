@@ -1,0 +1,133 @@
+//! The reconcile lease: several gateways may serve one store, and every one of them serves both
+//! APIs, but only the lease's holder runs start-up recovery, the watch loop and the poll sweep
+//! (DESIGN 3.6). The lease lives in the store, with a time-to-live on the store's clock; its
+//! holder renews it, another gateway takes it over once it lapses, and a gateway shutting down
+//! gives it up.
+//!
+//! A deposed holder that has not noticed yet is harmless: every decision is committed before
+//! its effects run, so all it can still do is repeat an idempotent effect of a committed intent
+//! (a start of the committed generation, a stop, a delete), and every report it merges goes
+//! through the same conditional write as anyone else's. It also stops on its own once the
+//! lease's time-to-live has passed since it last asked for it, on its own clock, which is no
+//! later than the store would let another gateway in.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::engine::Engine;
+use crate::reconcile::{self, ReconcileSettings};
+
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// This gateway's name in the lease: unique among the gateways sharing a store.
+    pub holder: String,
+    /// How long the lease lasts without a renewal; renewed every third of it.
+    pub ttl: Duration,
+}
+
+/// The reconcile loops this gateway runs while it holds the lease.
+struct Tenure {
+    term: u64,
+    /// The lease is surely ours until then: one time-to-live after the last renewal was asked.
+    until: Instant,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Tenure {
+    fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64, until: Instant) -> Self {
+        let recovery = {
+            let engine = engine.clone();
+            let page_size = settings.page_size;
+            tokio::spawn(async move {
+                match reconcile::recover(&engine, page_size).await {
+                    Ok(redriven) => info!(redriven, "recovery re-drove the unfinished transitions"),
+                    Err(e) => warn!(error = %e, "recovery could not read the records; the poll sweep re-drives them"),
+                }
+            })
+        };
+        let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
+        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
+        Self { term, until, tasks: vec![recovery, watch, poll] }
+    }
+
+    fn end(self) {
+        for task in self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Holds the lease whenever it can and runs reconcile while it does, until `shutdown` turns
+/// true; then stops reconciling and gives the lease up.
+pub async fn lead(
+    engine: Engine,
+    lease: LeaseSettings,
+    settings: ReconcileSettings,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let LeaseSettings { holder, ttl } = lease;
+    let mut tenure: Option<Tenure> = None;
+    let mut last_seen: Option<String> = None;
+    while !*shutdown.borrow() {
+        let asked = Instant::now();
+        match engine.store().acquire_lease(&holder, ttl).await {
+            Ok(lease) if lease.held_by(&holder) => match &mut tenure {
+                Some(t) if t.term == lease.term => t.until = asked + ttl,
+                _ => {
+                    if let Some(t) = tenure.take() {
+                        t.end();
+                    }
+                    info!(
+                        holder,
+                        term = lease.term,
+                        "took the reconcile lease: recovery and the reconcile loops start"
+                    );
+                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, asked + ttl));
+                }
+            },
+            Ok(lease) => {
+                if let Some(t) = tenure.take() {
+                    warn!(holder, term = t.term, now_held_by = ?lease.holder, "lost the reconcile lease: reconcile stops here");
+                    t.end();
+                } else if last_seen != lease.holder {
+                    info!(holder, held_by = ?lease.holder, term = lease.term, "another gateway holds the reconcile lease");
+                }
+                last_seen = lease.holder;
+            }
+            Err(e) => {
+                warn!(holder, error = %e, "cannot renew the reconcile lease");
+                if tenure.as_ref().is_some_and(|t| Instant::now() >= t.until) {
+                    if let Some(t) = tenure.take() {
+                        t.end();
+                    }
+                    warn!(holder, "the reconcile lease lapsed unrenewed: reconcile stops here");
+                }
+            }
+        }
+        // Ask again a third of the way in, or sooner if the tenure ends before that.
+        let mut next = Instant::now() + ttl / 3;
+        if let Some(t) = &tenure {
+            next = next.min(t.until);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            changed = shutdown.changed() => {
+                // No one left to say when to stop: stop now.
+                if changed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(t) = tenure.take() {
+        t.end();
+        match engine.store().release_lease(&holder).await {
+            Ok(()) => info!(holder, "released the reconcile lease"),
+            Err(e) => warn!(holder, error = %e, "cannot release the reconcile lease; it lapses by itself"),
+        }
+    }
+}

@@ -11,7 +11,11 @@
 //! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
 //! <root>/<sandbox id>/run/output.log  the supervisor's and the command's output
 //! <root>/.started/<sandbox id>         the newest generation ever started
+//! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
 //! ```
+//!
+//! Several gateways may share the root (gateways sharing a store on one host): a file lock per
+//! sandbox serializes them as the in-process lock serializes one gateway's tasks.
 //!
 //! The newest started generation lives outside the sandbox's folder: removing the folder out of
 //! band must not let a start of an older generation, still on its way, run after a newer one did.
@@ -45,6 +49,17 @@ const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// The folder under the root holding each sandbox's newest started generation. Its leading dot
 /// keeps it apart from sandbox ids.
 const STARTED_DIR: &str = ".started";
+const LOCKS_DIR: &str = ".locks";
+/// How often a driver waiting for another gateway's lock on a sandbox looks again.
+const LOCK_POLL: Duration = Duration::from_millis(5);
+
+/// Everything acting on one sandbox holds: this gateway's lock, then the file lock that keeps
+/// other gateways out.
+struct SandboxGuard {
+    /// `None` for a sandbox no start has made (nothing to keep others from).
+    _file: Option<std::fs::File>,
+    _local: OwnedMutexGuard<()>,
+}
 
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
@@ -183,12 +198,47 @@ impl Inner {
         locks.entry(sandbox.clone()).or_default().clone()
     }
 
-    async fn lock(&self, sandbox: &SandboxId) -> OwnedMutexGuard<()> {
-        self.sandbox_lock(sandbox).lock_owned().await
+    /// The sandbox's lock file. Only a start makes it (`create`), so looking at a deleted
+    /// sandbox leaves nothing behind.
+    fn lock_file(&self, sandbox: &SandboxId, create: bool) -> Result<Option<std::fs::File>, DriverError> {
+        let dir = self.config.root.join(LOCKS_DIR);
+        if create {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+        }
+        let path = dir.join(sandbox.as_str());
+        match std::fs::OpenOptions::new().create(create).truncate(false).write(true).mode(0o600).open(&path) {
+            Ok(file) => Ok(Some(file)),
+            Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
+            Err(e) => Err(io(&format!("opening {}", path.display()), e)),
+        }
     }
 
-    fn try_lock(&self, sandbox: &SandboxId) -> Option<OwnedMutexGuard<()>> {
-        self.sandbox_lock(sandbox).try_lock_owned().ok()
+    async fn lock(&self, sandbox: &SandboxId, create: bool) -> Result<SandboxGuard, DriverError> {
+        let local = self.sandbox_lock(sandbox).lock_owned().await;
+        let file = self.lock_file(sandbox, create)?;
+        if let Some(file) = &file {
+            loop {
+                match file.try_lock() {
+                    Ok(()) => break,
+                    Err(std::fs::TryLockError::WouldBlock) => tokio::time::sleep(LOCK_POLL).await,
+                    Err(std::fs::TryLockError::Error(e)) => return Err(io("locking the sandbox", e)),
+                }
+            }
+        }
+        Ok(SandboxGuard { _file: file, _local: local })
+    }
+
+    fn try_lock(&self, sandbox: &SandboxId) -> Option<SandboxGuard> {
+        let local = self.sandbox_lock(sandbox).try_lock_owned().ok()?;
+        let file = self.lock_file(sandbox, false).ok()?;
+        if let Some(file) = &file {
+            file.try_lock().ok()?;
+        }
+        Some(SandboxGuard { _file: file, _local: local })
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
@@ -314,7 +364,7 @@ impl Inner {
                 use std::os::unix::process::ExitStatusExt;
                 s.code().or_else(|| s.signal().map(|sig| 128 + sig))
             });
-            let _guard = inner.lock(&sandbox).await;
+            let Ok(_guard) = inner.lock(&sandbox, false).await else { return };
             if inner.run_file(&sandbox).ok().flatten().is_some_and(|r| r.pid == run.pid) {
                 let _ = inner.ended(&sandbox, &run, code.unwrap_or(KILLED_EXIT_CODE));
             }
@@ -370,7 +420,8 @@ impl Inner {
             .filter_map(Result::ok)
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|name| name != STARTED_DIR)
+            // The driver's own folders start with a dot; sandbox ids never do.
+            .filter(|name| !name.starts_with('.'))
             .map(SandboxId::new)
             .collect();
         ids.sort();
@@ -386,7 +437,7 @@ impl Driver for ProcessDriver {
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let inner = &self.inner;
-        let _guard = inner.lock(&launch.sandbox).await;
+        let _guard = inner.lock(&launch.sandbox, true).await?;
         let run = inner.run_file(&launch.sandbox)?;
         let newest = inner.newest_started(&launch.sandbox)?.max(run.map(|r| r.generation));
         if let Some(newest) = newest.filter(|n| *n > launch.generation) {
@@ -417,28 +468,36 @@ impl Driver for ProcessDriver {
     }
 
     async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
-        let _guard = self.inner.lock(sandbox).await;
+        let _guard = self.inner.lock(sandbox, false).await?;
         self.inner.stop_locked(sandbox, grace).await
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let inner = &self.inner;
-        let _guard = inner.lock(sandbox).await;
+        let _guard = inner.lock(sandbox, false).await?;
         inner.stop_locked(sandbox, Duration::ZERO).await?;
         match std::fs::remove_dir_all(inner.dir(sandbox)) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io("removing the sandbox's directory", e)),
         }
-        match std::fs::remove_file(inner.started_file(sandbox)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io("removing the sandbox's started record", e)),
+        // The lock file goes last, still locked: whoever waits on it acts on a deleted sandbox,
+        // which finds nothing.
+        for (file, what) in [
+            (inner.started_file(sandbox), "started record"),
+            (inner.config.root.join(LOCKS_DIR).join(sandbox.as_str()), "lock"),
+        ] {
+            match std::fs::remove_file(file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&format!("removing the sandbox's {what}"), e)),
+            }
         }
+        Ok(())
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        let _guard = self.inner.lock(sandbox).await;
+        let _guard = self.inner.lock(sandbox, false).await?;
         self.inner.observe(sandbox)
     }
 
@@ -455,7 +514,7 @@ impl Driver for ProcessDriver {
         let events = inner.events.subscribe();
         let mut sync = Vec::new();
         for id in inner.ids()? {
-            let _guard = inner.lock(&id).await;
+            let _guard = inner.lock(&id, false).await?;
             let state = inner.observe(&id)?;
             sync.push(Ok(WatchEvent::Sync { sandbox: id, state }));
         }

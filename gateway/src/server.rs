@@ -156,8 +156,11 @@ pub async fn run(config: Config) -> Result<(), String> {
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
+    // Written aside and renamed into place: a reader (the CLI, a test) never sees half of it.
     let address_file = data.join(address_file(&config.name));
-    std::fs::write(&address_file, format!("http://{address}\n"))
+    let written = address_file.with_extension("addr.tmp");
+    std::fs::write(&written, format!("http://{address}\n"))
+        .and_then(|()| std::fs::rename(&written, &address_file))
         .map_err(|e| format!("writing {}: {e}", address_file.display()))?;
 
     let reconcile_settings = ReconcileSettings {

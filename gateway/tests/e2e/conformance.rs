@@ -254,11 +254,12 @@ impl Target {
         };
         let mut left = Vec::new();
         for entry in entries(data.path.join(dir)) {
-            match entry.as_str() {
-                // The process driver's folder of started generations: only its contents count.
-                ".started" => left
-                    .extend(entries(data.path.join(dir).join(".started")).into_iter().map(|e| format!("started {e}"))),
-                _ => left.push(format!("state {entry}")),
+            // The process driver's own folders (started generations, locks): only what is in
+            // them counts.
+            if entry.starts_with('.') {
+                left.extend(entries(data.path.join(dir).join(&entry)).into_iter().map(|e| format!("{entry}/{e}")));
+            } else {
+                left.push(format!("state {entry}"));
             }
         }
         if self.runtime != Runtime::Process {

@@ -70,7 +70,12 @@ impl DataDir {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.path.join("gateway.log")).unwrap_or_default()
+        self.log_of("gateway")
+    }
+
+    /// The log of the gateway named `name`.
+    pub fn log_of(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path.join(format!("{name}.log"))).unwrap_or_default()
     }
 }
 
@@ -92,10 +97,14 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts a gateway on `data` with a short poll interval; waits until it serves.
+    /// Starts a gateway on `data` with a short poll interval; waits until it serves. A gateway
+    /// given `--name N` writes `N.addr` and logs to `N.log` (else `gateway.*`).
     pub async fn start(data: &DataDir, extra: &[&str]) -> Self {
-        let _ = std::fs::remove_file(data.path.join("gateway.addr"));
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(data.path.join("gateway.log")).unwrap();
+        let name = extra.iter().position(|a| *a == "--name").map_or("gateway", |i| extra[i + 1]);
+        let address_file = data.path.join(format!("{name}.addr"));
+        let _ = std::fs::remove_file(&address_file);
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(data.path.join(format!("{name}.log"))).unwrap();
         // Test defaults, each unless `extra` sets it.
         let defaults =
             [("--poll-interval", "500ms"), ("--redrive-after", "2s"), ("--stop-grace", "5s"), ("--heartbeat", "1s")];
@@ -113,7 +122,6 @@ impl Gateway {
             .unwrap();
         // Owned at once, so a failed start still kills and reaps it (Drop).
         let mut gateway = Gateway { child, address: String::new(), token: String::new() };
-        let address_file = data.path.join("gateway.addr");
         for _ in 0..200 {
             if let Ok(address) = std::fs::read_to_string(&address_file) {
                 gateway.address = address.trim().to_string();
@@ -123,7 +131,7 @@ impl Gateway {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("the gateway did not start:\n{}", data.log());
+        panic!("the gateway did not start:\n{}", data.log_of(name));
     }
 
     pub async fn channel(&self) -> Channel {

@@ -12,3 +12,4 @@ mod lifecycle;
 mod pg;
 mod postgres;
 mod providers;
+mod several;

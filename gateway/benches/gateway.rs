@@ -1,6 +1,10 @@
 //! Gateway throughput. Prints lifecycle RPCs per second with p50/p99 latency at 1, 16 and 64
-//! concurrent clients (real gRPC over loopback TCP, the SQLite store on disk, a no-op driver),
-//! and the time of one reconcile sweep over 1,000 and 10,000 sandboxes. It asserts nothing.
+//! concurrent clients (real gRPC over loopback TCP, the SQLite store on disk, a no-op driver);
+//! 64 clients again on PostgreSQL, with one gateway and with three sharing the database (when
+//! `BERTH_TEST_POSTGRES_URL` names one: `ci/bench` starts it); the time from killing the
+//! reconcile lease's holder (real gateway processes) to another gateway's first reconcile
+//! sweep; and the time of one reconcile sweep over 1,000 and 10,000 sandboxes. It asserts
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,6 +17,8 @@ use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 use berth_gateway::clock::SystemClock;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::reconcile::{ReconcileSettings, sweep};
+use berth_gateway::store::Store;
+use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
 use berth_proto::v1 as pb;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
@@ -82,26 +88,25 @@ impl Driver for NoopDriver {
     }
 }
 
+#[path = "../tests/support/postgres.rs"]
+mod pg;
+
+/// A gateway's engine on `store`; gateways sharing a store share one runtime too.
+fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>) -> Engine {
+    Engine::new(store, driver, Arc::new(SystemClock), IdentityKey::from_bytes([7; 32]), EngineSettings::default(), 1)
+}
+
 fn engine(dir: &std::path::Path) -> Engine {
-    let store = Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap());
-    Engine::new(
-        store,
-        Arc::new(NoopDriver::default()),
-        Arc::new(SystemClock),
-        IdentityKey::from_bytes([7; 32]),
-        EngineSettings::default(),
-        1,
-    )
+    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn rpc_load(clients: usize, cycles_per_client: usize) -> (f64, Duration, Duration, usize) {
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine(dir.path());
-    let routes = berth_gateway::api::routes(&engine, "bench-token-0123456789", Duration::from_secs(5)).await;
+/// Serves `engine`'s API on a loopback port; its address.
+async fn serve(engine: &Engine) -> String {
+    let routes = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(
@@ -109,10 +114,25 @@ async fn rpc_load(clients: usize, cycles_per_client: usize) -> (f64, Duration, D
             .add_routes(routes)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
+    address
+}
+
+/// `clients` clients, spread over one gateway per store of `stores`, each running
+/// `cycles_per_client` create-stop-start-stop-delete cycles.
+async fn rpc_load(
+    stores: Vec<Arc<dyn Store>>,
+    clients: usize,
+    cycles_per_client: usize,
+) -> (f64, Duration, Duration, usize) {
+    let driver = Arc::new(NoopDriver::default());
+    let mut addresses = Vec::new();
+    for store in stores {
+        addresses.push(serve(&engine_on(store, Arc::clone(&driver))).await);
+    }
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let address = address.clone();
+        let address = addresses[c % addresses.len()].clone();
         tasks.push(tokio::spawn(async move {
             let channel = tonic::transport::Endpoint::from_shared(address).unwrap().connect().await.unwrap();
             let token: MetadataValue<_> = "Bearer bench-token-0123456789".parse().unwrap();
@@ -189,6 +209,51 @@ async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
     (started.elapsed(), stats.records)
 }
 
+/// Seconds from SIGKILL of the lease holder (one of two gateway processes on PostgreSQL) to the
+/// other's first reconcile sweep.
+async fn takeover(url: &str) -> Duration {
+    const TTL: &str = "2s";
+    let data = tempfile::tempdir().unwrap();
+    let log = |name: &str| std::fs::read_to_string(data.path().join(format!("{name}.log"))).unwrap_or_default();
+    let mut gateways: Vec<(&str, std::process::Child)> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let child = std::process::Command::new(env!("CARGO_BIN_EXE_berth-gateway"))
+                .args(["--data-dir", data.path().to_str().unwrap(), "--listen", "127.0.0.1:0", "--store", url])
+                .args(["--name", name, "--lease-ttl", TTL, "--poll-interval", "100ms", "--supervisor-bin", "/bin/true"])
+                .args(["--log", "info,berth_gateway::reconcile=debug"])
+                .stderr(std::fs::File::create(data.path().join(format!("{name}.log"))).unwrap())
+                .spawn()
+                .unwrap();
+            (name, child)
+        })
+        .collect();
+    let took = "took the reconcile lease";
+    let holder = loop {
+        if let Some(i) = gateways.iter().position(|(name, _)| log(name).contains(took)) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (_, mut killed) = gateways.remove(holder);
+    let (other, _) = gateways[0];
+    let killed_at = Instant::now();
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let elapsed = loop {
+        let text = log(other);
+        if text.find(took).is_some_and(|at| text[at..].contains("reconcile sweep")) {
+            break killed_at.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    for (_, child) in &mut gateways {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    elapsed
+}
+
 /// A machine-readable line for ci/bench's report.
 fn figure(name: &str, value: f64, unit: &str) {
     println!("figure: {name} = {value:.3} {unit}");
@@ -204,11 +269,43 @@ fn main() {
     println!("{:>8} {:>10} {:>12} {:>12} {:>12}", "clients", "rpcs", "rpc/s", "p50", "p99");
     let loads = if quick { vec![(1, 2), (4, 2)] } else { vec![(1, 200), (16, 25), (64, 8)] };
     for (clients, cycles) in loads {
-        let (rate, p50, p99, n) = runtime.block_on(rpc_load(clients, cycles));
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("berth.db")).unwrap());
+        let (rate, p50, p99, n) = runtime.block_on(rpc_load(vec![sqlite], clients, cycles));
         println!("{clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
         figure(&format!("gateway lifecycle RPCs, {clients} clients"), rate, "rpc/s");
         figure(&format!("gateway RPC p50, {clients} clients"), p50.as_secs_f64() * 1e3, "ms");
         figure(&format!("gateway RPC p99, {clients} clients"), p99.as_secs_f64() * 1e3, "ms");
+    }
+    println!();
+    match std::env::var("BERTH_TEST_POSTGRES_URL") {
+        Err(_) => println!("PostgreSQL: skipped (set BERTH_TEST_POSTGRES_URL; ci/bench does)"),
+        Ok(_) => {
+            let (clients, cycles) = if quick { (4, 2) } else { (64, 8) };
+            println!("{clients} clients on PostgreSQL (gRPC over loopback TCP, no-op driver)");
+            println!("{:>9} {:>10} {:>12} {:>12} {:>12}", "gateways", "rpcs", "rpc/s", "p50", "p99");
+            for gateways in [1, 3] {
+                let (rate, p50, p99, n) = runtime.block_on(async {
+                    let url = pg::fresh_schema(&format!("bench_{gateways}_gateways")).await.unwrap();
+                    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+                    for _ in 0..gateways {
+                        stores.push(Arc::new(PostgresStore::connect(&url).await.unwrap()));
+                    }
+                    rpc_load(stores, clients, cycles).await
+                });
+                println!("{gateways:>9} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
+                let label = format!("{clients} clients, {gateways} gateway(s) on PostgreSQL");
+                figure(&format!("lifecycle RPCs, {label}"), rate, "rpc/s");
+                figure(&format!("RPC p50, {label}"), p50.as_secs_f64() * 1e3, "ms");
+                figure(&format!("RPC p99, {label}"), p99.as_secs_f64() * 1e3, "ms");
+            }
+            let took = runtime.block_on(async {
+                let url = pg::fresh_schema("bench_takeover").await.unwrap();
+                takeover(&url).await
+            });
+            println!("lease holder killed -> another gateway's first sweep: {took:?} (lease time-to-live 2s)");
+            figure("lease takeover to first sweep, ttl 2s", took.as_secs_f64() * 1e3, "ms");
+        }
     }
     println!();
     println!("reconcile sweep (SQLite, no-op driver listing every sandbox)");

@@ -229,7 +229,9 @@ async fn takeover(url: &str) -> Duration {
         })
         .collect();
     let took = "took the reconcile lease";
+    let deadline = Instant::now() + Duration::from_secs(60);
     let holder = loop {
+        assert!(Instant::now() < deadline, "no gateway took the lease:\n{}\n{}", log("a"), log("b"));
         if let Some(i) = gateways.iter().position(|(name, _)| log(name).contains(took)) {
             break i;
         }
@@ -242,6 +244,7 @@ async fn takeover(url: &str) -> Duration {
     killed.wait().unwrap();
     let elapsed = loop {
         let text = log(other);
+        assert!(Instant::now() < deadline + Duration::from_secs(60), "{other} never swept:\n{text}");
         if text.find(took).is_some_and(|at| text[at..].contains("reconcile sweep")) {
             break killed_at.elapsed();
         }

@@ -56,15 +56,23 @@ fn random_hex(bytes: usize) -> Result<String, String> {
     Ok(hex::encode(buf))
 }
 
-/// Writes `contents` to a new file readable by its owner only.
-fn write_private(path: &Path, contents: &str) -> Result<(), String> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("creating {}: {e}", path.display()))?;
-    f.write_all(contents.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| format!("writing {}: {e}", path.display()))
+/// Makes `path` hold `contents`, readable by its owner only, unless it exists already. The file
+/// is written whole aside, then linked into place, so gateways sharing a data directory and
+/// starting together agree on one value and never read half of it. Whether this call made it.
+fn write_private(path: &Path, contents: &str) -> Result<bool, String> {
+    let aside = path.with_extension(format!("{}.tmp", random_hex(8)?));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
+        f.write_all(contents.as_bytes())?;
+        f.sync_all()
+    })();
+    let linked = written.and_then(|()| std::fs::hard_link(&aside, path));
+    let _ = std::fs::remove_file(&aside);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(format!("creating {}: {e}", path.display())),
+    }
 }
 
 /// Reads a secret file, creating it with `bytes` random bytes on first start.
@@ -83,8 +91,12 @@ fn secret(path: &Path, bytes: usize) -> Result<String, String> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let value = random_hex(bytes)?;
-            write_private(path, &value)?;
-            Ok(value)
+            if write_private(path, &value)? {
+                Ok(value)
+            } else {
+                // Another gateway sharing the data directory made it first: use theirs.
+                secret(path, bytes)
+            }
         }
         Err(e) => Err(format!("reading {}: {e}", path.display())),
     }

@@ -51,10 +51,12 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
     let Some(url) = pg::fresh_schema("three_gateways").await else { return };
     let data = DataDir::new();
     let ttl = format!("{}ms", LEASE_TTL.as_millis());
-    let mut gateways = Vec::new();
-    for name in NAMES {
-        gateways.push(Gateway::start(&data, &["--store", &url, "--name", name, "--lease-ttl", &ttl]).await);
-    }
+    // All three at once on a fresh data directory: they agree on its secrets and its schema.
+    let args: Vec<[&str; 6]> =
+        NAMES.iter().map(|name| ["--store", &url, "--name", name, "--lease-ttl", &ttl]).collect();
+    let (g1, g2, g3) =
+        tokio::join!(Gateway::start(&data, &args[0]), Gateway::start(&data, &args[1]), Gateway::start(&data, &args[2]));
+    let mut gateways = vec![g1, g2, g3];
     let first = wait_for_holder(&data, &NAMES).await;
     assert_eq!(holders(&data), vec![first], "one holder at a time");
     let holder = NAMES.iter().position(|n| *n == first).unwrap();

@@ -7,9 +7,9 @@
 //! A deposed holder that has not noticed yet is harmless: every decision is committed before
 //! its effects run, so all it can still do is repeat an idempotent effect of a committed intent
 //! (a start of the committed generation, a stop, a delete), and every report it merges goes
-//! through the same conditional write as anyone else's. It also stops on its own once the
-//! lease's time-to-live has passed since it last asked for it, on its own clock, which is no
-//! later than the store would let another gateway in.
+//! through the same conditional write as anyone else's. It also stops on its own, whether or
+//! not the store answers, once nine tenths of the lease's time-to-live have passed since it last
+//! asked for it, on its own clock: before the store would let another gateway in.
 
 use std::time::Duration;
 
@@ -32,7 +32,8 @@ pub struct LeaseSettings {
 /// The reconcile loops this gateway runs while it holds the lease.
 struct Tenure {
     term: u64,
-    /// The lease is surely ours until then: one time-to-live after the last renewal was asked.
+    /// The lease is surely ours until then: nine tenths of a time-to-live after the last
+    /// renewal was asked for.
     until: Instant,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -70,13 +71,35 @@ pub async fn lead(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let LeaseSettings { holder, ttl } = lease;
+    // How long a grant is relied on, from the moment it was asked for: the store counts the
+    // time-to-live from when it granted, which is later; the tenth kept back covers clocks that
+    // run at slightly different rates.
+    let relied_on = ttl - ttl / 10;
     let mut tenure: Option<Tenure> = None;
     let mut last_seen: Option<String> = None;
     while !*shutdown.borrow() {
         let asked = Instant::now();
-        match engine.store().acquire_lease(&holder, ttl).await {
-            Ok(lease) if lease.held_by(&holder) => match &mut tenure {
-                Some(t) if t.term == lease.term => t.until = asked + ttl,
+        let acquire = engine.store().acquire_lease(&holder, ttl);
+        tokio::pin!(acquire);
+        // The store may take its time to answer (a hung connection, a failover): the tenure
+        // ends when its time is up, answer or not.
+        let reply = match tenure.as_ref().map(|t| t.until) {
+            Some(until) => tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(until) => {
+                    if let Some(t) = tenure.take() {
+                        warn!(holder, term = t.term, "the reconcile lease lapsed unrenewed: reconcile stops here");
+                        t.end();
+                    }
+                    acquire.await
+                }
+                reply = &mut acquire => reply,
+            },
+            None => acquire.await,
+        };
+        match reply {
+            Ok(lease) if lease.held_by(&holder) && Instant::now() < asked + relied_on => match &mut tenure {
+                Some(t) if t.term == lease.term => t.until = asked + relied_on,
                 _ => {
                     if let Some(t) = tenure.take() {
                         t.end();
@@ -86,9 +109,16 @@ pub async fn lead(
                         term = lease.term,
                         "took the reconcile lease: recovery and the reconcile loops start"
                     );
-                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, asked + ttl));
+                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, asked + relied_on));
                 }
             },
+            Ok(lease) if lease.held_by(&holder) => {
+                // Granted, but the answer came too late to rely on: ask again.
+                if let Some(t) = tenure.take() {
+                    t.end();
+                }
+                warn!(holder, term = lease.term, "the store granted the reconcile lease too late to rely on");
+            }
             Ok(lease) => {
                 if let Some(t) = tenure.take() {
                     warn!(holder, term = t.term, now_held_by = ?lease.holder, "lost the reconcile lease: reconcile stops here");
@@ -98,15 +128,7 @@ pub async fn lead(
                 }
                 last_seen = lease.holder;
             }
-            Err(e) => {
-                warn!(holder, error = %e, "cannot renew the reconcile lease");
-                if tenure.as_ref().is_some_and(|t| Instant::now() >= t.until) {
-                    if let Some(t) = tenure.take() {
-                        t.end();
-                    }
-                    warn!(holder, "the reconcile lease lapsed unrenewed: reconcile stops here");
-                }
-            }
+            Err(e) => warn!(holder, error = %e, "cannot renew the reconcile lease"),
         }
         // Ask again a third of the way in, or sooner if the tenure ends before that.
         let mut next = Instant::now() + ttl / 3;

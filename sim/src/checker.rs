@@ -21,28 +21,50 @@ pub fn seen(s: &Sandbox) -> Seen {
 /// writers race.
 pub struct TracingStore {
     world: Arc<World>,
+    /// The gateway whose store connection this is.
+    gateway: usize,
+    actor: String,
 }
 
 impl TracingStore {
-    pub fn new(world: Arc<World>) -> Self {
-        Self { world }
+    pub fn new(world: Arc<World>, gateway: usize) -> Self {
+        Self { world, gateway, actor: crate::net::gateway_host(gateway) }
     }
 
-    async fn latency(&self) {
+    /// A call's way to the store: a random latency, then held while the connection stalls.
+    async fn latency(&self, lease_call: bool) {
         let max = self.world.scenario.store_latency.as_millis() as u64;
         let wait = lock(&self.world.store_draw).millis(0, max);
         tokio::time::sleep(wait).await;
+        self.stall(lease_call).await;
+    }
+
+    /// One call to the store, there and back.
+    async fn call<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.latency(false).await;
+        let reply = call.await;
+        self.stall(false).await;
+        reply
+    }
+
+    /// A reply's way back: held while the connection stalls.
+    async fn stall(&self, lease_call: bool) {
+        let until = self.world.stalled(self.gateway).until(lease_call);
+        if until > crate::world::now() {
+            tokio::time::sleep(until - crate::world::now()).await;
+        }
     }
 
     fn record(&self, before: Option<&Sandbox>, after: Option<&Sandbox>) {
         let world = &self.world;
         let Some(id) = after.or(before).map(|s| s.id.clone()) else { return };
         let name = after.or(before).map(|s| s.name.clone()).unwrap_or_default();
-        lock(&world.commits).push(Commit { t: World::micros(), sandbox: name.clone(), after: after.map(seen) });
+        let t = world.stamp();
+        lock(&world.commits).push(Commit { t, sandbox: name.clone(), after: after.map(seen) });
         if let Some(a) = after
             && before.is_none_or(|b| b.generation != a.generation)
         {
-            lock(&world.generations).entry(id.clone()).or_default().push((World::micros(), a.generation));
+            lock(&world.generations).entry(id.clone()).or_default().push((t, a.generation));
         }
         // I5: every write adds one to the version.
         match (before, after) {
@@ -63,7 +85,7 @@ impl TracingStore {
             let describe = |p: &Option<Phase>| p.as_ref().map_or_else(|| "gone".to_string(), |p| p.to_string());
             let generation = after.or(before).map_or(0, |s| s.generation);
             world.event(
-                "gateway",
+                self.actor.clone(),
                 "phase",
                 format!("{name}: {} -> {} (generation {generation})", describe(&old), describe(&new)),
             );
@@ -71,6 +93,26 @@ impl TracingStore {
         if let (Some(b), Some(a)) = (before, after) {
             self.check_failure(b, a);
         }
+    }
+
+    /// A commit, with every sandbox write recorded and checked. The in-memory store never
+    /// yields, so nothing interleaves between these reads and the commit.
+    async fn commit_traced(&self, writes: &[Write]) -> Result<(), CommitError> {
+        let mut befores = Vec::new();
+        for write in writes {
+            if let berth_core::Key::Sandbox(id) = write.key() {
+                befores.push((write.clone(), self.world.store.sandbox(&id).await?));
+            }
+        }
+        self.world.store.commit(writes).await?;
+        for (write, before) in befores {
+            let after = match &write {
+                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
+                _ => None,
+            };
+            self.record(before.as_ref(), after);
+        }
+        Ok(())
     }
 
     /// I1: an Error that leaves Starting or Ready must have a cause in the ground truth.
@@ -120,64 +162,49 @@ impl TracingStore {
 #[async_trait]
 impl Store for TracingStore {
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
-        self.latency().await;
-        self.world.store.sandbox(id).await
+        self.call(self.world.store.sandbox(id)).await
     }
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
-        self.latency().await;
-        self.world.store.sandbox_by_name(name).await
+        self.call(self.world.store.sandbox_by_name(name)).await
     }
     async fn list_sandboxes(
         &self,
         page: &PageRequest,
         selector: &BTreeMap<String, String>,
     ) -> Result<Page<Sandbox>, StoreError> {
-        self.latency().await;
-        self.world.store.list_sandboxes(page, selector).await
+        self.call(self.world.store.list_sandboxes(page, selector)).await
     }
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
-        self.latency().await;
-        self.world.store.sandboxes_using(provider).await
+        self.call(self.world.store.sandboxes_using(provider)).await
     }
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
-        self.latency().await;
-        self.world.store.provider(name).await
+        self.call(self.world.store.provider(name)).await
     }
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
-        self.latency().await;
-        self.world.store.list_providers(page).await
+        self.call(self.world.store.list_providers(page)).await
     }
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
-        self.latency().await;
-        // The in-memory store never yields, so nothing interleaves between these reads and the commit.
-        let mut befores = Vec::new();
-        for write in writes {
-            if let berth_core::Key::Sandbox(id) = write.key() {
-                befores.push((write.clone(), self.world.store.sandbox(&id).await?));
-            }
-        }
-        self.world.store.commit(writes).await?;
-        for (write, before) in befores {
-            let after = match &write {
-                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
-                _ => None,
-            };
-            self.record(before.as_ref(), after);
-        }
-        Ok(())
+        self.call(self.commit_traced(writes)).await
     }
     async fn acquire_lease(&self, holder: &str, ttl: std::time::Duration) -> Result<Lease, StoreError> {
-        self.latency().await;
-        let lease = self.world.store.acquire_lease(holder, ttl).await?;
-        if lease.held_by(holder) && lock(&self.world.lease_terms).last() != Some(&lease.term) {
-            lock(&self.world.lease_terms).push(lease.term);
-            self.world.event(holder, "lease", format!("holds the reconcile lease, term {}", lease.term));
+        self.latency(true).await;
+        let lease = self.world.store.acquire_lease(holder, ttl).await;
+        if let Ok(lease) = &lease
+            && lease.held_by(holder)
+        {
+            self.world.lease_granted(holder, lease.term);
         }
-        Ok(lease)
+        self.stall(true).await;
+        lease
     }
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
-        self.latency().await;
-        self.world.store.release_lease(holder).await
+        self.latency(true).await;
+        let released = self.world.store.release_lease(holder).await;
+        if released.is_ok() && self.world.lease_holder().as_deref() == Some(holder) {
+            self.world.lease_released();
+        }
+        self.stall(true).await;
+        released
     }
 }
 

@@ -67,8 +67,10 @@ struct Client {
     index: usize,
     actor: String,
     draw: Draw,
-    sandboxes: Sandboxes,
-    providers: Providers,
+    /// A connection to each gateway; the client talks to one and moves to the next when it
+    /// stops answering.
+    gateways: Vec<(Sandboxes, Providers)>,
+    at: usize,
     r2_runs: usize,
 }
 
@@ -80,17 +82,25 @@ enum Versioned {
 
 impl Client {
     fn new(world: Arc<World>, index: usize) -> Self {
-        let channel = net::channel();
         let draw = Draw::new(world.scenario.seed, 100 + index as u64);
-        Self {
-            world,
-            index,
-            actor: format!("client {index}"),
-            draw,
-            sandboxes: SandboxesClient::with_interceptor(channel.clone(), Bearer),
-            providers: ProvidersClient::with_interceptor(channel, Bearer),
-            r2_runs: 0,
-        }
+        let gateways = (0..world.scenario.gateways)
+            .map(|g| {
+                let channel = net::channel(g);
+                (
+                    SandboxesClient::with_interceptor(channel.clone(), Bearer),
+                    ProvidersClient::with_interceptor(channel, Bearer),
+                )
+            })
+            .collect::<Vec<_>>();
+        Self { at: index % gateways.len(), world, index, actor: format!("client {index}"), draw, gateways, r2_runs: 0 }
+    }
+
+    fn sandboxes(&self) -> Sandboxes {
+        self.gateways[self.at].0.clone()
+    }
+
+    fn providers(&self) -> Providers {
+        self.gateways[self.at].1.clone()
     }
 
     /// Checks a reply any correct gateway could give, and records the operation.
@@ -135,20 +145,31 @@ impl Client {
         });
     }
 
+    /// A call with the client's timeout; a gateway that does not answer is left for the next.
     async fn timed<T>(
-        &self,
+        &mut self,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, Option<tonic::Status>> {
-        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        let result = match tokio::time::timeout(CALL_TIMEOUT, call).await {
             Ok(Ok(r)) => Ok(r.into_inner()),
             Ok(Err(status)) => Err(Some(status)),
             Err(_) => Err(None),
+        };
+        let unreachable = match &result {
+            Err(None) => true,
+            Err(Some(status)) => status.code() == Code::Unavailable,
+            Ok(_) => false,
+        };
+        if unreachable && self.gateways.len() > 1 {
+            self.at = (self.at + 1) % self.gateways.len();
+            self.world.event(self.actor.clone(), "moves", format!("to {}", net::gateway_host(self.at)));
         }
+        result
     }
 
     async fn get(&mut self, name: &str) -> Option<pb::Sandbox> {
         let called = World::micros();
-        let mut c = self.sandboxes.clone();
+        let mut c = self.sandboxes();
         let result =
             self.timed(c.get_sandbox(pb::GetSandboxRequest { name: name.to_string() })).await.map(|r| r.sandbox);
         self.record(name, "get", None, called, &result);
@@ -179,7 +200,7 @@ impl Client {
         );
         let called = World::micros();
         let request = pb::LifecycleRequest { name: name.to_string(), expected_resource_version: expected };
-        let mut c = self.sandboxes.clone();
+        let mut c = self.sandboxes();
         let result = match verb {
             "stop" => self.timed(c.stop_sandbox(request)).await,
             "start" => self.timed(c.start_sandbox(request)).await,
@@ -199,7 +220,7 @@ impl Client {
             providers,
             expected_resource_version: None,
         };
-        let mut c = self.sandboxes.clone();
+        let mut c = self.sandboxes();
         let result = self.timed(c.create_sandbox(request)).await.map(|r| r.sandbox);
         self.record(name, "create", None, called, &result);
         result.ok().flatten()
@@ -214,7 +235,7 @@ impl Client {
             provider: provider.to_string(),
             expected_resource_version: expected,
         };
-        let mut c = self.providers.clone();
+        let mut c = self.providers();
         let result = if attach {
             self.timed(c.attach_provider(request)).await
         } else {
@@ -227,7 +248,7 @@ impl Client {
     async fn provider(&mut self, create: bool, name: &str) -> Result<(), Option<tonic::Status>> {
         let kind = if create { "create provider" } else { "delete provider" };
         self.world.event(self.actor.clone(), "call", format!("{kind} {name}"));
-        let mut c = self.providers.clone();
+        let mut c = self.providers();
         let result = if create {
             let request = pb::CreateProviderRequest {
                 name: name.to_string(),
@@ -370,7 +391,7 @@ impl Client {
         }
         let mut desired = std::collections::BTreeMap::new();
         while now() < until {
-            let mut c = self.sandboxes.clone();
+            let mut c = self.sandboxes();
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {

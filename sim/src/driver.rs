@@ -16,11 +16,13 @@ use crate::world::World;
 pub struct SimDriver {
     world: Arc<World>,
     calls: mpsc::UnboundedSender<Request>,
+    /// The gateway whose driver this is.
+    gateway: String,
 }
 
 impl SimDriver {
-    pub fn new(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -> Arc<Self> {
-        Arc::new(Self { world, calls })
+    pub fn new(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, gateway: String) -> Arc<Self> {
+        Arc::new(Self { world, calls, gateway })
     }
 
     async fn call(&self, call: Call) -> Result<Answer, DriverError> {
@@ -33,7 +35,10 @@ impl SimDriver {
             Call::Watch => "watch".to_string(),
             Call::SupervisorExited(..) => String::new(),
         };
-        self.world.event("gateway", "driver", what);
+        if matches!(call, Call::List(..) | Call::Watch) {
+            self.world.check_reconciling(&self.gateway, &what);
+        }
+        self.world.event(self.gateway.clone(), "driver", what);
         let (tx, rx) = oneshot::channel();
         self.calls
             .send(Request { call, reply: tx })

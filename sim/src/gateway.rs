@@ -32,16 +32,16 @@ impl Clock for SimClock {
 
 pub const IDENTITY_KEY: [u8; 32] = [0x5a; 32];
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// The gateway's name in the reconcile lease: a restarted gateway renews its own lease.
-pub const GATEWAY_NAME: &str = "gateway";
 pub const LEASE_TTL: Duration = Duration::from_secs(5);
 
-/// One boot of the gateway; the host runs it again after every crash.
-pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -> turmoil::Result {
+/// One boot of gateway `index`; its host runs it again after every crash. Its host name is
+/// its name in the reconcile lease, so a restarted gateway renews its own lease.
+pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, index: usize) -> turmoil::Result {
+    let name = net::gateway_host(index);
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
-    world.event("gateway", "boot", format!("boot {boot}"));
+    world.event(name.clone(), "boot", format!("boot {boot}"));
     let scenario = &world.scenario;
-    let store = Arc::new(TracingStore::new(world.clone()));
+    let store = Arc::new(TracingStore::new(world.clone(), index));
     let settings = EngineSettings {
         stop_grace: Duration::from_secs(2),
         effect_retries: vec![Duration::from_millis(200), Duration::from_millis(800)],
@@ -50,7 +50,7 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let engine = Engine::new(
         store,
-        SimDriver::new(world.clone(), calls),
+        SimDriver::new(world.clone(), calls, name.clone()),
         Arc::new(SimClock),
         IdentityKey::from_bytes(IDENTITY_KEY),
         settings,
@@ -65,7 +65,7 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>) -
     // The same lease a production gateway keeps; the host is torn down at a crash, which is
     // when this sender goes (and the lease is left to lapse, as a crash leaves it).
     let (_running, stop) = tokio::sync::watch::channel(false);
-    let lease = LeaseSettings { holder: GATEWAY_NAME.to_string(), ttl: LEASE_TTL };
+    let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
     tonic::transport::Server::builder()

@@ -5,6 +5,7 @@
 pub mod checker;
 pub mod client;
 pub mod driver;
+pub mod faults;
 pub mod gateway;
 pub mod linear;
 pub mod net;

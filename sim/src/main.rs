@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use berth_core::bugs::Bug;
 use berth_sim::run::{Outcome, run};
 use berth_sim::scenario::Scenario;
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -29,6 +30,10 @@ struct Phases {
     /// Switch a known bug back on.
     #[arg(long, value_parser = bug)]
     bug: Option<Bug>,
+    /// Gateways sharing the store: more than one is the multi-gateway mode (the reconcile
+    /// lease, and faults aimed at its holder).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3).map(usize::from))]
+    gateways: usize,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -85,11 +90,13 @@ enum Command {
         fault_phase: Duration,
         #[arg(long, default_value = "30s", value_parser = humantime_duration)]
         quiet_phase: Duration,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3).map(usize::from))]
+        gateways: usize,
     },
 }
 
 fn scenario(seed: u64, phases: &Phases) -> Scenario {
-    Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase)
+    Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase).with_gateways(phases.gateways)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -100,6 +107,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
             phases.fault_phase.as_secs(),
             phases.quiet_phase.as_secs()
         );
+    }
+    if phases.gateways != 1 {
+        command += &format!(" --gateways {}", phases.gateways);
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -201,11 +211,11 @@ fn main() -> std::process::ExitCode {
             );
             if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
         }
-        Command::Bugs { max_seeds, jobs, fault_phase, quiet_phase } => {
+        Command::Bugs { max_seeds, jobs, fault_phase, quiet_phase, gateways } => {
             println!("{:<24} {:>10} {:>8} {:>10}  caught by", "known bug", "seeds", "seed", "wall");
             let mut all_caught = true;
             for bug in Bug::ALL {
-                let phases = Phases { fault_phase, quiet_phase, bug: Some(bug) };
+                let phases = Phases { fault_phase, quiet_phase, bug: Some(bug), gateways };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);
                 let tried = AtomicU64::new(0);

@@ -12,9 +12,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub const GATEWAY_HOST: &str = "gateway";
 pub const GATEWAY_PORT: u16 = 7420;
 pub const API_TOKEN: &str = "simulated-api-token";
+
+/// Gateway `i`'s host, which is also its name in the reconcile lease.
+pub fn gateway_host(i: usize) -> String {
+    format!("gateway{i}")
+}
 
 /// turmoil's TCP stream, as tonic's server wants it.
 pub struct SimConn(turmoil::net::TcpStream);
@@ -59,16 +63,15 @@ pub fn fixed_date(mut response: http::Response<tonic::body::Body>) -> http::Resp
     response
 }
 
-/// A channel to the gateway that connects on first use and reconnects by itself. HTTP/2
+/// A channel to gateway `i` that connects on first use and reconnects by itself. HTTP/2
 /// keepalive notices a connection stalled by a partition.
-pub fn channel() -> Channel {
-    let connector = tower::service_fn(|uri: Uri| async move {
-        let host = uri.host().unwrap_or(GATEWAY_HOST).to_string();
-        let port = uri.port_u16().unwrap_or(GATEWAY_PORT);
-        let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
+pub fn channel(i: usize) -> Channel {
+    let connector = tower::service_fn(move |_: Uri| async move {
+        let stream = turmoil::net::TcpStream::connect((gateway_host(i).as_str(), GATEWAY_PORT)).await?;
         Ok::<_, io::Error>(TokioIo::new(stream))
     });
-    Endpoint::from_static("http://gateway:7420")
+    Endpoint::from_shared(format!("http://{}:{GATEWAY_PORT}", gateway_host(i)))
+        .expect("a valid URI")
         .http2_keep_alive_interval(Duration::from_secs(1))
         .keep_alive_timeout(Duration::from_secs(1))
         .keep_alive_while_idle(true)

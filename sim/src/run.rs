@@ -9,13 +9,14 @@ use tokio::sync::mpsc;
 
 use crate::checker;
 use crate::client::client;
+use crate::faults::Injector;
 use crate::gateway::gateway;
 use crate::linear;
-use crate::net::GATEWAY_HOST;
+use crate::net::gateway_host;
 use crate::runtime::Runtime;
-use crate::scenario::{Draw, Scenario};
+use crate::scenario::Scenario;
 use crate::supervisor::supervisors;
-use crate::world::{EPOCH_SECS, Event, Violation, World, lock};
+use crate::world::{EPOCH_SECS, Event, Violation, World, lock, set_loop_now};
 
 /// Simulated time per step.
 pub const TICK: Duration = Duration::from_millis(2);
@@ -67,6 +68,7 @@ pub fn client_host(i: usize) -> String {
 pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     let started = Instant::now();
     watch_panics();
+    set_loop_now(Duration::ZERO);
     bugs::set(bug);
     let seed = scenario.seed;
     let world = World::new(scenario.clone());
@@ -93,9 +95,10 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
             }
         }
     });
-    let w = world.clone();
-    let calls = calls_tx.clone();
-    sim.host(GATEWAY_HOST, move || gateway(w.clone(), calls.clone()));
+    for g in 0..scenario.gateways {
+        let (w, calls) = (world.clone(), calls_tx.clone());
+        sim.host(gateway_host(g), move || gateway(w.clone(), calls.clone(), g));
+    }
     let spawn_rx = Mutex::new(Some(spawn_rx));
     let w = world.clone();
     sim.host("supervisors", move || {
@@ -112,73 +115,32 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     }
     sim.client("checker", check_continuously(world.clone()));
 
-    let mut faults = Draw::new(seed, 3);
-    let mut crashed_until: Option<Duration> = None;
-    let mut partitioned: Vec<(String, Duration)> = Vec::new();
-    let mut next_fault_roll = Duration::ZERO;
+    let mut faults = Injector::new(&world);
     let mut quiet = false;
     loop {
-        let finished = match sim.step() {
+        let step = sim.step();
+        let elapsed = sim.elapsed();
+        set_loop_now(elapsed);
+        let finished = match step {
             Ok(finished) => finished,
             Err(e) => {
                 world.violate("I10", format!("a host failed: {e}"));
                 true
             }
         };
-        let elapsed = sim.elapsed();
         if let Some(message) = PANIC.with(|p| p.borrow_mut().take()) {
             world.violate("I10", format!("panic: {message}"));
         }
         if finished || !world.violations().is_empty() {
             break;
         }
-        if let Some(until) = crashed_until
-            && elapsed >= until
-        {
-            world.event("sim", "gateway restarts", "");
-            sim.bounce(GATEWAY_HOST);
-            crashed_until = None;
-        }
-        partitioned.retain(|(host, until)| {
-            if elapsed >= *until {
-                world.event("sim", "repair", format!("{host} <-> gateway"));
-                sim.repair(host.as_str(), GATEWAY_HOST);
-                false
-            } else {
-                true
-            }
-        });
         if !quiet && elapsed >= scenario.fault_phase {
             quiet = true;
             world.stop_faults();
-            if crashed_until.take().is_some() {
-                sim.bounce(GATEWAY_HOST);
-            }
-            for (host, _) in partitioned.drain(..) {
-                sim.repair(host.as_str(), GATEWAY_HOST);
-            }
-        }
-        if quiet || elapsed < next_fault_roll {
-            continue;
-        }
-        next_fault_roll = elapsed + Duration::from_millis(100);
-        let per_roll = |per_minute: f64| per_minute / 600.0;
-        if crashed_until.is_none() && faults.chance(per_roll(scenario.faults.gateway_crashes)) {
-            world.event("sim", "gateway crashes", "");
-            sim.crash(GATEWAY_HOST);
-            crashed_until = Some(elapsed + faults.millis(100, 3_000));
-        }
-        if faults.chance(per_roll(scenario.faults.partitions)) {
-            let host = if faults.chance(0.5) {
-                "supervisors".to_string()
-            } else {
-                client_host(faults.below(scenario.clients as u64) as usize)
-            };
-            if !partitioned.iter().any(|(h, _)| *h == host) {
-                world.event("sim", "partition", format!("{host} <-> gateway"));
-                sim.partition(host.as_str(), GATEWAY_HOST);
-                partitioned.push((host, elapsed + faults.millis(300, 4_000)));
-            }
+            faults.heal(&mut sim, &world, None);
+        } else if !quiet {
+            faults.heal(&mut sim, &world, Some(elapsed));
+            faults.inject(&mut sim, &world, elapsed);
         }
     }
     if world.violations().is_empty() {

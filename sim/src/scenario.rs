@@ -36,6 +36,11 @@ impl Draw {
         Duration::from_millis(low + self.below(high - low + 1))
     }
 
+    /// A fault's rate: with probability `on`, uniform in `[low, high]`; otherwise 0 (off).
+    pub fn rate(&mut self, on: f64, low: f64, high: f64) -> f64 {
+        if self.chance(on) { low + (high - low) * (self.below(1000) as f64 / 1000.0) } else { 0.0 }
+    }
+
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.below(items.len() as u64) as usize]
     }
@@ -66,6 +71,10 @@ pub struct Faults {
     pub workload_exits: f64,
     /// Supervisors of ended runs reconnecting with their old tokens, per minute.
     pub stale_supervisors: f64,
+    /// With several gateways: stalls of one gateway's store connection per minute (its calls
+    /// and replies held for up to a few lease time-to-lives, as a hung database connection holds
+    /// them), aimed at the lease holder.
+    pub store_stalls: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -85,7 +94,11 @@ pub struct Scenario {
     /// The longest a store read or commit takes: the window in which writers race.
     pub store_latency: Duration,
     pub redrive_after: Duration,
+    /// Gateways sharing the store (the multi-gateway mode when more than one).
+    pub gateways: usize,
     pub faults: Faults,
+    /// Faults at fixed times, on top of the random ones: `(when, what)`.
+    pub script: Vec<(Duration, crate::faults::Scripted)>,
 }
 
 impl Scenario {
@@ -96,9 +109,7 @@ impl Scenario {
 
     pub fn with_phases(seed: u64, fault_phase: Duration, quiet_phase: Duration) -> Self {
         let mut d = Draw::new(seed, 0);
-        let mut rate = |on: f64, low: f64, high: f64| {
-            if d.chance(on) { low + (high - low) * (d.below(1000) as f64 / 1000.0) } else { 0.0 }
-        };
+        let mut rate = |on, low, high| d.rate(on, low, high);
         let faults = Faults {
             gateway_crashes: rate(0.4, 0.5, 3.0),
             partitions: rate(0.4, 0.5, 3.0),
@@ -112,6 +123,7 @@ impl Scenario {
             kills: rate(0.4, 0.5, 3.0),
             workload_exits: rate(0.4, 0.5, 3.0),
             stale_supervisors: rate(0.5, 1.0, 6.0),
+            store_stalls: 0.0,
         };
         let mut d = Draw::new(seed, 1);
         let start_max = d.millis(50, 2_000);
@@ -128,8 +140,24 @@ impl Scenario {
             poll_interval: Duration::from_millis(d.pick(&[50, 100, 250, 500, 1_000, 2_000])),
             store_latency: d.millis(1, 8),
             redrive_after: d.millis(1_000, 4_000),
+            gateways: 1,
             faults,
+            script: Vec::new(),
         }
+    }
+
+    /// The multi-gateway mode: `gateways` gateways on the shared store, with the faults aimed at
+    /// the lease holder drawn from a stream of their own (so the one-gateway draws of a seed
+    /// stay what they were).
+    pub fn with_gateways(mut self, gateways: usize) -> Self {
+        self.gateways = gateways.max(1);
+        if self.gateways > 1 {
+            let mut d = Draw::new(self.seed, 5);
+            self.faults.gateway_crashes = d.rate(0.7, 0.5, 4.0);
+            self.faults.partitions = d.rate(0.6, 0.5, 4.0);
+            self.faults.store_stalls = d.rate(0.6, 0.5, 3.0);
+        }
+        self
     }
 
     pub fn total(&self) -> Duration {

@@ -41,11 +41,14 @@ pub async fn supervisors(
 async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::UnboundedSender<Request>) {
     let actor = if spawn.ghost { "stale supervisor" } else { "supervisor" };
     let mut backoff = Duration::from_millis(100);
+    // Like berth-supervisor given several gateways: each attempt goes to the next one.
+    let mut gateway = spawn.generation as usize;
     loop {
         if !spawn.ghost && *spawn.signal.borrow() == RunSignal::Ended {
             return;
         }
-        match session(&world, &mut spawn, actor).await {
+        gateway = (gateway + 1) % world.scenario.gateways;
+        match session(&world, &mut spawn, actor, gateway).await {
             End::Done => return,
             End::Rejected => {
                 if !spawn.ghost {
@@ -91,11 +94,11 @@ fn rejected(world: &World, spawn: &Spawn, actor: &str, status: &tonic::Status, s
     Some(End::Rejected)
 }
 
-async fn session(world: &World, spawn: &mut Spawn, actor: &str) -> End {
+async fn session(world: &World, spawn: &mut Spawn, actor: &str, gateway: usize) -> End {
     let (tx, rx) = mpsc::channel(4);
     let _ = tx.send(message(ToGateway::Hello(pb::Hello { runtime_token: spawn.token.clone() }))).await;
     let sent = World::micros();
-    let mut client = SupervisorClient::new(net::channel());
+    let mut client = SupervisorClient::new(net::channel(gateway));
     let mut inbound = match tokio::time::timeout(Duration::from_secs(3), client.session(ReceiverStream::new(rx))).await
     {
         Ok(Ok(response)) => response.into_inner(),

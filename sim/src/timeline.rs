@@ -1,4 +1,4 @@
-//! A run as a picture: an HTML page with one SVG swimlane per actor (clients, gateway, runtime,
+//! A run as a picture: an HTML page with one SVG swimlane per actor (clients, gateways, runtime,
 //! supervisors), every traced event on its lane, and the violated invariant marked. With a
 //! violation it zooms on the seconds that led to it.
 
@@ -11,13 +11,9 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// An actor's lane: its own, but one for all the supervisors ("client 0" draws as "client0").
 fn lane(actor: &str) -> String {
-    match actor {
-        a if a.starts_with("client") => a.to_string(),
-        "gateway" | "runtime" | "sim" | "checker" => actor.to_string(),
-        a if a.contains("supervisor") => "supervisors".to_string(),
-        other => other.to_string(),
-    }
+    if actor.contains("supervisor") { "supervisors".to_string() } else { actor.replace(' ', "") }
 }
 
 fn colour(e: &Event) -> &'static str {
@@ -52,7 +48,19 @@ pub fn html(outcome: &Outcome) -> String {
     };
     let events: Vec<&Event> = outcome.trace.iter().filter(|e| e.t >= start && e.t <= end && relevant(e)).collect();
     let mut lanes: Vec<String> = Vec::new();
-    for wanted in ["client0", "client1", "client2", "client3", "gateway", "runtime", "supervisors", "sim", "checker"] {
+    for wanted in [
+        "client0",
+        "client1",
+        "client2",
+        "client3",
+        "gateway0",
+        "gateway1",
+        "gateway2",
+        "runtime",
+        "supervisors",
+        "sim",
+        "checker",
+    ] {
         if events.iter().any(|e| lane(&e.actor) == wanted) {
             lanes.push(wanted.to_string());
         }
@@ -118,7 +126,16 @@ pub fn html(outcome: &Outcome) -> String {
         let _ = write!(svg, r#"<circle cx="{cx}" cy="{y}" r="4" fill="{}"><title>{tip}</title></circle>"#, colour(e));
         let important = matches!(
             e.kind.as_str(),
-            "phase" | "start begins" | "running" | "exited" | "rejected" | "call" | "gateway crashes" | "partition"
+            "phase"
+                | "start begins"
+                | "running"
+                | "exited"
+                | "rejected"
+                | "call"
+                | "lease"
+                | "gateway crashes"
+                | "partition"
+                | "store stalls"
         );
         if important && cx > labelled_until[index] {
             let label = escape(&format!("{} {}", e.kind, e.detail));
@@ -138,7 +155,7 @@ pub fn html(outcome: &Outcome) -> String {
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>berth-sim seed {}</title></head><body style=\"font-family:sans-serif\">\
          <h2>{}{}</h2><p>{:.3}s to {:.3}s of simulated time; hover a point for the event. \
-         Lanes: clients, the gateway (phase changes, driver calls), the runtime, the supervisors.</p>{svg}</body></html>\n",
+         Lanes: clients, the gateways (phase changes, driver calls, the lease), the runtime, the supervisors.</p>{svg}</body></html>\n",
         outcome.seed,
         escape(&title),
         escape(&bug),

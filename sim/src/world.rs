@@ -12,6 +12,7 @@ use berth_core::{Intent, PhaseKind, SandboxId, Timestamp};
 use berth_gateway::store::memory::MemoryStore;
 use serde::Serialize;
 
+use crate::gateway::LEASE_TTL;
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
 
@@ -22,9 +23,19 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Simulated time since the start.
+thread_local! {
+    /// The simulation's time as its driver loop last saw it, for what happens outside any host.
+    static LOOP_NOW: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Simulated time since the start: the current host's clock, or the driver loop's between steps.
 pub fn now() -> Duration {
-    turmoil::sim_elapsed().unwrap_or_default()
+    turmoil::sim_elapsed().unwrap_or_else(|| LOOP_NOW.get())
+}
+
+/// Sets the driver loop's time (after each step).
+pub fn set_loop_now(elapsed: Duration) {
+    LOOP_NOW.set(elapsed);
 }
 
 /// One line of the trace.
@@ -85,6 +96,28 @@ pub struct Commit {
     pub after: Option<Seen>,
 }
 
+/// Until when a gateway's store calls are held: all of them, and the lease's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stall {
+    pub all: Duration,
+    pub lease: Duration,
+}
+
+impl Stall {
+    pub fn until(&self, lease_call: bool) -> Duration {
+        if lease_call { self.all.max(self.lease) } else { self.all }
+    }
+}
+
+/// What the store did with the reconcile lease: a grant (a take-over or a renewal) to
+/// `holder`, or a release (`None`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Grant {
+    pub t: u64,
+    pub holder: Option<String>,
+    pub term: u64,
+}
+
 pub struct World {
     pub scenario: Scenario,
     pub store: Arc<MemoryStore>,
@@ -99,8 +132,12 @@ pub struct World {
     pub boots: AtomicU64,
     /// The store's latencies, drawn from the seed.
     pub store_draw: Mutex<crate::scenario::Draw>,
-    /// The reconcile lease's terms, in the order gateways took them.
-    pub lease_terms: Mutex<Vec<u64>>,
+    /// The reconcile lease's grants and releases, in the order the store made them.
+    grants: Mutex<Vec<Grant>>,
+    last_stamp: Mutex<u64>,
+    /// Per gateway: until when its store connection is stalled (simulated time), for every
+    /// call and for the lease's calls only.
+    stalls: Mutex<Vec<Stall>>,
 }
 
 impl World {
@@ -116,13 +153,24 @@ impl World {
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
             store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, 4)),
-            lease_terms: Mutex::default(),
+            grants: Mutex::default(),
+            last_stamp: Mutex::default(),
+            stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             scenario,
         })
     }
 
     pub fn micros() -> u64 {
-        u64::try_from(now().as_micros()).unwrap_or(u64::MAX)
+        micros(now())
+    }
+
+    /// The time of a store write, in the order the writes happened. Each host's clock runs
+    /// through a whole tick in its turn, so two gateways' clocks can disagree within a tick;
+    /// this never goes back, so writes from several gateways keep their true order.
+    pub fn stamp(&self) -> u64 {
+        let mut last = lock(&self.last_stamp);
+        *last = (*last).max(Self::micros());
+        *last
     }
 
     pub fn event(&self, actor: impl Into<String>, kind: impl Into<String>, detail: impl Into<String>) {
@@ -154,6 +202,7 @@ impl World {
 
     pub fn stop_faults(&self) {
         self.faults.store(false, Ordering::Relaxed);
+        lock(&self.stalls).fill(Stall::default());
         self.event("sim", "quiet", "faults stop; liveness is checked from here");
     }
 
@@ -162,4 +211,76 @@ impl World {
         let since_epoch = Duration::from_secs(EPOCH_SECS) + now();
         lock(&self.runtime).tick(i64::try_from(since_epoch.as_nanos()).unwrap_or(i64::MAX))
     }
+
+    /// Holds gateway `gateway`'s store calls and replies (only the lease's, with `lease_only`)
+    /// until `until` (simulated time).
+    pub fn stall(&self, gateway: usize, until: Duration, lease_only: bool) {
+        let mut stalls = lock(&self.stalls);
+        if lease_only {
+            stalls[gateway].lease = until;
+        } else {
+            stalls[gateway].all = until;
+        }
+    }
+
+    pub fn stalled(&self, gateway: usize) -> Stall {
+        lock(&self.stalls)[gateway]
+    }
+
+    /// The gateway the store last granted the reconcile lease to, if it has not released it.
+    pub fn lease_holder(&self) -> Option<String> {
+        lock(&self.grants).last().and_then(|g| g.holder.clone())
+    }
+
+    pub fn lease_released(&self) {
+        let t = self.stamp();
+        let mut grants = lock(&self.grants);
+        let term = grants.last().map_or(0, |g| g.term);
+        grants.push(Grant { t, holder: None, term });
+    }
+
+    /// Records a grant of the lease (a take-over or a renewal) as the store made it, and checks
+    /// L1's store side: terms never go back, a term has one holder, and a new holder only gets
+    /// in once the last one's lease lapsed or was released.
+    pub fn lease_granted(&self, holder: &str, term: u64) {
+        let t = self.stamp();
+        let last = lock(&self.grants).last().cloned();
+        lock(&self.grants).push(Grant { t, holder: Some(holder.to_string()), term });
+        let problem = match last {
+            Some(last) if last.holder.as_deref() == Some(holder) && term == last.term => return,
+            Some(last) if term <= last.term => {
+                Some(format!("the lease went from {:?} in term {} to {holder} in term {term}", last.holder, last.term))
+            }
+            Some(last) if last.holder.is_some() && t < last.t + micros(LEASE_TTL) => Some(format!(
+                "{holder} took the lease in term {term} while {:?}'s term {}, renewed at {} us, had not lapsed",
+                last.holder, last.term, last.t
+            )),
+            _ => None,
+        };
+        match problem {
+            Some(problem) => self.violate("L1", problem),
+            None => self.event(holder, "lease", format!("holds the reconcile lease, term {term}")),
+        }
+    }
+
+    /// L1's gateway side: a gateway runs reconcile (a watch or a poll of the runtime) only while
+    /// it holds the lease: the store's last grant is its own, and less than a time-to-live old.
+    pub fn check_reconciling(&self, gateway: &str, what: &str) {
+        let t = Self::micros();
+        let problem = match lock(&self.grants).last() {
+            None => Some("no gateway ever held the lease".to_string()),
+            Some(g) if g.holder.as_deref() != Some(gateway) => {
+                Some(format!("the lease is {:?}'s (term {}) since {} us", g.holder, g.term, g.t))
+            }
+            Some(g) => (t >= g.t + micros(LEASE_TTL))
+                .then(|| format!("its lease (term {}), last renewed at {} us, has lapsed", g.term, g.t)),
+        };
+        if let Some(problem) = problem {
+            self.violate("L1", format!("{gateway} ran reconcile ({what}) but {problem}"));
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

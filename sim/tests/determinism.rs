@@ -5,16 +5,18 @@ use std::time::Duration;
 use berth_sim::run::run;
 use berth_sim::scenario::Scenario;
 
-fn trace(seed: u64) -> String {
-    let outcome = run(Scenario::with_phases(seed, Duration::from_secs(20), Duration::from_secs(15)), None);
+fn trace(seed: u64, gateways: usize) -> String {
+    let scenario =
+        Scenario::with_phases(seed, Duration::from_secs(20), Duration::from_secs(15)).with_gateways(gateways);
+    let outcome = run(scenario, None);
     assert!(outcome.passed(), "seed {seed}: {:?}", outcome.violations);
     outcome.trace_lines()
 }
 
 #[test]
 fn the_same_seed_gives_the_same_trace_byte_for_byte() {
-    for seed in [3, 17, 2024] {
-        let (first, second) = (trace(seed), trace(seed));
+    for (seed, gateways) in [(3, 1), (17, 1), (2024, 1), (3, 3), (41, 2)] {
+        let (first, second) = (trace(seed, gateways), trace(seed, gateways));
         assert!(first.lines().count() > 300, "seed {seed} did too little to be a test");
         if first != second {
             let line = first.lines().zip(second.lines()).position(|(a, b)| a != b).unwrap_or(0);
@@ -29,5 +31,6 @@ fn the_same_seed_gives_the_same_trace_byte_for_byte() {
 
 #[test]
 fn different_seeds_give_different_traces() {
-    assert_ne!(trace(5), trace(6));
+    assert_ne!(trace(5, 1), trace(6, 1));
+    assert_ne!(trace(5, 1), trace(5, 3));
 }

@@ -1,0 +1,187 @@
+//! The faults a run's driver loop injects between simulation steps: gateway crashes, network
+//! partitions between a gateway and the clients or supervisors, and (with several gateways)
+//! stalls of a gateway's store connection. Random faults come from the seed at the scenario's
+//! rates; with several gateways most are aimed at the lease holder, since its failure is the one
+//! that matters. A scenario may also script faults at fixed times, to pin an interleaving.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::gateway::LEASE_TTL;
+use crate::net::gateway_host;
+use crate::run::client_host;
+use crate::scenario::{Draw, Faults};
+use crate::world::World;
+
+/// A fault at a fixed time, whatever the seed draws.
+#[derive(Clone, Debug, Serialize)]
+pub enum Scripted {
+    /// Gateway `gateway` crashes, and restarts after `down`.
+    Crash { gateway: usize, down: Duration },
+    /// Gateway `gateway`'s store calls and replies (only the lease's, with `lease_only`, as
+    /// when one pooled connection hangs) are held for `stall`.
+    Stall { gateway: usize, stall: Duration, lease_only: bool },
+}
+
+pub struct Injector {
+    draw: Draw,
+    gateways: usize,
+    clients: usize,
+    rates: Faults,
+    /// Scripted faults not yet injected, latest first.
+    script: Vec<(Duration, Scripted)>,
+    /// Crashed gateways and when they restart.
+    crashed: BTreeMap<usize, Duration>,
+    /// The hosts cut off from each crashed gateway when it went down.
+    lost: BTreeMap<usize, Vec<String>>,
+    /// Partitioned (host, gateway) pairs and when they heal.
+    partitioned: Vec<(String, usize, Duration)>,
+    next_roll: Duration,
+}
+
+impl Injector {
+    pub fn new(world: &World) -> Self {
+        let scenario = &world.scenario;
+        let mut script = scenario.script.clone();
+        script.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+        Self {
+            draw: Draw::new(scenario.seed, 3),
+            gateways: scenario.gateways,
+            clients: scenario.clients,
+            rates: scenario.faults.clone(),
+            script,
+            crashed: BTreeMap::new(),
+            lost: BTreeMap::new(),
+            partitioned: Vec::new(),
+            next_roll: Duration::ZERO,
+        }
+    }
+
+    /// Restarts the crashed gateways and repairs the partitions that are due (all of them when
+    /// `now` is `None`).
+    pub fn heal(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Option<Duration>) {
+        let due = |until: Duration| now.is_none_or(|now| now >= until);
+        for (g, _) in self.crashed.extract_if(.., |_, until| due(*until)) {
+            world.event("sim", "gateway restarts", gateway_host(g));
+            sim.bounce(gateway_host(g));
+            for host in self.lost.remove(&g).unwrap_or_default() {
+                if !self.partitioned.iter().any(|(p, pg, _)| *p == host && *pg == g) {
+                    sim.repair(host.as_str(), gateway_host(g));
+                }
+            }
+        }
+        for (host, g, _) in self.partitioned.extract_if(.., |(_, _, until)| due(*until)) {
+            world.event("sim", "repair", format!("{host} <-> {}", gateway_host(g)));
+            if !self.lost.get(&g).is_some_and(|hosts| hosts.contains(&host)) {
+                sim.repair(host.as_str(), gateway_host(g));
+            }
+        }
+    }
+
+    /// The scripted faults that are due, then (every 100 ms) the random ones.
+    pub fn inject(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Duration) {
+        while self.script.last().is_some_and(|(at, _)| *at <= now) {
+            match self.script.pop().map(|(_, fault)| fault) {
+                Some(Scripted::Crash { gateway, down }) if !self.crashed.contains_key(&gateway) => {
+                    self.crash(sim, world, gateway, now + down);
+                }
+                Some(Scripted::Stall { gateway, stall, lease_only }) => {
+                    stall_store(world, gateway, now, stall, lease_only);
+                }
+                _ => {}
+            }
+        }
+        if now < self.next_roll {
+            return;
+        }
+        self.next_roll = now + Duration::from_millis(100);
+        let per_roll = |per_minute: f64| per_minute / 600.0;
+        let up: Vec<usize> = (0..self.gateways).filter(|g| !self.crashed.contains_key(g)).collect();
+        if !up.is_empty()
+            && self.draw.chance(per_roll(self.rates.gateway_crashes))
+            && let Some(g) = self.target(world, &up)
+        {
+            let until = now + self.draw.millis(100, 3_000);
+            self.crash(sim, world, g, until);
+        }
+        if self.draw.chance(per_roll(self.rates.partitions)) {
+            self.partition(sim, world, now);
+        }
+        if self.rates.store_stalls > 0.0 && self.draw.chance(per_roll(self.rates.store_stalls)) {
+            let calm: Vec<usize> = (0..self.gateways).filter(|&g| world.stalled(g).until(true) <= now).collect();
+            if let Some(g) = self.target(world, &calm) {
+                let stall = self.draw.millis(1_000, 3 * LEASE_TTL.as_millis() as u64);
+                let lease_only = self.draw.chance(0.5);
+                stall_store(world, g, now, stall, lease_only);
+            }
+        }
+    }
+
+    /// The gateway a fault hits, among `candidates`: with one gateway, that one; with several,
+    /// the lease holder three times in four, otherwise any.
+    fn target(&mut self, world: &World, candidates: &[usize]) -> Option<usize> {
+        if self.gateways == 1 {
+            return candidates.first().copied();
+        }
+        let holder = world.lease_holder().and_then(|h| candidates.iter().copied().find(|&g| gateway_host(g) == h));
+        match holder {
+            Some(holder) if self.draw.chance(0.75) => Some(holder),
+            _ if candidates.is_empty() => None,
+            _ => Some(candidates[self.draw.below(candidates.len() as u64) as usize]),
+        }
+    }
+
+    /// Every host that talks to the gateways.
+    fn peers(&self) -> Vec<String> {
+        (0..self.clients).map(client_host).chain(["supervisors".to_string()]).collect()
+    }
+
+    /// The gateway's host is lost: its connections go silent (cut off before it goes down, so
+    /// no goodbye reaches a peer) and the peers find out by their keepalives and timeouts. A
+    /// crashed process would have its connections reset instead, but in an order tokio picks by
+    /// task ids, which count across every run in a process: a seed would not replay.
+    fn crash(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, gateway: usize, until: Duration) {
+        world.event("sim", "gateway crashes", gateway_host(gateway));
+        let hosts = self.peers();
+        for host in &hosts {
+            sim.partition(host.as_str(), gateway_host(gateway));
+        }
+        sim.crash(gateway_host(gateway));
+        self.lost.insert(gateway, hosts);
+        self.crashed.insert(gateway, until);
+    }
+
+    /// Cuts the supervisors or a client (with several gateways, sometimes all of them) off from
+    /// a gateway for a while.
+    fn partition(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Duration) {
+        let everyone = self.gateways > 1 && self.draw.chance(0.3);
+        let hosts: Vec<String> = if everyone {
+            self.peers()
+        } else if self.draw.chance(0.5) {
+            vec!["supervisors".to_string()]
+        } else {
+            vec![client_host(self.draw.below(self.clients as u64) as usize)]
+        };
+        let all: Vec<usize> = (0..self.gateways).collect();
+        let Some(g) = self.target(world, &all) else { return };
+        let hosts: Vec<String> =
+            hosts.into_iter().filter(|h| !self.partitioned.iter().any(|(p, pg, _)| p == h && *pg == g)).collect();
+        if hosts.is_empty() {
+            return;
+        }
+        let until = now + self.draw.millis(300, 4_000);
+        for host in hosts {
+            world.event("sim", "partition", format!("{host} <-> {}", gateway_host(g)));
+            sim.partition(host.as_str(), gateway_host(g));
+            self.partitioned.push((host, g, until));
+        }
+    }
+}
+
+fn stall_store(world: &World, gateway: usize, now: Duration, stall: Duration, lease_only: bool) {
+    let what = if lease_only { "lease calls" } else { "store calls" };
+    world.event("sim", "store stalls", format!("{}'s {what} for {} ms", gateway_host(gateway), stall.as_millis()));
+    world.stall(gateway, now + stall, lease_only);
+}

@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod crash;
 mod harness;
+mod history;
 mod identity;
 mod lifecycle;
 #[path = "../support/postgres.rs"]

@@ -1,14 +1,18 @@
 //! Several gateways on one PostgreSQL database and one data directory, with the process driver:
 //! every gateway serves both APIs, exactly one holds the reconcile lease, and when that one is
 //! killed another takes the lease over within its time-to-live, supervisors move to a living
-//! gateway, and every sandbox converges to its intent.
+//! gateway, and every sandbox converges to its intent. The clients' histories, readers on every
+//! gateway included, are checked for linearizability.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use berth_proto::v1 as pb;
 use tonic::Code;
 
 use crate::harness::*;
+use crate::history::History;
 use crate::pg;
 
 const NAMES: [&str; 3] = ["g1", "g2", "g3"];
@@ -30,12 +34,12 @@ async fn wait_for_holder(data: &DataDir, among: &[&'static str]) -> &'static str
 }
 
 /// Waits until `name` settles in `target` (`None`: deleted), asking the gateway `via`.
-async fn settle(gateways: &[Gateway], via: usize, name: &str, target: Option<pb::Phase>) {
+async fn settle(history: &History, gateways: &[Gateway], via: usize, name: &str, target: Option<pb::Phase>) {
     let mut sandboxes = gateways[via].sandboxes().await;
     let deadline = Instant::now() + Duration::from_secs(45);
     let mut last = None;
     while Instant::now() < deadline {
-        match get(&mut sandboxes, name).await {
+        match history.get(&mut sandboxes, name).await {
             Ok(s) if Some(phase(&s)) == target => return,
             Ok(s) => last = Some(phase(&s)),
             Err(status) if status.code() == Code::NotFound && target.is_none() => return,
@@ -44,6 +48,41 @@ async fn settle(gateways: &[Gateway], via: usize, name: &str, target: Option<pb:
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("{name} did not reach {target:?} (last {last:?})");
+}
+
+/// Reads every sandbox through each gateway, over and over until `reading` turns false, so the
+/// history sees every transition from every side.
+async fn readers(
+    history: &Arc<History>,
+    gateways: &[Gateway],
+    names: &[String],
+    reading: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut readers = Vec::new();
+    for gateway in gateways {
+        let (history, reading, names) = (history.clone(), reading.clone(), names.to_vec());
+        let mut sandboxes = gateway.sandboxes().await;
+        readers.push(tokio::spawn(async move {
+            while reading.load(Ordering::Relaxed) {
+                for name in &names {
+                    // A call the killed gateway never answers records nothing.
+                    let _ = tokio::time::timeout(Duration::from_secs(2), history.get(&mut sandboxes, name)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    readers
+}
+
+async fn assert_linearizable(history: &History, readers: Vec<tokio::task::JoinHandle<()>>, reading: &AtomicBool) {
+    reading.store(false, Ordering::Relaxed);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    let violations = history.violations();
+    assert!(violations.is_empty(), "not linearizable ({} calls):\n{}", history.len(), violations.join("\n"));
+    eprintln!("{} calls, linearizable", history.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,20 +103,23 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
     // A mixed workload, its requests spread over the three gateways: creates, then at once
     // stops and deletes of some, with the holder killed while their effects are under way.
     let names: Vec<String> = (0..9).map(|i| format!("box-{i}")).collect();
+    let history = Arc::new(History::default());
     let mut ids = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let mut sandboxes = gateways[i % 3].sandboxes().await;
-        ids.push(create(&mut sandboxes, name, &["sleep", "3600"], &[]).await.id);
+        ids.push(history.create(&mut sandboxes, name, &["sleep", "3600"]).await.id);
     }
+    let reading = Arc::new(AtomicBool::new(true));
+    let readers = readers(&history, &gateways, &names, &reading).await;
     // The sandboxes that stay running are Ready before the kill: their supervisors hold sessions.
     for name in &names[6..] {
-        settle(&gateways, 0, name, Some(pb::Phase::Ready)).await;
+        settle(&history, &gateways, 0, name, Some(pb::Phase::Ready)).await;
     }
     for (i, name) in names.iter().enumerate().take(6) {
         let mut sandboxes = gateways[(i + 1) % 3].sandboxes().await;
         let verb = if i < 3 { "stop" } else { "delete" };
         // A stop may meet Provisioning: it is accepted in every phase but Deleting.
-        lifecycle(&mut sandboxes, verb, name).await.unwrap_or_else(|s| panic!("{verb} {name}: {s:?}"));
+        history.lifecycle(&mut sandboxes, verb, name).await.unwrap_or_else(|s| panic!("{verb} {name}: {s:?}"));
     }
     let killed = Instant::now();
     gateways[holder].kill9();
@@ -98,7 +140,7 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
             _ => Some(pb::Phase::Ready),
         };
         for via in &alive {
-            settle(&gateways, *via, name, target).await;
+            settle(&history, &gateways, *via, name, target).await;
         }
     }
     // No transition left unfinished, and the two survivors answer the same.
@@ -121,14 +163,15 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
     }
     // A start through a survivor brings a stopped sandbox to Ready again.
     let mut sandboxes = gateways[alive[0]].sandboxes().await;
-    lifecycle(&mut sandboxes, "start", "box-0").await.unwrap();
-    settle(&gateways, alive[1], "box-0", Some(pb::Phase::Ready)).await;
+    history.lifecycle(&mut sandboxes, "start", "box-0").await.unwrap();
+    settle(&history, &gateways, alive[1], "box-0", Some(pb::Phase::Ready)).await;
     for name in names.iter().take(3).chain(names.iter().skip(6)) {
-        lifecycle(&mut sandboxes, "delete", name).await.unwrap();
+        history.lifecycle(&mut sandboxes, "delete", name).await.unwrap();
     }
     for name in names.iter().take(3).chain(names.iter().skip(6)) {
-        settle(&gateways, alive[1], name, None).await;
+        settle(&history, &gateways, alive[1], name, None).await;
     }
+    assert_linearizable(&history, readers, &reading).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,27 +184,34 @@ async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows() 
         gateways.push(Gateway::start(&data, &["--store", &url, "--name", name, "--lease-ttl", &ttl]).await);
     }
     let (mut one, mut two) = (gateways[0].sandboxes().await, gateways[1].sandboxes().await);
-    create(&mut one, "raced", &["sleep", "3600"], &[]).await;
-    settle(&gateways, 1, "raced", Some(pb::Phase::Ready)).await;
+    let history = Arc::new(History::default());
+    history.create(&mut one, "raced", &["sleep", "3600"]).await;
+    let reading = Arc::new(AtomicBool::new(true));
+    let readers = readers(&history, &gateways, &["raced".to_string()], &reading).await;
+    settle(&history, &gateways, 1, "raced", Some(pb::Phase::Ready)).await;
     for round in 0..5 {
         // Two stops at once: both succeed (the later one finds it stopping), one stop.
-        let generation = get(&mut one, "raced").await.unwrap().generation;
-        let (a, b) = tokio::join!(lifecycle(&mut one, "stop", "raced"), lifecycle(&mut two, "stop", "raced"));
+        let generation = history.get(&mut one, "raced").await.unwrap().generation;
+        let (a, b) =
+            tokio::join!(history.lifecycle(&mut one, "stop", "raced"), history.lifecycle(&mut two, "stop", "raced"));
         assert!(a.is_ok() && b.is_ok(), "round {round}: {a:?} {b:?}");
-        settle(&gateways, 0, "raced", Some(pb::Phase::Stopped)).await;
-        assert_eq!(get(&mut two, "raced").await.unwrap().generation, generation, "a stop makes no generation");
+        settle(&history, &gateways, 0, "raced", Some(pb::Phase::Stopped)).await;
+        assert_eq!(history.get(&mut two, "raced").await.unwrap().generation, generation, "a stop makes no generation");
         // Two starts at once: both succeed, and they make exactly one new generation.
-        let (a, b) = tokio::join!(lifecycle(&mut one, "start", "raced"), lifecycle(&mut two, "start", "raced"));
+        let (a, b) =
+            tokio::join!(history.lifecycle(&mut one, "start", "raced"), history.lifecycle(&mut two, "start", "raced"));
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!((a.generation, b.generation), (generation + 1, generation + 1), "round {round}");
-        settle(&gateways, 1, "raced", Some(pb::Phase::Ready)).await;
-        assert_eq!(get(&mut one, "raced").await.unwrap().generation, generation + 1);
+        settle(&history, &gateways, 1, "raced", Some(pb::Phase::Ready)).await;
+        assert_eq!(history.get(&mut one, "raced").await.unwrap().generation, generation + 1);
     }
     // Two deletes at once: each succeeds or finds it already gone, never anything else.
-    let (a, b) = tokio::join!(lifecycle(&mut one, "delete", "raced"), lifecycle(&mut two, "delete", "raced"));
+    let (a, b) =
+        tokio::join!(history.lifecycle(&mut one, "delete", "raced"), history.lifecycle(&mut two, "delete", "raced"));
     for reply in [&a, &b] {
         assert!(reply.as_ref().err().is_none_or(|s| s.code() == Code::NotFound), "{a:?} {b:?}");
     }
     assert!(a.is_ok() || b.is_ok(), "one of them deleted it: {a:?} {b:?}");
-    settle(&gateways, 0, "raced", None).await;
+    settle(&history, &gateways, 0, "raced", None).await;
+    assert_linearizable(&history, readers, &reading).await;
 }

@@ -15,6 +15,12 @@ use futures_util::Stream;
 
 pub mod container;
 pub mod process;
+mod sandbox_lock;
+
+/// A failed file-system step, as a driver error: the caller may try again.
+pub(crate) fn io(context: &str, e: std::io::Error) -> DriverError {
+    DriverError::Unavailable(format!("{context}: {e}"))
+}
 
 /// What a driver needs to start one generation's run.
 #[derive(Clone, Debug)]

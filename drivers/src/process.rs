@@ -28,7 +28,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex as SyncMutex, Once};
+use std::sync::{Arc, Once};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -36,9 +36,10 @@ use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, OwnedMutexGuard, broadcast};
+use tokio::sync::broadcast;
 
-use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream};
+use crate::sandbox_lock::SandboxLocks;
+use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, io};
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
 pub const KILLED_EXIT_CODE: i32 = 137;
@@ -49,17 +50,6 @@ const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// The folder under the root holding each sandbox's newest started generation. Its leading dot
 /// keeps it apart from sandbox ids.
 const STARTED_DIR: &str = ".started";
-const LOCKS_DIR: &str = ".locks";
-/// How often a driver waiting for another gateway's lock on a sandbox looks again.
-const LOCK_POLL: Duration = Duration::from_millis(5);
-
-/// Everything acting on one sandbox holds: this gateway's lock, then the file lock that keeps
-/// other gateways out.
-struct SandboxGuard {
-    /// `None` for a sandbox no start has made (nothing to keep others from).
-    _file: Option<std::fs::File>,
-    _local: OwnedMutexGuard<()>,
-}
 
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
@@ -93,7 +83,7 @@ pub struct ProcessDriver {
 
 struct Inner {
     config: ProcessConfig,
-    locks: SyncMutex<BTreeMap<SandboxId, Arc<Mutex<()>>>>,
+    locks: SandboxLocks,
     events: broadcast::Sender<(SandboxId, RuntimeState)>,
     monitor: Once,
 }
@@ -101,10 +91,6 @@ struct Inner {
 fn now_nanos() -> i64 {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
-}
-
-fn io(context: &str, e: std::io::Error) -> DriverError {
-    DriverError::Unavailable(format!("{context}: {e}"))
 }
 
 /// `Some((state letter, kernel start time))` of a process, from `/proc/<pid>/stat`.
@@ -165,7 +151,8 @@ impl ProcessDriver {
             .create(&config.root)
             .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let (events, _) = broadcast::channel(1024);
-        Ok(Self { inner: Arc::new(Inner { config, locks: SyncMutex::default(), events, monitor: Once::new() }) })
+        let locks = SandboxLocks::new(config.root.clone());
+        Ok(Self { inner: Arc::new(Inner { config, locks, events, monitor: Once::new() }) })
     }
 
     /// The workspace directory of a sandbox (for tests and operators).
@@ -190,55 +177,6 @@ impl Inner {
     /// The newest generation this driver ever started for the sandbox.
     fn newest_started(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
         read_json(&self.started_file(sandbox))
-    }
-
-    /// The lock that serializes everything the driver does to one sandbox.
-    fn sandbox_lock(&self, sandbox: &SandboxId) -> Arc<Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        locks.entry(sandbox.clone()).or_default().clone()
-    }
-
-    /// The sandbox's lock file. Only a start makes it (`create`), so looking at a deleted
-    /// sandbox leaves nothing behind.
-    fn lock_file(&self, sandbox: &SandboxId, create: bool) -> Result<Option<std::fs::File>, DriverError> {
-        let dir = self.config.root.join(LOCKS_DIR);
-        if create {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&dir)
-                .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
-        }
-        let path = dir.join(sandbox.as_str());
-        match std::fs::OpenOptions::new().create(create).truncate(false).write(true).mode(0o600).open(&path) {
-            Ok(file) => Ok(Some(file)),
-            Err(e) if e.kind() == ErrorKind::NotFound && !create => Ok(None),
-            Err(e) => Err(io(&format!("opening {}", path.display()), e)),
-        }
-    }
-
-    async fn lock(&self, sandbox: &SandboxId, create: bool) -> Result<SandboxGuard, DriverError> {
-        let local = self.sandbox_lock(sandbox).lock_owned().await;
-        let file = self.lock_file(sandbox, create)?;
-        if let Some(file) = &file {
-            loop {
-                match file.try_lock() {
-                    Ok(()) => break,
-                    Err(std::fs::TryLockError::WouldBlock) => tokio::time::sleep(LOCK_POLL).await,
-                    Err(std::fs::TryLockError::Error(e)) => return Err(io("locking the sandbox", e)),
-                }
-            }
-        }
-        Ok(SandboxGuard { _file: file, _local: local })
-    }
-
-    fn try_lock(&self, sandbox: &SandboxId) -> Option<SandboxGuard> {
-        let local = self.sandbox_lock(sandbox).try_lock_owned().ok()?;
-        let file = self.lock_file(sandbox, false).ok()?;
-        if let Some(file) = &file {
-            file.try_lock().ok()?;
-        }
-        Some(SandboxGuard { _file: file, _local: local })
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
@@ -364,7 +302,7 @@ impl Inner {
                 use std::os::unix::process::ExitStatusExt;
                 s.code().or_else(|| s.signal().map(|sig| 128 + sig))
             });
-            let Ok(_guard) = inner.lock(&sandbox, false).await else { return };
+            let Ok(_guard) = inner.locks.lock(&sandbox, false).await else { return };
             if inner.run_file(&sandbox).ok().flatten().is_some_and(|r| r.pid == run.pid) {
                 let _ = inner.ended(&sandbox, &run, code.unwrap_or(KILLED_EXIT_CODE));
             }
@@ -381,7 +319,7 @@ impl Inner {
             for id in ids {
                 // A sandbox busy with a start or stop keeps its last state until the next round;
                 // that operation's own reply reports it.
-                match self.try_lock(&id) {
+                match self.locks.try_lock(&id) {
                     Some(_guard) => {
                         if let Ok(state) = self.observe(&id) {
                             seen.insert(id, state);
@@ -437,7 +375,7 @@ impl Driver for ProcessDriver {
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let inner = &self.inner;
-        let _guard = inner.lock(&launch.sandbox, true).await?;
+        let _guard = inner.locks.lock(&launch.sandbox, true).await?;
         let run = inner.run_file(&launch.sandbox)?;
         let newest = inner.newest_started(&launch.sandbox)?.max(run.map(|r| r.generation));
         if let Some(newest) = newest.filter(|n| *n > launch.generation) {
@@ -468,36 +406,29 @@ impl Driver for ProcessDriver {
     }
 
     async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
-        let _guard = self.inner.lock(sandbox, false).await?;
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
         self.inner.stop_locked(sandbox, grace).await
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let inner = &self.inner;
-        let _guard = inner.lock(sandbox, false).await?;
+        let _guard = inner.locks.lock(sandbox, false).await?;
         inner.stop_locked(sandbox, Duration::ZERO).await?;
         match std::fs::remove_dir_all(inner.dir(sandbox)) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io("removing the sandbox's directory", e)),
         }
-        // The lock file goes last, still locked: whoever waits on it acts on a deleted sandbox,
-        // which finds nothing.
-        for (file, what) in [
-            (inner.started_file(sandbox), "started record"),
-            (inner.config.root.join(LOCKS_DIR).join(sandbox.as_str()), "lock"),
-        ] {
-            match std::fs::remove_file(file) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&format!("removing the sandbox's {what}"), e)),
-            }
+        match std::fs::remove_file(inner.started_file(sandbox)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing the sandbox's started record", e)),
         }
-        Ok(())
+        inner.locks.remove(sandbox)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        let _guard = self.inner.lock(sandbox, false).await?;
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
         self.inner.observe(sandbox)
     }
 
@@ -514,7 +445,7 @@ impl Driver for ProcessDriver {
         let events = inner.events.subscribe();
         let mut sync = Vec::new();
         for id in inner.ids()? {
-            let _guard = inner.lock(&id, false).await?;
+            let _guard = inner.locks.lock(&id, false).await?;
             let state = inner.observe(&id)?;
             sync.push(Ok(WatchEvent::Sync { sandbox: id, state }));
         }

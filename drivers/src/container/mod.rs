@@ -9,22 +9,25 @@
 //! environment (the spec's and the attached providers'), and the driver's own record of which
 //! generation it started last. The gateway's supervisor socket reaches the container through a
 //! mounted directory, so it survives the gateway replacing the socket.
+//!
+//! Gateways sharing a store on one host share this state directory and the runtime; a file lock
+//! per sandbox (see `sandbox_lock`) keeps two of them from acting on one sandbox at once.
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex as SyncMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream};
+use crate::sandbox_lock::SandboxLocks;
+use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, io};
 
 pub mod docker;
 pub mod image;
@@ -191,11 +194,7 @@ struct Started {
 pub struct ContainerDriver<E> {
     engine: Arc<E>,
     config: ContainerConfig,
-    locks: SyncMutex<BTreeMap<SandboxId, Arc<Mutex<()>>>>,
-}
-
-fn io(context: &str, e: std::io::Error) -> DriverError {
-    DriverError::Unavailable(format!("{context}: {e}"))
+    locks: SandboxLocks,
 }
 
 /// Writes a file only its owner reads, atomically.
@@ -247,7 +246,8 @@ impl<E: Engine> ContainerDriver<E> {
             }
             Err(e) => return Err(io(&format!("reading {}", config.supervisor.display()), e)),
         }
-        Ok(Self { engine: Arc::new(engine), config, locks: SyncMutex::default() })
+        let locks = SandboxLocks::new(config.root.clone());
+        Ok(Self { engine: Arc::new(engine), config, locks })
     }
 
     pub fn engine(&self) -> &E {
@@ -256,14 +256,6 @@ impl<E: Engine> ContainerDriver<E> {
 
     fn dir(&self, sandbox: &SandboxId) -> PathBuf {
         self.config.root.join(sandbox.as_str())
-    }
-
-    async fn lock(&self, sandbox: &SandboxId) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            locks.entry(sandbox.clone()).or_default().clone()
-        };
-        lock.lock_owned().await
     }
 
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
@@ -379,7 +371,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let id = launch.sandbox.clone();
         let name = container_name(&id);
-        let _guard = self.lock(&id).await;
+        let _guard = self.locks.lock(&id, true).await?;
         let current = self.engine.inspect(&name).await?;
         match self.started(&id)? {
             Some(s) if s.generation > launch.generation => {
@@ -441,12 +433,12 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     }
 
     async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
-        let _guard = self.lock(sandbox).await;
+        let _guard = self.locks.lock(sandbox, false).await?;
         self.stop_locked(sandbox, grace).await
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let _guard = self.lock(sandbox).await;
+        let _guard = self.locks.lock(sandbox, false).await?;
         self.engine.remove(&container_name(sandbox)).await?;
         let volume = volume_name(sandbox);
         self.engine.remove_volume(&volume).await?;
@@ -456,10 +448,11 @@ impl<E: Engine> Driver for ContainerDriver<E> {
             return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
         }
         match std::fs::remove_dir_all(self.dir(sandbox)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io("removing the sandbox's state", e)),
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io("removing the sandbox's state", e)),
         }
+        self.locks.remove(sandbox)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

@@ -254,8 +254,8 @@ impl Target {
         };
         let mut left = Vec::new();
         for entry in entries(data.path.join(dir)) {
-            // The process driver's own folders (started generations, locks): only what is in
-            // them counts.
+            // The drivers' own folders (started generations, locks): only what is in them
+            // counts.
             if entry.starts_with('.') {
                 left.extend(entries(data.path.join(dir).join(&entry)).into_iter().map(|e| format!("{entry}/{e}")));
             } else {

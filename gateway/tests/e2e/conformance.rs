@@ -525,6 +525,17 @@ async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+/// Two gateways on one database and one data directory racing on one sandbox (PostgreSQL).
+async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows(runtime: Runtime) {
+    let Some(target) = target(runtime, "race").await else { return };
+    let schema = format!("race_{runtime:?}").to_lowercase();
+    let Some(url) = crate::pg::fresh_schema(&schema).await else { return };
+    let data = DataDir::new();
+    crate::several::race_on_one_sandbox(&data, &url, &target.gateway_args(), image_for(&target)).await;
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
 macro_rules! conformance {
     ($($runtime:ident => $module:ident),*) => {
         $(
@@ -567,6 +578,12 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_restarted_gateway_adopts_running_sandboxes() {
                     super::a_restarted_gateway_adopts_running_sandboxes(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows() {
+                    super::two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows(Runtime::$runtime)
+                        .await
                 }
             }
         )*

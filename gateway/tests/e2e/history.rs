@@ -91,11 +91,12 @@ impl History {
         result
     }
 
-    pub async fn create(&self, sandboxes: &mut Sandboxes, name: &str, command: &[&str]) -> pb::Sandbox {
+    pub async fn create(&self, sandboxes: &mut Sandboxes, name: &str, spec: pb::SandboxSpec) -> pb::Sandbox {
+        let request = pb::CreateSandboxRequest { name: name.into(), spec: Some(spec), ..Default::default() };
         let call = Instant::now();
-        let created = crate::harness::create(sandboxes, name, command, &[]).await;
-        self.record(name, "create", call, &Ok(created.clone()));
-        created
+        let result = sandboxes.create_sandbox(request).await.map(|r| r.into_inner().sandbox.unwrap_or_default());
+        self.record(name, "create", call, &result);
+        result.unwrap_or_else(|status| panic!("create {name}: {status:?}"))
     }
 
     pub fn len(&self) -> usize {

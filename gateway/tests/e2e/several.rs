@@ -2,7 +2,8 @@
 //! every gateway serves both APIs, exactly one holds the reconcile lease, and when that one is
 //! killed another takes the lease over within its time-to-live, supervisors move to a living
 //! gateway, and every sandbox converges to its intent. The clients' histories, readers on every
-//! gateway included, are checked for linearizability.
+//! gateway included, are checked for linearizability. Two gateways racing on one sandbox run on
+//! every driver, from the conformance suite.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,7 +108,7 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
     let mut ids = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let mut sandboxes = gateways[i % 3].sandboxes().await;
-        ids.push(history.create(&mut sandboxes, name, &["sleep", "3600"]).await.id);
+        ids.push(history.create(&mut sandboxes, name, spec(&["sleep", "3600"])).await.id);
     }
     let reading = Arc::new(AtomicBool::new(true));
     let readers = readers(&history, &gateways, &names, &reading).await;
@@ -174,18 +175,21 @@ async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
     assert_linearizable(&history, readers, &reading).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows() {
-    let Some(url) = pg::fresh_schema("two_gateways_racing").await else { return };
-    let data = DataDir::new();
+/// Two gateways on the database `url` and the data directory `data` (with `driver_args`)
+/// racing to stop, start and delete one sandbox of `image`: they get only what the contract
+/// allows, and their clients' histories are linearizable. Run on every driver by the
+/// conformance suite.
+pub async fn race_on_one_sandbox(data: &DataDir, url: &str, driver_args: &[String], image: &str) {
     let ttl = format!("{}ms", LEASE_TTL.as_millis());
     let mut gateways = Vec::new();
     for name in &NAMES[..2] {
-        gateways.push(Gateway::start(&data, &["--store", &url, "--name", name, "--lease-ttl", &ttl]).await);
+        let mut args: Vec<&str> = driver_args.iter().map(String::as_str).collect();
+        args.extend(["--store", url, "--name", name, "--lease-ttl", &ttl]);
+        gateways.push(Gateway::start(data, &args).await);
     }
     let (mut one, mut two) = (gateways[0].sandboxes().await, gateways[1].sandboxes().await);
     let history = Arc::new(History::default());
-    history.create(&mut one, "raced", &["sleep", "3600"]).await;
+    history.create(&mut one, "raced", pb::SandboxSpec { image: image.into(), ..spec(&["sleep", "3600"]) }).await;
     let reading = Arc::new(AtomicBool::new(true));
     let readers = readers(&history, &gateways, &["raced".to_string()], &reading).await;
     settle(&history, &gateways, 1, "raced", Some(pb::Phase::Ready)).await;

@@ -82,21 +82,22 @@ pub async fn lead(
         let acquire = engine.store().acquire_lease(&holder, ttl);
         tokio::pin!(acquire);
         // The store may take its time to answer (a hung connection, a failover): the tenure
-        // ends when its time is up, answer or not.
-        let reply = match tenure.as_ref().map(|t| t.until) {
-            Some(until) => tokio::select! {
+        // ends when its time is up, and a shutdown does not wait, answer or not.
+        let reply = loop {
+            let until = tenure.as_ref().map(|t| t.until);
+            tokio::select! {
                 biased;
-                _ = tokio::time::sleep_until(until) => {
+                _ = shutdown.wait_for(|stop| *stop) => break None,
+                _ = tokio::time::sleep_until(until.unwrap_or_else(Instant::now)), if until.is_some() => {
                     if let Some(t) = tenure.take() {
                         warn!(holder, term = t.term, "the reconcile lease lapsed unrenewed: reconcile stops here");
                         t.end();
                     }
-                    acquire.await
                 }
-                reply = &mut acquire => reply,
-            },
-            None => acquire.await,
+                reply = &mut acquire => break Some(reply),
+            }
         };
+        let Some(reply) = reply else { break };
         match reply {
             Ok(lease) if lease.held_by(&holder) && Instant::now() < asked + relied_on => match &mut tenure {
                 Some(t) if t.term == lease.term => t.until = asked + relied_on,

@@ -15,7 +15,7 @@ use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::clock::SystemClock;
 use crate::config::{Config, DriverKind, StoreLocation};
@@ -210,9 +210,12 @@ pub async fn run(config: Config) -> Result<(), String> {
     info!("shutting down: no new requests; letting effects under way finish");
     let _ = stop_tx.send(true);
     engine.shut_down();
-    // Reconcile stops and the lease is given up, so another gateway takes over at once.
-    let _ = leading.await;
+    // Reconcile stops and the lease is given up, so another gateway takes over at once. A store
+    // that does not answer cannot hold the shutdown up: the lease then lapses by itself.
     let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+    if tokio::time::timeout_at(deadline, leading).await.is_err() {
+        warn!("the store did not take the reconcile lease back in time; it lapses by itself");
+    }
     while engine.busy() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

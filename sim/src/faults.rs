@@ -23,6 +23,9 @@ pub enum Scripted {
     /// Gateway `gateway`'s store calls and replies (only the lease's, with `lease_only`, as
     /// when one pooled connection hangs) are held for `stall`.
     Stall { gateway: usize, stall: Duration, lease_only: bool },
+    /// Gateway `gateway` begins a graceful shutdown: its lease loop stops reconciling and gives
+    /// the lease up (its APIs keep serving).
+    Shutdown { gateway: usize },
 }
 
 pub struct Injector {
@@ -89,6 +92,12 @@ impl Injector {
                 }
                 Some(Scripted::Stall { gateway, stall, lease_only }) => {
                     stall_store(world, gateway, now, stall, lease_only);
+                }
+                Some(Scripted::Shutdown { gateway }) => {
+                    world.event("sim", "gateway shuts down", gateway_host(gateway));
+                    if let Some(stop) = crate::world::lock(&world.shutdowns).get(&gateway) {
+                        let _ = stop.send(true);
+                    }
                 }
                 _ => {}
             }

@@ -62,9 +62,10 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, i
         page_size: 4,
         max_watch_backoff: Duration::from_secs(2),
     };
-    // The same lease a production gateway keeps; the host is torn down at a crash, which is
-    // when this sender goes (and the lease is left to lapse, as a crash leaves it).
-    let (_running, stop) = tokio::sync::watch::channel(false);
+    // The same lease a production gateway keeps. A crash tears the host down with its lease
+    // loop (the lease is left to lapse, as a crash leaves it); a scripted shutdown turns `stop`.
+    let (running, stop) = tokio::sync::watch::channel(false);
+    crate::world::lock(&world.shutdowns).insert(index, running);
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;

@@ -138,6 +138,8 @@ pub struct World {
     /// Per gateway: until when its store connection is stalled (simulated time), for every
     /// call and for the lease's calls only.
     stalls: Mutex<Vec<Stall>>,
+    /// Per gateway (its current boot): what tells its lease loop to shut down.
+    pub shutdowns: Mutex<BTreeMap<usize, tokio::sync::watch::Sender<bool>>>,
 }
 
 impl World {
@@ -156,6 +158,7 @@ impl World {
             grants: Mutex::default(),
             last_stamp: Mutex::default(),
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
+            shutdowns: Mutex::default(),
             scenario,
         })
     }

@@ -11,10 +11,10 @@ use berth_sim::scenario::{Faults, Scenario};
 use berth_sim::world::Event;
 
 /// Two gateways and a workload, with no random faults: only `script`.
-fn scripted(at: Duration, fault: Scripted) -> Outcome {
+fn scripted(script: Vec<(Duration, Scripted)>) -> Outcome {
     let mut scenario = Scenario::with_phases(1, Duration::from_secs(30), Duration::from_secs(20)).with_gateways(2);
     scenario.faults = Faults::default();
-    scenario.script = vec![(at, fault)];
+    scenario.script = script;
     let outcome = run(scenario, None);
     assert!(outcome.passed(), "{:?}", outcome.violations);
     outcome
@@ -34,7 +34,7 @@ const SECOND: u64 = 1_000_000;
 #[test]
 fn a_holder_whose_lease_renewal_hangs_stops_reconciling_before_another_takes_over() {
     let stall = Scripted::Stall { gateway: 0, stall: Duration::from_secs(12), lease_only: true };
-    let outcome = scripted(Duration::from_secs(3), stall);
+    let outcome = scripted(vec![(Duration::from_secs(3), stall)]);
     let polls = times(&outcome.trace, "gateway0", "driver", "list");
     assert!(polls.iter().any(|&t| t < 3 * SECOND), "gateway0 was not reconciling before the stall");
     let takeover = times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2");
@@ -47,12 +47,30 @@ fn a_holder_whose_lease_renewal_hangs_stops_reconciling_before_another_takes_ove
     );
 }
 
+/// The holder shuts down while its lease renewal hangs: it stops reconciling at once, without
+/// waiting for the store's answer nor for its lease to run out.
+#[test]
+fn a_holder_shutting_down_while_its_renewal_hangs_stops_reconciling_at_once() {
+    let stall = Scripted::Stall { gateway: 0, stall: Duration::from_secs(20), lease_only: true };
+    let shutdown = Duration::from_secs(4);
+    let outcome = scripted(vec![(Duration::from_secs(3), stall), (shutdown, Scripted::Shutdown { gateway: 0 })]);
+    let polls = times(&outcome.trace, "gateway0", "driver", "list");
+    assert!(polls.iter().any(|&t| t < 3 * SECOND), "gateway0 was not reconciling before the stall");
+    let shutdown = shutdown.as_micros() as u64;
+    let late: Vec<&u64> = polls.iter().filter(|&&t| t > shutdown).collect();
+    assert!(late.is_empty(), "gateway0 polled the runtime after it began shutting down: {late:?}");
+    assert!(
+        !times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2").is_empty(),
+        "gateway1 never took the lease over"
+    );
+}
+
 /// The holder crashes and stays down: another gateway takes the lease within a time-to-live
 /// (plus the third of one between its attempts), and every sandbox still converges.
 #[test]
 fn the_holder_crashed_is_replaced_within_its_time_to_live() {
     let crash = Duration::from_secs(5);
-    let outcome = scripted(crash, Scripted::Crash { gateway: 0, down: Duration::from_secs(40) });
+    let outcome = scripted(vec![(crash, Scripted::Crash { gateway: 0, down: Duration::from_secs(40) })]);
     let takeover = times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2");
     let takeover = *takeover.first().expect("gateway1 never took the lease over");
     let crashed = crash.as_micros() as u64;

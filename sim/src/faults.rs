@@ -76,8 +76,9 @@ impl Injector {
             }
         }
         for (host, g, _) in self.partitioned.extract_if(.., |(_, _, until)| due(*until)) {
-            world.event("sim", "repair", format!("{host} <-> {}", gateway_host(g)));
+            // A link to a crashed gateway stays cut until it restarts.
             if !self.lost.get(&g).is_some_and(|hosts| hosts.contains(&host)) {
+                world.event("sim", "repair", format!("{host} <-> {}", gateway_host(g)));
                 sim.repair(host.as_str(), gateway_host(g));
             }
         }

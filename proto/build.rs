@@ -13,6 +13,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("berth_descriptor.bin"), fds.encode_to_vec())?;
     // BTreeMap, not HashMap: map fields encode in one order, so a seeded run is byte-identical.
-    tonic_prost_build::configure().btree_map(".").build_server(true).build_client(true).compile_fds(fds)?;
+    // The messages and the servers, whose codec answers INVALID_ARGUMENT for an undecodable
+    // request (see codec.rs)...
+    tonic_prost_build::configure()
+        .btree_map(".")
+        .build_server(true)
+        .build_client(false)
+        .codec_path("crate::codec::RequestCodec")
+        .compile_fds(fds.clone())?;
+    // ...then the clients apart, with prost's codec, over the messages above.
+    let clients = out.join("clients");
+    std::fs::create_dir_all(&clients)?;
+    tonic_prost_build::configure()
+        .extern_path(".berth.v1", "crate::v1")
+        .build_server(false)
+        .build_client(true)
+        .out_dir(&clients)
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use berth_core::{
-    Command, ExitFence, ExitMarker, Intent, Observation, Phase, Provider, Reads, Request, Run, RuntimeSource,
-    RuntimeState, Sandbox, SandboxId, SandboxSpec, Secret, StartReply, Timestamp, decide, merge,
+    Command, ExitFence, ExitMarker, Intent, MainProcess, Observation, Phase, Provider, Reads, Request, Run,
+    RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Secret, StartReply, Timestamp, decide, merge,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -57,7 +57,7 @@ fn merges() -> Vec<(Sandbox, Observation)> {
             ),
             3 => (
                 sandbox(i, Phase::Starting, Intent::Running, Run::Pending),
-                Observation::SupervisorConnected { generation: 3 },
+                Observation::SupervisorConnected { generation: 3, main: MainProcess::Running },
             ),
             _ => (
                 sandbox(i, Phase::Starting, Intent::Running, Run::Pending),

@@ -21,11 +21,19 @@ pub enum Bug {
     /// R1: the identity rotation is not part of the Starting write: the start effect launches
     /// the next generation, and a later write (the driver's reply) persists it.
     RotationOutsideStart,
+    /// A queued effect runs without its re-check against the record: a stop decided before a
+    /// start lands on the new generation's run (D1, issue 13).
+    EffectWithoutRecheck,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 4] =
-        [Bug::PollBypassesFence, Bug::EventBypassesFence, Bug::DeleteWithoutRetry, Bug::RotationOutsideStart];
+    pub const ALL: [Bug; 5] = [
+        Bug::PollBypassesFence,
+        Bug::EventBypassesFence,
+        Bug::DeleteWithoutRetry,
+        Bug::RotationOutsideStart,
+        Bug::EffectWithoutRecheck,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -33,6 +41,19 @@ impl Bug {
             Bug::EventBypassesFence => "event-bypasses-fence",
             Bug::DeleteWithoutRetry => "delete-without-retry",
             Bug::RotationOutsideStart => "rotation-outside-start",
+            Bug::EffectWithoutRecheck => "effect-without-recheck",
+        }
+    }
+
+    /// The gateways a run needs for the race to come up. R2's conflicting write must come from
+    /// another gateway (writers inside one gateway take turns on a record); an effect without
+    /// its re-check harms a run mostly when another gateway's start overtook it (with one
+    /// gateway seed 45 is the first standard seed to show it, with three seed 0).
+    pub fn gateways(self) -> usize {
+        match self {
+            Bug::DeleteWithoutRetry => 2,
+            Bug::EffectWithoutRecheck => 3,
+            Bug::PollBypassesFence | Bug::EventBypassesFence | Bug::RotationOutsideStart => 1,
         }
     }
 }
@@ -60,6 +81,11 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
         RuntimeSource::WatchEvent => on(Bug::EventBypassesFence),
         RuntimeSource::InitialSync | RuntimeSource::RecoveryLookup => false,
     }
+}
+
+/// D1: an effect is taken as still wanted whatever the record says now.
+pub(crate) fn skips_recheck() -> bool {
+    on(Bug::EffectWithoutRecheck)
 }
 
 /// R2: a delete gives up at its first conflicting write.

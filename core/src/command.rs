@@ -225,6 +225,12 @@ fn create_sandbox(
 }
 
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    if sandbox.completed() {
+        // Nothing runs, but the intent is still Running: a stop says it should stay stopped.
+        let mut next = sandbox.clone();
+        next.intent = Intent::Stopped;
+        return Ok(commit(sandbox, next, vec![], vec![], now));
+    }
     match sandbox.phase.kind() {
         PhaseKind::Stopping | PhaseKind::Stopped => Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![])),
         PhaseKind::Deleting => Err(wrong_phase(sandbox, "stop")),
@@ -246,11 +252,14 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
         PhaseKind::Stopped | PhaseKind::Error => {
-            // The fence settles the new generation only if this one's run was seen to end: a
-            // run still alive, or a start of this generation still in flight somewhere, could
-            // otherwise pass for the new generation's. Unsettled, only the driver's start reply
-            // tells the runs apart.
-            let ended = matches!(sandbox.run, Run::Ended(_));
+            // The fence settles the new generation only if this one's run was seen to end by a
+            // stop: a run still alive, or a start of this generation still in flight somewhere,
+            // could otherwise pass for the new generation's. Out of Error a run may be alive
+            // even after one was seen to end: the runtime restarted it out of band (`docker
+            // restart`), and its exit when the driver stops it to make room must not count as
+            // the new generation's (defect 3 of issue 13). Unsettled, only the driver's start
+            // reply tells the runs apart.
+            let ended = matches!(sandbox.run, Run::Ended(_)) && sandbox.is(PhaseKind::Stopped);
             let mut next = sandbox.clone();
             next.generation += 1;
             next.exit_fence = ExitFence { marker: sandbox.last_exit, settled: ended };

@@ -10,6 +10,7 @@
 //! - [`identity`]: runtime identity tokens (3.4)
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
+//! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
 //! - [`error`]: typed errors with their status class (3.7)
 
 #[cfg(feature = "bugs")]
@@ -22,12 +23,13 @@ pub mod identity;
 pub mod observation;
 pub mod record;
 pub mod recovery;
+pub mod start_gate;
 pub mod validate;
 
 pub use command::{Command, Reads, Request, decide};
 pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
 pub use error::{Code, Error, Kind};
-pub use observation::{Observation, RuntimeSource, RuntimeState, StartReply, merge};
+pub use observation::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply, merge};
 pub use record::{
     ExitFence, ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId,
     SandboxSpec, Secret, Timestamp,

@@ -51,6 +51,18 @@ pub enum StartReply {
     Gone,
 }
 
+/// What a supervisor says of its sandbox's main process when it connects. Only a running one
+/// makes the run Ready: a command that ended at once, or never started, must not look Ready
+/// even for a moment (DESIGN 9.3), or a client waiting for Ready takes a failure for a success.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MainProcess {
+    Running,
+    /// It already exited with this code.
+    Exited(i32),
+    /// It could not be started (not found, not executable): the cause, for the user.
+    Unstartable(String),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observation {
     Runtime {
@@ -66,8 +78,9 @@ pub enum Observation {
     Stopped { generation: u64, state: RuntimeState },
     /// The driver's reply to [`Effect::Delete`]: everything is gone.
     Deleted,
-    /// A supervisor authenticated with a valid token of `generation`.
-    SupervisorConnected { generation: u64 },
+    /// A supervisor authenticated with a valid token of `generation`, saying how its main
+    /// process is.
+    SupervisorConnected { generation: u64, main: MainProcess },
     /// A supervisor of `generation` reported its main process's exit.
     MainProcessExited { generation: u64, exit_code: i32 },
 }
@@ -116,12 +129,12 @@ pub fn merge(
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Decision, Error> {
+    if let Observation::SupervisorConnected { generation, .. } = observation {
+        authenticate(current, id, *generation)?;
+    }
     let Some(sandbox) = current else {
         return orphan(id, observation);
     };
-    if let Observation::SupervisorConnected { generation } = observation {
-        check_generation(sandbox, *generation)?;
-    }
     let mut merge = Merge { before: sandbox, next: sandbox.clone(), effects: Vec::new(), remove: false };
     if sandbox.is(PhaseKind::Deleting) {
         merge.deleting(observation);
@@ -131,12 +144,18 @@ pub fn merge(
     Ok(merge.finish(now))
 }
 
-/// Rule 4 and DESIGN 3.4: only the current generation authenticates.
-fn check_generation(sandbox: &Sandbox, presented: u64) -> Result<(), Error> {
-    if presented != sandbox.generation {
-        return Err(Error::StaleIdentity { sandbox: sandbox.name.clone(), presented, current: sandbox.generation });
+/// Rule 4 and DESIGN 3.4, the one authentication decision: a run's identity (a valid token of
+/// sandbox `id`, generation `presented`) is accepted only while the sandbox exists (`current`
+/// is its record) and `presented` is its current generation. A supervisor's hello and every
+/// heartbeat of its session ask it.
+pub fn authenticate(current: Option<&Sandbox>, id: &SandboxId, presented: u64) -> Result<(), Error> {
+    match current {
+        None => Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() }),
+        Some(sandbox) if presented != sandbox.generation => {
+            Err(Error::StaleIdentity { sandbox: sandbox.name.clone(), presented, current: sandbox.generation })
+        }
+        Some(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// A report about a sandbox with no record. Records are written before any effect, so a
@@ -147,9 +166,8 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
             !matches!(state, RuntimeState::Absent { .. })
         }
         Observation::Started { .. } => true,
-        Observation::SupervisorConnected { .. } => {
-            return Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() });
-        }
+        // Refused by `authenticate` before.
+        Observation::SupervisorConnected { .. } => false,
         Observation::Deleted | Observation::MainProcessExited { .. } => false,
     };
     let effects = if exists { vec![Effect::Delete { sandbox: id.clone() }] } else { vec![] };
@@ -204,7 +222,11 @@ impl Merge<'_> {
             }
             // A stop reply that finds the sandbox past Stopping is one more runtime report.
             Observation::Stopped { state, .. } => self.runtime(*state, None, false),
-            Observation::SupervisorConnected { .. } => self.supervisor_connected(),
+            Observation::SupervisorConnected { main: MainProcess::Running, .. } => self.supervisor_connected(),
+            Observation::SupervisorConnected { main: MainProcess::Exited(code), .. } => self.main_process_exited(*code),
+            Observation::SupervisorConnected { main: MainProcess::Unstartable(cause), .. } => {
+                self.main_process_unstartable(cause);
+            }
             Observation::MainProcessExited { generation: g, exit_code } if *g == generation => {
                 self.main_process_exited(*exit_code);
             }
@@ -242,6 +264,12 @@ impl Merge<'_> {
         self.next.run = Run::Ended(marker);
         match (self.next.intent, self.next.phase.kind()) {
             (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.next.phase = Phase::Stopped,
+            // DESIGN 9.3: the supervisor ends with its command's code, so 0 is a completion.
+            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+                if marker.exit_code == 0 =>
+            {
+                self.next.phase = Phase::Stopped;
+            }
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
                 self.next.fail(Failure {
                     reason: FailureReason::ContainerExited,
@@ -259,6 +287,7 @@ impl Merge<'_> {
         }
         match self.next.run {
             Run::Pending | Run::Started { at: None } => self.next.run = Run::Started { at: Some(started_at) },
+            Run::Started { at: Some(at) } if started_at > at => self.restarted_out_of_band(),
             Run::Started { at: Some(_) } => {}
             // A snapshot of the run that has since been seen to end.
             Run::Ended(marker) if started_at <= marker.finished_at => return,
@@ -266,6 +295,23 @@ impl Merge<'_> {
             Run::Ended(_) => {}
         }
         self.stop_if_unwanted();
+    }
+
+    /// A later run than the one this generation started: the runtime restarted the sandbox
+    /// behind Berth's back (`docker restart`, `podman restart`), so this generation's run ended
+    /// even if no exit was seen. With intent Running that is a failure of the run: Berth never
+    /// started the new one (rule 7: only a new generation is Ready again). With intent Stopped,
+    /// the level-based stop below ends it.
+    fn restarted_out_of_band(&mut self) {
+        if self.next.intent == Intent::Running
+            && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        {
+            self.next.fail(Failure {
+                reason: FailureReason::ContainerExited,
+                exit_code: None,
+                message: "the sandbox was restarted outside Berth; start it to run a new generation".to_string(),
+            });
+        }
     }
 
     /// DESIGN 3.6: intent Stopped but a run is alive: stop it again (level-based).
@@ -363,20 +409,45 @@ impl Merge<'_> {
         }
     }
 
-    /// Rule 5.
-    fn main_process_exited(&mut self, exit_code: i32) {
+    /// Whether a report of the main process's end can still end this generation's run.
+    fn main_process_may_end(&mut self) -> bool {
         if self.next.intent != Intent::Running
             || !matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
         {
-            return;
+            return false;
         }
         if self.next.run == Run::Pending {
             self.next.run = Run::Started { at: None };
+        }
+        true
+    }
+
+    /// Rule 5, and DESIGN 9.3: a command that exits 0 has completed (Stopped, its intent
+    /// unchanged, so a Start runs it again); any other code is a failure.
+    fn main_process_exited(&mut self, exit_code: i32) {
+        if !self.main_process_may_end() {
+            return;
+        }
+        if exit_code == 0 {
+            self.next.phase = Phase::Stopped;
+            return;
         }
         self.next.fail(Failure {
             reason: FailureReason::MainProcessExited,
             exit_code: Some(exit_code),
             message: format!("the main process exited with code {exit_code}"),
+        });
+    }
+
+    /// DESIGN 9.3: the command could not be started; the run never was Ready.
+    fn main_process_unstartable(&mut self, cause: &str) {
+        if !self.main_process_may_end() {
+            return;
+        }
+        self.next.fail(Failure {
+            reason: FailureReason::CommandFailedToStart,
+            exit_code: None,
+            message: format!("the command could not be started: {cause}"),
         });
     }
 

@@ -83,7 +83,8 @@ pub enum Phase {
     Ready,
     /// A stop is under way.
     Stopping,
-    /// Nothing runs; the workspace is kept.
+    /// Nothing runs; the workspace is kept. With intent Running, the command completed: it
+    /// exited 0 by itself ([`Sandbox::completed`]).
     Stopped,
     /// A delete is under way; only the runtime's confirmation that everything is gone matters.
     Deleting,
@@ -150,6 +151,8 @@ pub enum FailureReason {
     ComputeResourceMissing,
     /// The runtime refused to start the current generation's run.
     StartFailed,
+    /// The run started, but its command could not be (not found, not executable).
+    CommandFailedToStart,
 }
 
 impl fmt::Display for FailureReason {
@@ -208,6 +211,14 @@ pub struct Sandbox {
     pub last_exit: Option<ExitMarker>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+impl Sandbox {
+    /// Whether the current generation's command completed (exited 0) by itself: the only way
+    /// to be Stopped while the intent is still Running (DESIGN 9.3).
+    pub fn completed(&self) -> bool {
+        self.phase == Phase::Stopped && self.intent == Intent::Running
+    }
 }
 
 /// A provider: named credentials that attached sandboxes receive in their environment.

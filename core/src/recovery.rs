@@ -47,6 +47,10 @@ pub fn due(sandbox: &Sandbox, now: Timestamp, min_age: Duration) -> Option<Effec
 /// a start, a newer generation, a completed transition) supersedes it. A resource without a
 /// record is always to be deleted.
 pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
+    #[cfg(feature = "bugs")]
+    if crate::bugs::skips_recheck() {
+        return true;
+    }
     match record {
         None => matches!(effect, Effect::Delete { .. }),
         Some(sandbox) => unfinished(sandbox).as_ref() == Some(effect),

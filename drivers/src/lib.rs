@@ -46,6 +46,21 @@ pub enum DriverError {
     Failed(String),
 }
 
+/// A step of a start where a gateway can die, for the tests that check what it leaves behind
+/// (feature `fault-points`; DESIGN 11 D1). Production code never cuts a start short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The start was recorded as begun; the runtime was not asked yet.
+    BeforeRuntimeStart,
+    /// The runtime started the run; the driver recorded nothing of it.
+    AfterRuntimeStart,
+}
+
+/// A start cut short at its crash point.
+pub(crate) fn crashed(at: CrashPoint) -> DriverError {
+    DriverError::Unavailable(format!("the start was cut short at {at:?}"))
+}
+
 /// One item of a watch stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
@@ -127,4 +142,12 @@ pub trait Driver: Send + Sync + 'static {
     /// live changes. The stream ends or fails when the runtime's event source does; the caller
     /// reconnects (and gets a new initial sync).
     async fn watch(&self) -> Result<WatchStream, DriverError>;
+
+    /// [`Driver::start`], cut short at `at` as if the gateway died there: what it did stays,
+    /// nothing after it happens.
+    #[cfg(feature = "fault-points")]
+    async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
+        let _ = (launch, at);
+        Err(DriverError::Failed(format!("the {} driver has no fault points", self.name())))
+    }
 }

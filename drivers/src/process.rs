@@ -10,9 +10,15 @@
 //! <root>/<sandbox id>/run/state.json  the newest run: generation, pid, its kernel start time, start time
 //! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
 //! <root>/<sandbox id>/run/output.log  the supervisor's and the command's output
-//! <root>/.started/<sandbox id>         the newest generation ever started
+//! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
 //! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
 //! ```
+//!
+//! The start gate (berth-core's [`start_gate`]) is recorded before the supervisor is spawned.
+//! A gateway that dies between the spawn and `state.json` leaves a run the files do not name;
+//! the next look at the sandbox finds it by the identity every supervisor carries in its
+//! environment (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`) and adopts it, so it is neither started
+//! twice nor left running after a stop (defect 1 of issue 13).
 //!
 //! Several gateways may share the root (gateways sharing a store on one host): a file lock per
 //! sandbox serializes them as the in-process lock serializes one gateway's tasks.
@@ -32,6 +38,7 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -39,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::sandbox_lock::SandboxLocks;
-use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, io};
+use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
 pub const KILLED_EXIT_CODE: i32 = 137;
@@ -69,6 +76,24 @@ struct RunFile {
     /// from our supervisor.
     kernel_start: u64,
     started_at: i64,
+}
+
+/// The start gate's record as this driver keeps it, with when the begun run was started (the
+/// runtime's start time of a run adopted after a crash).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Begun {
+    #[serde(flatten)]
+    gate: StartRecord,
+    started_at: i64,
+}
+
+/// `.started/<id>` as it may be: from before the start gate, the bare number of a confirmed
+/// generation.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StartedFile {
+    Begun(Begun),
+    Legacy(u64),
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -138,9 +163,32 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), DriverError> {
 }
 
 /// Ends what is left of a run's process group. The group id stays the supervisor's pid while
-/// any member lives, so it cannot name someone else's group here.
+/// any member lives, so it cannot name someone else's group here. A pid of 0 or 1 would name
+/// the caller's own group or init: never.
 fn kill_group(run: &RunFile, signal: Signal) {
-    let _ = killpg(Pid::from_raw(run.pid), signal);
+    if run.pid > 1 {
+        let _ = killpg(Pid::from_raw(run.pid), signal);
+    }
+}
+
+/// The live supervisor of `(sandbox, generation)`, found by the identity in its environment:
+/// the process leading its own group (its command shares the group and the variables).
+fn find_supervisor(sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
+    let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
+    let generation_var = format!("BERTH_GENERATION={generation}");
+    let entries = std::fs::read_dir("/proc").ok()?;
+    let mut pids: Vec<i32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    pids.sort_unstable();
+    pids.into_iter().find_map(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let has = |var: &str| environ.split(|b| *b == 0).any(|v| v == var.as_bytes());
+        if !(has(&id_var) && has(&generation_var)) {
+            return None;
+        }
+        let leads = nix::unistd::getpgid(Some(Pid::from_raw(pid))).is_ok_and(|g| g.as_raw() == pid);
+        let (state, start) = proc_stat(pid)?;
+        (leads && state != 'Z' && state != 'X').then_some((pid, start))
+    })
 }
 
 impl ProcessDriver {
@@ -174,9 +222,46 @@ impl Inner {
         self.config.root.join(STARTED_DIR).join(sandbox.as_str())
     }
 
-    /// The newest generation this driver ever started for the sandbox.
-    fn newest_started(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
-        read_json(&self.started_file(sandbox))
+    /// The start gate's record of the sandbox.
+    fn begun(&self, sandbox: &SandboxId) -> Result<Option<Begun>, DriverError> {
+        Ok(read_json::<StartedFile>(&self.started_file(sandbox))?.map(|file| match file {
+            StartedFile::Begun(begun) => begun,
+            StartedFile::Legacy(generation) => Begun { gate: StartRecord::confirmed(generation), started_at: 0 },
+        }))
+    }
+
+    fn record_begun(&self, sandbox: &SandboxId, begun: Begun) -> Result<(), DriverError> {
+        write_json(&self.started_file(sandbox), &begun)
+    }
+
+    /// Resolves a start a dead gateway began and never confirmed: its run, if it began, is
+    /// found and recorded as the sandbox's run. Every look at a sandbox settles it first, so a
+    /// stop or a delete stops what runs even when no start was re-driven (the caller holds the
+    /// lock). Whether the begun generation's run is now the recorded one.
+    fn settle(&self, sandbox: &SandboxId) -> Result<bool, DriverError> {
+        let Some(begun) = self.begun(sandbox)?.filter(|b| !b.gate.confirmed) else { return Ok(false) };
+        let generation = begun.gate.generation;
+        let adopt = |pid, kernel_start| {
+            let run = RunFile { generation, pid, kernel_start, started_at: begun.started_at };
+            write_json(&self.run_dir(sandbox).join("state.json"), &run)
+        };
+        let found = if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
+            true
+        } else if let Some((pid, kernel_start)) = find_supervisor(sandbox, generation) {
+            adopt(pid, kernel_start)?;
+            true
+        } else if self.run_dir(sandbox).join("exit.json").exists() {
+            // Its supervisor is gone, but lived long enough to record an exit (the previous one
+            // is cleared before a start is begun): it ran, and ended.
+            adopt(0, 0)?;
+            true
+        } else {
+            false
+        };
+        if found {
+            self.record_begun(sandbox, Begun { gate: StartRecord::confirmed(generation), ..begun })?;
+        }
+        Ok(found)
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
@@ -208,6 +293,7 @@ impl Inner {
         if !self.dir(sandbox).exists() {
             return Ok(RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(now_nanos())) });
         }
+        self.settle(sandbox)?;
         let Some(run) = self.run_file(sandbox)? else { return Ok(RuntimeState::Created) };
         if alive(&run) {
             return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at) });
@@ -217,6 +303,7 @@ impl Inner {
 
     /// Stops the run (if one lives) and waits until its whole group is gone.
     async fn stop_locked(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+        self.settle(sandbox)?;
         if let Some(run) = self.run_file(sandbox)?
             && alive(&run)
         {
@@ -235,7 +322,44 @@ impl Inner {
         self.observe(sandbox)
     }
 
-    fn spawn(self: &Arc<Self>, launch: &Launch) -> Result<RunFile, DriverError> {
+    /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
+    async fn start_locked(
+        self: &Arc<Self>,
+        launch: &Launch,
+        crash: Option<CrashPoint>,
+    ) -> Result<StartReply, DriverError> {
+        let id = &launch.sandbox;
+        let generation = launch.generation;
+        // A root from before the start gate may have a run without a record of it.
+        let record = match self.begun(id)? {
+            Some(begun) => Some(begun.gate),
+            None => self.run_file(id)?.map(|r| StartRecord::confirmed(r.generation)),
+        };
+        match start_gate::gate(record, generation) {
+            Gate::Superseded { newest } => return Ok(start_gate::superseded(generation, newest)),
+            Gate::Report => return Ok(start_gate::report(self.run_of(id, generation)?)),
+            Gate::Resume if self.settle(id)? => return Ok(start_gate::report(self.run_of(id, generation)?)),
+            Gate::Resume | Gate::Start => {}
+        }
+        if self.run_file(id)?.is_some() {
+            self.stop_locked(id, REPLACE_GRACE).await?;
+        }
+        match self.spawn(launch, crash) {
+            Ok(run) => Ok(StartReply::Running { started_at: Timestamp::from_unix_nanos(run.started_at) }),
+            Err(DriverError::Failed(message)) => Ok(StartReply::Failed { message }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What the runtime shows of `generation`'s run, if it is the recorded one.
+    fn run_of(&self, sandbox: &SandboxId, generation: u64) -> Result<Option<RuntimeState>, DriverError> {
+        match self.run_file(sandbox)? {
+            Some(run) if run.generation == generation => self.observe(sandbox).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, launch: &Launch, crash: Option<CrashPoint>) -> Result<RunFile, DriverError> {
         let dir = self.dir(&launch.sandbox);
         let run_dir = self.run_dir(&launch.sandbox);
         let workspace = dir.join("workspace");
@@ -275,6 +399,7 @@ impl Inner {
             .envs(&launch.spec.env)
             .envs(launch.credentials.iter().map(|(k, v)| (k, v.expose())))
             .env("BERTH_SANDBOX_ID", launch.sandbox.as_str())
+            .env("BERTH_GENERATION", launch.generation.to_string())
             .env("BERTH_SANDBOX_NAME", &launch.name)
             .env("BERTH_RUNTIME_TOKEN", launch.token.expose())
             .stdin(Stdio::null())
@@ -282,9 +407,17 @@ impl Inner {
             .stderr(log2)
             .process_group(0);
         let started_at = now_nanos();
+        let begun = Begun { gate: StartRecord::intent(launch.generation), started_at };
+        self.record_begun(&launch.sandbox, begun)?;
+        if crash == Some(CrashPoint::BeforeRuntimeStart) {
+            return Err(crashed(CrashPoint::BeforeRuntimeStart));
+        }
         let mut child = command
             .spawn()
             .map_err(|e| DriverError::Failed(format!("cannot run {}: {e}", self.config.supervisor.display())))?;
+        if crash == Some(CrashPoint::AfterRuntimeStart) {
+            return Err(crashed(CrashPoint::AfterRuntimeStart));
+        }
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())
@@ -292,7 +425,7 @@ impl Inner {
         let kernel_start = proc_stat(pid).map(|(_, s)| s).unwrap_or_default();
         let run = RunFile { generation: launch.generation, pid, kernel_start, started_at };
         write_json(&run_dir.join("state.json"), &run)?;
-        write_json(&self.started_file(&launch.sandbox), &launch.generation)?;
+        self.record_begun(&launch.sandbox, Begun { gate: StartRecord::confirmed(launch.generation), ..begun })?;
         // Reap our own child and record its status if the supervisor could not.
         let inner = Arc::clone(self);
         let sandbox = launch.sandbox.clone();
@@ -374,33 +507,16 @@ impl Driver for ProcessDriver {
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
-        let inner = &self.inner;
-        let _guard = inner.locks.lock(&launch.sandbox, true).await?;
-        let run = inner.run_file(&launch.sandbox)?;
-        let newest = inner.newest_started(&launch.sandbox)?.max(run.map(|r| r.generation));
-        if let Some(newest) = newest.filter(|n| *n > launch.generation) {
-            return Ok(StartReply::Failed {
-                message: format!("generation {} is superseded by {newest}", launch.generation),
-            });
-        }
-        // This generation already ran: report its run, never start a second one.
-        if newest == Some(launch.generation) {
-            return Ok(match inner.observe(&launch.sandbox)? {
-                RuntimeState::Running { started_at } if run.is_some_and(|r| r.generation == launch.generation) => {
-                    StartReply::Running { started_at }
-                }
-                RuntimeState::Exited(marker) if run.is_some_and(|r| r.generation == launch.generation) => {
-                    StartReply::Exited(marker)
-                }
-                _ => StartReply::Gone,
-            });
-        }
-        if run.is_some() {
-            inner.stop_locked(&launch.sandbox, REPLACE_GRACE).await?;
-        }
-        match inner.spawn(&launch) {
-            Ok(run) => Ok(StartReply::Running { started_at: Timestamp::from_unix_nanos(run.started_at) }),
-            Err(DriverError::Failed(message)) => Ok(StartReply::Failed { message }),
+        let _guard = self.inner.locks.lock(&launch.sandbox, true).await?;
+        self.inner.start_locked(&launch, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
+        let _guard = self.inner.locks.lock(&launch.sandbox, true).await?;
+        match self.inner.start_locked(&launch, Some(at)).await {
+            Err(e) if e == crashed(at) => Ok(()),
+            Ok(reply) => Err(DriverError::Failed(format!("the start ended ({reply:?}) before {at:?}"))),
             Err(e) => Err(e),
         }
     }

@@ -3,8 +3,9 @@
 //! 64 clients again on PostgreSQL, with one gateway and with three sharing the database (when
 //! `BERTH_TEST_POSTGRES_URL` names one: `ci/bench` starts it); the time from killing the
 //! reconcile lease's holder (real gateway processes) to another gateway's first reconcile
-//! sweep; and the time of one reconcile sweep over 1,000 and 10,000 sandboxes. It asserts
-//! nothing.
+//! sweep; the time of one reconcile sweep over 1,000 and 10,000 sandboxes; and reads
+//! (GetSandbox, ListSandboxes of 16) whose replies the server writes in several segments, to
+//! clients that delay their ACKs, as Linux does. It asserts nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -112,9 +113,28 @@ async fn serve(engine: &Engine) -> String {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+            .serve_with_incoming(berth_gateway::server::nodelay_incoming(listener)),
     );
     address
+}
+
+/// A client of the public API at `address`. Its kernel delays ACKs, as Linux does for any
+/// client: a reply the server holds back until its previous segment is acknowledged (Nagle's
+/// algorithm) then waits about 40 ms.
+async fn client(
+    address: String,
+) -> SandboxesClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>,
+    >,
+> {
+    let channel = tonic::transport::Endpoint::from_shared(address).unwrap().connect().await.unwrap();
+    let token: MetadataValue<_> = "Bearer bench-token-0123456789".parse().unwrap();
+    SandboxesClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", token.clone());
+        Ok(r)
+    })
 }
 
 /// `clients` clients, spread over one gateway per store of `stores`, each running
@@ -134,12 +154,7 @@ async fn rpc_load(
     for c in 0..clients {
         let address = addresses[c % addresses.len()].clone();
         tasks.push(tokio::spawn(async move {
-            let channel = tonic::transport::Endpoint::from_shared(address).unwrap().connect().await.unwrap();
-            let token: MetadataValue<_> = "Bearer bench-token-0123456789".parse().unwrap();
-            let mut client = SandboxesClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
-                r.metadata_mut().insert("authorization", token.clone());
-                Ok(r)
-            });
+            let mut client = client(address).await;
             let mut latencies = Vec::new();
             for i in 0..cycles_per_client {
                 let name = format!("c{c}-s{i}");
@@ -183,6 +198,77 @@ async fn rpc_load(
     let elapsed = started.elapsed();
     all.sort();
     (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Read {
+    Get,
+    List,
+}
+
+/// How many sandboxes the read load's gateway holds: a ListSandboxes reply has them all.
+const READ_FLEET: usize = 16;
+
+/// `clients` clients each making `calls` reads of one kind against a gateway holding
+/// [`READ_FLEET`] sandboxes. Rate, p50, p99, calls and the reply's size in bytes.
+async fn read_load(read: Read, clients: usize, calls: usize) -> (f64, Duration, Duration, usize, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let address = serve(&engine(dir.path())).await;
+    let mut setup = client(address.clone()).await;
+    // Labels make a GetSandbox reply (about 280 bytes) large enough to be written in more than
+    // one segment.
+    let labels: BTreeMap<String, String> = (0..3).map(|i| (format!("note-{i}"), "n".repeat(50))).collect();
+    for i in 0..READ_FLEET {
+        let spec = pb::SandboxSpec {
+            image: "i".into(),
+            command: vec!["sleep".into(), "infinity".into()],
+            labels: labels.clone(),
+            ..Default::default()
+        };
+        let request = pb::CreateSandboxRequest { name: format!("s{i:02}"), spec: Some(spec), ..Default::default() };
+        setup.create_sandbox(request).await.unwrap();
+    }
+    let size = match read {
+        Read::Get => {
+            let reply = setup.get_sandbox(pb::GetSandboxRequest { name: "s00".into() }).await.unwrap();
+            prost::Message::encoded_len(&reply.into_inner())
+        }
+        Read::List => {
+            let reply = setup.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner();
+            assert_eq!(reply.sandboxes.len(), READ_FLEET);
+            prost::Message::encoded_len(&reply)
+        }
+    };
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let address = address.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = client(address).await;
+            let mut latencies = Vec::with_capacity(calls);
+            for i in 0..calls {
+                let t = Instant::now();
+                match read {
+                    Read::Get => {
+                        let name = format!("s{:02}", (c + i) % READ_FLEET);
+                        client.get_sandbox(pb::GetSandboxRequest { name }).await.unwrap();
+                    }
+                    Read::List => {
+                        client.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap();
+                    }
+                }
+                latencies.push(t.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len(), size)
 }
 
 async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
@@ -308,6 +394,30 @@ fn main() {
             });
             println!("lease holder killed -> another gateway's first sweep: {took:?} (lease time-to-live 2s)");
             figure("lease takeover to first sweep, ttl 2s", took.as_secs_f64() * 1e3, "ms");
+        }
+    }
+    println!();
+    println!("reads to clients that delay ACKs (gRPC over loopback TCP, SQLite, {READ_FLEET} sandboxes)");
+    println!(
+        "{:>14} {:>8} {:>8} {:>10} {:>12} {:>12} {:>12}",
+        "rpc", "bytes", "clients", "rpcs", "rpc/s", "p50", "p99"
+    );
+    let reads = if quick { vec![(1, 20), (4, 20)] } else { vec![(1, 2_000), (16, 500)] };
+    for read in [Read::Get, Read::List] {
+        for &(clients, calls) in &reads {
+            let (rate, p50, p99, n, size) = runtime.block_on(read_load(read, clients, calls));
+            let rpc = match read {
+                Read::Get => "GetSandbox",
+                Read::List => "ListSandboxes",
+            };
+            println!("{rpc:>14} {size:>8} {clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
+            let label = match read {
+                Read::Get => format!("GetSandbox, {clients} clients"),
+                Read::List => format!("ListSandboxes of {READ_FLEET}, {clients} clients"),
+            };
+            figure(&label, rate, "rpc/s");
+            figure(&format!("{label}, p50"), p50.as_secs_f64() * 1e3, "ms");
+            figure(&format!("{label}, p99"), p99.as_secs_f64() * 1e3, "ms");
         }
     }
     println!();

@@ -230,6 +230,7 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
     json!({
         "id": s.id, "name": s.name, "phase": phase_name(s.phase), "intent": intent_name(s.intent),
         "failure": s.failure.as_ref().map(|f| json!({"reason": f.reason, "exit_code": f.exit_code, "message": f.message})),
+        "completed": s.completed,
         "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
         "spec": {"image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels},
         "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
@@ -257,14 +258,14 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
 }
 
 fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
-    let reason = s
-        .failure
-        .as_ref()
-        .map(|f| match f.exit_code {
+    let reason = match &s.failure {
+        Some(f) => match f.exit_code {
             Some(code) => format!("{} (exit {code})", f.reason),
             None => f.reason.clone(),
-        })
-        .unwrap_or_default();
+        },
+        None if s.completed => "Completed (exit 0)".to_string(),
+        None => String::new(),
+    };
     vec![
         s.name.clone(),
         phase_name(s.phase).to_string(),
@@ -342,6 +343,8 @@ impl Client {
                 let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
                 match (target, phase) {
                     (Target::Ready, pb::Phase::Ready) | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
+                    // The command ran and exited 0 before it was seen Ready: done, not failed.
+                    (Target::Ready, pb::Phase::Stopped) if s.completed => return Ok(Some(s)),
                     (Target::Ready | Target::Stopped, pb::Phase::Error) => {
                         let f = s.failure.unwrap_or_default();
                         return Err(Failed(format!("sandbox '{name}' failed: {} ({})", f.reason, f.message)));

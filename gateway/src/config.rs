@@ -101,7 +101,8 @@ pub struct Flags {
     pub driver: Option<DriverKind>,
     /// Where records are kept: `sqlite` (<data-dir>/berth.db), `sqlite:PATH`, or a PostgreSQL
     /// URL, `postgres://user[:password]@host[:port]/database`, which several gateways may
-    /// share. [default: sqlite]
+    /// share. The data directory belongs to the store it was first used with
+    /// (<data-dir>/store-id): given another, the gateway refuses to start. [default: sqlite]
     #[arg(long, env = "BERTH_STORE", hide_env_values = true)]
     pub store: Option<String>,
     /// The public API's bearer token. [default: read from, or created in, <data-dir>/api-token]

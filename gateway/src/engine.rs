@@ -7,14 +7,15 @@
 //! against the record just before it runs (a later decision may have superseded it), and the
 //! driver's reply is merged like any other observation.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token};
 use berth_core::{
-    Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, Write, decide, merge, recovery,
+    Conflict, Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, Write, decide, merge,
+    recovery,
 };
 use berth_drivers::{Driver, DriverError, Launch};
 use rand_chacha::ChaCha8Rng;
@@ -24,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
 use crate::error::ApiError;
+use crate::record_locks::{RecordKey, RecordLocks};
 use crate::store::{CommitError, Store};
 
 #[derive(Clone, Debug)]
@@ -68,6 +70,8 @@ struct Inner {
     rng: Mutex<ChaCha8Rng>,
     /// Sandboxes with effects queued or running; a worker task drains each.
     queues: Mutex<BTreeMap<SandboxId, Queue>>,
+    /// One writer per record in this gateway: conflicts come only from other gateways.
+    writers: RecordLocks,
     changes: broadcast::Sender<Change>,
     /// Set once the gateway shuts down: long-lived streams end.
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -102,6 +106,7 @@ impl Engine {
                 settings,
                 rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
                 queues: Mutex::default(),
+                writers: RecordLocks::default(),
                 changes,
                 shutdown: tokio::sync::watch::channel(false).0,
             }),
@@ -140,13 +145,16 @@ impl Engine {
 
     /// Runs an API command: decide, commit (re-deciding after conflicts), then run its effects.
     pub async fn execute(&self, request: &Request) -> Result<Outcome, ApiError> {
+        let _held = self.inner.writers.hold(written_records(request)).await;
         let mut retry = Retry::for_request(self.inner.settings.retry, request);
         loop {
             let reads = self.read(request).await?;
             let decision = decide(request, &reads, self.inner.clock.now())?;
             match self.commit(&decision, reads.sandbox.as_ref(), command_name(request)).await {
                 Ok(()) => return Ok(decision.outcome),
-                Err(CommitError::Conflict(c)) => tokio::time::sleep(retry.after_conflict(&c, self.random())?).await,
+                Err(CommitError::Conflict(c)) => {
+                    self.wait_after_conflict(&mut retry, &c, command_name(request)).await?
+                }
                 Err(CommitError::Store(e)) => return Err(e.into()),
             }
         }
@@ -158,19 +166,47 @@ impl Engine {
         &self,
         id: &SandboxId,
         observation: &Observation,
-        mut read: Option<Sandbox>,
+        read: Option<Sandbox>,
     ) -> Result<Decision, ApiError> {
+        let store = &self.inner.store;
+        // The record's name is its lock; a record read before the lock was taken is re-read
+        // under it, unless the caller read it (a stale one then costs one conflict, not more).
+        let (mut current, reread) = match read {
+            Some(record) => (Some(record), false),
+            None => (store.sandbox(id).await?, true),
+        };
+        let lock = current.as_ref().map(|s| RecordKey::Sandbox(s.name.clone()));
+        let _held = self.inner.writers.hold(lock.into_iter().collect()).await;
+        if reread && current.is_some() {
+            current = store.sandbox(id).await?;
+        }
         let mut retry = Retry::new(self.inner.settings.retry, Kind::Sandbox, id.as_str());
         loop {
-            let current = match read.take() {
-                Some(record) => Some(record),
-                None => self.inner.store.sandbox(id).await?,
-            };
             let decision = merge(current.as_ref(), id, observation, self.inner.clock.now())?;
             match self.commit(&decision, current.as_ref(), observation.source_name()).await {
                 Ok(()) => return Ok(decision),
-                Err(CommitError::Conflict(c)) => tokio::time::sleep(retry.after_conflict(&c, self.random())?).await,
+                Err(CommitError::Conflict(c)) => {
+                    self.wait_after_conflict(&mut retry, &c, observation.source_name()).await?;
+                    current = store.sandbox(id).await?;
+                }
                 Err(CommitError::Store(e)) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits as core's retry rule says after a conflicting write, or gives up. Giving up on a
+    /// server-owned write breaks I3, so it is logged: it means another gateway kept winning.
+    async fn wait_after_conflict(&self, retry: &mut Retry, conflict: &Conflict, what: &str) -> Result<(), ApiError> {
+        match retry.after_conflict(conflict, self.random()) {
+            Ok(wait) => {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, berth_core::Error::Contention { .. }) {
+                    warn!(record = ?conflict.key, what, error = %e, "conditional writes kept conflicting; gave up");
+                }
+                Err(e.into())
             }
         }
     }
@@ -368,6 +404,28 @@ impl Engine {
     }
 }
 
+/// The records a command may write, which its writer holds: the sandbox it names, and the
+/// providers whose versions it bumps or whose record it makes or removes.
+fn written_records(request: &Request) -> BTreeSet<RecordKey> {
+    use berth_core::Command;
+    let mut keys: BTreeSet<RecordKey> =
+        request.sandbox_name().map(|n| RecordKey::Sandbox(n.to_string())).into_iter().collect();
+    match &request.command {
+        Command::CreateSandbox { providers, .. } => keys.extend(providers.iter().cloned().map(RecordKey::Provider)),
+        Command::AttachProvider { provider, .. } => {
+            keys.insert(RecordKey::Provider(provider.clone()));
+        }
+        Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => {
+            keys.insert(RecordKey::Provider(name.clone()));
+        }
+        Command::StopSandbox { .. }
+        | Command::StartSandbox { .. }
+        | Command::DeleteSandbox { .. }
+        | Command::DetachProvider { .. } => {}
+    }
+    keys
+}
+
 fn command_name(request: &Request) -> &'static str {
     use berth_core::Command;
     match request.command {
@@ -379,5 +437,190 @@ fn command_name(request: &Request) -> &'static str {
         Command::DetachProvider { .. } => "DetachProvider",
         Command::CreateProvider { .. } => "CreateProvider",
         Command::DeleteProvider { .. } => "DeleteProvider",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use async_trait::async_trait;
+    use berth_core::{Command, Phase, Provider, RuntimeState, SandboxSpec, StartReply, Timestamp};
+    use berth_drivers::{ListPage, WatchStream};
+
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{Lease, Page, PageRequest, StoreError};
+
+    /// The in-memory store, giving other tasks a turn before every call, as a real store's
+    /// round trip does: writers that do not take turns on a record then interleave.
+    struct Yielding(MemoryStore);
+
+    #[async_trait]
+    impl Store for Yielding {
+        fn identity(&self) -> &str {
+            self.0.identity()
+        }
+        async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.sandbox(id).await
+        }
+        async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.sandbox_by_name(name).await
+        }
+        async fn list_sandboxes(
+            &self,
+            page: &PageRequest,
+            selector: &BTreeMap<String, String>,
+        ) -> Result<Page<Sandbox>, StoreError> {
+            self.0.list_sandboxes(page, selector).await
+        }
+        async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.sandboxes_using(provider).await
+        }
+        async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.provider(name).await
+        }
+        async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
+            self.0.list_providers(page).await
+        }
+        async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+            tokio::task::yield_now().await;
+            self.0.commit(writes).await
+        }
+        async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
+            self.0.acquire_lease(holder, ttl).await
+        }
+        async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
+            self.0.release_lease(holder).await
+        }
+    }
+
+    /// These tests make no effect that reaches a runtime.
+    struct NoRuntime;
+
+    #[async_trait]
+    impl Driver for NoRuntime {
+        fn name(&self) -> &'static str {
+            "none"
+        }
+        async fn start(&self, _: Launch) -> Result<StartReply, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn stop(&self, _: &SandboxId, _: Duration) -> Result<RuntimeState, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn delete(&self, _: &SandboxId) -> Result<(), DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn get(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn list(&self, _: Option<&SandboxId>, _: usize) -> Result<ListPage, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn watch(&self) -> Result<WatchStream, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+    }
+
+    fn ready_sandbox(name: &str) -> Sandbox {
+        Sandbox {
+            id: SandboxId::new(format!("sb-{name}")),
+            name: name.into(),
+            spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() },
+            providers: BTreeSet::new(),
+            intent: berth_core::Intent::Running,
+            phase: Phase::Ready,
+            resource_version: 1,
+            generation: 1,
+            exit_fence: berth_core::ExitFence { marker: None, settled: true },
+            run: berth_core::Run::Started { at: Some(Timestamp(1)) },
+            last_exit: None,
+            created_at: Timestamp(1),
+            updated_at: Timestamp(1),
+        }
+    }
+
+    /// Defect 4 of issue 13: sixteen clients attaching and detaching providers on one sandbox
+    /// made server-owned commands fail with "under contention". With no conflict tolerated at
+    /// all, every one of them must still succeed: writers inside a gateway take turns.
+    #[tokio::test]
+    async fn server_owned_writers_on_one_record_never_conflict_inside_a_gateway() {
+        let store = Arc::new(Yielding(MemoryStore::new()));
+        let hot = ready_sandbox("hot");
+        let mut writes = vec![Write::CreateSandbox(hot.clone())];
+        for p in ["p0", "p1"] {
+            writes.push(Write::CreateProvider(Provider {
+                name: p.into(),
+                kind: "test".into(),
+                credentials: BTreeMap::new(),
+                resource_version: 1,
+                created_at: Timestamp(1),
+                updated_at: Timestamp(1),
+            }));
+        }
+        store.commit(&writes).await.unwrap();
+        let settings = EngineSettings {
+            retry: RetryPolicy { max_conflicts: 0, ..RetryPolicy::default() },
+            ..EngineSettings::default()
+        };
+        let engine = Engine::new(
+            store,
+            Arc::new(NoRuntime),
+            Arc::new(SystemClock),
+            IdentityKey::from_bytes([7; 32]),
+            settings,
+            1,
+        );
+        let mut writers = Vec::new();
+        for w in 0..16 {
+            let engine = engine.clone();
+            writers.push(tokio::spawn(async move {
+                let provider = format!("p{}", w % 2);
+                for i in 0..20 {
+                    let (sandbox, provider) = ("hot".to_string(), provider.clone());
+                    let command = if i % 2 == 0 {
+                        Command::AttachProvider { sandbox, provider }
+                    } else {
+                        Command::DetachProvider { sandbox, provider }
+                    };
+                    engine.execute(&Request::new(command, None)).await.map_err(|e| format!("writer {w}: {e}"))?;
+                }
+                Ok::<(), String>(())
+            }));
+        }
+        // Observations of the same record race the commands.
+        let observer = {
+            let engine = engine.clone();
+            let id = hot.id.clone();
+            tokio::spawn(async move {
+                for at in 2..40 {
+                    let seen = Observation::Runtime {
+                        source: berth_core::RuntimeSource::PollGet,
+                        // An earlier run's exit: stale, but newer than the last one seen, so
+                        // each is a write.
+                        state: RuntimeState::Exited(berth_core::ExitMarker {
+                            started_at: Timestamp(0),
+                            finished_at: Timestamp(at),
+                            exit_code: 0,
+                        }),
+                        as_of_version: None,
+                    };
+                    engine.observe(&id, &seen, None).await.map_err(|e| format!("observer: {e}"))?;
+                }
+                Ok::<(), String>(())
+            })
+        };
+        for writer in writers {
+            writer.await.unwrap().unwrap();
+        }
+        observer.await.unwrap().unwrap();
+        let after = engine.store().sandbox(&hot.id).await.unwrap().unwrap();
+        assert_eq!(after.last_exit.map(|e| e.finished_at), Some(Timestamp(39)), "every observation merged");
     }
 }

@@ -8,5 +8,6 @@ pub mod engine;
 pub mod error;
 pub mod lease;
 pub mod reconcile;
+mod record_locks;
 pub mod server;
 pub mod store;

@@ -14,7 +14,8 @@ use berth_drivers::container::podman::PodmanEngine;
 use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 use crate::clock::SystemClock;
@@ -31,6 +32,8 @@ pub const API_TOKEN_FILE: &str = "api-token";
 pub const IDENTITY_KEY_FILE: &str = "identity.key";
 pub const DATABASE_FILE: &str = "berth.db";
 pub const INSTANCE_FILE: &str = "instance-id";
+/// The identity of the store the data directory belongs to (see [`bind_to_store`]).
+pub const STORE_ID_FILE: &str = "store-id";
 /// The gateway's name unless configured: the one gateway of a data directory.
 pub const DEFAULT_NAME: &str = "gateway";
 /// The supervisors' sockets, one per gateway, in a directory of their own: supervisors are
@@ -49,6 +52,10 @@ pub fn supervisor_socket(name: &str) -> String {
 }
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
+/// The most request metadata (HTTP/2 header list, as HPACK counts it) a call may carry. hyper's
+/// default, 16 KiB, refuses a larger one with HTTP 431 before any gRPC status exists, so a
+/// client sees UNKNOWN; within this limit the call reaches authentication and validation.
+const MAX_HEADER_LIST: u32 = 64 * 1024;
 
 fn random_hex(bytes: usize) -> Result<String, String> {
     let mut buf = vec![0u8; bytes];
@@ -111,6 +118,50 @@ fn identity_key(path: &Path) -> Result<IdentityKey, String> {
     Ok(IdentityKey::from_bytes(bytes))
 }
 
+/// Binds the data directory to the store the gateway runs on, or refuses a store that is not
+/// the one it is bound to. Sandboxes in the data directory (the process driver's, and the
+/// container drivers' state) belong to that store's records: on any other store they would have
+/// no record, and reconciling would delete them as orphans. A data directory without the file
+/// (a first start, or one from before stores had identities) is bound at this start. The file
+/// also says where the store was when it was bound, for the message.
+fn bind_to_store(data: &Path, location: &StoreLocation, identity: &str) -> Result<(), String> {
+    let path = data.join(STORE_ID_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if write_private(&path, &format!("{identity}\n{location}\n"))? {
+                return Ok(());
+            }
+            // Another gateway sharing the data directory bound it first: check against that.
+            return bind_to_store(data, location, identity);
+        }
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut lines = text.lines();
+    let bound = lines.next().map(str::trim).filter(|id| !id.is_empty()).ok_or_else(|| {
+        format!("{} names no store; remove it to bind {} to this gateway's store", path.display(), data.display())
+    })?;
+    if bound == identity {
+        return Ok(());
+    }
+    let was = lines.next().map_or(String::new(), |w| format!("{w} when it was bound; "));
+    Err(format!(
+        "refusing to start: the data directory {} belongs to store {bound} ({was}see {}), not to this gateway's \
+         store {identity} ({location}), which would take its sandboxes for orphans and delete them. Is --store \
+         (BERTH_STORE) missing or wrong? Give the store the data directory belongs to, or another --data-dir.",
+        data.display(),
+        path.display()
+    ))
+}
+
+/// The gateway's TCP connections, each with Nagle's algorithm off. With it on, a reply written
+/// in more than one segment (HTTP/2 headers, then data and trailers) waits for the client's ACK
+/// of the first, which a client that delays its ACKs sends only after its timer, about 40 ms.
+/// tonic's `Server::tcp_nodelay` applies only to listeners it binds itself.
+pub fn nodelay_incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 fn seed() -> Result<u64, String> {
     let mut buf = [0u8; 8];
     getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
@@ -135,6 +186,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         StoreLocation::Sqlite(path) => Arc::new(SqliteStore::open(path).map_err(|e| e.to_string())?),
         StoreLocation::Postgres(url) => Arc::new(PostgresStore::connect(url).await.map_err(|e| e.to_string())?),
     };
+    bind_to_store(data, &config.store, store.identity())?;
 
     let socket_dir = data.join(SOCKET_DIR);
     std::fs::DirBuilder::new()
@@ -162,7 +214,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             config.supervisor_bin.display()
         ));
     }
-    let driver = driver(&config, &socket_dir).await?;
+    let driver = driver(&config, &socket_dir, store.identity()).await?;
     let settings = EngineSettings { stop_grace: config.stop_grace, ..EngineSettings::default() };
     let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
 
@@ -192,10 +244,10 @@ pub async fn run(config: Config) -> Result<(), String> {
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .http2_max_header_list_size(MAX_HEADER_LIST)
             .add_routes(routes.clone())
     };
-    let tcp =
-        tokio::spawn(server().serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx.clone())));
+    let tcp = tokio::spawn(server().serve_with_incoming_shutdown(nodelay_incoming(listener), stopped(stop_rx.clone())));
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
@@ -226,8 +278,9 @@ pub async fn run(config: Config) -> Result<(), String> {
     Ok(())
 }
 
-/// The configured runtime's driver; `auto` takes the first runtime that answers.
-async fn driver(config: &Config, socket_dir: &Path) -> Result<Arc<dyn Driver>, String> {
+/// The configured runtime's driver; `auto` takes the first runtime that answers. Container
+/// engines are bound to `store`: they label what they make with it and see only its resources.
+async fn driver(config: &Config, socket_dir: &Path, store: &str) -> Result<Arc<dyn Driver>, String> {
     let data = &config.data_dir;
     let instance = match &config.instance {
         Some(name) => name.clone(),
@@ -240,11 +293,13 @@ async fn driver(config: &Config, socket_dir: &Path) -> Result<Arc<dyn Driver>, S
     };
     let docker = || async {
         let socket = config.docker_socket.display().to_string();
-        DockerEngine::connect(&socket, &instance).await.map_err(|e| format!("Docker at {socket}: {e}"))
+        let engine = DockerEngine::connect(&socket, &instance).await.map_err(|e| format!("Docker at {socket}: {e}"))?;
+        Ok::<_, String>(engine.with_store(store))
     };
     let podman = || async {
         let socket = config.podman_socket.display().to_string();
-        PodmanEngine::connect(&socket, &instance).await.map_err(|e| format!("Podman at {socket}: {e}"))
+        let engine = PodmanEngine::connect(&socket, &instance).await.map_err(|e| format!("Podman at {socket}: {e}"))?;
+        Ok::<_, String>(engine.with_store(store))
     };
     let process = || -> Result<Arc<dyn Driver>, String> {
         let driver = ProcessDriver::new(ProcessConfig {
@@ -281,5 +336,47 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_acks_to_send() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut incoming = nodelay_incoming(listener);
+        for _ in 0..2 {
+            let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+            let accepted = incoming.next().await.unwrap().unwrap();
+            assert!(accepted.nodelay().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_data_directory_serves_only_the_store_it_was_first_used_with() {
+        let data = tempfile::tempdir().unwrap();
+        let first = StoreLocation::Sqlite(data.path().join("berth.db"));
+        let other = StoreLocation::Postgres("postgres://berth:hunter2@db/berth".into());
+        bind_to_store(data.path(), &first, "aaaa").unwrap();
+        let file = data.path().join(STORE_ID_FILE);
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        bind_to_store(data.path(), &first, "aaaa").unwrap();
+        // The store is found by its identity, wherever it is now.
+        bind_to_store(data.path(), &other, "aaaa").unwrap();
+
+        let refused = bind_to_store(data.path(), &other, "bbbb").unwrap_err();
+        for mention in ["aaaa", "bbbb", &first.to_string(), &other.to_string(), "--store", "BERTH_STORE"] {
+            assert!(refused.contains(mention), "{refused:?} does not mention {mention:?}");
+        }
+        assert!(!refused.contains("hunter2"), "a password in an error: {refused}");
+
+        std::fs::remove_file(&file).unwrap();
+        bind_to_store(data.path(), &other, "bbbb").unwrap();
+        assert!(bind_to_store(data.path(), &first, "aaaa").is_err());
     }
 }

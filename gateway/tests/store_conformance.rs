@@ -74,6 +74,7 @@ conformance!(
     concurrent_compare_and_swap_loses_no_update,
     the_lease_has_one_holder_at_a_time,
     gateways_racing_for_the_lease_agree_on_one_holder,
+    the_identity_is_stable,
 );
 
 fn sandbox(id: &str, name: &str) -> Sandbox {
@@ -554,6 +555,20 @@ async fn gateways_racing_for_the_lease_agree_on_one_holder(store: Shared) {
     assert!(seen.iter().all(|l| *l == seen[0]), "every gateway sees the one holder: {seen:?}");
 }
 
+async fn the_identity_is_stable(store: Shared) {
+    let identity = store.identity().to_string();
+    assert!(!identity.is_empty());
+    store.commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
+    store.acquire_lease("g1", std::time::Duration::from_secs(5)).await.unwrap();
+    assert_eq!(store.identity(), identity);
+}
+
+#[test]
+fn memory_stores_each_have_their_own_identity() {
+    let (a, b) = (MemoryStore::new(), MemoryStore::new());
+    assert_ne!(a.identity(), b.identity());
+}
+
 mod sqlite_only {
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
@@ -733,6 +748,35 @@ mod sqlite_only {
     }
 
     #[tokio::test]
+    async fn the_identity_is_the_databases_own_and_made_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let identity = open(&path).identity().to_string();
+        assert_eq!(identity.len(), 32, "{identity}");
+        assert_eq!(open(&path).identity(), identity, "reopened");
+        let (a, b) = (open(&path), open(&path));
+        assert_eq!((a.identity(), b.identity()), (identity.as_str(), identity.as_str()), "two connections");
+        assert_ne!(open(&dir.path().join("other.db")).identity(), identity, "another database");
+    }
+
+    #[tokio::test]
+    async fn a_database_from_before_identities_gets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        open(&path).commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
+        let current = user_version(&path);
+        let raw = rusqlite::Connection::open(&path).unwrap();
+        raw.execute_batch("DROP TABLE store_identity").unwrap();
+        raw.pragma_update(None, "user_version", current - 1).unwrap();
+        drop(raw);
+        let store = open(&path);
+        assert_eq!(user_version(&path), current);
+        assert_eq!(store.identity().len(), 32);
+        assert!(store.sandbox(&SandboxId::new("sb-a")).await.unwrap().is_some());
+        assert_eq!(open(&path).identity(), store.identity());
+    }
+
+    #[tokio::test]
     async fn a_locked_database_is_unavailable_not_a_conflict() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("berth.db");
@@ -756,7 +800,7 @@ mod postgres_only {
     use berth_gateway::store::postgres::PostgresStore;
     use berth_gateway::store::{PageRequest, Store, StoreError};
 
-    use super::pg::{in_schema, server_url};
+    use super::pg::{fresh_schema, in_schema, server_url};
     use super::{postgres, provider, sandbox};
 
     #[tokio::test]
@@ -781,6 +825,23 @@ mod postgres_only {
         for other in &others {
             assert_eq!(other.sandbox_by_name("one").await.unwrap().unwrap().id.as_str(), "sb-1");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn gateways_starting_together_agree_on_the_identity() {
+        let Some(url) = fresh_schema("identity_together").await else { return };
+        // Each races the others to make it, on a database that has none yet.
+        let starts = (0..4).map(|_| PostgresStore::connect(&url));
+        let stores: Vec<PostgresStore> =
+            futures_util::future::join_all(starts).await.into_iter().map(Result::unwrap).collect();
+        let identity = stores[0].identity().to_string();
+        assert_eq!(identity.len(), 32, "{identity}");
+        for store in &stores {
+            assert_eq!(store.identity(), identity);
+        }
+        assert_eq!(PostgresStore::connect(&url).await.unwrap().identity(), identity, "reconnected");
+        let Some(other) = postgres("identity_other").await else { return };
+        assert_ne!(other.identity(), identity, "another database");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

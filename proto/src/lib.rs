@@ -5,7 +5,10 @@
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("berth.v1");
+    include!(concat!(env!("OUT_DIR"), "/clients/berth.v1.rs"));
 }
+
+pub mod codec;
 
 /// The encoded `FileDescriptorSet` of every Berth service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/berth_descriptor.bin"));

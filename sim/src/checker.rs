@@ -139,6 +139,8 @@ impl TracingStore {
                 container.is_none() || removed_since
             }
             FailureReason::StartFailed => runtime.refused.get(&after.id).is_some_and(|g| g.contains(&generation)),
+            // Every simulated command starts.
+            FailureReason::CommandFailedToStart => false,
         };
         if !justified {
             self.world.violate(
@@ -161,6 +163,9 @@ impl TracingStore {
 
 #[async_trait]
 impl Store for TracingStore {
+    fn identity(&self) -> &str {
+        self.world.store.identity()
+    }
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         self.call(self.world.store.sandbox(id)).await
     }
@@ -233,7 +238,10 @@ pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: 
     let now = World::micros();
     let runtime = lock(&world.runtime);
     for s in records {
-        if s.intent != Intent::Running || matches!(s.phase.kind(), PhaseKind::Error | PhaseKind::Deleting) {
+        // Error and a completion (Stopped with intent Running) are how an exit is reported.
+        if s.intent != Intent::Running
+            || matches!(s.phase.kind(), PhaseKind::Error | PhaseKind::Stopped | PhaseKind::Deleting)
+        {
             continue;
         }
         let Some(run) = runtime.runs(&s.id).find(|r| r.generation == s.generation) else { continue };

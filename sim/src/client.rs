@@ -382,8 +382,8 @@ impl Client {
         }
     }
 
-    /// The quiet phase: client 0 re-issues each sandbox's intent out of Error (Error waits for
-    /// a user, by design), so that every sandbox can converge; the others wait. It never
+    /// The quiet phase: client 0 re-issues each sandbox's intent out of Error and out of a
+    /// completion (both wait for a user, by design), so that every sandbox can converge; the others wait. It never
     /// re-issues a delete: a delete must complete by itself (I7).
     async fn heal(&mut self, until: Duration) {
         if self.index != 0 {
@@ -397,7 +397,8 @@ impl Client {
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
                 let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
                 match (intent, seen(&s).phase) {
-                    (Intent::Running | Intent::Stopped, PhaseKind::Error) => {
+                    // Error, or a command that completed (exit 0) while its intent is Running.
+                    (Intent::Running | Intent::Stopped, PhaseKind::Error) | (Intent::Running, PhaseKind::Stopped) => {
                         self.lifecycle("start", &s.name, None).await;
                     }
                     (Intent::Stopped, PhaseKind::Ready) => {

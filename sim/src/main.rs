@@ -215,7 +215,8 @@ fn main() -> std::process::ExitCode {
             println!("{:<24} {:>10} {:>8} {:>10}  caught by", "known bug", "seeds", "seed", "wall");
             let mut all_caught = true;
             for bug in Bug::ALL {
-                let phases = Phases { fault_phase, quiet_phase, bug: Some(bug), gateways };
+                let phases =
+                    Phases { fault_phase, quiet_phase, bug: Some(bug), gateways: gateways.max(bug.gateways()) };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);
                 let tried = AtomicU64::new(0);

@@ -10,8 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
+use berth_core::start_gate::{self, Gate, StartRecord};
+use berth_core::{ExitMarker, Intent, RuntimeState, SandboxId, StartReply, Timestamp};
 use berth_drivers::{DriverError, Launch, ListPage, WatchEvent};
+use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::scenario::Draw;
@@ -242,19 +244,22 @@ impl Runtime {
         {
             let mut m = lock(&self.world.runtime);
             m.names.insert(id.clone(), launch.name.clone());
-            if let Some(newest) = m.newest.get(&id).copied().filter(|n| *n > generation) {
-                m.refused.entry(id.clone()).or_default().push(generation);
-                return StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") };
-            }
-            if let Some(run) = m.containers.get(&id).and_then(|c| c.runs.iter().find(|r| r.generation == generation)) {
-                return match run.marker() {
-                    Some(marker) => StartReply::Exited(marker),
-                    None => StartReply::Running { started_at: run.started_at },
-                };
-            }
-            // At most one run per generation, even once its container was removed out of band.
-            if m.newest.get(&id) == Some(&generation) {
-                return StartReply::Gone;
+            // This runtime's start is one step, so its record is never left unconfirmed.
+            let record = m.newest.get(&id).map(|g| StartRecord::confirmed(*g));
+            match start_gate::gate(record, generation) {
+                Gate::Superseded { newest } => {
+                    m.refused.entry(id.clone()).or_default().push(generation);
+                    return start_gate::superseded(generation, newest);
+                }
+                // At most one run per generation, even once its container was removed out of band.
+                Gate::Report => {
+                    let run = m.containers.get(&id).and_then(|c| c.runs.iter().find(|r| r.generation == generation));
+                    return start_gate::report(run.map(|r| match r.marker() {
+                        Some(marker) => RuntimeState::Exited(marker),
+                        None => RuntimeState::Running { started_at: r.started_at },
+                    }));
+                }
+                Gate::Resume | Gate::Start => {}
             }
         }
         // The multi-step start: until its last step, every look shows what was there before.
@@ -321,9 +326,28 @@ impl Runtime {
         let alive = lock(&self.world.runtime).containers.get_mut(id).and_then(Container::alive).is_some();
         if alive {
             tokio::time::sleep(self.between(self.world.scenario.stop_duration)).await;
+            self.check_stop_wanted(id).await;
             self.end_run(id, None, 143, EndCause::Stopped);
         }
         lock(&self.world.runtime).state(id)
+    }
+
+    /// D1, the harm Berth could do to itself: every stop is decided with intent Stopped, so a
+    /// stop that lands on the current generation's run while the intent is Running (a stale
+    /// effect that skipped its re-check, or whose re-check a newer start overtook) kills a run
+    /// the user wants.
+    async fn check_stop_wanted(&self, id: &SandboxId) {
+        let Ok(Some(record)) = self.world.store.sandbox(id).await else { return };
+        let live = lock(&self.world.runtime).containers.get_mut(id).and_then(Container::alive).map(|r| r.generation);
+        if record.intent == Intent::Running && live == Some(record.generation) {
+            self.world.violate(
+                "D1",
+                format!(
+                    "{} was stopped at generation {} while its intent is Running ({})",
+                    record.name, record.generation, record.phase
+                ),
+            );
+        }
     }
 
     async fn delete(&self, id: &SandboxId) {
@@ -455,7 +479,8 @@ impl Runtime {
 
     /// The workload exits by itself: its supervisor reports it, then the run ends.
     async fn workload_exit(self: &Arc<Self>, id: &SandboxId) {
-        let code = self.draw(|d| 1 + d.below(9) as i32);
+        // 0 is a completion (DESIGN 9.3); the others failures.
+        let code = self.draw(|d| d.below(10) as i32);
         let generation = {
             let mut m = lock(&self.world.runtime);
             let Some(run) = m.containers.get_mut(id).and_then(Container::alive) else { return };

@@ -96,7 +96,8 @@ fn rejected(world: &World, spawn: &Spawn, actor: &str, status: &tonic::Status, s
 
 async fn session(world: &World, spawn: &mut Spawn, actor: &str, gateway: usize) -> End {
     let (tx, rx) = mpsc::channel(4);
-    let _ = tx.send(message(ToGateway::Hello(pb::Hello { runtime_token: spawn.token.clone() }))).await;
+    let _ =
+        tx.send(message(ToGateway::Hello(pb::Hello { runtime_token: spawn.token.clone(), main_process: None }))).await;
     let sent = World::micros();
     let mut client = SupervisorClient::new(net::channel(gateway));
     let mut inbound = match tokio::time::timeout(Duration::from_secs(3), client.session(ReceiverStream::new(rx))).await

@@ -165,6 +165,23 @@ fn stop_row() {
     }
 }
 
+/// DESIGN 9.3: a completed sandbox (its command exited 0) is Stopped with intent Running; a
+/// stop writes the intent, so nothing starts it again by itself, and a start runs it again.
+#[test]
+fn a_completed_sandbox_takes_a_stop_as_intent_and_a_start_as_a_new_generation() {
+    let mut completed = record(PhaseKind::Stopped);
+    completed.intent = Intent::Running;
+    assert!(completed.completed());
+    let d = decide(&Request::new(stop(), None), &reads(Some(completed.clone())), NOW).unwrap();
+    let next = written(&d);
+    assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Stopped, Intent::Stopped));
+    assert!(d.effects.is_empty(), "nothing runs: nothing to stop");
+    let again = decide(&Request::new(stop(), None), &reads(Some(next.clone())), NOW).unwrap();
+    assert!(again.writes.is_empty(), "then a stop is a no-op");
+    let d = decide(&Request::new(start(), None), &reads(Some(completed)), NOW).unwrap();
+    assert_eq!((written(&d).phase.kind(), written(&d).generation), (PhaseKind::Starting, 4));
+}
+
 #[test]
 fn start_row() {
     for kind in ALL {
@@ -176,7 +193,10 @@ fn start_row() {
                 assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Starting, Intent::Running), "{kind}");
                 // The generation bump and the exit fence are in the one decided write.
                 assert_eq!(next.generation, 4);
-                assert_eq!(next.exit_fence, ExitFence { marker: Some(marker(500)), settled: true });
+                // Out of Error a run may be alive (restarted out of band): only out of a stop
+                // is the fence settled.
+                let settled = kind == PhaseKind::Stopped;
+                assert_eq!(next.exit_fence, ExitFence { marker: Some(marker(500)), settled }, "{kind}");
                 assert_eq!(next.run, Run::Pending);
                 assert_eq!(d.writes.len(), 1);
                 assert_eq!(d.effects, vec![Effect::Start { sandbox: SandboxId::new("sb-1"), generation: 4 }]);

@@ -1,8 +1,8 @@
 //! One test per rule of DESIGN 3.5, each run over every observation path and phase it covers.
 
 use berth_core::{
-    Code, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, Observation, Phase, PhaseKind, Run,
-    RuntimeSource, RuntimeState, Sandbox, SandboxId, StartReply, Timestamp, Write, merge,
+    Code, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, MainProcess, Observation, Phase,
+    PhaseKind, Run, RuntimeSource, RuntimeState, Sandbox, SandboxId, StartReply, Timestamp, Write, merge,
 };
 
 use crate::world::{SOURCES, spec};
@@ -90,7 +90,9 @@ fn everything() -> Vec<Observation> {
         Observation::Started { generation: 2, reply: StartReply::Exited(exit(400, 500, 9)) },
         Observation::Started { generation: 2, reply: StartReply::Failed { message: "no".into() } },
         Observation::Stopped { generation: 2, state: RuntimeState::Exited(exit(400, 500, 9)) },
-        Observation::SupervisorConnected { generation: 2 },
+        Observation::SupervisorConnected { generation: 2, main: MainProcess::Running },
+        Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(4) },
+        Observation::SupervisorConnected { generation: 2, main: MainProcess::Unstartable("not found".into()) },
         Observation::MainProcessExited { generation: 2, exit_code: 4 },
         Observation::MainProcessExited { generation: 1, exit_code: 4 },
     ]);
@@ -174,15 +176,20 @@ fn rule_3_a_fresh_exit_follows_the_intent() {
 #[test]
 fn rule_4_the_current_generations_supervisor_makes_a_starting_sandbox_ready() {
     for before in phases() {
-        let next = after(&before, &Observation::SupervisorConnected { generation: 2 });
+        let next = after(&before, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Running });
         let expected = match before.phase.kind() {
             PhaseKind::Provisioning | PhaseKind::Starting => PhaseKind::Ready,
             other => other,
         };
         assert_eq!(next.phase.kind(), expected, "{}", before.phase);
         for old in [1, 3] {
-            let err = merge(Some(&before), &before.id, &Observation::SupervisorConnected { generation: old }, NOW)
-                .unwrap_err();
+            let err = merge(
+                Some(&before),
+                &before.id,
+                &Observation::SupervisorConnected { generation: old, main: MainProcess::Running },
+                NOW,
+            )
+            .unwrap_err();
             assert_eq!(err, Error::StaleIdentity { sandbox: "box".into(), presented: old, current: 2 });
             assert_eq!(err.code(), Code::PermissionDenied);
         }
@@ -208,6 +215,79 @@ fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
             assert_eq!(next, before, "{}", before.phase);
         }
         assert_eq!(after(&before, &Observation::MainProcessExited { generation: 1, exit_code: 7 }), before);
+    }
+}
+
+/// DESIGN 9.3: exit code 0 is a completion, whichever path reports it: Stopped, the intent
+/// still Running (so a Start runs the command again), and never Ready again in that generation.
+#[test]
+fn a_main_process_exit_0_completes_the_generation_on_every_path() {
+    for before in phases() {
+        let reports = [
+            Observation::MainProcessExited { generation: 2, exit_code: 0 },
+            Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(0) },
+        ];
+        let mut all: Vec<Observation> = reports.into();
+        all.extend(SOURCES.iter().map(|s| runtime(*s, RuntimeState::Exited(exit(200, 700, 0)))));
+        for observation in all {
+            let next = after(&before, &observation);
+            let ends = before.intent == Intent::Running
+                && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
+            if ends {
+                assert_eq!(next.phase, Phase::Stopped, "{} after {observation:?}", before.phase);
+                assert_eq!(next.intent, Intent::Running, "an observation never changes the intent");
+                assert!(next.completed());
+                let again =
+                    after(&next, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Running });
+                assert_eq!(again.phase, Phase::Stopped, "rule 7: no Ready again within the generation");
+            } else if before.intent == Intent::Stopped {
+                assert!(!next.completed(), "a stop is not a completion");
+            }
+        }
+    }
+}
+
+/// DESIGN 9.3 and defect 8 of issue 13: a supervisor whose command ended before its session
+/// opened, or never started, never makes the sandbox Ready, and says why.
+#[test]
+fn a_hello_after_the_command_ended_or_failed_to_start_never_makes_the_sandbox_ready() {
+    for before in phases() {
+        let starting = before.intent == Intent::Running
+            && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
+        let exited = after(&before, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(3) });
+        let cause = "cannot run \"nope\": No such file or directory (os error 2)".to_string();
+        let unstartable =
+            after(&before, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Unstartable(cause) });
+        if starting {
+            assert_eq!(
+                exited.phase,
+                Phase::Error(Failure {
+                    reason: FailureReason::MainProcessExited,
+                    exit_code: Some(3),
+                    message: "the main process exited with code 3".into()
+                })
+            );
+            assert_eq!(
+                unstartable.phase,
+                Phase::Error(Failure {
+                    reason: FailureReason::CommandFailedToStart,
+                    exit_code: None,
+                    message:
+                        "the command could not be started: cannot run \"nope\": No such file or directory (os error 2)"
+                            .into()
+                })
+            );
+            assert_ne!(unstartable.run, Run::Pending, "the run did start; only its command did not");
+        } else {
+            assert_eq!(exited.phase, before.phase);
+            assert_eq!(unstartable.phase, before.phase);
+        }
+        // Only the current generation is heard, whatever its hello says.
+        for main in [MainProcess::Exited(3), MainProcess::Unstartable("x".into())] {
+            let err = merge(Some(&before), &before.id, &Observation::SupervisorConnected { generation: 1, main }, NOW)
+                .unwrap_err();
+            assert_eq!(err.code(), Code::PermissionDenied);
+        }
     }
 }
 
@@ -352,7 +432,8 @@ fn a_leftover_resource_without_a_record_is_removed() {
     assert!(d.writes.is_empty());
     let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Absent { at: None }), NOW).unwrap();
     assert!(d.effects.is_empty());
-    let err = merge(None, &id, &Observation::SupervisorConnected { generation: 1 }, NOW).unwrap_err();
+    let err = merge(None, &id, &Observation::SupervisorConnected { generation: 1, main: MainProcess::Running }, NOW)
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 }
 
@@ -417,7 +498,7 @@ fn a_start_reply_that_the_generations_run_is_gone_is_a_loss_not_a_failed_start()
 
 #[test]
 fn rules_4_and_5_mark_a_pending_run_begun_and_keep_a_known_start_time() {
-    let connected = Observation::SupervisorConnected { generation: 2 };
+    let connected = Observation::SupervisorConnected { generation: 2, main: MainProcess::Running };
     let exited = Observation::MainProcessExited { generation: 2, exit_code: 7 };
     for observation in [&connected, &exited] {
         let pending = sandbox(Phase::Starting, Intent::Running, Run::Pending);

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 
 use berth_core::{
-    Code, Command, Error, Intent, Observation, Outcome, PhaseKind, RuntimeSource, RuntimeState, SandboxId, recovery,
+    Code, Command, Error, Intent, MainProcess, Observation, Outcome, PhaseKind, RuntimeSource, RuntimeState, SandboxId,
+    recovery,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -337,7 +338,8 @@ impl System {
 
     fn connect(&mut self, id: &SandboxId, generation: u64) {
         let current = self.world.store.sandboxes.get(id).map(|s| s.generation);
-        let result = self.world.observe(id, Observation::SupervisorConnected { generation });
+        let result =
+            self.world.observe(id, Observation::SupervisorConnected { generation, main: MainProcess::Running });
         // I6: exactly the current generation authenticates.
         assert_eq!(
             result.is_ok(),
@@ -459,7 +461,7 @@ impl System {
     }
 
     /// After the faults: confirmations only, plus a client re-issuing each sandbox's intent out
-    /// of Error. Everything must converge (I2, I7, I8).
+    /// of Error or a completion. Everything must converge (I2, I7, I8).
     fn quiet_phase(&mut self) {
         self.world.interference.clear();
         let desired: BTreeMap<SandboxId, Intent> =
@@ -475,7 +477,9 @@ impl System {
                 let seen = self.seen_now(&id);
                 self.observe_state(&id, seen, RuntimeSource::PollList);
                 if let Some(generation) = self.supervisor_generation(&id, 0) {
-                    self.world.observe(&id, Observation::SupervisorConnected { generation }).ok();
+                    self.world
+                        .observe(&id, Observation::SupervisorConnected { generation, main: MainProcess::Running })
+                        .ok();
                 }
             }
             self.world.run_all_effects();
@@ -486,7 +490,8 @@ impl System {
             for s in records {
                 let name = s.name.clone();
                 match (desired.get(&s.id), s.phase.kind()) {
-                    (Some(_), PhaseKind::Error) => {
+                    // Error, and a completion (exit 0), wait for a user to start again.
+                    (Some(_), PhaseKind::Error) | (Some(Intent::Running), PhaseKind::Stopped) => {
                         self.world.start(&name).unwrap();
                     }
                     (Some(Intent::Stopped), PhaseKind::Ready) => {
@@ -509,7 +514,8 @@ impl System {
         }
     }
 
-    /// I2: once the runtime has been looked at, every ended run of a current generation is an Error.
+    /// I2: once the runtime has been looked at, every ended run of a current generation is an
+    /// Error, or a completion (exit 0: Stopped with intent Running).
     fn check_exits_reported(&self) {
         for (id, s) in &self.world.store.sandboxes {
             let ended = self
@@ -518,7 +524,7 @@ impl System {
                 .get(id)
                 .is_some_and(|c| c.runs.iter().any(|r| r.generation == s.generation && r.finished.is_some()));
             if s.intent == Intent::Running && ended {
-                assert_eq!(s.phase.kind(), PhaseKind::Error, "I2: {id}'s run ended unreported: {s:?}");
+                assert!(s.phase.kind() == PhaseKind::Error || s.completed(), "I2: {id}'s run ended unreported: {s:?}");
             }
         }
     }

@@ -2,8 +2,8 @@
 
 use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token, verify_token};
 use berth_core::{
-    Code, Command, Effect, Error, ExitMarker, Failure, FailureReason, Observation, Outcome, Phase, PhaseKind, Request,
-    Run, RuntimeSource, RuntimeState, StartReply, Timestamp, recovery,
+    Code, Command, Effect, Error, ExitMarker, Failure, FailureReason, MainProcess, Observation, Outcome, Phase,
+    PhaseKind, Request, Run, RuntimeSource, RuntimeState, StartReply, Timestamp, recovery,
 };
 
 use crate::world::{SOURCES, World};
@@ -121,7 +121,10 @@ fn r1_a_retried_start_reuses_the_committed_generation() {
     let token = |generation| derive_token(&key, &RuntimeIdentity { sandbox: id.clone(), generation });
     for (generation, accepted) in [(1, false), (2, true)] {
         let identity = verify_token(&key, token(generation).expose()).unwrap();
-        let result = w.observe(&id, Observation::SupervisorConnected { generation: identity.generation });
+        let result = w.observe(
+            &id,
+            Observation::SupervisorConnected { generation: identity.generation, main: MainProcess::Running },
+        );
         assert_eq!(result.is_ok(), accepted, "generation {generation}");
         if let Err(e) = result {
             assert_eq!(e.code(), Code::PermissionDenied);
@@ -267,7 +270,8 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     w.run_all_effects();
     w.connect_live_supervisor(&id).unwrap().unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Ready);
-    let err: Result<_, Error> = w.observe(&id, Observation::SupervisorConnected { generation: 1 });
+    let err: Result<_, Error> =
+        w.observe(&id, Observation::SupervisorConnected { generation: 1, main: MainProcess::Running });
     assert_eq!(err.unwrap_err().code(), Code::PermissionDenied);
 }
 
@@ -354,4 +358,38 @@ fn absence_before_the_generation_ever_ran_is_not_an_error() {
     assert_eq!(w.sandbox("box").phase, Phase::Stopping);
     w.run_all_effects();
     assert_eq!(w.sandbox("box").phase, Phase::Stopped);
+}
+
+/// Defect 3 of issue 13: after `docker restart` (the run Berth started ends, another starts at
+/// once outside Berth) the sandbox is in Error, and every Start after that went Starting ->
+/// Error 143 again: the new generation's fence came from the recorded exit, and the driver's
+/// stop of the out-of-band run, to make room, looked like the new generation's exit. The same
+/// with the restart's exit never seen (`podman restart` went unnoticed).
+#[test]
+fn a_start_after_an_out_of_band_restart_reaches_ready() {
+    for exit_seen in [true, false] {
+        let mut w = World::default();
+        ready(&mut w, "box", &[]);
+        let id = w.id("box");
+        let first = w.containers[&id].alive().unwrap().started_at;
+        let t = |n: i64| Timestamp::from_unix_nanos(first.unix_nanos() + n);
+        if exit_seen {
+            let restarted = ExitMarker { started_at: first, finished_at: t(10), exit_code: 143 };
+            w.poll(&id, RuntimeState::Exited(restarted)).unwrap();
+        }
+        w.poll(&id, RuntimeState::Running { started_at: t(20) }).unwrap();
+        let failed = w.sandbox("box");
+        assert_eq!(failed.phase.kind(), PhaseKind::Error, "exit seen: {exit_seen}");
+        w.start("box").unwrap();
+        // The driver stops the out-of-band run to make room; a poll sees its exit before the
+        // start's reply does.
+        let alien = ExitMarker { started_at: t(20), finished_at: t(30), exit_code: 143 };
+        w.poll(&id, RuntimeState::Exited(alien)).unwrap();
+        assert_eq!(w.sandbox("box").phase, Phase::Starting, "exit seen: {exit_seen}");
+        let reply = StartReply::Running { started_at: t(40) };
+        w.observe(&id, Observation::Started { generation: 2, reply }).unwrap();
+        w.poll(&id, RuntimeState::Exited(alien)).unwrap();
+        w.observe(&id, Observation::SupervisorConnected { generation: 2, main: MainProcess::Running }).unwrap();
+        assert_eq!(w.sandbox("box").phase, Phase::Ready, "exit seen: {exit_seen}");
+    }
 }

@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use berth_core::cas::{Retry, RetryPolicy};
+use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
-    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, Observation, Outcome, Provider, Reads, Request,
-    RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
+    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, MainProcess, Observation, Outcome, Provider,
+    Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide,
+    merge,
 };
 
 /// Every path a runtime report can come by.
@@ -33,6 +35,13 @@ impl RunRecord {
     pub fn marker(&self) -> Option<ExitMarker> {
         self.finished.map(|(finished_at, exit_code)| ExitMarker { started_at: self.started_at, finished_at, exit_code })
     }
+
+    pub fn state(&self) -> RuntimeState {
+        match self.marker() {
+            Some(m) => RuntimeState::Exited(m),
+            None => RuntimeState::Running { started_at: self.started_at },
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -46,13 +55,7 @@ impl Container {
     }
 
     pub fn state(&self) -> RuntimeState {
-        match self.runs.last() {
-            None => RuntimeState::Created,
-            Some(r) => match r.marker() {
-                Some(m) => RuntimeState::Exited(m),
-                None => RuntimeState::Running { started_at: r.started_at },
-            },
-        }
+        self.runs.last().map_or(RuntimeState::Created, RunRecord::state)
     }
 }
 
@@ -298,29 +301,23 @@ impl World {
         match effect {
             Effect::Start { sandbox, generation } => {
                 let now = self.tick();
-                let newest = self.newest_started.get(sandbox).copied().unwrap_or(0);
+                let record = self.newest_started.get(sandbox).map(|g| StartRecord::confirmed(*g));
                 let this_run =
                     self.containers.get(sandbox).and_then(|c| c.runs.iter().find(|r| r.generation == *generation));
-                let reply = if newest > *generation {
-                    StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") }
-                } else if newest == *generation {
+                let reply = match start_gate::gate(record, *generation) {
+                    Gate::Superseded { newest } => start_gate::superseded(*generation, newest),
                     // At most one run per generation, even once it was removed.
-                    match this_run {
-                        Some(run) => match run.marker() {
-                            Some(m) => StartReply::Exited(m),
-                            None => StartReply::Running { started_at: run.started_at },
-                        },
-                        None => StartReply::Gone,
+                    Gate::Report => start_gate::report(this_run.map(RunRecord::state)),
+                    Gate::Resume | Gate::Start => {
+                        let c = self.containers.entry(sandbox.clone()).or_default();
+                        if let Some(alive) = c.runs.last_mut().filter(|r| r.finished.is_none()) {
+                            alive.finished = Some((now, 143));
+                        }
+                        let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
+                        c.runs.push(RunRecord { generation: *generation, started_at, finished: None });
+                        self.newest_started.insert(sandbox.clone(), *generation);
+                        StartReply::Running { started_at }
                     }
-                } else {
-                    let c = self.containers.entry(sandbox.clone()).or_default();
-                    if let Some(alive) = c.runs.last_mut().filter(|r| r.finished.is_none()) {
-                        alive.finished = Some((now, 143));
-                    }
-                    let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
-                    c.runs.push(RunRecord { generation: *generation, started_at, finished: None });
-                    self.newest_started.insert(sandbox.clone(), *generation);
-                    StartReply::Running { started_at }
                 };
                 (sandbox.clone(), Observation::Started { generation: *generation, reply })
             }
@@ -373,6 +370,6 @@ impl World {
     /// The supervisor of the live run connects with its generation's token.
     pub fn connect_live_supervisor(&mut self, id: &SandboxId) -> Option<Result<Decision, Error>> {
         let generation = self.containers.get(id)?.alive()?.generation;
-        Some(self.observe(id, Observation::SupervisorConnected { generation }))
+        Some(self.observe(id, Observation::SupervisorConnected { generation, main: MainProcess::Running }))
     }
 }

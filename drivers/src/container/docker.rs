@@ -8,7 +8,7 @@ use berth_core::{SandboxId, Timestamp};
 use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, HostConfig, Mount, MountType, VolumeCreateRequest,
+    ContainerCreateBody, ContainerStateStatusEnum, EventMessage, HostConfig, Mount, MountType, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
@@ -18,12 +18,14 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 
 use super::{
-    ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, Status,
+    ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE,
+    Status, of_store,
 };
 
 pub struct DockerEngine {
     docker: Docker,
     owner: String,
+    store: Option<String>,
 }
 
 fn error(e: BollardError) -> EngineError {
@@ -34,6 +36,31 @@ fn error(e: BollardError) -> EngineError {
         }
         other => EngineError::Unreachable(other.to_string()),
     }
+}
+
+/// A runtime event as the driver sees it; `None` for one it ignores, or of another store.
+fn engine_event(
+    event: Result<EventMessage, BollardError>,
+    store: Option<&str>,
+) -> Option<Result<EngineEvent, EngineError>> {
+    let event = match event {
+        Ok(event) => event,
+        Err(e) => return Some(Err(error(e))),
+    };
+    let action = event.action.unwrap_or_default();
+    // `stop` is not reliable (Podman's compat API omits it): die and destroy are.
+    let removed = match action.as_str() {
+        "destroy" | "remove" => true,
+        "start" | "die" | "create" | "kill" | "stop" => false,
+        _ => return None,
+    };
+    let attributes = event.actor.and_then(|a| a.attributes)?;
+    if !of_store(attributes.get(LABEL_STORE).map(String::as_str), store) {
+        return None;
+    }
+    let sandbox = attributes.get(LABEL_SANDBOX)?;
+    let at = Timestamp::from_unix_nanos(event.time_nano.unwrap_or_default());
+    Some(Ok(EngineEvent { sandbox: SandboxId::new(sandbox.clone()), removed, at }))
 }
 
 /// Only this owner's containers and volumes.
@@ -47,7 +74,17 @@ impl DockerEngine {
         let docker = Docker::connect_with_socket(socket, 120, bollard::API_DEFAULT_VERSION).map_err(error)?;
         let docker = docker.negotiate_version().await.map_err(error)?;
         docker.ping().await.map_err(error)?;
-        Ok(Self { docker, owner: owner.to_string() })
+        Ok(Self { docker, owner: owner.to_string(), store: None })
+    }
+
+    /// Binds the engine to a store: it labels what it makes with the store's identity and sees
+    /// only that store's containers and volumes (and the unlabelled ones of older releases).
+    pub fn with_store(self, store: &str) -> Self {
+        Self { store: Some(store.to_string()), ..self }
+    }
+
+    fn ours(&self, labels: Option<&HashMap<String, String>>) -> bool {
+        of_store(labels.and_then(|l| l.get(LABEL_STORE)).map(String::as_str), self.store.as_deref())
     }
 }
 
@@ -59,6 +96,10 @@ impl Engine for DockerEngine {
 
     fn owner(&self) -> &str {
         &self.owner
+    }
+
+    fn store(&self) -> Option<&str> {
+        self.store.as_deref()
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
@@ -168,6 +209,7 @@ impl Engine for DockerEngine {
         let containers = self.docker.list_containers(Some(options)).await.map_err(error)?;
         Ok(containers
             .into_iter()
+            .filter(|c| self.ours(c.labels.as_ref()))
             .filter_map(|c| c.labels.and_then(|l| l.get(LABEL_SANDBOX).cloned()))
             .map(SandboxId::new)
             .collect())
@@ -176,29 +218,24 @@ impl Engine for DockerEngine {
     async fn list_volumes(&self) -> Result<Vec<String>, EngineError> {
         let options = ListVolumesOptionsBuilder::default().filters(&owned(&self.owner)).build();
         let volumes = self.docker.list_volumes(Some(options)).await.map_err(error)?;
-        Ok(volumes.volumes.unwrap_or_default().into_iter().map(|v| v.name).collect())
+        Ok(volumes
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|v| self.ours(Some(&v.labels)))
+            .map(|v| v.name)
+            .collect())
     }
 
     async fn events(&self) -> Result<EventStream, EngineError> {
         let mut filters = owned(&self.owner);
         filters.insert("type".into(), vec!["container".into()]);
         let options = EventsOptionsBuilder::default().filters(&filters).build();
-        let stream = self.docker.events(Some(options)).filter_map(|event| async move {
-            let event = match event {
-                Ok(event) => event,
-                Err(e) => return Some(Err(error(e))),
-            };
-            let action = event.action.unwrap_or_default();
-            // `stop` is not reliable (Podman's compat API omits it): die and destroy are.
-            let removed = match action.as_str() {
-                "destroy" | "remove" => true,
-                "start" | "die" | "create" | "kill" | "stop" => false,
-                _ => return None,
-            };
-            let sandbox = event.actor.and_then(|a| a.attributes).and_then(|a| a.get(LABEL_SANDBOX).cloned())?;
-            let at = Timestamp::from_unix_nanos(event.time_nano.unwrap_or_default());
-            Some(Ok(EngineEvent { sandbox: SandboxId::new(sandbox), removed, at }))
-        });
+        let store = self.store.clone();
+        let stream = self
+            .docker
+            .events(Some(options))
+            .filter_map(move |event| std::future::ready(engine_event(event, store.as_deref())));
         Ok(Box::pin(stream))
     }
 
@@ -210,5 +247,33 @@ impl Engine for DockerEngine {
             step.map_err(error)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bollard::models::EventActor;
+
+    use super::*;
+
+    fn die(labels: &[(&str, &str)]) -> Result<EventMessage, BollardError> {
+        let attributes = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Ok(EventMessage {
+            action: Some("die".into()),
+            actor: Some(EventActor { id: None, attributes: Some(attributes) }),
+            time_nano: Some(7),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn events_of_another_stores_sandboxes_are_not_seen() {
+        let sandbox = (LABEL_SANDBOX, "sb-1");
+        let seen = |event, store| engine_event(event, store).map(|e| e.unwrap().sandbox.to_string());
+        assert_eq!(seen(die(&[sandbox, (LABEL_STORE, "s1")]), Some("s1")), Some("sb-1".to_string()));
+        assert_eq!(seen(die(&[sandbox, (LABEL_STORE, "s2")]), Some("s1")), None);
+        // Made before containers carried the store's identity: still its owner's.
+        assert_eq!(seen(die(&[sandbox]), Some("s1")), Some("sb-1".to_string()));
+        assert_eq!(seen(die(&[sandbox, (LABEL_STORE, "s2")]), None), Some("sb-1".to_string()));
     }
 }

@@ -22,12 +22,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_lock::SandboxLocks;
-use crate::{Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, io};
+use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
 
 pub mod docker;
 pub mod image;
@@ -38,6 +39,20 @@ pub mod podman;
 pub const LABEL_OWNER: &str = "dev.berth.owner";
 pub const LABEL_SANDBOX: &str = "dev.berth.sandbox";
 pub const LABEL_NAME: &str = "dev.berth.name";
+/// The identity of the store holding the sandbox's record: an engine bound to a store sees only
+/// that store's containers and volumes, so a gateway on another store never takes them for
+/// leftovers of its own and reaps them.
+pub const LABEL_STORE: &str = "dev.berth.store";
+
+/// Whether a container or volume whose store label is `label` is one an engine bound to `store`
+/// sees. One made before resources carried the label is its owner's, as it was then: hiding it
+/// would report its sandbox's container missing.
+pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
+    match (label, store) {
+        (Some(label), Some(store)) => label == store,
+        _ => true,
+    }
+}
 /// How long a stop may take beyond its grace period before the driver gives up waiting.
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// How long an older generation's run may take to stop when a newer one replaces it.
@@ -151,6 +166,8 @@ pub trait Engine: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// The gateway instance whose containers this engine sees.
     fn owner(&self) -> &str;
+    /// The store whose containers this engine sees and labels, when it is bound to one.
+    fn store(&self) -> Option<&str>;
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
     async fn start(&self, container: &str) -> Result<(), EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.
@@ -184,11 +201,25 @@ pub struct ContainerConfig {
     pub socket_dir: PathBuf,
 }
 
-/// The driver's record of the newest generation it started, beside the sandbox's state.
+/// The start gate's record (berth-core's [`start_gate`]), beside the sandbox's state. It is
+/// written before the runtime is asked to start the container, with the container's start time
+/// as it was then: a gateway that dies before confirming leaves a run whose start time is later,
+/// which the next start of that generation adopts instead of stopping it and starting another
+/// (defect 2 of issue 13).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 struct Started {
-    generation: u64,
-    started_at: Timestamp,
+    #[serde(flatten)]
+    gate: StartRecord,
+    /// The container's last start before this generation's was asked for.
+    previous: Option<Timestamp>,
+}
+
+/// `driver.json` as it may be: from before the start gate, a confirmed generation.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DriverFile {
+    Started(Started),
+    Legacy { generation: u64 },
 }
 
 pub struct ContainerDriver<E> {
@@ -260,13 +291,21 @@ impl<E: Engine> ContainerDriver<E> {
 
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
         let path = self.dir(sandbox).join("driver.json");
-        match std::fs::read(&path) {
+        let file = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display()))),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(&format!("reading {}", path.display()), e)),
-        }
+                .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display())))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&format!("reading {}", path.display()), e)),
+        };
+        Ok(Some(match file {
+            DriverFile::Started(started) => started,
+            DriverFile::Legacy { generation } => Started { gate: StartRecord::confirmed(generation), previous: None },
+        }))
+    }
+
+    fn record_started(&self, sandbox: &SandboxId, started: Started) -> Result<(), DriverError> {
+        let record = serde_json::to_vec(&started).map_err(|e| DriverError::Failed(e.to_string()))?;
+        write_private(&self.dir(sandbox).join("driver.json"), &record)
     }
 
     fn spec(&self, launch: &Launch) -> ContainerSpec {
@@ -281,12 +320,15 @@ impl<E: Engine> ContainerDriver<E> {
             "--".into(),
         ];
         command.extend(launch.spec.command.iter().cloned());
-        let labels: BTreeMap<String, String> = [
+        let mut labels: BTreeMap<String, String> = [
             (LABEL_OWNER.to_string(), self.engine.owner().to_string()),
             (LABEL_SANDBOX.to_string(), id.to_string()),
             (LABEL_NAME.to_string(), launch.name.clone()),
         ]
         .into();
+        if let Some(store) = self.engine.store() {
+            labels.insert(LABEL_STORE.to_string(), store.to_string());
+        }
         ContainerSpec {
             name: container_name(id),
             image: launch.spec.image.clone(),
@@ -354,6 +396,83 @@ impl<E: Engine> ContainerDriver<E> {
         Ok(inspection.state())
     }
 
+    /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
+    async fn start_locked(&self, launch: &Launch, crash: Option<CrashPoint>) -> Result<StartReply, DriverError> {
+        let id = &launch.sandbox;
+        let generation = launch.generation;
+        let name = container_name(id);
+        let current = self.engine.inspect(&name).await?;
+        let record = self.started(id)?;
+        match start_gate::gate(record.map(|r| r.gate), generation) {
+            Gate::Superseded { newest } => return Ok(start_gate::superseded(generation, newest)),
+            Gate::Report => return Ok(start_gate::report(current.map(|i| i.state()))),
+            Gate::Resume => {
+                // The container started since the start was begun: that run is this generation's.
+                let previous = record.and_then(|r| r.previous);
+                if let Some(started_at) = current.and_then(|i| i.started_at)
+                    && previous.is_none_or(|p| started_at > p)
+                {
+                    self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
+                    return Ok(start_gate::report(current.map(|i| i.state())));
+                }
+            }
+            Gate::Start => {}
+        }
+        if current.is_some_and(|i| i.running()) {
+            self.stop_locked(id, REPLACE_GRACE).await?;
+        }
+        self.install(launch)?;
+        let spec = self.spec(launch);
+        self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
+        let created = match current {
+            Some(_) => Ok(()),
+            None => self.engine.create(&spec).await,
+        };
+        let begun = |previous| Started { gate: StartRecord::intent(generation), previous };
+        let started = match created {
+            Ok(()) => {
+                self.record_started(id, begun(current.and_then(|i| i.started_at)))?;
+                if crash == Some(CrashPoint::BeforeRuntimeStart) {
+                    return Err(crashed(CrashPoint::BeforeRuntimeStart));
+                }
+                match self.engine.start(&name).await {
+                    // Removed since it was inspected: make it again.
+                    Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
+                        Ok(()) => {
+                            self.record_started(id, begun(None))?;
+                            self.engine.start(&name).await
+                        }
+                        Err(e) => Err(e),
+                    },
+                    other => other,
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(()) => {}
+            Err(EngineError::Refused(message) | EngineError::NotFound(message)) => {
+                return Ok(StartReply::Failed { message });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if crash == Some(CrashPoint::AfterRuntimeStart) {
+            return Err(crashed(CrashPoint::AfterRuntimeStart));
+        }
+        let Some(inspection) = self.engine.inspect(&name).await? else {
+            return Ok(StartReply::Failed { message: format!("{name} vanished as it started") });
+        };
+        let Some(started_at) = inspection.started_at else {
+            return Err(DriverError::Unavailable(format!("{name} started but reports no start time")));
+        };
+        let previous = self.started(id)?.and_then(|r| r.previous);
+        self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
+        Ok(match inspection.state() {
+            RuntimeState::Exited(marker) => StartReply::Exited(marker),
+            _ => StartReply::Running { started_at },
+        })
+    }
+
     async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         Ok(match self.engine.inspect(&container_name(sandbox)).await? {
             Some(i) => i.state(),
@@ -369,67 +488,18 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
-        let id = launch.sandbox.clone();
-        let name = container_name(&id);
-        let _guard = self.locks.lock(&id, true).await?;
-        let current = self.engine.inspect(&name).await?;
-        match self.started(&id)? {
-            Some(s) if s.generation > launch.generation => {
-                return Ok(StartReply::Failed {
-                    message: format!("generation {} is superseded by {}", launch.generation, s.generation),
-                });
-            }
-            // This generation already ran: report its run, never start a second one.
-            Some(s) if s.generation == launch.generation => {
-                return Ok(match current.map(|i| i.state()) {
-                    Some(RuntimeState::Running { started_at }) => StartReply::Running { started_at },
-                    Some(RuntimeState::Exited(marker)) => StartReply::Exited(marker),
-                    _ => StartReply::Gone,
-                });
-            }
-            _ => {}
-        }
-        if current.is_some_and(|i| i.running()) {
-            self.stop_locked(&id, REPLACE_GRACE).await?;
-        }
-        self.install(&launch)?;
-        let spec = self.spec(&launch);
-        self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
-        let created = match current {
-            Some(_) => Ok(()),
-            None => self.engine.create(&spec).await,
-        };
-        let started = match created {
-            Ok(()) => match self.engine.start(&name).await {
-                // Removed since it was inspected: make it again.
-                Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
-                    Ok(()) => self.engine.start(&name).await,
-                    Err(e) => Err(e),
-                },
-                other => other,
-            },
+        let _guard = self.locks.lock(&launch.sandbox, true).await?;
+        self.start_locked(&launch, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
+        let _guard = self.locks.lock(&launch.sandbox, true).await?;
+        match self.start_locked(&launch, Some(at)).await {
+            Err(e) if e == crashed(at) => Ok(()),
+            Ok(reply) => Err(DriverError::Failed(format!("the start ended ({reply:?}) before {at:?}"))),
             Err(e) => Err(e),
-        };
-        match started {
-            Ok(()) => {}
-            Err(EngineError::Refused(message) | EngineError::NotFound(message)) => {
-                return Ok(StartReply::Failed { message });
-            }
-            Err(e) => return Err(e.into()),
         }
-        let Some(inspection) = self.engine.inspect(&name).await? else {
-            return Ok(StartReply::Failed { message: format!("{name} vanished as it started") });
-        };
-        let Some(started_at) = inspection.started_at else {
-            return Err(DriverError::Unavailable(format!("{name} started but reports no start time")));
-        };
-        let record = serde_json::to_vec(&Started { generation: launch.generation, started_at })
-            .map_err(|e| DriverError::Failed(e.to_string()))?;
-        write_private(&self.dir(&id).join("driver.json"), &record)?;
-        Ok(match inspection.state() {
-            RuntimeState::Exited(marker) => StartReply::Exited(marker),
-            _ => StartReply::Running { started_at },
-        })
     }
 
     async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
@@ -525,6 +595,14 @@ mod tests {
         );
         let never = Inspection { status: Status::Created, started_at: None, finished_at: None, exit_code: 0 };
         assert_eq!(never.state(), RuntimeState::Created);
+    }
+
+    #[test]
+    fn an_engine_bound_to_a_store_sees_only_that_stores_resources_and_older_unlabelled_ones() {
+        assert!(of_store(Some("s1"), Some("s1")));
+        assert!(!of_store(Some("s2"), Some("s1")));
+        assert!(of_store(None, Some("s1")));
+        assert!(of_store(Some("s2"), None));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Podman, through its libpod API (podman-api).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,19 +16,36 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
-    ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, Status,
+    ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE,
+    Status, of_store,
 };
 
 pub struct PodmanEngine {
     podman: Podman,
     owner: String,
+    store: Option<String>,
 }
 
 fn error(e: podman_api::Error) -> EngineError {
     match e {
-        podman_api::Error::Fault { code, message } if code.as_u16() == 404 => EngineError::NotFound(message),
-        podman_api::Error::Fault { code, message } if code.is_client_error() => EngineError::Refused(message),
+        podman_api::Error::Fault { code, message } => fault(code.as_u16(), message),
         other => EngineError::Unreachable(other.to_string()),
+    }
+}
+
+/// What an HTTP error from Podman means.
+fn fault(code: u16, message: String) -> EngineError {
+    // A container removed while Podman looks it up is a 500 from its database ("no container
+    // with ID … found in database", "… does not exist in database"): it is absent, and reporting
+    // the runtime unreachable would fail a whole reconcile sweep over one vanished container.
+    let vanished =
+        code == 500 && (message.contains("does not exist in database") || message.contains("found in database"));
+    if code == 404 || vanished {
+        EngineError::NotFound(message)
+    } else if (400..500).contains(&code) {
+        EngineError::Refused(message)
+    } else {
+        EngineError::Unreachable(format!("{code}: {message}"))
     }
 }
 
@@ -40,7 +57,17 @@ impl PodmanEngine {
     pub async fn connect(socket: &str, owner: &str) -> Result<Self, EngineError> {
         let podman = Podman::unix(socket);
         podman.ping().await.map_err(error)?;
-        Ok(Self { podman, owner: owner.to_string() })
+        Ok(Self { podman, owner: owner.to_string(), store: None })
+    }
+
+    /// Binds the engine to a store: it labels what it makes with the store's identity and sees
+    /// only that store's containers and volumes (and the unlabelled ones of older releases).
+    pub fn with_store(self, store: &str) -> Self {
+        Self { store: Some(store.to_string()), ..self }
+    }
+
+    fn ours(&self, labels: Option<&HashMap<String, String>>) -> bool {
+        of_store(labels.and_then(|l| l.get(LABEL_STORE)).map(String::as_str), self.store.as_deref())
     }
 }
 
@@ -52,6 +79,10 @@ impl Engine for PodmanEngine {
 
     fn owner(&self) -> &str {
         &self.owner
+    }
+
+    fn store(&self) -> Option<&str> {
+        self.store.as_deref()
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
@@ -161,6 +192,7 @@ impl Engine for PodmanEngine {
         let containers = self.podman.containers().list(&opts).await.map_err(error)?;
         Ok(containers
             .into_iter()
+            .filter(|c| self.ours(c.labels.as_ref()))
             .filter_map(|c| c.labels.and_then(|l| l.get(LABEL_SANDBOX).cloned()))
             .map(SandboxId::new)
             .collect())
@@ -171,13 +203,14 @@ impl Engine for PodmanEngine {
             .filter([VolumeListFilter::LabelKeyVal(LABEL_OWNER.into(), self.owner.clone())])
             .build();
         let volumes = self.podman.volumes().list(&opts).await.map_err(error)?;
-        Ok(volumes.into_iter().map(|v| v.name).collect())
+        Ok(volumes.into_iter().filter(|v| self.ours(Some(&v.labels))).map(|v| v.name).collect())
     }
 
     async fn events(&self) -> Result<EventStream, EngineError> {
         // The client's event stream borrows it: a task owns a client and forwards the events.
         let podman = self.podman.clone();
         let owner = self.owner.clone();
+        let store = self.store.clone();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let opts = EventsOpts::builder()
@@ -198,7 +231,11 @@ impl Engine for PodmanEngine {
                             "start" | "died" | "create" | "stop" => false,
                             _ => continue,
                         };
-                        let Some(sandbox) = event.actor.attributes.get(LABEL_SANDBOX).cloned() else { continue };
+                        let attributes = &event.actor.attributes;
+                        if !of_store(attributes.get(LABEL_STORE).map(String::as_str), store.as_deref()) {
+                            continue;
+                        }
+                        let Some(sandbox) = attributes.get(LABEL_SANDBOX).cloned() else { continue };
                         let at = nanos(&event.time_nano).unwrap_or_default();
                         Ok(EngineEvent { sandbox: SandboxId::new(sandbox), removed, at })
                     }
@@ -215,5 +252,24 @@ impl Engine for PodmanEngine {
     async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError> {
         let opts = ImageImportOpts::builder().reference(reference).build();
         self.podman.images().import(&opts, rootfs).await.map(|_| ()).map_err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_gone_from_podmans_database_is_absent_not_an_unreachable_runtime() {
+        for message in [
+            "no container with ID 3f2a found in database: no such container",
+            "container 3f2a does not exist in database: no such container",
+        ] {
+            assert_eq!(fault(500, message.into()), EngineError::NotFound(message.into()));
+        }
+        assert_eq!(fault(404, "no such container".into()), EngineError::NotFound("no such container".into()));
+        assert_eq!(fault(409, "name in use".into()), EngineError::Refused("name in use".into()));
+        assert!(matches!(fault(500, "runtime error: crun failed".into()), EngineError::Unreachable(_)));
+        assert!(matches!(fault(503, "does not exist in database".into()), EngineError::Unreachable(_)));
     }
 }

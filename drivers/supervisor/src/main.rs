@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_proto::v1::gateway_message::Message as FromGateway;
+use berth_proto::v1::hello::MainProcess;
 use berth_proto::v1::supervisor_client::SupervisorClient;
 use berth_proto::v1::supervisor_message::Message as ToGateway;
 use berth_proto::v1::{Heartbeat, Hello, MainProcessExit, SupervisorMessage};
@@ -109,15 +110,27 @@ fn is_final(code: Code) -> bool {
     matches!(code, Code::PermissionDenied | Code::Unauthenticated | Code::NotFound)
 }
 
-/// One connection: hello, heartbeats, and the exit report once the command has exited.
-async fn session(gateway: &str, token: &str, exit: &mut watch::Receiver<Option<i32>>) -> Result<SessionEnd, String> {
+/// One connection: hello, heartbeats, and the exit report once the command has exited. The
+/// hello says whether the command already ended (or never started), so that such a run is
+/// never taken for Ready.
+async fn session(
+    gateway: &str,
+    token: &str,
+    exit: &mut watch::Receiver<Option<i32>>,
+    failed_to_start: Option<&str>,
+) -> Result<SessionEnd, String> {
     let channel = connect(gateway).await?;
     let (tx, rx) = mpsc::channel(4);
     let send = |m: ToGateway| {
         let tx = tx.clone();
         async move { tx.send(SupervisorMessage { message: Some(m) }).await.map_err(|_| "the session closed".to_string()) }
     };
-    send(ToGateway::Hello(Hello { runtime_token: token.to_string() })).await?;
+    let main_process = match (failed_to_start, *exit.borrow()) {
+        (Some(cause), _) => Some(MainProcess::FailedToStart(cause.to_string())),
+        (None, Some(code)) => Some(MainProcess::Exited(code)),
+        (None, None) => None,
+    };
+    send(ToGateway::Hello(Hello { runtime_token: token.to_string(), main_process })).await?;
     let mut inbound = match SupervisorClient::new(channel).session(ReceiverStream::new(rx)).await {
         Ok(response) => response.into_inner(),
         Err(status) if is_final(status.code()) => return Ok(SessionEnd::Rejected(status.message().to_string())),
@@ -157,7 +170,12 @@ async fn session(gateway: &str, token: &str, exit: &mut watch::Receiver<Option<i
 }
 
 /// Keeps a session up until the exit is reported or the gateway rejects this run.
-async fn keep_session(gateways: Vec<String>, token: String, mut exit: watch::Receiver<Option<i32>>) -> SessionEnd {
+async fn keep_session(
+    gateways: Vec<String>,
+    token: String,
+    mut exit: watch::Receiver<Option<i32>>,
+    failed_to_start: Option<String>,
+) -> SessionEnd {
     let mut backoff = Duration::from_millis(100);
     let mut reporting_since = None;
     // Each attempt goes to the next endpoint: a gateway that went away is not tried twice running.
@@ -166,7 +184,7 @@ async fn keep_session(gateways: Vec<String>, token: String, mut exit: watch::Rec
         let all = endpoints(&gateways);
         match all.get(attempt % all.len().max(1)) {
             None => log(format_args!("no gateway socket in {}; retrying in {backoff:?}", gateways.join(","))),
-            Some(gateway) => match session(gateway, &token, &mut exit).await {
+            Some(gateway) => match session(gateway, &token, &mut exit, failed_to_start.as_deref()).await {
                 Ok(end) => return end,
                 Err(e) => log(format_args!("session with {gateway} lost ({e}); retrying in {backoff:?}")),
             },
@@ -246,24 +264,27 @@ async fn main() -> ExitCode {
         },
     };
     let (exit_tx, exit_rx) = watch::channel(None);
-    let mut session = tokio::spawn(keep_session(args.gateway.clone(), token, exit_rx));
-    let mut child = match tokio::process::Command::new(&args.command[0])
+    // The command starts before the session opens, so the hello can tell a command that could
+    // not start, or ended at once, from a running one.
+    let spawned = tokio::process::Command::new(&args.command[0])
         .args(&args.command[1..])
         .env_remove("BERTH_RUNTIME_TOKEN")
         .env_remove("BERTH_SUPERVISOR_GATEWAY")
         .envs(&env)
-        .spawn()
-    {
+        .spawn();
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            log(format_args!("cannot run {:?}: {e}", args.command[0]));
+            let cause = format!("cannot run {:?}: {e}", args.command[0]);
+            log(&cause);
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             let status = record(code);
             let _ = exit_tx.send(Some(code));
-            let _ = session.await;
+            let _ = keep_session(args.gateway.clone(), token, exit_rx, Some(cause)).await;
             return status;
         }
     };
+    let mut session = tokio::spawn(keep_session(args.gateway.clone(), token, exit_rx, None));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Told to terminate, the command's exit is the stop's doing, not a failure of the command:
     // the runtime reports that exit, the supervisor does not.

@@ -6,6 +6,7 @@
 
 use arbitrary::Arbitrary;
 use berth_core::{
+    MainProcess,
     Command, Decision, ExitMarker, Intent, Observation, Outcome, PhaseKind, Reads, Request, Run, RuntimeSource,
     RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
 };
@@ -144,7 +145,7 @@ fuzz_target!(|steps: Vec<Step>| {
                 merge(before.as_ref(), &id, &Observation::Stopped { generation: generation(*g), state: state(s) }, now)
             }
             Step::Deleted => merge(before.as_ref(), &id, &Observation::Deleted, now),
-            Step::Connect(g) => merge(before.as_ref(), &id, &Observation::SupervisorConnected { generation: generation(*g) }, now),
+            Step::Connect(g) => merge(before.as_ref(), &id, &Observation::SupervisorConnected { generation: generation(*g), main: MainProcess::Running }, now),
             Step::MainExit(g, code) => merge(
                 before.as_ref(),
                 &id,

@@ -52,6 +52,7 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         generation: s.generation,
         created_at_unix_ms: s.created_at.unix_millis(),
         updated_at_unix_ms: s.updated_at.unix_millis(),
+        completed: s.completed(),
     }
 }
 

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use berth_core::identity::{RuntimeIdentity, verify_token};
-use berth_core::{Error, Observation};
+use berth_core::{MainProcess, Observation};
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
 use berth_proto::v1::supervisor_message::Message as FromSupervisor;
@@ -26,6 +26,21 @@ use crate::error::ApiError;
 
 /// How long a new session may take to say hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
+/// The most of a supervisor's account of a failed command start kept in the record.
+const MAX_CAUSE: usize = 512;
+
+/// `cause`, cut to [`MAX_CAUSE`] bytes on a character boundary.
+fn bounded(mut cause: String) -> String {
+    if cause.len() > MAX_CAUSE {
+        let mut end = MAX_CAUSE;
+        while !cause.is_char_boundary(end) {
+            end -= 1;
+        }
+        cause.truncate(end);
+        cause.push('…');
+    }
+    cause
+}
 
 pub struct SupervisorApi {
     engine: Engine,
@@ -42,19 +57,12 @@ fn message(m: ToSupervisor) -> pb::GatewayMessage {
     pb::GatewayMessage { message: Some(m) }
 }
 
-/// Whether the run is still its sandbox's current generation.
+/// Whether the run is still its sandbox's current generation (core's one authentication
+/// decision, asked again at every heartbeat).
 async fn current(engine: &Engine, identity: &RuntimeIdentity) -> Result<(), Status> {
     let record = engine.store().sandbox(&identity.sandbox).await.map_err(ApiError::from)?;
-    match record {
-        Some(s) if s.generation == identity.generation => Ok(()),
-        Some(s) => Err(ApiError::from(Error::StaleIdentity {
-            sandbox: s.name,
-            presented: identity.generation,
-            current: s.generation,
-        })
-        .into()),
-        None => Err(Status::not_found(format!("sandbox {} no longer exists", identity.sandbox))),
-    }
+    berth_core::observation::authenticate(record.as_ref(), &identity.sandbox, identity.generation)
+        .map_err(|e| ApiError::from(e).into())
 }
 
 async fn serve_session(
@@ -123,7 +131,12 @@ impl Supervisor for SupervisorApi {
             Err(_) => return Err(Status::deadline_exceeded("no hello within 10 s")),
         };
         let identity = verify_token(self.engine.key(), &hello.runtime_token).map_err(ApiError::from)?;
-        let connected = Observation::SupervisorConnected { generation: identity.generation };
+        let main = match hello.main_process {
+            None => MainProcess::Running,
+            Some(pb::hello::MainProcess::Exited(code)) => MainProcess::Exited(code),
+            Some(pb::hello::MainProcess::FailedToStart(cause)) => MainProcess::Unstartable(bounded(cause)),
+        };
+        let connected = Observation::SupervisorConnected { generation: identity.generation, main };
         if let Err(e) = self.engine.observe(&identity.sandbox, &connected, None).await {
             warn!(sandbox = %identity.sandbox, generation = identity.generation, error = %e, "supervisor rejected");
             return Err(e.into());
@@ -138,5 +151,19 @@ impl Supervisor for SupervisorApi {
         let _ = tx.send(Ok(message(ToSupervisor::Accepted(accepted)))).await;
         tokio::spawn(serve_session(self.engine.clone(), identity, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_start_cause_is_kept_whole_up_to_its_cap_and_cut_on_a_character_boundary() {
+        assert_eq!(bounded("cannot run \"x\": No such file".into()), "cannot run \"x\": No such file");
+        let long = "é".repeat(MAX_CAUSE);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_CAUSE + '…'.len_utf8(), "{}", cut.len());
+        assert!(cut.ends_with('…') && cut.starts_with("éé"));
     }
 }

@@ -3,6 +3,7 @@
 //! No operation blocks, sleeps or spawns: it is safe on any runtime, simulated or not.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +27,12 @@ pub struct MemoryStore {
     tables: Mutex<Tables>,
     /// The store's own clock, for the lease: the simulator's shared time.
     clock: Arc<dyn Clock>,
+    identity: String,
 }
+
+/// Memory stores made so far in this process. Nothing outside the process can reach one, so a
+/// count tells them apart, and the simulator, which runs this store, draws no randomness.
+static MADE: AtomicU64 = AtomicU64::new(0);
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -40,7 +46,7 @@ impl MemoryStore {
     }
 
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        Self { tables: Mutex::default(), clock }
+        Self { tables: Mutex::default(), clock, identity: format!("memory-{}", MADE.fetch_add(1, Ordering::Relaxed)) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -119,6 +125,10 @@ fn page<T: Clone>(items: impl Iterator<Item = (String, T)>, request: &PageReques
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         Ok(self.lock().sandboxes.get(id).cloned())
     }

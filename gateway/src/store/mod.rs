@@ -69,6 +69,11 @@ impl Lease {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// The store's identity: made once, at random, in the store itself (every connection to one
+    /// database, and every gateway using it, sees the same), and different for every other
+    /// store. It binds a data directory and the runtime's resources to the records they belong
+    /// to, so that a gateway on another store never mistakes them for its own orphans.
+    fn identity(&self) -> &str;
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError>;
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError>;
     /// Sandboxes ordered by name whose labels hold every pair of `selector`.
@@ -91,6 +96,13 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the lease up if `holder` holds it, so another gateway takes it without waiting for
     /// it to lapse.
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError>;
+}
+
+/// A new store identity: 128 random bits, in hex.
+fn new_identity() -> Result<String, StoreError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| StoreError::Unavailable(format!("no randomness from the OS: {e}")))?;
+    Ok(hex::encode(bytes))
 }
 
 /// Whether `sandbox` matches a label selector.

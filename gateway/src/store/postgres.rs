@@ -71,6 +71,12 @@ CREATE TABLE leases (
     expires_at TIMESTAMPTZ NOT NULL
 );
 "#,
+    r#"
+CREATE TABLE store_identity (
+    singleton BOOLEAN NOT NULL PRIMARY KEY CHECK (singleton),
+    id        TEXT    NOT NULL
+);
+"#,
 ];
 
 /// The lease of the reconcile loop, the one row of `leases` Berth uses.
@@ -97,6 +103,7 @@ pub struct PostgresStore {
     pool: Pool,
     /// `user@host:port/database`, for messages: never the password.
     target: String,
+    identity: String,
 }
 
 impl PostgresStore {
@@ -120,9 +127,26 @@ impl PostgresStore {
             .recycle_timeout(Some(TIMEOUT))
             .build()
             .map_err(|e| StoreError::Unavailable(format!("postgres {target}: {e}")))?;
-        let store = Self { pool, target };
+        let mut store = Self { pool, target, identity: String::new() };
         store.migrate().await?;
+        store.identity = store.identify().await?;
         Ok(store)
+    }
+
+    /// The store's identity, made by whichever gateway connects first. Gateways connecting
+    /// together agree: a second insert waits for the first to commit and then inserts nothing,
+    /// and the read after it sees the first one's row.
+    async fn identify(&self) -> Result<String, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO store_identity (singleton, id) VALUES (TRUE, $1) ON CONFLICT DO NOTHING",
+                &[&super::new_identity()?],
+            )
+            .await
+            .map_err(|e| self.error(&e))?;
+        let row = client.query_one("SELECT id FROM store_identity", &[]).await.map_err(|e| self.error(&e))?;
+        row.try_get(0).map_err(|e| self.error(&e))
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
@@ -424,6 +448,10 @@ async fn index(tx: &Transaction<'_>, s: &Sandbox) -> TxResult<()> {
 
 #[async_trait]
 impl Store for PostgresStore {
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         self.read_one("SELECT id, version, record FROM sandboxes WHERE id = $1", id.as_str()).await
     }

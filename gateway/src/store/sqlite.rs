@@ -72,6 +72,12 @@ CREATE TABLE leases (
     expires_at INTEGER NOT NULL
 ) STRICT;
 "#,
+    r#"
+CREATE TABLE store_identity (
+    singleton INTEGER NOT NULL PRIMARY KEY CHECK (singleton = 1),
+    id        TEXT    NOT NULL
+) STRICT;
+"#,
 ];
 
 /// The lease of the reconcile loop, the one row of `leases` Berth uses.
@@ -89,16 +95,19 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    identity: String,
 }
 
 impl SqliteStore {
     /// Opens the database at `path`, creating it if missing, and brings its schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = connect(path).map_err(|e| match e {
+        let in_file = |e| match e {
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{}: {m}", path.display())),
             StoreError::Corrupt(m) => StoreError::Corrupt(format!("{}: {m}", path.display())),
-        })?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+        };
+        let mut conn = connect(path).map_err(in_file)?;
+        let identity = identify(&mut conn).map_err(in_file)?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), identity })
     }
 
     /// Runs `f` on the connection on tokio's blocking pool.
@@ -187,6 +196,18 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+/// The store's identity, made by whichever process opens the database first.
+fn identify(conn: &mut Connection) -> Result<String, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        "INSERT INTO store_identity (singleton, id) VALUES (1, ?1) ON CONFLICT DO NOTHING",
+        [super::new_identity()?],
+    )?;
+    let identity: String = tx.query_row("SELECT id FROM store_identity", [], |row| row.get(0))?;
+    tx.commit()?;
+    Ok(identity)
 }
 
 fn schema_version(conn: &Connection) -> Result<i64, StoreError> {
@@ -415,6 +436,10 @@ fn acquire_lease(conn: &mut Connection, holder: &str, ttl: Duration) -> Result<L
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         let id = id.clone();
         self.run(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE id = ?1", id.as_str()))

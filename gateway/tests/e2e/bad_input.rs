@@ -2,7 +2,10 @@
 //! written, and the gateway still serving.
 
 use berth_proto::v1 as pb;
+use prost::bytes::{Buf, BufMut};
 use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::MetadataValue;
 
 use crate::harness::*;
 
@@ -111,4 +114,102 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
     let after = get(&mut sandboxes, "good").await.unwrap();
     assert_eq!(after.resource_version, before.resource_version);
     assert_eq!(after.id, good.id);
+}
+
+/// Request bodies sent as they are, whatever they hold; replies read as bytes.
+#[derive(Clone, Copy, Default)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        buf.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_the_callers_fault() {
+    let data = DataDir::new();
+    let gateway = Gateway::start(&data, &[]).await;
+    let mut grpc = tonic::client::Grpc::new(gateway.channel().await);
+    let token: MetadataValue<_> = format!("Bearer {}", gateway.token).parse().unwrap();
+    let bodies: [(&str, &[u8]); 4] = [
+        // Field 1's length, a varint that never ends.
+        ("a bad varint", &[0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+        // Field 1, the name, a 2-byte string that is not UTF-8.
+        ("invalid UTF-8 in a string", &[0x0a, 0x02, 0xc3, 0x28]),
+        ("a string longer than the body", &[0x0a, 0x10, b'a']),
+        ("a field number 0", &[0x00, 0x01]),
+    ];
+    let methods = [
+        "/berth.v1.Sandboxes/GetSandbox",
+        "/berth.v1.Sandboxes/CreateSandbox",
+        "/berth.v1.Sandboxes/ListSandboxes",
+        "/berth.v1.Sandboxes/StopSandbox",
+        "/berth.v1.Providers/CreateProvider",
+        "/berth.v1.Providers/AttachProvider",
+    ];
+    for method in methods {
+        for (what, body) in bodies {
+            grpc.ready().await.unwrap();
+            let mut request = tonic::Request::new(body.to_vec());
+            request.metadata_mut().insert("authorization", token.clone());
+            let reply = grpc.unary(request, method.parse().unwrap(), Raw).await;
+            let status = reply.expect_err("an undecodable request was answered");
+            assert_eq!(status.code(), Code::InvalidArgument, "{method}, {what}: {status}");
+            assert!(status.message().contains("could not be decoded"), "{method}, {what}: {status}");
+        }
+    }
+    // The same bytes, well formed, reach the service.
+    grpc.ready().await.unwrap();
+    let mut request = tonic::Request::new(vec![0x0a, 0x02, b'n', b'o']);
+    request.metadata_mut().insert("authorization", token);
+    let status = grpc.unary(request, "/berth.v1.Sandboxes/GetSandbox".parse().unwrap(), Raw).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_request_metadata_is_judged_like_any_other() {
+    let data = DataDir::new();
+    let gateway = Gateway::start(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    create(&mut sandboxes, "meta", &["sleep", "3600"], &[]).await;
+    let padding: MetadataValue<_> = "x".repeat(20 * 1024).parse().unwrap();
+    let get = |token: &str| {
+        let mut request = tonic::Request::new(pb::GetSandboxRequest { name: "meta".into() });
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request.metadata_mut().insert("x-padding", padding.clone());
+        request
+    };
+    let mut client = berth_proto::v1::sandboxes_client::SandboxesClient::new(gateway.channel().await);
+    let reply = client.get_sandbox(get(&gateway.token)).await.expect("20 KiB of metadata was refused");
+    assert_eq!(reply.into_inner().sandbox.unwrap().name, "meta");
+    expect(client.get_sandbox(get("wrong-token-1234")).await, Code::Unauthenticated, "invalid");
 }

@@ -89,3 +89,28 @@ async fn the_cli_fails_when_the_sandbox_lands_in_error() {
     let got = json(&berth(&data, &["-o", "json", "sandbox", "get", "broken"]).await);
     assert_eq!((got["phase"].as_str(), got["failure"]["exit_code"].as_i64()), (Some("Error"), Some(1)));
 }
+
+/// Defect 8 of issue 13: `create -- <a command that does not exist>` printed Ready and exited 0;
+/// the cause was only in a file under the data directory. It must fail, with the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_fails_with_the_cause_when_the_command_cannot_be_started() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let out = berth(&data, &["sandbox", "create", "typo", "--", "no-such-command-berth"]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CommandFailedToStart") && stderr.contains("no-such-command-berth"), "{stderr}");
+    // A command that runs and exits 0 has completed: create succeeds (whether or not its
+    // supervisor said hello before the exit), and the sandbox says Completed.
+    let done = json(&berth(&data, &["-o", "json", "sandbox", "create", "once", "--", "sh", "-c", "exit 0"]).await);
+    assert!(done["phase"] == "Ready" || done["completed"] == true, "{done}");
+    let mut table = String::new();
+    for _ in 0..100 {
+        table = ok(&berth(&data, &["sandbox", "get", "once"]).await);
+        if table.contains("Completed (exit 0)") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(table.contains("Stopped") && table.contains("Completed (exit 0)"), "{table}");
+}

@@ -14,7 +14,7 @@ use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
 use berth_drivers::container::{ContainerConfig, ContainerDriver, Engine, container_name, image, volume_name};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
-use berth_drivers::{Driver, Launch};
+use berth_drivers::{CrashPoint, Driver, Launch};
 use berth_gateway::server::SOCKET_DIR;
 use berth_proto::v1 as pb;
 
@@ -504,6 +504,127 @@ async fn a_late_start_of_an_older_generation_is_refused_after_out_of_band_remova
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+/// How many live processes carry the sandbox's identity (the process driver's runs), or
+/// whether its container runs (1 or 0).
+fn live_runs(target: &Target, id: &str) -> usize {
+    match target.runtime {
+        Runtime::Process => {
+            let tag = format!("BERTH_SANDBOX_ID={id}");
+            let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+                let tagged = environ.split(|b| *b == 0).any(|v| v == tag.as_bytes());
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
+                // A run is a supervisor leading its own group.
+                let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;
+                (tagged && alive && leads).then_some(pid)
+            });
+            leaders.count()
+        }
+        _ => {
+            let running = target.cli(&[
+                "inspect",
+                "--format",
+                "{{.State.Running}}",
+                &container_name(&berth_core::SandboxId::new(id)),
+            ]);
+            usize::from(running == "true")
+        }
+    }
+}
+
+/// D1, defects 1 and 2 of issue 13: a gateway that dies in the middle of a start, before or
+/// after the runtime started the run, leaves nothing that the next gateway's start of that
+/// generation runs a second time, and a stop that gateway acknowledges stops what runs.
+async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(runtime: Runtime) {
+    let Some(target) = target(runtime, "crash").await else { return };
+    let data = DataDir::new();
+    // The data directory's secrets; no gateway runs while the drivers act (its sweeps would
+    // take these sandboxes, which have no records, for leftovers).
+    drop(target.gateway(&data, &[]).await);
+    for at in [CrashPoint::BeforeRuntimeStart, CrashPoint::AfterRuntimeStart] {
+        // Container names are the runtime's, shared by every test: the id must be this run's.
+        let id = &format!("sb-crash-{}-{:?}", std::process::id(), at).to_lowercase();
+        let sandbox = SandboxId::new(id);
+        let launch = |generation: u64| Launch {
+            sandbox: sandbox.clone(),
+            name: id.into(),
+            generation,
+            spec: SandboxSpec {
+                image: image_for(&target).into(),
+                command: vec!["sleep".into(), "3600".into()],
+                ..SandboxSpec::default()
+            },
+            credentials: Default::default(),
+            token: data.runtime_token(id, generation),
+        };
+        let crashed = target.driver(&data).await;
+        crashed.start_then_crash(launch(1), at).await.unwrap();
+        drop(crashed);
+        let expected = usize::from(at == CrashPoint::AfterRuntimeStart);
+        assert_eq!(live_runs(&target, id), expected, "{runtime:?} {at:?}: runs after the crash");
+
+        // The next gateway's driver: a look and the re-driven start find the run, if any.
+        let driver = target.driver(&data).await;
+        let seen = driver.get(&sandbox).await.unwrap();
+        let reply = driver.start(launch(1)).await.unwrap();
+        let StartReply::Running { started_at } = reply else { panic!("{runtime:?} {at:?}: {reply:?}") };
+        if let RuntimeState::Running { started_at: before } = seen {
+            assert_eq!(before, started_at, "{runtime:?} {at:?}: the run was started again");
+        }
+        assert_eq!(driver.start(launch(1)).await.unwrap(), StartReply::Running { started_at }, "{runtime:?} {at:?}");
+        assert_eq!(live_runs(&target, id), 1, "{runtime:?} {at:?}: one run of the generation");
+
+        let stopped = driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+        assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?} {at:?}: {stopped:?}");
+        assert_eq!(live_runs(&target, id), 0, "{runtime:?} {at:?}: the acknowledged stop left a run");
+        driver.delete(&sandbox).await.unwrap();
+    }
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
+/// D1 on the stop side: a gateway that died right after the runtime started a run, before
+/// recording it, must not leave a stop that succeeds while the run goes on.
+async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime) {
+    let Some(target) = target(runtime, "crashstop").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-crash-stop-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let launch = |generation: u64| Launch {
+        sandbox: sandbox.clone(),
+        name: id.into(),
+        generation,
+        spec: SandboxSpec {
+            image: image_for(&target).into(),
+            command: vec!["sleep".into(), "3600".into()],
+            ..SandboxSpec::default()
+        },
+        credentials: Default::default(),
+        token: data.runtime_token(id, generation),
+    };
+    // Generation 1 ran and was stopped; generation 2's start was cut short after the runtime
+    // started it.
+    let driver = target.driver(&data).await;
+    assert!(matches!(driver.start(launch(1)).await.unwrap(), StartReply::Running { .. }));
+    driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+    driver.start_then_crash(launch(2), CrashPoint::AfterRuntimeStart).await.unwrap();
+    drop(driver);
+    let driver = target.driver(&data).await;
+    let stopped = driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");
+    assert_eq!(live_runs(&target, id), 0, "{runtime:?}: the acknowledged stop left generation 2 running");
+    // And generation 2 is not started again: its run happened.
+    let reply = driver.start(launch(2)).await.unwrap();
+    assert!(matches!(reply, StartReply::Exited(_)), "{runtime:?}: {reply:?}");
+    assert_eq!(live_runs(&target, id), 0);
+    driver.delete(&sandbox).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
 async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
     let Some(target) = target(runtime, "adopt").await else { return };
     let data = DataDir::new();
@@ -573,6 +694,16 @@ macro_rules! conformance {
                         Runtime::$runtime,
                     )
                     .await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it() {
+                    super::a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run() {
+                    super::a_stop_after_a_crashed_start_stops_the_unrecorded_run(Runtime::$runtime).await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,6 +164,36 @@ impl Drop for Gateway {
     }
 }
 
+/// Runs a gateway on `data` that must refuse to start; what it printed. Panics (having killed
+/// it) if it serves instead.
+pub async fn refused(data: &DataDir, extra: &[&str]) -> String {
+    let address_file = data.path.join("gateway.addr");
+    let _ = std::fs::remove_file(&address_file);
+    let output = data.path.join("refused.log");
+    let mut child = Command::new(bin("berth-gateway"))
+        .args(["--data-dir", data.path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("BERTH_API_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&output).unwrap())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if child.try_wait().unwrap().is_some() {
+            return std::fs::read_to_string(&output).unwrap();
+        }
+        if address_file.exists() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the gateway started:\n{}", std::fs::read_to_string(&output).unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the gateway neither served nor exited:\n{}", std::fs::read_to_string(&output).unwrap());
+}
+
 pub fn spec(command: &[&str]) -> pb::SandboxSpec {
     pb::SandboxSpec {
         image: "host".into(),
@@ -247,4 +277,18 @@ pub fn workspace_file(data: &Path, id: &str, file: &str) -> Option<String> {
     std::fs::read_to_string(data.join("sandboxes").join(id).join("workspace").join(file))
         .ok()
         .map(|s| s.trim().to_string())
+}
+
+/// A workspace file once it reads `want`, or what it last read after 10 s. Ready means the
+/// run's supervisor is connected, not that its command has written yet.
+pub async fn workspace_file_once(data: &Path, id: &str, file: &str, want: &str) -> Option<String> {
+    let mut last = None;
+    for _ in 0..200 {
+        last = workspace_file(data, id, file);
+        if last.as_deref() == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last
 }

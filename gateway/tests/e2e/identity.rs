@@ -23,7 +23,9 @@ async fn supervisor(data: &DataDir) -> SupervisorClient<tonic::transport::Channe
 }
 
 fn hello(token: &str) -> pb::SupervisorMessage {
-    pb::SupervisorMessage { message: Some(ToGateway::Hello(pb::Hello { runtime_token: token.into() })) }
+    pb::SupervisorMessage {
+        message: Some(ToGateway::Hello(pb::Hello { runtime_token: token.into(), main_process: None })),
+    }
 }
 
 /// Opens a session; returns the sender and the gateway's first answer.

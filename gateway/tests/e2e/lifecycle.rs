@@ -28,7 +28,7 @@ async fn full_lifecycle_through_the_generated_client() {
     assert_eq!((phase(&starting), starting.generation), (pb::Phase::Starting, 2));
     let (ready, _) = wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;
     assert_eq!(ready.generation, 2);
-    assert_eq!(workspace_file(&data.path, &created.id, "starts").as_deref(), Some("2"));
+    assert_eq!(workspace_file_once(&data.path, &created.id, "starts", "2").await.as_deref(), Some("2"));
 
     // Every reply carries the version and phase; a list finds it by label-less paging.
     let list = sandboxes.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner();
@@ -58,7 +58,8 @@ async fn fifty_stop_start_cycles_never_error_and_keep_the_workspace() {
         let (ready, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
         assert!(!seen.contains(&pb::Phase::Error), "cycle {cycle}: {seen:?}");
         assert_eq!(ready.generation, cycle + 1);
-        assert_eq!(workspace_file(&data.path, &id, "starts"), Some((cycle + 1).to_string()), "cycle {cycle}");
+        let counted = (cycle + 1).to_string();
+        assert_eq!(workspace_file_once(&data.path, &id, "starts", &counted).await, Some(counted), "cycle {cycle}");
     }
     assert!(!data.log().contains("new_phase=Some(Error)"), "no Error was ever written");
 }

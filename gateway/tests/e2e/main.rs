@@ -4,13 +4,16 @@
 mod bad_input;
 mod cli;
 mod conformance;
+mod contention;
 mod crash;
 mod harness;
 mod history;
 mod identity;
 mod lifecycle;
+mod main_process;
 #[path = "../support/postgres.rs"]
 mod pg;
 mod postgres;
 mod providers;
 mod several;
+mod store_binding;

@@ -34,7 +34,7 @@ async fn delete_sandbox_then_its_provider_at_once_fifty_times_under_concurrent_w
         wait_phase(&mut sandboxes, &sandbox, pb::Phase::Ready).await;
         if i == 0 {
             assert_eq!(
-                workspace_file(&data.path, &id, "key").as_deref(),
+                workspace_file_once(&data.path, &id, "key", SECRET).await.as_deref(),
                 Some(SECRET),
                 "credentials reach the sandbox"
             );
@@ -109,10 +109,14 @@ async fn a_provider_in_use_cannot_be_deleted_and_an_attached_one_reaches_the_nex
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(refused.message().contains("box"), "{}", refused.message());
-    assert_eq!(workspace_file(&data.path, &id, "late").as_deref(), Some(""), "applies at the next start only");
+    assert_eq!(
+        workspace_file_once(&data.path, &id, "late", "").await.as_deref(),
+        Some(""),
+        "applies at the next start only"
+    );
     lifecycle(&mut sandboxes, "stop", "box").await.unwrap();
     wait_phase(&mut sandboxes, "box", pb::Phase::Stopped).await;
     lifecycle(&mut sandboxes, "start", "box").await.unwrap();
     wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
-    assert_eq!(workspace_file(&data.path, &id, "late").as_deref(), Some("v2"));
+    assert_eq!(workspace_file_once(&data.path, &id, "late", "v2").await.as_deref(), Some("v2"));
 }

@@ -17,3 +17,4 @@ mod postgres;
 mod providers;
 mod several;
 mod store_binding;
+mod store_labels;

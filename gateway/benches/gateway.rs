@@ -106,6 +106,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// Serves `engine`'s API on a loopback port; its address.
+/// Calls per second since `started`, p50, p99 and the number of calls, of every client task's
+/// latencies.
+async fn latency_figures(
+    tasks: Vec<tokio::task::JoinHandle<Vec<Duration>>>,
+    started: Instant,
+) -> (f64, Duration, Duration, usize) {
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len())
+}
+
 async fn serve(engine: &Engine) -> String {
     let routes = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -191,13 +206,7 @@ async fn rpc_load(
             latencies
         }));
     }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let elapsed = started.elapsed();
-    all.sort();
-    (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len())
+    latency_figures(tasks, started).await
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -262,13 +271,8 @@ async fn read_load(read: Read, clients: usize, calls: usize) -> (f64, Duration, 
             latencies
         }));
     }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let elapsed = started.elapsed();
-    all.sort();
-    (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len(), size)
+    let (rate, p50, p99, calls) = latency_figures(tasks, started).await;
+    (rate, p50, p99, calls, size)
 }
 
 async fn sweep_time(sandboxes: usize) -> (Duration, usize) {

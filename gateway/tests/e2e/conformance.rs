@@ -478,18 +478,7 @@ async fn a_late_start_of_an_older_generation_is_refused_after_out_of_band_remova
 
     let driver = target.driver(&data).await;
     let sandbox = SandboxId::new(&id);
-    let launch = |generation: u64| Launch {
-        sandbox: sandbox.clone(),
-        name: "box".into(),
-        generation,
-        spec: SandboxSpec {
-            image: image_for(&target).into(),
-            command: vec!["sleep".into(), "3600".into()],
-            ..SandboxSpec::default()
-        },
-        credentials: Default::default(),
-        token: data.runtime_token(&id, generation),
-    };
+    let launch = |generation| sleeping(&target, &data, &id, generation);
     let reply = driver.start(launch(1)).await.unwrap();
     assert_eq!(reply, StartReply::Failed { message: "generation 1 is superseded by 2".into() }, "{runtime:?}");
     // Nor does generation 2 get a second run.
@@ -534,6 +523,22 @@ fn live_runs(target: &Target, id: &str) -> usize {
     }
 }
 
+/// What a driver gets to start `generation` of sandbox `id`, whose command sleeps.
+fn sleeping(target: &Target, data: &DataDir, id: &str, generation: u64) -> Launch {
+    Launch {
+        sandbox: SandboxId::new(id),
+        name: id.into(),
+        generation,
+        spec: SandboxSpec {
+            image: image_for(target).into(),
+            command: vec!["sleep".into(), "3600".into()],
+            ..SandboxSpec::default()
+        },
+        credentials: Default::default(),
+        token: data.runtime_token(id, generation),
+    }
+}
+
 /// D1, defects 1 and 2 of issue 13: a gateway that dies in the middle of a start, before or
 /// after the runtime started the run, leaves nothing that the next gateway's start of that
 /// generation runs a second time, and a stop that gateway acknowledges stops what runs.
@@ -547,18 +552,7 @@ async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(runtime: R
         // Container names are the runtime's, shared by every test: the id must be this run's.
         let id = &format!("sb-crash-{}-{:?}", std::process::id(), at).to_lowercase();
         let sandbox = SandboxId::new(id);
-        let launch = |generation: u64| Launch {
-            sandbox: sandbox.clone(),
-            name: id.into(),
-            generation,
-            spec: SandboxSpec {
-                image: image_for(&target).into(),
-                command: vec!["sleep".into(), "3600".into()],
-                ..SandboxSpec::default()
-            },
-            credentials: Default::default(),
-            token: data.runtime_token(id, generation),
-        };
+        let launch = |generation| sleeping(&target, &data, id, generation);
         let crashed = target.driver(&data).await;
         crashed.start_then_crash(launch(1), at).await.unwrap();
         drop(crashed);
@@ -593,18 +587,7 @@ async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime)
     drop(target.gateway(&data, &[]).await);
     let id = &format!("sb-crash-stop-{}", std::process::id());
     let sandbox = SandboxId::new(id);
-    let launch = |generation: u64| Launch {
-        sandbox: sandbox.clone(),
-        name: id.into(),
-        generation,
-        spec: SandboxSpec {
-            image: image_for(&target).into(),
-            command: vec!["sleep".into(), "3600".into()],
-            ..SandboxSpec::default()
-        },
-        credentials: Default::default(),
-        token: data.runtime_token(id, generation),
-    };
+    let launch = |generation| sleeping(&target, &data, id, generation);
     // Generation 1 ran and was stopped; generation 2's start was cut short after the runtime
     // started it.
     let driver = target.driver(&data).await;

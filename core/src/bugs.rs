@@ -24,15 +24,25 @@ pub enum Bug {
     /// A queued effect runs without its re-check against the record: a stop decided before a
     /// start lands on the new generation's run (D1, issue 13).
     EffectWithoutRecheck,
+    /// Defect 2 of issue 13: the container driver records a generation only after the runtime
+    /// started it, so a gateway that dies in between leaves a run no record knows, and the
+    /// re-driven start stops it and runs the generation again.
+    RecordAfterStart,
+    /// Defect 3 of issue 13: a Start settles the new generation's exit fence on the last
+    /// recorded exit, so the exit of a run restarted out of band after it (stopped to make room,
+    /// or its stale supervisor rejected) passes for the new generation's.
+    FenceFromRecordedExit,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 7] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
         Bug::RotationOutsideStart,
         Bug::EffectWithoutRecheck,
+        Bug::RecordAfterStart,
+        Bug::FenceFromRecordedExit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +52,8 @@ impl Bug {
             Bug::DeleteWithoutRetry => "delete-without-retry",
             Bug::RotationOutsideStart => "rotation-outside-start",
             Bug::EffectWithoutRecheck => "effect-without-recheck",
+            Bug::RecordAfterStart => "record-after-start",
+            Bug::FenceFromRecordedExit => "fence-from-recorded-exit",
         }
     }
 
@@ -53,7 +65,11 @@ impl Bug {
         match self {
             Bug::DeleteWithoutRetry => 2,
             Bug::EffectWithoutRecheck => 3,
-            Bug::PollBypassesFence | Bug::EventBypassesFence | Bug::RotationOutsideStart => 1,
+            Bug::PollBypassesFence
+            | Bug::EventBypassesFence
+            | Bug::RotationOutsideStart
+            | Bug::RecordAfterStart
+            | Bug::FenceFromRecordedExit => 1,
         }
     }
 }

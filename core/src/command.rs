@@ -252,17 +252,23 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
         PhaseKind::Stopped | PhaseKind::Error => {
-            // The fence settles the new generation only if this one's run was seen to end by a
-            // stop: a run still alive, or a start of this generation still in flight somewhere,
-            // could otherwise pass for the new generation's. Out of Error a run may be alive
-            // even after one was seen to end: the runtime restarted it out of band (`docker
-            // restart`), and its exit when the driver stops it to make room must not count as
-            // the new generation's (defect 3 of issue 13). Unsettled, only the driver's start
-            // reply tells the runs apart.
-            let ended = matches!(sandbox.run, Run::Ended(_)) && sandbox.is(PhaseKind::Stopped);
+            // The fence never settles the new generation by itself: a run alive, or started
+            // later, need not be the new generation's. A start of the old generation may still
+            // be in flight somewhere, and the runtime may restart the container out of band
+            // (`docker restart`) at any time, even after a run was seen to end by a stop: that
+            // run starts after the recorded exit, and its exit (when the driver stops it to make
+            // room, or its stale supervisor is rejected) must not count as the new generation's
+            // (defect 3 of issue 13). Unsettled, only what carries the generation tells the runs
+            // apart: the driver's start reply, or the new generation's supervisor.
+            #[cfg_attr(not(feature = "bugs"), expect(unused_mut))]
+            let mut settled = false;
+            #[cfg(feature = "bugs")]
+            if crate::bugs::on(crate::bugs::Bug::FenceFromRecordedExit) {
+                settled = true;
+            }
             let mut next = sandbox.clone();
             next.generation += 1;
-            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled: ended };
+            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled };
             next.run = Run::Pending;
             next.phase = Phase::Starting;
             next.intent = Intent::Running;

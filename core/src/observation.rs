@@ -220,6 +220,10 @@ impl Merge<'_> {
             Observation::Stopped { generation: g, state } if *g == generation && self.next.is(PhaseKind::Stopping) => {
                 self.stop_reply(*state);
             }
+            // A stop reply of an older generation, merged late (its gateway was held up), says
+            // nothing of this one's run: its absence carries no time to fence with (found by
+            // the simulator with three gateways and a stalled store connection).
+            Observation::Stopped { generation: g, .. } if *g != generation => {}
             // A stop reply that finds the sandbox past Stopping is one more runtime report.
             Observation::Stopped { state, .. } => self.runtime(*state, None, false),
             Observation::SupervisorConnected { main: MainProcess::Running, .. } => self.supervisor_connected(),

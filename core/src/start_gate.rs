@@ -64,6 +64,13 @@ pub fn gate(record: Option<StartRecord>, generation: u64) -> Gate {
     }
 }
 
+/// Whether a stop decided for `generation` finds a newer generation begun since: that run is not
+/// the stop's to end (D1). A stop waits for the driver's lock, and another gateway's start of the
+/// next generation may take the lock first; the stop's re-check of the record came before it.
+pub fn stop_superseded(record: Option<StartRecord>, generation: u64) -> bool {
+    record.is_some_and(|r| r.generation > generation)
+}
+
 /// The reply to a start of a generation newer ones superseded.
 pub fn superseded(generation: u64, newest: u64) -> StartReply {
     StartReply::Failed { message: format!("generation {generation} is superseded by {newest}") }
@@ -93,6 +100,15 @@ mod tests {
         assert_eq!(gate(Some(StartRecord::intent(2)), 2), Gate::Resume);
         assert_eq!(gate(Some(StartRecord::confirmed(3)), 2), Gate::Superseded { newest: 3 });
         assert_eq!(gate(Some(StartRecord::intent(3)), 2), Gate::Superseded { newest: 3 });
+    }
+
+    #[test]
+    fn a_stop_never_ends_a_generation_begun_after_it_was_decided() {
+        assert!(!stop_superseded(None, 2));
+        assert!(!stop_superseded(Some(StartRecord::confirmed(2)), 2));
+        assert!(!stop_superseded(Some(StartRecord::intent(1)), 2));
+        assert!(stop_superseded(Some(StartRecord::intent(3)), 2));
+        assert!(stop_superseded(Some(StartRecord::confirmed(3)), 2));
     }
 
     #[test]

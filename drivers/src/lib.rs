@@ -127,8 +127,10 @@ pub trait Driver: Send + Sync + 'static {
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError>;
 
     /// Stops whatever runs, gracefully and then by force after `grace`, and replies only once
-    /// it has fully exited, with the final state.
-    async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError>;
+    /// it has fully exited, with the final state. A stop decided for `generation` leaves alone a
+    /// newer generation begun since (berth-core's [`berth_core::start_gate::stop_superseded`]) and
+    /// replies with what the runtime shows.
+    async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError>;
 
     /// Removes the compute resource and everything made for it (workspace, secrets). Absence is
     /// success.

@@ -521,8 +521,11 @@ impl Driver for ProcessDriver {
         }
     }
 
-    async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+    async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
+        if start_gate::stop_superseded(self.inner.begun(sandbox)?.map(|b| b.gate), generation) {
+            return self.inner.observe(sandbox);
+        }
         self.inner.stop_locked(sandbox, grace).await
     }
 

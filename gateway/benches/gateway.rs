@@ -50,7 +50,7 @@ impl Driver for NoopDriver {
         self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at });
         Ok(StartReply::Running { started_at })
     }
-    async fn stop(&self, sandbox: &SandboxId, _: Duration) -> Result<RuntimeState, DriverError> {
+    async fn stop(&self, sandbox: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {
         let finished_at = self.tick();
         let mut states = self.states.lock().unwrap();
         let state = match states.get(sandbox) {

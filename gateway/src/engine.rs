@@ -371,7 +371,7 @@ impl Engine {
                 Ok(Observation::Started { generation: *generation, reply })
             }
             (Effect::Stop { sandbox, generation }, _) => {
-                let state = driver.stop(sandbox, self.inner.settings.stop_grace).await?;
+                let state = driver.stop(sandbox, *generation, self.inner.settings.stop_grace).await?;
                 Ok(Observation::Stopped { generation: *generation, state })
             }
             (Effect::Delete { sandbox }, _) => {
@@ -511,7 +511,7 @@ mod tests {
         async fn start(&self, _: Launch) -> Result<StartReply, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
-        async fn stop(&self, _: &SandboxId, _: Duration) -> Result<RuntimeState, DriverError> {
+        async fn stop(&self, _: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn delete(&self, _: &SandboxId) -> Result<(), DriverError> {

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use berth_core::{FailureReason, Intent, Phase, PhaseKind, Provider, Run as RunState, Sandbox, SandboxId, Write};
 use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
-use crate::runtime::{Container, EndCause};
+use berth_drivers::container::volume_name;
+
+use crate::runtime::Container;
 use crate::world::{Commit, Seen, World, lock};
 
 pub fn seen(s: &Sandbox) -> Seen {
@@ -126,9 +128,13 @@ impl TracingStore {
         let runtime = lock(&self.world.runtime);
         let generation = after.generation;
         let container = runtime.containers.get(&after.id);
-        let run = runtime.runs(&after.id).find(|r| r.generation == generation);
+        let run = runtime.latest_run(&after.id, generation);
         let justified = match failure.reason {
-            FailureReason::ContainerExited => run.is_some_and(|r| r.finished.is_some()),
+            // A run of the generation ended: the one Berth started, when it was restarted out
+            // of band.
+            FailureReason::ContainerExited => {
+                runtime.runs(&after.id).any(|r| r.generation == generation && r.finished.is_some())
+            }
             FailureReason::MainProcessExited => runtime.main_exits.contains(&(after.id.clone(), generation)),
             FailureReason::ComputeResourceMissing => {
                 let started = run.map(|r| r.started_at);
@@ -138,7 +144,14 @@ impl TracingStore {
                     .is_some_and(|times| times.iter().any(|t| started.is_none_or(|s| *t > s)));
                 container.is_none() || removed_since
             }
-            FailureReason::StartFailed => runtime.refused.get(&after.id).is_some_and(|g| g.contains(&generation)),
+            // Since this generation was committed, the runtime refused a create or start, or
+            // the container was removed (the driver found it gone as it started).
+            FailureReason::StartFailed => {
+                let since = committed_at(&self.world, &after.id, generation).unwrap_or(u64::MAX);
+                let refused = runtime.refusals.get(&after.id).into_iter().flatten().copied();
+                let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
+                refused.chain(removed).any(|t| t >= since)
+            }
             // Every simulated command starts.
             FailureReason::CommandFailedToStart => false,
         };
@@ -222,13 +235,14 @@ pub fn generation_current_between(world: &World, sandbox: &SandboxId, generation
     at_start == Some(generation) || history.iter().any(|(t, g)| *t >= from && *t <= to && *g == generation)
 }
 
+/// When `generation` of a sandbox was committed (simulated microseconds).
+fn committed_at(world: &World, sandbox: &SandboxId, generation: u64) -> Option<u64> {
+    lock(&world.generations).get(sandbox)?.iter().find(|(_, g)| *g == generation).map(|(t, _)| *t)
+}
+
 /// I6: whether a generation newer than `generation` was committed by `to`.
 pub fn superseded_by(world: &World, sandbox: &SandboxId, generation: u64, to: u64) -> bool {
     lock(&world.generations).get(sandbox).is_some_and(|h| h.iter().any(|(t, g)| *t <= to && *g > generation))
-}
-
-fn alive_generation(container: &Container) -> Option<u64> {
-    container.runs.last().filter(|r| r.finished.is_none()).map(|r| r.generation)
 }
 
 /// I2: every genuine exit of the current run is reported within `bound` (counted from the end of
@@ -244,11 +258,10 @@ pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: 
         {
             continue;
         }
-        let Some(run) = runtime.runs(&s.id).find(|r| r.generation == s.generation) else { continue };
+        // After an out-of-band restart Berth never saw, the restart's run stands for the
+        // generation: its exits are the ones to report.
+        let Some(run) = runtime.latest_run(&s.id, s.generation) else { continue };
         let Some((finished, code, cause)) = run.finished else { continue };
-        if cause == EndCause::Replaced {
-            continue;
-        }
         let since = micros_of(finished).max(quiet_from);
         if now > since + bound_micros {
             world.violate(
@@ -303,7 +316,7 @@ pub async fn check_converged(world: &World) {
             );
             continue;
         }
-        let alive = runtime.containers.get(&s.id).and_then(alive_generation);
+        let alive = runtime.containers.get(&s.id).and_then(Container::alive_generation);
         let consistent = match expected {
             PhaseKind::Ready => alive == Some(s.generation),
             _ => alive.is_none(),
@@ -321,6 +334,11 @@ pub async fn check_converged(world: &World) {
     for id in runtime.containers.keys() {
         if !records.iter().any(|s| s.id == *id) {
             world.violate("I7", format!("the runtime still has {id}, whose record is gone"));
+        }
+    }
+    for volume in &runtime.volumes {
+        if !records.iter().any(|s| volume_name(&s.id) == *volume) {
+            world.violate("I7", format!("the runtime still has the volume {volume}, whose sandbox's record is gone"));
         }
     }
 }

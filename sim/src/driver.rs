@@ -1,105 +1,88 @@
-//! The gateway's side of the simulated runtime: a real `Driver`, whose calls cross to the
-//! runtime's host and may come back late or never.
+//! The gateway's driver in the simulator: the real container driver over [`SimEngine`], with
+//! each call put in the trace, and L1's gateway side checked where reconcile reaches the
+//! runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{RuntimeState, SandboxId, StartReply};
+use berth_drivers::container::ContainerDriver;
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
-use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::runtime::{Answer, Call, DRIVER_TIMEOUT, Request};
-use crate::world::World;
+use crate::engine::SimEngine;
+use crate::world::{World, lock};
 
 pub struct SimDriver {
     world: Arc<World>,
-    calls: mpsc::UnboundedSender<Request>,
     /// The gateway whose driver this is.
     gateway: String,
+    driver: ContainerDriver<SimEngine>,
 }
 
 impl SimDriver {
-    pub fn new(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, gateway: String) -> Arc<Self> {
-        Arc::new(Self { world, calls, gateway })
+    pub fn new(world: Arc<World>, gateway: String, driver: ContainerDriver<SimEngine>) -> Arc<Self> {
+        Arc::new(Self { world, gateway, driver })
     }
 
-    async fn call(&self, call: Call) -> Result<Answer, DriverError> {
-        let what = match &call {
-            Call::Start(launch) => format!("start {} generation {}", launch.name, launch.generation),
-            Call::Stop(id) => format!("stop {}", crate::world::lock(&self.world.runtime).name(id)),
-            Call::Delete(id) => format!("delete {}", crate::world::lock(&self.world.runtime).name(id)),
-            Call::Get(id) => format!("get {}", crate::world::lock(&self.world.runtime).name(id)),
-            Call::List(..) => "list".to_string(),
-            Call::Watch => "watch".to_string(),
-            Call::SupervisorExited(..) => String::new(),
-        };
-        if matches!(call, Call::List(..) | Call::Watch) {
-            self.world.check_reconciling(&self.gateway, &what);
-        }
+    fn trace(&self, what: String) {
         self.world.event(self.gateway.clone(), "driver", what);
-        let (tx, rx) = oneshot::channel();
-        self.calls
-            .send(Request { call, reply: tx })
-            .map_err(|_| DriverError::Unavailable("the runtime is gone".to_string()))?;
-        match tokio::time::timeout(DRIVER_TIMEOUT, rx).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(_)) => Err(DriverError::Unavailable("the runtime's reply was lost".to_string())),
-            Err(_) => Err(DriverError::Unavailable("the runtime did not answer in time".to_string())),
-        }
     }
-}
 
-fn unexpected() -> DriverError {
-    DriverError::Failed("the runtime answered another call".to_string())
+    /// The driver's answer, in the trace beside its call.
+    fn replied<T: std::fmt::Debug>(&self, what: String, reply: Result<T, DriverError>) -> Result<T, DriverError> {
+        self.world.event(self.gateway.clone(), "driver reply", format!("{what}: {reply:?}"));
+        reply
+    }
+
+    fn name(&self, id: &SandboxId) -> String {
+        lock(&self.world.runtime).name(id)
+    }
 }
 
 #[async_trait]
 impl Driver for SimDriver {
     fn name(&self) -> &'static str {
-        "sim"
+        self.driver.name()
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
-        match self.call(Call::Start(Box::new(launch))).await? {
-            Answer::Start(reply) => Ok(reply),
-            _ => Err(unexpected()),
-        }
+        let what = format!("start {} generation {}", launch.name, launch.generation);
+        self.trace(what.clone());
+        let reply = self.driver.start(launch).await;
+        self.replied(what, reply)
     }
 
-    async fn stop(&self, sandbox: &SandboxId, _grace: Duration) -> Result<RuntimeState, DriverError> {
-        match self.call(Call::Stop(sandbox.clone())).await? {
-            Answer::State(state) => Ok(state),
-            _ => Err(unexpected()),
-        }
+    async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError> {
+        let what = format!("stop {} generation {generation}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.stop(sandbox, generation, grace).await;
+        self.replied(what, reply)
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        match self.call(Call::Delete(sandbox.clone())).await? {
-            Answer::Deleted => Ok(()),
-            _ => Err(unexpected()),
-        }
+        let what = format!("delete {}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.delete(sandbox).await;
+        self.replied(what, reply)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        match self.call(Call::Get(sandbox.clone())).await? {
-            Answer::State(state) => Ok(state),
-            _ => Err(unexpected()),
-        }
+        let what = format!("get {}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.get(sandbox).await;
+        self.replied(what, reply)
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
-        match self.call(Call::List(after.cloned(), limit)).await? {
-            Answer::List(page) => Ok(page),
-            _ => Err(unexpected()),
-        }
+        self.world.check_reconciling(&self.gateway, "list");
+        self.trace("list".to_string());
+        self.driver.list(after, limit).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {
-        match self.call(Call::Watch).await? {
-            Answer::Watch(rx) => Ok(Box::pin(UnboundedReceiverStream::new(rx))),
-            _ => Err(unexpected()),
-        }
+        self.world.check_reconciling(&self.gateway, "watch");
+        self.trace("watch".to_string());
+        self.driver.watch().await
     }
 }

@@ -2,20 +2,24 @@
 //! over turmoil TCP, with the shared in-memory store that keeps acknowledged writes across
 //! crashes, the simulated runtime's driver, and time and randomness from the simulation.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use berth_core::Timestamp;
 use berth_core::identity::IdentityKey;
+use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_gateway::clock::Clock;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::lease::{self, LeaseSettings};
 use berth_gateway::reconcile::ReconcileSettings;
+use berth_gateway::store::Store;
 use tokio::sync::mpsc;
 
 use crate::checker::TracingStore;
 use crate::driver::SimDriver;
+use crate::engine::SimEngine;
 use crate::net;
 use crate::runtime::Request;
 use crate::world::{EPOCH_SECS, World};
@@ -48,9 +52,18 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, i
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // Gateways sharing a store share the host's driver state, as gateways sharing a data
+    // directory do.
+    let containers = ContainerConfig {
+        root: world.state_dir.clone(),
+        supervisor: PathBuf::from("/run/berth/bin/berth-supervisor"),
+        socket_dir: PathBuf::from("/run/berth/sockets"),
+    };
+    let engine = SimEngine::new(calls, store.identity().to_string());
+    let driver = ContainerDriver::over(engine, containers)?;
     let engine = Engine::new(
         store,
-        SimDriver::new(world.clone(), calls, name.clone()),
+        SimDriver::new(world.clone(), name.clone(), driver),
         Arc::new(SimClock),
         IdentityKey::from_bytes(IDENTITY_KEY),
         settings,
@@ -59,7 +72,7 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, i
     let reconcile_settings = ReconcileSettings {
         poll_interval: scenario.poll_interval,
         redrive_after: scenario.redrive_after,
-        page_size: 4,
+        page_size: scenario.page_size,
         max_watch_backoff: Duration::from_secs(2),
     };
     // The same lease a production gateway keeps. A crash tears the host down with its lease

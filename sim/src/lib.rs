@@ -1,10 +1,11 @@
-//! berth-sim: the real Berth gateway inside turmoil, with a simulated runtime, supervisors and
-//! clients, injected races, and the invariant checkers of DESIGN 4. One seed derives everything;
+//! berth-sim: the real Berth gateway and container driver inside turmoil, with a simulated
+//! runtime, supervisors and clients, injected races, and the invariant checkers of DESIGN 4. One seed derives everything;
 //! the same seed and build give a byte-identical trace.
 
 pub mod checker;
 pub mod client;
 pub mod driver;
+pub mod engine;
 pub mod faults;
 pub mod gateway;
 pub mod linear;

@@ -1,25 +1,34 @@
-//! The simulated runtime, the only fake runtime in Berth. It runs on a turmoil host of its own,
-//! so its work outlives gateway crashes, as a real daemon's does. It models what broke
-//! production: a multi-step start during which every look still shows the previous run's exit,
-//! replies that are lost or late after the effect happened, watch events that arrive late,
-//! twice, out of order or never, streams that drop, and containers removed or killed behind
-//! Berth's back. It keeps every run it made with the generation it carried: the ground truth the
-//! checkers compare the records with.
+//! The simulated runtime, the only fake runtime in Berth: a container engine (create, start,
+//! stop, inspect, list, events, remove, volumes) on a turmoil host of its own, so its work
+//! outlives gateway crashes as a real daemon's does. Gateways drive it through the real
+//! container driver (its bookkeeping, start gate and locks) over [`crate::engine::SimEngine`],
+//! so a gateway dying between any two steps of a driver operation is one of the runs explored.
+//!
+//! It is as unkind as the engine contract allows: a multi-step start during which every look
+//! still shows the previous run, calls that fail before their effect, replies lost or late after
+//! it, events late, twice, out of order or never, streams that drop, volumes that linger a moment
+//! after their removal, and containers removed, killed or restarted behind Berth's back. Like a
+//! real container, a run's supervisor reads its token from the file the driver installed, as it
+//! is when the run starts. Every run is kept with the generation its token carried: the ground
+//! truth the checkers compare the records with.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, Intent, RuntimeState, SandboxId, StartReply, Timestamp};
-use berth_drivers::{DriverError, Launch, ListPage, WatchEvent};
+use berth_core::identity::{IdentityKey, verify_token};
+use berth_core::{Intent, RuntimeState, SandboxId, Timestamp};
+use berth_drivers::container::{
+    ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Status, container_name, sandbox_of_container,
+};
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::scenario::Draw;
 use crate::world::{World, lock};
 
-/// How long the driver waits for the runtime before it calls the effect ambiguous.
+/// How long the engine's client waits for the runtime before it calls the call unanswered.
 pub const DRIVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a run ended.
@@ -27,12 +36,12 @@ pub const DRIVER_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum EndCause {
     Stopped,
     Deleted,
-    /// A newer generation's start replaced it.
-    Replaced,
     Killed,
     Removed,
+    /// Restarted outside Berth (`docker restart`): a new run of the same container followed.
+    Restarted,
     WorkloadExit,
-    /// Its supervisor was rejected and exited.
+    /// Its supervisor was rejected, or found no token, and exited.
     SupervisorExit,
 }
 
@@ -46,26 +55,19 @@ pub enum RunSignal {
 }
 
 pub struct Run {
+    /// The generation of the token its supervisor read (0: it found none).
     pub generation: u64,
     pub started_at: Timestamp,
     pub finished: Option<(Timestamp, i32, EndCause)>,
     pub token: String,
+    /// Started outside Berth (an out-of-band restart), not by a driver's start.
+    pub out_of_band: bool,
     signal: watch::Sender<RunSignal>,
 }
 
-impl Run {
-    pub fn marker(&self) -> Option<ExitMarker> {
-        self.finished.map(|(finished_at, exit_code, _)| ExitMarker {
-            started_at: self.started_at,
-            finished_at,
-            exit_code,
-        })
-    }
-}
-
-#[derive(Default)]
 pub struct Container {
     pub runs: Vec<Run>,
+    spec: ContainerSpec,
 }
 
 impl Container {
@@ -73,18 +75,39 @@ impl Container {
         self.runs.last_mut().filter(|r| r.finished.is_none())
     }
 
-    pub fn state(&self) -> RuntimeState {
-        match self.runs.last() {
-            None => RuntimeState::Created,
-            Some(run) => match run.marker() {
-                Some(marker) => RuntimeState::Exited(marker),
-                None => RuntimeState::Running { started_at: run.started_at },
+    pub fn alive_generation(&self) -> Option<u64> {
+        self.runs.last().filter(|r| r.finished.is_none()).map(|r| r.generation)
+    }
+
+    /// What the engine shows, as Docker does: the last run's start, and the last finish (the
+    /// previous run's while one runs).
+    pub fn inspection(&self) -> Inspection {
+        let last = self.runs.last();
+        let finished = last.and_then(|r| r.finished);
+        Inspection {
+            status: match (last, finished) {
+                (None, _) => Status::Created,
+                (Some(_), None) => Status::Running,
+                (Some(_), Some(_)) => Status::Exited,
             },
+            started_at: last.map(|r| r.started_at),
+            finished_at: self.runs.iter().rev().find_map(|r| r.finished).map(|(at, _, _)| at),
+            exit_code: finished.map_or(0, |(_, code, _)| code),
         }
+    }
+
+    /// Where the supervisor's `--token-file` is on the host, through the container's binds.
+    fn token_file(&self) -> Option<PathBuf> {
+        let args = &self.spec.command;
+        let inside = args.iter().position(|a| a == "--token-file").and_then(|i| args.get(i + 1))?;
+        self.spec.binds.iter().find_map(|bind| {
+            let rest = Path::new(inside).strip_prefix(&bind.target).ok()?;
+            Some(bind.source.join(rest))
+        })
     }
 }
 
-type Subscriber = mpsc::UnboundedSender<Result<WatchEvent, DriverError>>;
+type Subscriber = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
 
 /// A run's supervisor to start.
 pub struct Spawn {
@@ -99,14 +122,14 @@ pub struct Spawn {
 #[derive(Default)]
 pub struct RuntimeModel {
     pub containers: BTreeMap<SandboxId, Container>,
-    /// The newest generation started per sandbox: the driver starts none older.
-    newest: BTreeMap<SandboxId, u64>,
+    pub volumes: BTreeSet<String>,
     /// When each sandbox's container was removed (runtime clock).
     pub removals: BTreeMap<SandboxId, Vec<Timestamp>>,
     /// The runs of removed containers: ground truth outlives the container.
     pub removed_runs: BTreeMap<SandboxId, Vec<Run>>,
-    /// Generations whose start the runtime refused.
-    pub refused: BTreeMap<SandboxId, Vec<u64>>,
+    /// When the runtime refused a create or start of each sandbox's container (simulated
+    /// microseconds).
+    pub refusals: BTreeMap<SandboxId, Vec<u64>>,
     /// Main-process exits the runtime's supervisors were told of: `(sandbox, generation)`.
     pub main_exits: Vec<(SandboxId, u64)>,
     subscribers: Vec<Subscriber>,
@@ -123,7 +146,7 @@ impl RuntimeModel {
     }
 
     pub fn state(&self, id: &SandboxId) -> RuntimeState {
-        self.containers.get(id).map_or(RuntimeState::Absent { at: None }, Container::state)
+        self.containers.get(id).map_or(RuntimeState::Absent { at: None }, |c| c.inspection().state())
     }
 
     /// The sandbox's name if the runtime has been told it, for the trace.
@@ -136,25 +159,61 @@ impl RuntimeModel {
         let current = self.containers.get(id).map(|c| c.runs.iter()).into_iter().flatten();
         current.chain(self.removed_runs.get(id).into_iter().flatten())
     }
+
+    /// The latest run of `generation`: after an out-of-band restart, the restart's.
+    pub fn latest_run(&self, id: &SandboxId, generation: u64) -> Option<&Run> {
+        self.runs(id).filter(|r| r.generation == generation).max_by_key(|r| r.started_at)
+    }
 }
 
+/// A call of the engine API.
 pub enum Call {
-    Start(Box<Launch>),
+    Create(Box<ContainerSpec>),
+    Start(SandboxId),
     Stop(SandboxId),
-    Delete(SandboxId),
-    Get(SandboxId),
-    List(Option<SandboxId>, usize),
-    Watch,
+    Remove(SandboxId),
+    Inspect(SandboxId),
+    List,
+    CreateVolume(String),
+    RemoveVolume(String),
+    ListVolumes,
+    Events,
     /// A supervisor exited (it was rejected): its run ends.
     SupervisorExited(SandboxId, u64),
 }
 
+impl Call {
+    /// What the trace calls it.
+    pub fn describe(&self, runtime: &RuntimeModel) -> String {
+        match self {
+            Call::Create(spec) => format!("create {}", spec.labels.get(LABEL_NAME).map_or("?", String::as_str)),
+            Call::Start(id) => format!("start {}", runtime.name(id)),
+            Call::Stop(id) => format!("stop {}", runtime.name(id)),
+            Call::Remove(id) => format!("remove {}", runtime.name(id)),
+            Call::Inspect(id) => format!("inspect {}", runtime.name(id)),
+            Call::List => "list".into(),
+            Call::CreateVolume(_) => "create volume".into(),
+            Call::RemoveVolume(_) => "remove volume".into(),
+            Call::ListVolumes => "list volumes".into(),
+            Call::Events => "events".into(),
+            Call::SupervisorExited(id, generation) => format!("supervisor of {} {generation} exits", runtime.name(id)),
+        }
+    }
+}
+
 pub enum Answer {
-    Start(StartReply),
-    State(RuntimeState),
-    Deleted,
-    List(ListPage),
-    Watch(mpsc::UnboundedReceiver<Result<WatchEvent, DriverError>>),
+    Done,
+    Inspection(Option<Inspection>),
+    Sandboxes(Vec<SandboxId>),
+    Volumes(Vec<String>),
+    Events(mpsc::UnboundedReceiver<Result<EngineEvent, EngineError>>),
+    Failed(EngineError),
+}
+
+impl From<Result<(), EngineError>> for Answer {
+    fn from(result: Result<(), EngineError>) -> Self {
+        result.map_or_else(Answer::Failed, |()| Answer::Done)
+    }
 }
 
 pub struct Request {
@@ -167,12 +226,14 @@ pub struct Runtime {
     world: Arc<World>,
     draw: std::sync::Mutex<Draw>,
     supervisors: mpsc::UnboundedSender<Spawn>,
+    key: IdentityKey,
 }
 
 impl Runtime {
     pub fn new(world: Arc<World>, supervisors: mpsc::UnboundedSender<Spawn>) -> Arc<Self> {
         let draw = Draw::new(world.scenario.seed, 2);
-        Arc::new(Self { world, draw: std::sync::Mutex::new(draw), supervisors })
+        let key = IdentityKey::from_bytes(crate::gateway::IDENTITY_KEY);
+        Arc::new(Self { world, draw: std::sync::Mutex::new(draw), supervisors, key })
     }
 
     fn draw<T>(&self, f: impl FnOnce(&mut Draw) -> T) -> T {
@@ -187,6 +248,10 @@ impl Runtime {
         self.draw(|d| d.millis(low.as_millis() as u64, high.as_millis().max(low.as_millis()) as u64))
     }
 
+    fn name(&self, id: &SandboxId) -> String {
+        lock(&self.world.runtime).name(id)
+    }
+
     /// Serves calls forever; each runs as a task of its own.
     pub async fn serve(self: Arc<Self>, mut calls: mpsc::UnboundedReceiver<Request>) -> turmoil::Result {
         tokio::spawn(Arc::clone(&self).inject_faults());
@@ -197,27 +262,47 @@ impl Runtime {
     }
 
     async fn handle(self: Arc<Self>, request: Request) {
+        if let Call::SupervisorExited(id, generation) = &request.call {
+            self.end_run(id, Some(*generation), 1, EndCause::SupervisorExit);
+            return;
+        }
+        // Fails before its effect: the runtime answered an error and did nothing.
+        if self.fault(self.world.scenario.faults.failed_calls) {
+            let what = request.call.describe(&lock(&self.world.runtime));
+            self.world.event("runtime", "call failed", what);
+            let _ = request.reply.send(Answer::Failed(EngineError::Unreachable("the runtime failed the call".into())));
+            return;
+        }
         let answer = match request.call {
-            Call::Start(launch) => Answer::Start(self.start(*launch).await),
-            Call::Stop(id) => Answer::State(self.stop(&id).await),
-            Call::Delete(id) => {
-                self.delete(&id).await;
-                Answer::Deleted
+            Call::Create(spec) => self.create(*spec).into(),
+            Call::Start(id) => self.start(&id).await.into(),
+            Call::Stop(id) => self.stop(&id).await.into(),
+            Call::Remove(id) => {
+                self.remove(&id, EndCause::Deleted).await;
+                Answer::Done
             }
-            Call::Get(id) => Answer::State(lock(&self.world.runtime).state(&id)),
-            Call::List(after, limit) => Answer::List(self.list(after.as_ref(), limit)),
-            Call::Watch => Answer::Watch(self.subscribe()),
-            Call::SupervisorExited(id, generation) => {
-                self.end_run(&id, Some(generation), 1, EndCause::SupervisorExit);
-                return;
+            Call::Inspect(id) => {
+                Answer::Inspection(lock(&self.world.runtime).containers.get(&id).map(Container::inspection))
             }
+            Call::List => Answer::Sandboxes(lock(&self.world.runtime).containers.keys().cloned().collect()),
+            Call::CreateVolume(name) => {
+                lock(&self.world.runtime).volumes.insert(name);
+                Answer::Done
+            }
+            Call::RemoveVolume(name) => {
+                self.remove_volume(name);
+                Answer::Done
+            }
+            Call::ListVolumes => Answer::Volumes(lock(&self.world.runtime).volumes.iter().cloned().collect()),
+            Call::Events => Answer::Events(self.subscribe()),
+            Call::SupervisorExited(..) => return,
         };
         self.reply(request.reply, answer);
     }
 
     /// Replies, unless this reply is to be lost or late (the effect happened either way).
     fn reply(self: &Arc<Self>, tx: oneshot::Sender<Answer>, answer: Answer) {
-        if matches!(answer, Answer::Watch(_)) {
+        if matches!(answer, Answer::Events(_)) {
             let _ = tx.send(answer);
         } else if self.fault(self.world.scenario.faults.lost_replies) {
             self.world.event("runtime", "reply lost", "");
@@ -236,68 +321,105 @@ impl Runtime {
         lock(&self.world.runtime).locks.entry(id.clone()).or_default().clone()
     }
 
-    async fn start(self: &Arc<Self>, launch: Launch) -> StartReply {
-        let id = launch.sandbox.clone();
-        let generation = launch.generation;
-        let serialize = self.sandbox_lock(&id);
-        let _guard = serialize.lock().await;
+    fn refused(&self, id: &SandboxId, error: EngineError) -> Result<(), EngineError> {
+        lock(&self.world.runtime).refusals.entry(id.clone()).or_default().push(World::micros());
+        self.world.event("runtime", "refused", format!("{}: {error}", self.name(id)));
+        Err(error)
+    }
+
+    fn create(&self, spec: ContainerSpec) -> Result<(), EngineError> {
+        let Some(id) = sandbox_of_container(&spec.name) else {
+            return Err(EngineError::Refused(format!("{} is not a sandbox's container", spec.name)));
+        };
         {
             let mut m = lock(&self.world.runtime);
-            m.names.insert(id.clone(), launch.name.clone());
-            // This runtime's start is one step, so its record is never left unconfirmed.
-            let record = m.newest.get(&id).map(|g| StartRecord::confirmed(*g));
-            match start_gate::gate(record, generation) {
-                Gate::Superseded { newest } => {
-                    m.refused.entry(id.clone()).or_default().push(generation);
-                    return start_gate::superseded(generation, newest);
-                }
-                // At most one run per generation, even once its container was removed out of band.
-                Gate::Report => {
-                    let run = m.containers.get(&id).and_then(|c| c.runs.iter().find(|r| r.generation == generation));
-                    return start_gate::report(run.map(|r| match r.marker() {
-                        Some(marker) => RuntimeState::Exited(marker),
-                        None => RuntimeState::Running { started_at: r.started_at },
-                    }));
-                }
-                Gate::Resume | Gate::Start => {}
+            if m.containers.contains_key(&id) {
+                drop(m);
+                let conflict = format!("Conflict. The container name \"/{}\" is already in use", spec.name);
+                return self.refused(&id, EngineError::Refused(conflict));
             }
+            if let Some(name) = spec.labels.get(LABEL_NAME) {
+                m.names.insert(id.clone(), name.clone());
+            }
+            m.containers.insert(id.clone(), Container { runs: Vec::new(), spec });
         }
-        // The multi-step start: until its last step, every look shows what was there before.
-        self.world.event("runtime", "start begins", format!("{} generation {generation}", launch.name));
+        self.world.event("runtime", "created", self.name(&id));
+        self.emit(&id, false);
+        Ok(())
+    }
+
+    async fn start(self: &Arc<Self>, id: &SandboxId) -> Result<(), EngineError> {
+        let serialize = self.sandbox_lock(id);
+        let _guard = serialize.lock().await;
+        self.start_run(id, false).await
+    }
+
+    /// The multi-step start (the caller holds the container's lock): until its last step,
+    /// every look shows what was there before. An engine asked to start a running container
+    /// does nothing (Docker's 304).
+    async fn start_run(self: &Arc<Self>, id: &SandboxId, out_of_band: bool) -> Result<(), EngineError> {
+        match lock(&self.world.runtime).containers.get(id) {
+            None => {
+                return self.refused(id, EngineError::NotFound(format!("No such container: {}", container_name(id))));
+            }
+            Some(c) if c.inspection().status == Status::Running => return Ok(()),
+            Some(_) => {}
+        }
+        self.world.event("runtime", "start begins", self.name(id));
         tokio::time::sleep(self.between(self.world.scenario.start_duration)).await;
-        let now = self.world.runtime_time();
+        let Some(token_file) = lock(&self.world.runtime).containers.get(id).map(Container::token_file) else {
+            return self
+                .refused(id, EngineError::NotFound(format!("{} was removed as it started", container_name(id))));
+        };
+        // The supervisor reads its token as it starts.
+        let token = token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string());
+        let generation = token.as_deref().and_then(|t| verify_token(&self.key, t).ok()).map(|i| i.generation);
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);
-        {
+        let twice = {
             let mut m = lock(&self.world.runtime);
-            let container = m.containers.entry(id.clone()).or_default();
-            if let Some(old) = container.alive() {
-                old.finished = Some((now, 143, EndCause::Replaced));
-                old.signal.send_replace(RunSignal::Ended);
-            }
+            let container = m.containers.get_mut(id).expect("looked up under the container's lock");
+            let twice =
+                !out_of_band && container.runs.iter().any(|r| !r.out_of_band && Some(r.generation) == generation);
             container.runs.push(Run {
-                generation,
+                generation: generation.unwrap_or(0),
                 started_at,
                 finished: None,
-                token: launch.token.expose().to_string(),
+                token: token.clone().unwrap_or_default(),
+                out_of_band,
                 signal,
             });
-            m.newest.insert(id.clone(), generation);
+            twice
+        };
+        let name = self.name(id);
+        let how = if out_of_band { " (out of band)" } else { "" };
+        self.world.event("runtime", "running", format!("{name} generation {}{how}", generation.unwrap_or(0)));
+        if twice {
+            self.world.violate(
+                "D1",
+                format!(
+                    "{name} generation {} was started a second time in the same container",
+                    generation.unwrap_or(0)
+                ),
+            );
         }
-        let state = lock(&self.world.runtime).state(&id);
-        self.world.event("runtime", "running", format!("{} generation {generation}", launch.name));
-        self.emit(&id, state);
-        let _ = self.supervisors.send(Spawn {
-            sandbox: id,
-            generation,
-            token: launch.token.expose().to_string(),
-            signal: watcher,
-            ghost: false,
-        });
-        match state {
-            RuntimeState::Running { started_at } => StartReply::Running { started_at },
-            _ => StartReply::Failed { message: "the run vanished".to_string() },
+        self.emit(id, false);
+        match (generation, token) {
+            (Some(generation), Some(token)) => {
+                let _ = self.supervisors.send(Spawn {
+                    sandbox: id.clone(),
+                    generation,
+                    token,
+                    signal: watcher,
+                    ghost: false,
+                });
+            }
+            // berth-supervisor exits at once without a valid token.
+            _ => {
+                self.end_run(id, None, 2, EndCause::SupervisorExit);
+            }
         }
+        Ok(())
     }
 
     /// Ends the live run (of `generation`, if given) and reports it.
@@ -313,29 +435,30 @@ impl Runtime {
             run.signal.send_replace(RunSignal::Ended);
             run.generation
         };
-        let name = lock(&self.world.runtime).name(id);
-        self.world.event("runtime", "exited", format!("{name} generation {ended} code {code} ({cause:?})"));
-        let state = lock(&self.world.runtime).state(id);
-        self.emit(id, state);
+        self.world.event("runtime", "exited", format!("{} generation {ended} code {code} ({cause:?})", self.name(id)));
+        self.emit(id, false);
         true
     }
 
-    async fn stop(&self, id: &SandboxId) -> RuntimeState {
+    async fn stop(&self, id: &SandboxId) -> Result<(), EngineError> {
         let serialize = self.sandbox_lock(id);
         let _guard = serialize.lock().await;
-        let alive = lock(&self.world.runtime).containers.get_mut(id).and_then(Container::alive).is_some();
+        let alive = match lock(&self.world.runtime).containers.get_mut(id) {
+            None => return Err(EngineError::NotFound(format!("No such container: {}", container_name(id)))),
+            Some(c) => c.alive().is_some(),
+        };
         if alive {
             tokio::time::sleep(self.between(self.world.scenario.stop_duration)).await;
             self.check_stop_wanted(id).await;
             self.end_run(id, None, 143, EndCause::Stopped);
         }
-        lock(&self.world.runtime).state(id)
+        Ok(())
     }
 
-    /// D1, the harm Berth could do to itself: every stop is decided with intent Stopped, so a
-    /// stop that lands on the current generation's run while the intent is Running (a stale
-    /// effect that skipped its re-check, or whose re-check a newer start overtook) kills a run
-    /// the user wants.
+    /// D1, the harm Berth could do to itself: every stop is decided with intent Stopped, or to
+    /// replace an older generation's run, so a stop that lands on the current generation's run
+    /// while the intent is Running (a stale effect that skipped its re-check, or whose re-check
+    /// a newer start overtook) kills a run the user wants.
     async fn check_stop_wanted(&self, id: &SandboxId) {
         let Ok(Some(record)) = self.world.store.sandbox(id).await else { return };
         let live = lock(&self.world.runtime).containers.get_mut(id).and_then(Container::alive).map(|r| r.generation);
@@ -350,13 +473,10 @@ impl Runtime {
         }
     }
 
-    async fn delete(&self, id: &SandboxId) {
+    /// Removes the container, forcibly (Berth's delete, or `docker rm -f` behind its back).
+    async fn remove(&self, id: &SandboxId, cause: EndCause) {
         let serialize = self.sandbox_lock(id);
         let _guard = serialize.lock().await;
-        self.remove(id, EndCause::Deleted);
-    }
-
-    fn remove(&self, id: &SandboxId, cause: EndCause) {
         self.end_run(id, None, 137, cause);
         let at = self.world.runtime_time();
         let existed = {
@@ -370,41 +490,36 @@ impl Runtime {
             existed
         };
         if existed {
-            let name = lock(&self.world.runtime).name(id);
-            self.world.event("runtime", "removed", format!("{name} ({cause:?})"));
-            self.emit(id, RuntimeState::Absent { at: Some(at) });
+            self.world.event("runtime", "removed", format!("{} ({cause:?})", self.name(id)));
+            self.emit(id, true);
         }
     }
 
-    fn list(&self, after: Option<&SandboxId>, limit: usize) -> ListPage {
-        let m = lock(&self.world.runtime);
-        let mut items: Vec<(SandboxId, RuntimeState)> = m
-            .containers
-            .iter()
-            .filter(|(id, _)| after.is_none_or(|a| *id > a))
-            .take(limit + 1)
-            .map(|(id, c)| (id.clone(), c.state()))
-            .collect();
-        let next = (items.len() > limit).then(|| {
-            items.truncate(limit);
-            items.last().map(|(id, _)| id.clone())
-        });
-        ListPage { items, next: next.flatten() }
+    /// Removes a volume; one still held a moment by the container's teardown stays listed
+    /// until it is let go (the driver must look again before it calls its delete done).
+    fn remove_volume(self: &Arc<Self>, name: String) {
+        if self.fault(self.world.scenario.faults.lingering_volumes) {
+            let linger = self.draw(|d| d.millis(10, 500));
+            self.world.event("runtime", "volume lingers", format!("for {linger:?}"));
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(linger).await;
+                lock(&this.world.runtime).volumes.remove(&name);
+            });
+        } else {
+            lock(&self.world.runtime).volumes.remove(&name);
+        }
     }
 
-    fn subscribe(&self) -> mpsc::UnboundedReceiver<Result<WatchEvent, DriverError>> {
+    fn subscribe(&self) -> mpsc::UnboundedReceiver<Result<EngineEvent, EngineError>> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut m = lock(&self.world.runtime);
-        for (id, c) in &m.containers {
-            let _ = tx.send(Ok(WatchEvent::Sync { sandbox: id.clone(), state: c.state() }));
-        }
-        let _ = tx.send(Ok(WatchEvent::Synced));
-        m.subscribers.push(tx);
+        lock(&self.world.runtime).subscribers.push(tx);
         rx
     }
 
     /// Sends an event to every watcher, each copy subject to this run's event faults.
-    fn emit(&self, id: &SandboxId, state: RuntimeState) {
+    fn emit(&self, id: &SandboxId, removed: bool) {
+        let at = self.world.runtime_time();
         let subscribers: Vec<Subscriber> = {
             let mut m = lock(&self.world.runtime);
             m.subscribers.retain(|s| !s.is_closed());
@@ -413,16 +528,16 @@ impl Runtime {
         let faults = &self.world.scenario.faults;
         for subscriber in subscribers {
             if self.fault(faults.dropped_events) {
-                self.world.event("runtime", "event dropped", lock(&self.world.runtime).name(id));
+                self.world.event("runtime", "event dropped", self.name(id));
                 continue;
             }
             let copies = if self.fault(faults.duplicate_events) { 2 } else { 1 };
             for _ in 0..copies {
-                let event = Ok(WatchEvent::Changed { sandbox: id.clone(), state });
+                let event = Ok(EngineEvent { sandbox: id.clone(), removed, at });
                 if self.fault(faults.late_events) {
                     let delay = self.draw(|d| d.millis(1, self.world.scenario.event_delay.as_millis() as u64));
-                    let name = lock(&self.world.runtime).name(id);
-                    self.world.event("runtime", "event late", format!("{name} {state:?} by {delay:?}"));
+                    let what = if removed { "removal" } else { "change" };
+                    self.world.event("runtime", "event late", format!("{} {what} by {delay:?}", self.name(id)));
                     let subscriber = subscriber.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
@@ -435,8 +550,8 @@ impl Runtime {
         }
     }
 
-    /// The runtime-side faults: stream disconnects, removals, kills, workload exits and stale
-    /// supervisors, at this run's rates, while faults are on.
+    /// The runtime-side faults: stream disconnects, removals, kills, restarts, workload exits
+    /// and stale supervisors, at this run's rates, while faults are on.
     async fn inject_faults(self: Arc<Self>) {
         const EVERY: Duration = Duration::from_millis(100);
         let per_tick = |per_minute: f64| per_minute * EVERY.as_secs_f64() / 60.0;
@@ -453,15 +568,22 @@ impl Runtime {
             if self.fault(per_tick(f.removals))
                 && let Some(id) = self.pick(|_| true)
             {
-                self.remove(&id, EndCause::Removed);
+                let this = Arc::clone(&self);
+                tokio::spawn(async move { this.remove(&id, EndCause::Removed).await });
             }
             if self.fault(per_tick(f.kills))
-                && let Some(id) = self.pick(|c| c.runs.last().is_some_and(|r| r.finished.is_none()))
+                && let Some(id) = self.pick(|c| c.alive_generation().is_some())
             {
                 self.end_run(&id, None, 137, EndCause::Killed);
             }
+            if self.fault(per_tick(f.restarts))
+                && let Some(id) = self.pick(|c| !c.runs.is_empty())
+            {
+                let this = Arc::clone(&self);
+                tokio::spawn(async move { this.restart(&id).await });
+            }
             if self.fault(per_tick(f.workload_exits))
-                && let Some(id) = self.pick(|c| c.runs.last().is_some_and(|r| r.finished.is_none()))
+                && let Some(id) = self.pick(|c| c.alive_generation().is_some())
             {
                 self.workload_exit(&id).await;
             }
@@ -477,6 +599,16 @@ impl Runtime {
         (!ids.is_empty()).then(|| ids[self.draw(|d| d.below(ids.len() as u64)) as usize].clone())
     }
 
+    /// `docker restart` behind Berth's back: the run ends, and a new one starts with whatever
+    /// token the state directory holds now.
+    async fn restart(self: Arc<Self>, id: &SandboxId) {
+        let serialize = self.sandbox_lock(id);
+        let _guard = serialize.lock().await;
+        self.world.event("runtime", "restart out of band", self.name(id));
+        self.end_run(id, None, 143, EndCause::Restarted);
+        let _ = self.start_run(id, true).await;
+    }
+
     /// The workload exits by itself: its supervisor reports it, then the run ends.
     async fn workload_exit(self: &Arc<Self>, id: &SandboxId) {
         // 0 is a completion (DESIGN 9.3); the others failures.
@@ -489,8 +621,7 @@ impl Runtime {
             m.main_exits.push((id.clone(), generation));
             generation
         };
-        let name = lock(&self.world.runtime).name(id);
-        self.world.event("runtime", "workload exits", format!("{name} generation {generation} code {code}"));
+        self.world.event("runtime", "workload exits", format!("{} generation {generation} code {code}", self.name(id)));
         let this = Arc::clone(self);
         let id = id.clone();
         let linger = self.draw(|d| d.millis(20, 500));
@@ -507,7 +638,10 @@ impl Runtime {
             m.containers
                 .iter()
                 .flat_map(|(id, c)| {
-                    c.runs.iter().filter(|r| r.finished.is_some()).map(|r| (id.clone(), r.generation, r.token.clone()))
+                    c.runs
+                        .iter()
+                        .filter(|r| r.finished.is_some() && !r.token.is_empty())
+                        .map(|r| (id.clone(), r.generation, r.token.clone()))
                 })
                 .collect()
         };
@@ -515,8 +649,7 @@ impl Runtime {
             return;
         }
         let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
-        let name = lock(&self.world.runtime).name(&sandbox);
-        self.world.event("runtime", "stale supervisor", format!("{name} generation {generation}"));
+        self.world.event("runtime", "stale supervisor", format!("{} generation {generation}", self.name(&sandbox)));
         let (_, signal) = watch::channel(RunSignal::Ended);
         let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true });
     }

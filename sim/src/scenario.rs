@@ -71,6 +71,13 @@ pub struct Faults {
     pub workload_exits: f64,
     /// Supervisors of ended runs reconnecting with their old tokens, per minute.
     pub stale_supervisors: f64,
+    /// Out-of-band restarts of a container per minute (`docker restart`): its run ends and a
+    /// new one starts with the token its state directory holds then.
+    pub restarts: f64,
+    /// Probability that a runtime call fails before its effect.
+    pub failed_calls: f64,
+    /// Probability that a removed volume stays listed a moment longer.
+    pub lingering_volumes: f64,
     /// With several gateways: stalls of one gateway's store connection per minute (its calls
     /// and replies held for up to a few lease time-to-lives, as a hung database connection holds
     /// them), aimed at the lease holder.
@@ -94,6 +101,8 @@ pub struct Scenario {
     /// The longest a store read or commit takes: the window in which writers race.
     pub store_latency: Duration,
     pub redrive_after: Duration,
+    /// How many sandboxes a reconcile sweep asks the driver for at once: a sweep spans pages.
+    pub page_size: usize,
     /// Gateways sharing the store (the multi-gateway mode when more than one).
     pub gateways: usize,
     pub faults: Faults,
@@ -124,7 +133,18 @@ impl Scenario {
             workload_exits: rate(0.4, 0.5, 3.0),
             stale_supervisors: rate(0.5, 1.0, 6.0),
             store_stalls: 0.0,
+            ..Faults::default()
         };
+        // Faults added later draw from a stream of their own, so the earlier draws of a seed
+        // stay what they were.
+        let mut later = Draw::new(seed, 6);
+        let faults = Faults {
+            restarts: later.rate(0.3, 0.5, 2.0),
+            failed_calls: later.rate(0.4, 0.02, 0.1),
+            lingering_volumes: later.rate(0.4, 0.1, 0.5),
+            ..faults
+        };
+        let page_size = later.pick(&[1, 2, 3, 4, 8, 16]);
         let mut d = Draw::new(seed, 1);
         let start_max = d.millis(50, 2_000);
         Self {
@@ -141,6 +161,7 @@ impl Scenario {
             store_latency: d.millis(1, 8),
             redrive_after: d.millis(1_000, 4_000),
             gateways: 1,
+            page_size,
             faults,
             script: Vec::new(),
         }

@@ -1,31 +1,18 @@
-//! Simulated supervisors: one per run, speaking the real supervisor API to the gateway over
-//! simulated TCP with the run's token, and stale ones reconnecting with old tokens. Each
-//! acceptance and rejection is checked against the committed generations (I6).
+//! The runs' supervisors: berth-supervisor's own session (the `berth-supervisor` library) over
+//! simulated TCP with the run's token, one per run, and stale ones reconnecting with old tokens.
+//! Each acceptance and rejection is checked against the committed generations (I6).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use berth_proto::v1 as pb;
-use berth_proto::v1::gateway_message::Message as FromGateway;
-use berth_proto::v1::supervisor_client::SupervisorClient;
-use berth_proto::v1::supervisor_message::Message as ToGateway;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::Code;
+use berth_proto::v1::Accepted;
+use berth_supervisor::session::{self, Observer, Run, SessionEnd};
+use tokio::sync::{mpsc, watch};
+use tonic::{Code, Status};
 
 use crate::checker::{generation_current_between, superseded_by};
 use crate::net;
 use crate::runtime::{Call, Request, RunSignal, Spawn};
 use crate::world::{World, lock};
-
-enum End {
-    /// Nothing more to do: the run ended, or its exit was reported.
-    Done,
-    /// The gateway refused this run for good.
-    Rejected,
-    /// The connection broke: try again.
-    Lost,
-}
 
 pub async fn supervisors(
     world: Arc<World>,
@@ -38,123 +25,129 @@ pub async fn supervisors(
     Ok(())
 }
 
-async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::UnboundedSender<Request>) {
-    let actor = if spawn.ghost { "stale supervisor" } else { "supervisor" };
-    let mut backoff = Duration::from_millis(100);
-    // Like berth-supervisor given several gateways: each attempt goes to the next one.
-    let mut gateway = spawn.generation as usize;
-    loop {
-        if !spawn.ghost && *spawn.signal.borrow() == RunSignal::Ended {
-            return;
+/// What the simulator hears of a session: each hello's time, and each answer checked (I6).
+struct Checks {
+    world: Arc<World>,
+    spawn: SpawnInfo,
+    actor: &'static str,
+    sent: u64,
+    /// A stale supervisor makes one attempt: told when it got its answer, or none.
+    done: Option<watch::Sender<bool>>,
+}
+
+#[derive(Clone)]
+struct SpawnInfo {
+    sandbox: berth_core::SandboxId,
+    generation: u64,
+}
+
+impl Checks {
+    fn name(&self) -> String {
+        lock(&self.world.runtime).name(&self.spawn.sandbox)
+    }
+
+    fn finish(&self) {
+        if let Some(done) = &self.done {
+            done.send_replace(true);
         }
-        gateway = (gateway + 1) % world.scenario.gateways;
-        match session(&world, &mut spawn, actor, gateway).await {
-            End::Done => return,
-            End::Rejected => {
-                if !spawn.ghost {
-                    // A rejected supervisor stops its workload and exits: its run ends.
+    }
+}
+
+impl Observer for Checks {
+    fn hello_sent(&mut self) {
+        self.sent = World::micros();
+    }
+
+    fn accepted(&mut self, _accepted: &Accepted) {
+        let (world, spawn) = (&self.world, &self.spawn);
+        world.event(self.actor, "accepted", format!("{} generation {}", self.name(), spawn.generation));
+        // I6: only the current generation authenticates.
+        if !generation_current_between(world, &spawn.sandbox, spawn.generation, self.sent, World::micros()) {
+            world.violate(
+                "I6",
+                format!(
+                    "{} generation {} was accepted while another generation was current",
+                    spawn.sandbox, spawn.generation
+                ),
+            );
+        }
+        self.finish();
+    }
+
+    fn exit_reported(&mut self, code: i32) {
+        let detail = format!("{} generation {} code {code}", self.name(), self.spawn.generation);
+        self.world.event(self.actor, "exit report", detail);
+    }
+
+    /// A refusal: PERMISSION_DENIED is right only if a newer generation was committed.
+    fn rejected(&mut self, status: &Status) {
+        let (world, spawn) = (&self.world, &self.spawn);
+        let detail = format!("{} generation {}: {:?}", self.name(), spawn.generation, status.code());
+        world.event(self.actor, "rejected", detail);
+        match status.code() {
+            Code::PermissionDenied if !superseded_by(world, &spawn.sandbox, spawn.generation, World::micros()) => {
+                world.violate(
+                    "I6",
+                    format!(
+                        "the supervisor of {} generation {} was rejected, but no newer generation was ever committed (hello sent at {} us): the runtime runs an identity the record does not hold",
+                        spawn.sandbox, spawn.generation, self.sent
+                    ),
+                );
+            }
+            Code::Unauthenticated => {
+                world.violate("I6", format!("a token the gateway issued for {} was not recognised", spawn.sandbox));
+            }
+            _ => {}
+        }
+        self.finish();
+    }
+
+    fn lost(&mut self, _error: &str, _retry_in: std::time::Duration) {
+        self.finish();
+    }
+}
+
+async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::UnboundedSender<Request>) {
+    if !spawn.ghost && *spawn.signal.borrow() == RunSignal::Ended {
+        return;
+    }
+    let gateways = world.scenario.gateways;
+    // Like berth-supervisor given several gateways: each attempt goes to the next one.
+    let first = spawn.generation as usize + 1;
+    let connect = move |attempt: usize| async move { Ok(net::channel((first + attempt) % gateways)) };
+    let (exit, exit_rx) = watch::channel(None);
+    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None };
+    let (done, mut answered) = watch::channel(false);
+    let mut checks = Checks {
+        world: world.clone(),
+        spawn: SpawnInfo { sandbox: spawn.sandbox.clone(), generation: spawn.generation },
+        actor: if spawn.ghost { "stale supervisor" } else { "supervisor" },
+        sent: 0,
+        done: spawn.ghost.then_some(done),
+    };
+    let session = session::keep_session(connect, run, &mut checks);
+    tokio::pin!(session);
+    loop {
+        tokio::select! {
+            end = &mut session => {
+                // A rejected supervisor stops its workload and exits: its run ends.
+                if matches!(end, SessionEnd::Rejected(_)) && !spawn.ghost {
                     let (reply, _) = tokio::sync::oneshot::channel();
-                    let _ = runtime
-                        .send(Request { call: Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation), reply });
+                    let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation);
+                    let _ = runtime.send(Request { call, reply });
                 }
                 return;
             }
-            End::Lost if spawn.ghost => return,
-            End::Lost => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-        }
-    }
-}
-
-fn message(m: ToGateway) -> pb::SupervisorMessage {
-    pb::SupervisorMessage { message: Some(m) }
-}
-
-/// Checks a refusal: PERMISSION_DENIED is right only if a newer generation was committed.
-fn rejected(world: &World, spawn: &Spawn, actor: &str, status: &tonic::Status, sent: u64) -> Option<End> {
-    if !matches!(status.code(), Code::PermissionDenied | Code::NotFound | Code::Unauthenticated) {
-        return None;
-    }
-    let name = lock(&world.runtime).name(&spawn.sandbox);
-    world.event(actor, "rejected", format!("{name} generation {}: {:?}", spawn.generation, status.code()));
-    let now = World::micros();
-    match status.code() {
-        Code::PermissionDenied if !superseded_by(world, &spawn.sandbox, spawn.generation, now) => world.violate(
-            "I6",
-            format!(
-                "the supervisor of {} generation {} was rejected, but no newer generation was ever committed (hello sent at {sent} us): the runtime runs an identity the record does not hold",
-                spawn.sandbox, spawn.generation
-            ),
-        ),
-        Code::Unauthenticated => world.violate("I6", format!("a token the gateway issued for {} was not recognised", spawn.sandbox)),
-        _ => {}
-    }
-    Some(End::Rejected)
-}
-
-async fn session(world: &World, spawn: &mut Spawn, actor: &str, gateway: usize) -> End {
-    let (tx, rx) = mpsc::channel(4);
-    let _ =
-        tx.send(message(ToGateway::Hello(pb::Hello { runtime_token: spawn.token.clone(), main_process: None }))).await;
-    let sent = World::micros();
-    let mut client = SupervisorClient::new(net::channel(gateway));
-    let mut inbound = match tokio::time::timeout(Duration::from_secs(3), client.session(ReceiverStream::new(rx))).await
-    {
-        Ok(Ok(response)) => response.into_inner(),
-        Ok(Err(status)) => return rejected(world, spawn, actor, &status, sent).unwrap_or(End::Lost),
-        Err(_) => return End::Lost,
-    };
-    match tokio::time::timeout(Duration::from_secs(3), inbound.message()).await {
-        Ok(Ok(Some(pb::GatewayMessage { message: Some(FromGateway::Accepted(_)) }))) => {}
-        Ok(Err(status)) => return rejected(world, spawn, actor, &status, sent).unwrap_or(End::Lost),
-        _ => return End::Lost,
-    }
-    let accepted = World::micros();
-    let name = lock(&world.runtime).name(&spawn.sandbox);
-    world.event(actor, "accepted", format!("{name} generation {}", spawn.generation));
-    // I6: only the current generation authenticates.
-    if !generation_current_between(world, &spawn.sandbox, spawn.generation, sent, accepted) {
-        world.violate(
-            "I6",
-            format!(
-                "{} generation {} was accepted while another generation was current",
-                spawn.sandbox, spawn.generation
-            ),
-        );
-    }
-    if spawn.ghost {
-        return End::Done;
-    }
-    let mut heartbeat = tokio::time::interval(crate::gateway::HEARTBEAT);
-    let mut reported = false;
-    loop {
-        let exited = match *spawn.signal.borrow_and_update() {
-            RunSignal::MainExited(code) if !reported => Some(code),
-            RunSignal::Ended if !reported => return End::Done,
-            _ => None,
-        };
-        if let Some(code) = exited {
-            let name = lock(&world.runtime).name(&spawn.sandbox);
-            world.event(actor, "exit report", format!("{name} generation {} code {code}", spawn.generation));
-            if tx.send(message(ToGateway::Exit(pb::MainProcessExit { exit_code: code }))).await.is_err() {
-                return End::Lost;
-            }
-            reported = true;
-        }
-        tokio::select! {
-            biased;
-            received = inbound.message() => match received {
-                Ok(Some(pb::GatewayMessage { message: Some(FromGateway::ExitAck(_)) })) => return End::Done,
-                Ok(Some(_)) => {}
-                Ok(None) => return End::Lost,
-                Err(status) => return rejected(world, spawn, actor, &status, World::micros()).unwrap_or(End::Lost),
-            },
-            changed = spawn.signal.changed(), if !reported => if changed.is_err() { return End::Done },
-            _ = heartbeat.tick() => {
-                if tx.send(message(ToGateway::Heartbeat(pb::Heartbeat {}))).await.is_err() {
-                    return End::Lost;
+            _ = answered.changed(), if spawn.ghost => return,
+            changed = spawn.signal.changed(), if !spawn.ghost => {
+                match *spawn.signal.borrow_and_update() {
+                    _ if changed.is_err() => return,
+                    RunSignal::MainExited(code) => {
+                        exit.send_replace(Some(code));
+                    }
+                    // Killed with its run: the connection goes with it.
+                    RunSignal::Ended => return,
+                    RunSignal::Running => {}
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! `Send` bounds of the real gateway code.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -122,6 +123,10 @@ pub struct World {
     pub scenario: Scenario,
     pub store: Arc<MemoryStore>,
     pub runtime: Mutex<RuntimeModel>,
+    /// The runtime host's directory for the container driver's state (tokens, environments, its
+    /// start records and locks): a real directory, so the driver's own file handling runs as it
+    /// does in production. Its path differs between runs and never reaches the trace.
+    pub state_dir: PathBuf,
     trace: Mutex<Vec<Event>>,
     pub history: Mutex<Vec<Op>>,
     pub commits: Mutex<Vec<Commit>>,
@@ -147,6 +152,7 @@ impl World {
         Arc::new(Self {
             store: Arc::new(MemoryStore::with_clock(Arc::new(crate::gateway::SimClock))),
             runtime: Mutex::new(RuntimeModel::default()),
+            state_dir: state_dir(),
             trace: Mutex::default(),
             history: Mutex::default(),
             commits: Mutex::default(),
@@ -281,6 +287,21 @@ impl World {
         if let Some(problem) = problem {
             self.violate("L1", format!("{gateway} ran reconcile ({what}) but {problem}"));
         }
+    }
+}
+
+/// A fresh directory for one run's driver state, in memory where the host has a tmpfs.
+fn state_dir() -> PathBuf {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    base.join(format!("berth-sim-{}-{run}", std::process::id()))
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
 

@@ -393,3 +393,51 @@ fn a_start_after_an_out_of_band_restart_reaches_ready() {
         assert_eq!(w.sandbox("box").phase, Phase::Ready, "exit seen: {exit_seen}");
     }
 }
+
+/// Found by the simulator once it restarted containers out of band: a restart lands just after
+/// a stop was seen to end the run, so the sandbox is Stopped, but a run with the old
+/// generation's token starts after the recorded exit. A Start then must not take that run, or
+/// its exit when its stale supervisor is rejected, for the new generation's: only what carries
+/// the generation (the driver's start reply, the new supervisor) tells the runs apart.
+#[test]
+fn a_run_restarted_out_of_band_after_a_stop_is_not_the_next_generations() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    w.stop("box").unwrap();
+    w.run_all_effects();
+    assert_eq!(w.sandbox("box").phase.kind(), PhaseKind::Stopped);
+    let stopped = w.sandbox("box").last_exit.unwrap().finished_at;
+    let t = |n: i64| Timestamp::from_unix_nanos(stopped.unix_nanos() + n);
+    w.start("box").unwrap();
+    w.poll(&id, RuntimeState::Running { started_at: t(10) }).unwrap();
+    assert_eq!(w.sandbox("box").run, Run::Pending, "a run nothing ties to generation 2 was taken for its");
+    let rejected = ExitMarker { started_at: t(10), finished_at: t(20), exit_code: 1 };
+    w.poll(&id, RuntimeState::Exited(rejected)).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Starting);
+    let reply = StartReply::Running { started_at: t(30) };
+    w.observe(&id, Observation::Started { generation: 2, reply }).unwrap();
+    w.observe(&id, Observation::SupervisorConnected { generation: 2, main: MainProcess::Running }).unwrap();
+    assert_eq!(w.sandbox("box").phase, Phase::Ready);
+}
+
+/// Found by the simulator with three gateways: a gateway whose store connection hung merged its
+/// stop reply of generation 1 ("nothing there") fifteen seconds late, into a record that had
+/// since been started again at generation 2, and took it for that run's container gone.
+#[test]
+fn a_late_stop_reply_of_an_older_generation_says_nothing_of_the_current_run() {
+    let mut w = World::default();
+    ready(&mut w, "box", &[]);
+    let id = w.id("box");
+    w.stop("box").unwrap();
+    w.run_all_effects();
+    w.start("box").unwrap();
+    w.run_all_effects();
+    assert!(w.connect_live_supervisor(&id).is_some(), "generation 2 runs");
+    let before = w.sandbox("box");
+    assert_eq!((before.phase.kind(), before.generation), (PhaseKind::Ready, 2));
+    let late = Observation::Stopped { generation: 1, state: RuntimeState::Absent { at: None } };
+    let decision = w.observe(&id, late).unwrap();
+    assert!(decision.writes.is_empty(), "{:?}", decision.writes);
+    assert_eq!(w.sandbox("box"), before);
+}

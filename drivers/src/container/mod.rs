@@ -59,8 +59,15 @@ const STOP_SLACK: Duration = Duration::from_secs(10);
 const REPLACE_GRACE: Duration = Duration::from_secs(10);
 
 pub fn container_name(sandbox: &SandboxId) -> String {
-    format!("berth-{sandbox}")
+    format!("{CONTAINER_PREFIX}{sandbox}")
 }
+
+/// The sandbox whose container [`container_name`] called `name`.
+pub fn sandbox_of_container(name: &str) -> Option<SandboxId> {
+    name.strip_prefix(CONTAINER_PREFIX).filter(|id| !id.is_empty()).map(SandboxId::new)
+}
+
+const CONTAINER_PREFIX: &str = "berth-";
 
 pub fn volume_name(sandbox: &SandboxId) -> String {
     format!("berth-{sandbox}-workspace")
@@ -261,12 +268,8 @@ pub fn is_static(path: &Path) -> std::io::Result<bool> {
 }
 
 impl<E: Engine> ContainerDriver<E> {
+    /// The driver of `engine`, once it made sure `config.supervisor` can run in any image.
     pub fn new(engine: E, config: ContainerConfig) -> Result<Self, DriverError> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&config.root)
-            .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         match is_static(&config.supervisor) {
             Ok(true) => {}
             Ok(false) => {
@@ -277,6 +280,17 @@ impl<E: Engine> ContainerDriver<E> {
             }
             Err(e) => return Err(io(&format!("reading {}", config.supervisor.display()), e)),
         }
+        Self::over(engine, config)
+    }
+
+    /// The driver of `engine` with no look at the supervisor it mounts: for a runtime that runs
+    /// no executable, the simulator's.
+    pub fn over(engine: E, config: ContainerConfig) -> Result<Self, DriverError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.root)
+            .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let locks = SandboxLocks::new(config.root.clone());
         Ok(Self { engine: Arc::new(engine), config, locks })
     }
@@ -428,10 +442,17 @@ impl<E: Engine> ContainerDriver<E> {
             Some(_) => Ok(()),
             None => self.engine.create(&spec).await,
         };
-        let begun = |previous| Started { gate: StartRecord::intent(generation), previous };
+        let mut previous = current.and_then(|i| i.started_at);
+        let begin = |previous| {
+            #[cfg(feature = "bugs")]
+            if berth_core::bugs::on(berth_core::bugs::Bug::RecordAfterStart) {
+                return Ok(());
+            }
+            self.record_started(id, Started { gate: StartRecord::intent(generation), previous })
+        };
         let started = match created {
             Ok(()) => {
-                self.record_started(id, begun(current.and_then(|i| i.started_at)))?;
+                begin(previous)?;
                 if crash == Some(CrashPoint::BeforeRuntimeStart) {
                     return Err(crashed(CrashPoint::BeforeRuntimeStart));
                 }
@@ -439,7 +460,8 @@ impl<E: Engine> ContainerDriver<E> {
                     // Removed since it was inspected: make it again.
                     Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
                         Ok(()) => {
-                            self.record_started(id, begun(None))?;
+                            previous = None;
+                            begin(previous)?;
                             self.engine.start(&name).await
                         }
                         Err(e) => Err(e),
@@ -465,7 +487,6 @@ impl<E: Engine> ContainerDriver<E> {
         let Some(started_at) = inspection.started_at else {
             return Err(DriverError::Unavailable(format!("{name} started but reports no start time")));
         };
-        let previous = self.started(id)?.and_then(|r| r.previous);
         self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
         Ok(match inspection.state() {
             RuntimeState::Exited(marker) => StartReply::Exited(marker),
@@ -502,8 +523,11 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         }
     }
 
-    async fn stop(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+    async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
+        if start_gate::stop_superseded(self.started(sandbox)?.map(|r| r.gate), generation) {
+            return self.state(sandbox).await;
+        }
         self.stop_locked(sandbox, grace).await
     }
 

@@ -11,20 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use berth_proto::v1::gateway_message::Message as FromGateway;
-use berth_proto::v1::hello::MainProcess;
-use berth_proto::v1::supervisor_client::SupervisorClient;
-use berth_proto::v1::supervisor_message::Message as ToGateway;
-use berth_proto::v1::{Heartbeat, Hello, MainProcessExit, SupervisorMessage};
+use berth_proto::v1::Accepted;
+use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use clap::Parser;
 use hyper_util::rt::TokioIo;
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::Code;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// How long the supervisor keeps trying to report the command's exit before giving up.
-const REPORT_FOR: Duration = Duration::from_secs(15);
 /// How long a command gets to end after SIGTERM when the supervisor must stop it itself.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -60,6 +53,13 @@ fn log(message: impl std::fmt::Display) {
 }
 
 async fn connect(gateway: &str) -> Result<Channel, String> {
+    // HTTP/2 keepalive notices a gateway that went away without closing the connection.
+    let keepalive = |endpoint: Endpoint| {
+        endpoint
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true)
+    };
     if let Some(path) = gateway.strip_prefix("unix:") {
         let path = PathBuf::from(path);
         let connector = tower::service_fn(move |_: Uri| {
@@ -67,10 +67,13 @@ async fn connect(gateway: &str) -> Result<Channel, String> {
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
         });
         // The authority is unused: the connector dials the socket.
-        Endpoint::from_static("http://berth-gateway").connect_with_connector(connector).await.map_err(|e| e.to_string())
+        keepalive(Endpoint::from_static("http://berth-gateway"))
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| e.to_string())
     } else {
         let endpoint = Endpoint::from_shared(gateway.to_string()).map_err(|e| e.to_string())?;
-        endpoint.connect().await.map_err(|e| e.to_string())
+        keepalive(endpoint).connect().await.map_err(|e| e.to_string())
     }
 }
 
@@ -98,108 +101,34 @@ fn endpoints(gateways: &[String]) -> Vec<String> {
     all
 }
 
-enum SessionEnd {
-    /// The gateway acknowledged the command's exit.
-    Reported,
-    /// The gateway will never accept this run: stop.
-    Rejected(String),
-}
+/// The binary's ear on its session: the log.
+struct Log;
 
-/// Whether a refusal is final: this run's identity is stale, invalid, or its sandbox is gone.
-fn is_final(code: Code) -> bool {
-    matches!(code, Code::PermissionDenied | Code::Unauthenticated | Code::NotFound)
-}
-
-/// One connection: hello, heartbeats, and the exit report once the command has exited. The
-/// hello says whether the command already ended (or never started), so that such a run is
-/// never taken for Ready.
-async fn session(
-    gateway: &str,
-    token: &str,
-    exit: &mut watch::Receiver<Option<i32>>,
-    failed_to_start: Option<&str>,
-) -> Result<SessionEnd, String> {
-    let channel = connect(gateway).await?;
-    let (tx, rx) = mpsc::channel(4);
-    let send = |m: ToGateway| {
-        let tx = tx.clone();
-        async move { tx.send(SupervisorMessage { message: Some(m) }).await.map_err(|_| "the session closed".to_string()) }
-    };
-    let main_process = match (failed_to_start, *exit.borrow()) {
-        (Some(cause), _) => Some(MainProcess::FailedToStart(cause.to_string())),
-        (None, Some(code)) => Some(MainProcess::Exited(code)),
-        (None, None) => None,
-    };
-    send(ToGateway::Hello(Hello { runtime_token: token.to_string(), main_process })).await?;
-    let mut inbound = match SupervisorClient::new(channel).session(ReceiverStream::new(rx)).await {
-        Ok(response) => response.into_inner(),
-        Err(status) if is_final(status.code()) => return Ok(SessionEnd::Rejected(status.message().to_string())),
-        Err(status) => return Err(status.to_string()),
-    };
-    let accepted = match inbound.message().await {
-        Ok(Some(m)) => match m.message {
-            Some(FromGateway::Accepted(a)) => a,
-            other => return Err(format!("expected Accepted, got {other:?}")),
-        },
-        Ok(None) => return Err("the gateway closed the session".to_string()),
-        Err(status) if is_final(status.code()) => return Ok(SessionEnd::Rejected(status.message().to_string())),
-        Err(status) => return Err(status.to_string()),
-    };
-    log(format_args!("connected: sandbox {} generation {}", accepted.sandbox_id, accepted.generation));
-    let mut heartbeat =
-        tokio::time::interval(Duration::from_millis(u64::from(accepted.heartbeat_interval_ms.max(100))));
-    let mut reported = false;
-    loop {
-        let exited = if reported { None } else { *exit.borrow_and_update() };
-        if let Some(code) = exited {
-            send(ToGateway::Exit(MainProcessExit { exit_code: code })).await?;
-            reported = true;
-        }
-        tokio::select! {
-            biased;
-            message = inbound.message() => match message {
-                Ok(Some(m)) => if let Some(FromGateway::ExitAck(_)) = m.message { return Ok(SessionEnd::Reported) },
-                Ok(None) => return Err("the gateway closed the session".to_string()),
-                Err(status) if is_final(status.code()) => return Ok(SessionEnd::Rejected(status.message().to_string())),
-                Err(status) => return Err(status.to_string()),
-            },
-            _ = exit.changed(), if !reported => {}
-            _ = heartbeat.tick() => send(ToGateway::Heartbeat(Heartbeat {})).await?,
-        }
+impl Observer for Log {
+    fn accepted(&mut self, accepted: &Accepted) {
+        log(format_args!("connected: sandbox {} generation {}", accepted.sandbox_id, accepted.generation));
+    }
+    fn lost(&mut self, error: &str, retry_in: Duration) {
+        log(format_args!("session lost ({error}); retrying in {retry_in:?}"));
+    }
+    fn gave_up(&mut self) {
+        log("giving up reporting the exit; the driver's record of it remains");
     }
 }
 
-/// Keeps a session up until the exit is reported or the gateway rejects this run.
-async fn keep_session(
-    gateways: Vec<String>,
-    token: String,
-    mut exit: watch::Receiver<Option<i32>>,
-    failed_to_start: Option<String>,
-) -> SessionEnd {
-    let mut backoff = Duration::from_millis(100);
-    let mut reporting_since = None;
-    // Each attempt goes to the next endpoint: a gateway that went away is not tried twice running.
-    let mut attempt = 0usize;
-    loop {
-        let all = endpoints(&gateways);
-        match all.get(attempt % all.len().max(1)) {
-            None => log(format_args!("no gateway socket in {}; retrying in {backoff:?}", gateways.join(","))),
-            Some(gateway) => match session(gateway, &token, &mut exit, failed_to_start.as_deref()).await {
-                Ok(end) => return end,
-                Err(e) => log(format_args!("session with {gateway} lost ({e}); retrying in {backoff:?}")),
-            },
-        }
-        if exit.borrow().is_some() {
-            let since = *reporting_since.get_or_insert_with(tokio::time::Instant::now);
-            if since.elapsed() > REPORT_FOR {
-                log("giving up reporting the exit; the driver's record of it remains");
-                return SessionEnd::Reported;
+/// Keeps a session up with any of `gateways` (each attempt the next endpoint they name then).
+async fn keep_session(gateways: Vec<String>, run: Run) -> SessionEnd {
+    let connect = move |attempt: usize| {
+        let gateways = gateways.clone();
+        async move {
+            let all = endpoints(&gateways);
+            match all.get(attempt % all.len().max(1)) {
+                None => Err(format!("no gateway socket in {}", gateways.join(","))),
+                Some(gateway) => connect(gateway).await.map_err(|e| format!("{gateway}: {e}")),
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-        attempt = attempt.wrapping_add(1);
-    }
+    };
+    session::keep_session(connect, run, &mut Log).await
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -280,11 +209,13 @@ async fn main() -> ExitCode {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             let status = record(code);
             let _ = exit_tx.send(Some(code));
-            let _ = keep_session(args.gateway.clone(), token, exit_rx, Some(cause)).await;
+            let run = Run { token, exit: exit_rx, failed_to_start: Some(cause) };
+            let _ = keep_session(args.gateway.clone(), run).await;
             return status;
         }
     };
-    let mut session = tokio::spawn(keep_session(args.gateway.clone(), token, exit_rx, None));
+    let run = Run { token, exit: exit_rx, failed_to_start: None };
+    let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Told to terminate, the command's exit is the stop's doing, not a failure of the command:
     // the runtime reports that exit, the supervisor does not.
@@ -294,7 +225,10 @@ async fn main() -> ExitCode {
             biased;
             status = child.wait() => break status.map(exit_code).unwrap_or(1),
             end = &mut session => {
-                let reason = match end { Ok(SessionEnd::Rejected(reason)) => reason, _ => "the session ended".to_string() };
+                let reason = match end {
+                    Ok(SessionEnd::Rejected(status)) => status.message().to_string(),
+                    _ => "the session ended".to_string(),
+                };
                 log(format_args!("the gateway rejected this run ({reason}); stopping"));
                 return record(stop(&mut child).await);
             }

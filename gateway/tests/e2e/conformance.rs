@@ -570,7 +570,7 @@ async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(runtime: R
         assert_eq!(driver.start(launch(1)).await.unwrap(), StartReply::Running { started_at }, "{runtime:?} {at:?}");
         assert_eq!(live_runs(&target, id), 1, "{runtime:?} {at:?}: one run of the generation");
 
-        let stopped = driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+        let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
         assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?} {at:?}: {stopped:?}");
         assert_eq!(live_runs(&target, id), 0, "{runtime:?} {at:?}: the acknowledged stop left a run");
         driver.delete(&sandbox).await.unwrap();
@@ -592,17 +592,42 @@ async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime)
     // started it.
     let driver = target.driver(&data).await;
     assert!(matches!(driver.start(launch(1)).await.unwrap(), StartReply::Running { .. }));
-    driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+    driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
     driver.start_then_crash(launch(2), CrashPoint::AfterRuntimeStart).await.unwrap();
     drop(driver);
     let driver = target.driver(&data).await;
-    let stopped = driver.stop(&sandbox, Duration::from_secs(5)).await.unwrap();
+    let stopped = driver.stop(&sandbox, 2, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");
     assert_eq!(live_runs(&target, id), 0, "{runtime:?}: the acknowledged stop left generation 2 running");
     // And generation 2 is not started again: its run happened.
     let reply = driver.start(launch(2)).await.unwrap();
     assert!(matches!(reply, StartReply::Exited(_)), "{runtime:?}: {reply:?}");
     assert_eq!(live_runs(&target, id), 0);
+    driver.delete(&sandbox).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
+/// D1, found by the simulator with three gateways: a stop re-checked against the record, then
+/// kept waiting for the driver's lock while another gateway started the next generation, ended
+/// the run the user had just asked for. A stop decided for a generation leaves a newer one be.
+async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone(runtime: Runtime) {
+    let Some(target) = target(runtime, "stalestop").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-stale-stop-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let driver = target.driver(&data).await;
+    assert!(matches!(driver.start(sleeping(&target, &data, id, 1)).await.unwrap(), StartReply::Running { .. }));
+    let StartReply::Running { started_at } = driver.start(sleeping(&target, &data, id, 2)).await.unwrap() else {
+        panic!("{runtime:?}: generation 2 did not start")
+    };
+    let seen = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(seen, RuntimeState::Running { started_at }, "{runtime:?}: the stale stop ended generation 2");
+    assert_eq!(live_runs(&target, id), 1, "{runtime:?}");
+    let stopped = driver.stop(&sandbox, 2, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");
+    assert_eq!(live_runs(&target, id), 0, "{runtime:?}");
     driver.delete(&sandbox).await.unwrap();
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
@@ -687,6 +712,12 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run() {
                     super::a_stop_after_a_crashed_start_stops_the_unrecorded_run(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone() {
+                    super::a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone(Runtime::$runtime)
+                        .await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

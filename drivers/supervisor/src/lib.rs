@@ -1,0 +1,5 @@
+//! berth-supervisor's session with the gateway, as a library: the binary runs it over real
+//! sockets, the simulator over simulated ones, so the simulator tests the protocol production
+//! speaks rather than a copy of it.
+
+pub mod session;

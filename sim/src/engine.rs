@@ -1,0 +1,125 @@
+//! The gateway's side of the simulated runtime: an [`Engine`] for the real container driver,
+//! whose calls cross to the runtime's host and may fail, come back late or never.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::SandboxId;
+use berth_drivers::container::{ContainerSpec, Engine, EngineError, EventStream, Inspection, sandbox_of_container};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::runtime::{Answer, Call, DRIVER_TIMEOUT, Request};
+
+pub struct SimEngine {
+    calls: mpsc::UnboundedSender<Request>,
+    /// The identity of the store the gateway is bound to.
+    store: String,
+}
+
+impl SimEngine {
+    pub fn new(calls: mpsc::UnboundedSender<Request>, store: String) -> Self {
+        Self { calls, store }
+    }
+
+    async fn call(&self, call: Call) -> Result<Answer, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.calls
+            .send(Request { call, reply: tx })
+            .map_err(|_| EngineError::Unreachable("the runtime is gone".to_string()))?;
+        match tokio::time::timeout(DRIVER_TIMEOUT, rx).await {
+            Ok(Ok(Answer::Failed(e))) => Err(e),
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(_)) => Err(EngineError::Unreachable("the runtime's reply was lost".to_string())),
+            Err(_) => Err(EngineError::Unreachable("the runtime did not answer in time".to_string())),
+        }
+    }
+
+    async fn done(&self, call: Call) -> Result<(), EngineError> {
+        match self.call(call).await? {
+            Answer::Done => Ok(()),
+            _ => Err(unexpected()),
+        }
+    }
+}
+
+fn unexpected() -> EngineError {
+    EngineError::Unreachable("the runtime answered another call".to_string())
+}
+
+fn sandbox(container: &str) -> Result<SandboxId, EngineError> {
+    sandbox_of_container(container).ok_or_else(|| EngineError::NotFound(format!("No such container: {container}")))
+}
+
+#[async_trait]
+impl Engine for SimEngine {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn owner(&self) -> &str {
+        // Gateways sharing a data directory share an owner, as they do in production.
+        "sim"
+    }
+
+    fn store(&self) -> Option<&str> {
+        Some(&self.store)
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
+        self.done(Call::Create(Box::new(spec.clone()))).await
+    }
+
+    async fn start(&self, container: &str) -> Result<(), EngineError> {
+        self.done(Call::Start(sandbox(container)?)).await
+    }
+
+    async fn stop(&self, container: &str, _grace: Duration) -> Result<(), EngineError> {
+        self.done(Call::Stop(sandbox(container)?)).await
+    }
+
+    async fn remove(&self, container: &str) -> Result<(), EngineError> {
+        self.done(Call::Remove(sandbox(container)?)).await
+    }
+
+    async fn create_volume(&self, name: &str, _labels: &BTreeMap<String, String>) -> Result<(), EngineError> {
+        self.done(Call::CreateVolume(name.to_string())).await
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.done(Call::RemoveVolume(name.to_string())).await
+    }
+
+    async fn inspect(&self, container: &str) -> Result<Option<Inspection>, EngineError> {
+        match self.call(Call::Inspect(sandbox(container)?)).await? {
+            Answer::Inspection(inspection) => Ok(inspection),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxId>, EngineError> {
+        match self.call(Call::List).await? {
+            Answer::Sandboxes(ids) => Ok(ids),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<String>, EngineError> {
+        match self.call(Call::ListVolumes).await? {
+            Answer::Volumes(names) => Ok(names),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn events(&self) -> Result<EventStream, EngineError> {
+        match self.call(Call::Events).await? {
+            Answer::Events(rx) => Ok(Box::pin(UnboundedReceiverStream::new(rx))),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn import_image(&self, reference: &str, _rootfs: Vec<u8>) -> Result<(), EngineError> {
+        Err(EngineError::Refused(format!("the simulated runtime runs no images; {reference} was not imported")))
+    }
+}

@@ -21,8 +21,11 @@ pub enum Bug {
     /// R1: the identity rotation is not part of the Starting write: the start effect launches
     /// the next generation, and a later write (the driver's reply) persists it.
     RotationOutsideStart,
-    /// A queued effect runs without its re-check against the record: a stop decided before a
-    /// start lands on the new generation's run (D1, issue 13).
+    /// A stale effect runs without its re-checks: the gateway's against the record before a
+    /// queued effect runs, and the driver's against the generation it began last before a stop
+    /// ([`crate::start_gate::stop_superseded`]). A stop decided before a start then lands on the
+    /// new generation's run (D1, issue 13). Either re-check alone prevents that: with only the
+    /// first bent, the simulator rightly sees no harm.
     EffectWithoutRecheck,
     /// Defect 2 of issue 13: the container driver records a generation only after the runtime
     /// started it, so a gateway that dies in between leaves a run no record knows, and the
@@ -32,10 +35,17 @@ pub enum Bug {
     /// recorded exit, so the exit of a run restarted out of band after it (stopped to make room,
     /// or its stale supervisor rejected) passes for the new generation's.
     FenceFromRecordedExit,
+    /// The reconcile sweep stops before its last page of the runtime's listing, so the
+    /// sandboxes listed there look absent.
+    SweepSkipsLastPage,
+    /// A holder counts its lease tenure from the store's answer rather than from its request:
+    /// an answer the store held back after granting makes the holder reconcile past the
+    /// grant's time-to-live (L1).
+    TenureFromAnswer,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 9] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -43,6 +53,8 @@ impl Bug {
         Bug::EffectWithoutRecheck,
         Bug::RecordAfterStart,
         Bug::FenceFromRecordedExit,
+        Bug::SweepSkipsLastPage,
+        Bug::TenureFromAnswer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +66,8 @@ impl Bug {
             Bug::EffectWithoutRecheck => "effect-without-recheck",
             Bug::RecordAfterStart => "record-after-start",
             Bug::FenceFromRecordedExit => "fence-from-recorded-exit",
+            Bug::SweepSkipsLastPage => "sweep-skips-last-page",
+            Bug::TenureFromAnswer => "tenure-from-answer",
         }
     }
 
@@ -64,12 +78,13 @@ impl Bug {
     pub fn gateways(self) -> usize {
         match self {
             Bug::DeleteWithoutRetry => 2,
-            Bug::EffectWithoutRecheck => 3,
+            Bug::EffectWithoutRecheck | Bug::TenureFromAnswer => 3,
             Bug::PollBypassesFence
             | Bug::EventBypassesFence
             | Bug::RotationOutsideStart
             | Bug::RecordAfterStart
-            | Bug::FenceFromRecordedExit => 1,
+            | Bug::FenceFromRecordedExit
+            | Bug::SweepSkipsLastPage => 1,
         }
     }
 }
@@ -99,7 +114,8 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
     }
 }
 
-/// D1: an effect is taken as still wanted whatever the record says now.
+/// D1: an effect is taken as still wanted whatever the record says now, and a stop as the
+/// driver's to carry out whatever generation it began since.
 pub(crate) fn skips_recheck() -> bool {
     on(Bug::EffectWithoutRecheck)
 }

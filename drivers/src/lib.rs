@@ -16,6 +16,7 @@ use futures_util::Stream;
 pub mod container;
 pub mod process;
 mod sandbox_lock;
+pub mod tombstone;
 
 /// A failed file-system step, as a driver error: the caller may try again.
 pub(crate) fn io(context: &str, e: std::io::Error) -> DriverError {

@@ -46,6 +46,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::sandbox_lock::SandboxLocks;
+use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
@@ -109,6 +110,7 @@ pub struct ProcessDriver {
 struct Inner {
     config: ProcessConfig,
     locks: SandboxLocks,
+    tombstones: Tombstones,
     events: broadcast::Sender<(SandboxId, RuntimeState)>,
     monitor: Once,
 }
@@ -200,7 +202,8 @@ impl ProcessDriver {
             .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let (events, _) = broadcast::channel(1024);
         let locks = SandboxLocks::new(config.root.clone());
-        Ok(Self { inner: Arc::new(Inner { config, locks, events, monitor: Once::new() }) })
+        let tombstones = Tombstones::new(&config.root);
+        Ok(Self { inner: Arc::new(Inner { config, locks, tombstones, events, monitor: Once::new() }) })
     }
 
     /// The workspace directory of a sandbox (for tests and operators).
@@ -329,6 +332,11 @@ impl Inner {
         crash: Option<CrashPoint>,
     ) -> Result<StartReply, DriverError> {
         let id = &launch.sandbox;
+        if self.tombstones.holds(id)? {
+            // The lock file this start made goes again, as the delete left it.
+            self.locks.remove(id)?;
+            return Ok(tombstone::deleted());
+        }
         let generation = launch.generation;
         // A root from before the start gate may have a run without a record of it.
         let record = match self.begun(id)? {
@@ -532,6 +540,7 @@ impl Driver for ProcessDriver {
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let inner = &self.inner;
         let _guard = inner.locks.lock(sandbox, false).await?;
+        inner.tombstones.mark(sandbox)?;
         inner.stop_locked(sandbox, Duration::ZERO).await?;
         match std::fs::remove_dir_all(inner.dir(sandbox)) {
             Ok(()) => {}

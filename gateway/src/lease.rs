@@ -98,6 +98,8 @@ pub async fn lead(
             }
         };
         let Some(reply) = reply else { break };
+        #[cfg(feature = "bugs")]
+        let asked = if berth_core::bugs::on(berth_core::bugs::Bug::TenureFromAnswer) { Instant::now() } else { asked };
         match reply {
             Ok(lease) if lease.held_by(&holder) && Instant::now() < asked + relied_on => match &mut tenure {
                 Some(t) if t.term == lease.term => t.until = asked + relied_on,

@@ -142,6 +142,10 @@ pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<Swee
     let mut after: Option<SandboxId> = None;
     loop {
         let batch = engine.driver().list(after.as_ref(), settings.page_size).await?;
+        #[cfg(feature = "bugs")]
+        if berth_core::bugs::on(berth_core::bugs::Bug::SweepSkipsLastPage) && batch.next.is_none() && after.is_some() {
+            break;
+        }
         for (id, state) in batch.items {
             let observation = Observation::Runtime { source: RuntimeSource::PollList, state, as_of_version: None };
             let known = records.get(&id).cloned();

@@ -45,8 +45,26 @@ impl TracingStore {
     async fn call<T>(&self, call: impl std::future::Future<Output = T>) -> T {
         self.latency(false).await;
         let reply = call.await;
+        self.reply_late().await;
         self.stall(false).await;
         reply
+    }
+
+    /// A reply held back after the store did what was asked (a slow network, a busy database
+    /// thread): whoever counts time from the reply rather than the request is late by as much.
+    async fn reply_late(&self) {
+        let p = self.world.scenario.faults.late_store_replies;
+        if !self.world.faults_on() || p == 0.0 {
+            return;
+        }
+        let delay = {
+            let mut draw = lock(&self.world.store_draw);
+            draw.chance(p).then(|| draw.millis(1, crate::gateway::LEASE_TTL.as_millis() as u64 / 2))
+        };
+        if let Some(delay) = delay {
+            self.world.event(self.actor.clone(), "store reply late", format!("by {delay:?}"));
+            tokio::time::sleep(delay).await;
+        }
     }
 
     /// A reply's way back: held while the connection stalls.
@@ -212,6 +230,7 @@ impl Store for TracingStore {
         {
             self.world.lease_granted(holder, lease.term);
         }
+        self.reply_late().await;
         self.stall(true).await;
         lease
     }
@@ -338,7 +357,11 @@ pub async fn check_converged(world: &World) {
     }
     for volume in &runtime.volumes {
         if !records.iter().any(|s| volume_name(&s.id) == *volume) {
-            world.violate("I7", format!("the runtime still has the volume {volume}, whose sandbox's record is gone"));
+            let owner = runtime.sandboxes().find(|id| volume_name(id) == *volume).map(|id| runtime.name(id));
+            world.violate(
+                "I7",
+                format!("the runtime still has the volume {volume} ({owner:?}), whose sandbox's record is gone"),
+            );
         }
     }
 }

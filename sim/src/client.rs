@@ -74,6 +74,12 @@ struct Client {
     r2_runs: usize,
 }
 
+/// The clients of gateway `g`, over a new channel.
+fn connect(g: usize) -> (Sandboxes, Providers) {
+    let channel = net::channel(g);
+    (SandboxesClient::with_interceptor(channel.clone(), Bearer), ProvidersClient::with_interceptor(channel, Bearer))
+}
+
 enum Versioned {
     None,
     Current,
@@ -83,15 +89,7 @@ enum Versioned {
 impl Client {
     fn new(world: Arc<World>, index: usize) -> Self {
         let draw = Draw::new(world.scenario.seed, 100 + index as u64);
-        let gateways = (0..world.scenario.gateways)
-            .map(|g| {
-                let channel = net::channel(g);
-                (
-                    SandboxesClient::with_interceptor(channel.clone(), Bearer),
-                    ProvidersClient::with_interceptor(channel, Bearer),
-                )
-            })
-            .collect::<Vec<_>>();
+        let gateways = (0..world.scenario.gateways).map(connect).collect::<Vec<_>>();
         Self { at: index % gateways.len(), world, index, actor: format!("client {index}"), draw, gateways, r2_runs: 0 }
     }
 
@@ -160,6 +158,11 @@ impl Client {
             Err(Some(status)) => status.code() == Code::Unavailable,
             Ok(_) => false,
         };
+        // The connection may have gone silent (a partition, a crashed host): the next call to
+        // this gateway goes over a new one.
+        if matches!(result, Err(None)) {
+            self.gateways[self.at] = connect(self.at);
+        }
         if unreachable && self.gateways.len() > 1 {
             self.at = (self.at + 1) % self.gateways.len();
             self.world.event(self.actor.clone(), "moves", format!("to {}", net::gateway_host(self.at)));

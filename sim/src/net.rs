@@ -63,8 +63,11 @@ pub fn fixed_date(mut response: http::Response<tonic::body::Body>) -> http::Resp
     response
 }
 
-/// A channel to gateway `i` that connects on first use and reconnects by itself. HTTP/2
-/// keepalive notices a connection stalled by a partition.
+/// A channel to gateway `i` that connects on first use and reconnects by itself when its
+/// connection fails. It has no HTTP/2 keepalive: hyper times its pings by the host's real clock,
+/// which would make a run depend on how busy the machine is. A connection a partition or a
+/// crash left silent is noticed by the callers' own timeouts instead (clients open a new channel
+/// after a call times out; supervisors after their heartbeats go unanswered).
 pub fn channel(i: usize) -> Channel {
     let connector = tower::service_fn(move |_: Uri| async move {
         let stream = turmoil::net::TcpStream::connect((gateway_host(i).as_str(), GATEWAY_PORT)).await?;
@@ -72,9 +75,6 @@ pub fn channel(i: usize) -> Channel {
     });
     Endpoint::from_shared(format!("http://{}:{GATEWAY_PORT}", gateway_host(i)))
         .expect("a valid URI")
-        .http2_keep_alive_interval(Duration::from_secs(1))
-        .keep_alive_timeout(Duration::from_secs(1))
-        .keep_alive_while_idle(true)
         .connect_timeout(Duration::from_secs(2))
         .connect_with_connector_lazy(connector)
 }

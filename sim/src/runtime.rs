@@ -154,6 +154,11 @@ impl RuntimeModel {
         self.names.get(id).cloned().unwrap_or_else(|| id.to_string())
     }
 
+    /// Every sandbox the runtime was ever told of.
+    pub fn sandboxes(&self) -> impl Iterator<Item = &SandboxId> {
+        self.names.keys()
+    }
+
     /// Every run the sandbox ever had, its removed containers' included.
     pub fn runs(&self, id: &SandboxId) -> impl Iterator<Item = &Run> {
         let current = self.containers.get(id).map(|c| c.runs.iter()).into_iter().flatten();

@@ -78,6 +78,9 @@ pub struct Faults {
     pub failed_calls: f64,
     /// Probability that a removed volume stays listed a moment longer.
     pub lingering_volumes: f64,
+    /// Probability that the store holds a reply back (up to half a lease time-to-live) after
+    /// it did what was asked.
+    pub late_store_replies: f64,
     /// With several gateways: stalls of one gateway's store connection per minute (its calls
     /// and replies held for up to a few lease time-to-lives, as a hung database connection holds
     /// them), aimed at the lease holder.
@@ -145,6 +148,7 @@ impl Scenario {
             ..faults
         };
         let page_size = later.pick(&[1, 2, 3, 4, 8, 16]);
+        let faults = Faults { late_store_replies: later.rate(0.5, 0.02, 0.1), ..faults };
         let mut d = Draw::new(seed, 1);
         let start_max = d.millis(50, 2_000);
         Self {

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
 use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
@@ -28,22 +29,17 @@ pub async fn supervisors(
 /// What the simulator hears of a session: each hello's time, and each answer checked (I6).
 struct Checks {
     world: Arc<World>,
-    spawn: SpawnInfo,
+    sandbox: SandboxId,
+    generation: u64,
     actor: &'static str,
     sent: u64,
     /// A stale supervisor makes one attempt: told when it got its answer, or none.
     done: Option<watch::Sender<bool>>,
 }
 
-#[derive(Clone)]
-struct SpawnInfo {
-    sandbox: berth_core::SandboxId,
-    generation: u64,
-}
-
 impl Checks {
     fn name(&self) -> String {
-        lock(&self.world.runtime).name(&self.spawn.sandbox)
+        lock(&self.world.runtime).name(&self.sandbox)
     }
 
     fn finish(&self) {
@@ -59,15 +55,15 @@ impl Observer for Checks {
     }
 
     fn accepted(&mut self, _accepted: &Accepted) {
-        let (world, spawn) = (&self.world, &self.spawn);
-        world.event(self.actor, "accepted", format!("{} generation {}", self.name(), spawn.generation));
+        let world = &self.world;
+        world.event(self.actor, "accepted", format!("{} generation {}", self.name(), self.generation));
         // I6: only the current generation authenticates.
-        if !generation_current_between(world, &spawn.sandbox, spawn.generation, self.sent, World::micros()) {
+        if !generation_current_between(world, &self.sandbox, self.generation, self.sent, World::micros()) {
             world.violate(
                 "I6",
                 format!(
                     "{} generation {} was accepted while another generation was current",
-                    spawn.sandbox, spawn.generation
+                    self.sandbox, self.generation
                 ),
             );
         }
@@ -75,27 +71,27 @@ impl Observer for Checks {
     }
 
     fn exit_reported(&mut self, code: i32) {
-        let detail = format!("{} generation {} code {code}", self.name(), self.spawn.generation);
+        let detail = format!("{} generation {} code {code}", self.name(), self.generation);
         self.world.event(self.actor, "exit report", detail);
     }
 
     /// A refusal: PERMISSION_DENIED is right only if a newer generation was committed.
     fn rejected(&mut self, status: &Status) {
-        let (world, spawn) = (&self.world, &self.spawn);
-        let detail = format!("{} generation {}: {:?}", self.name(), spawn.generation, status.code());
+        let world = &self.world;
+        let detail = format!("{} generation {}: {:?}", self.name(), self.generation, status.code());
         world.event(self.actor, "rejected", detail);
         match status.code() {
-            Code::PermissionDenied if !superseded_by(world, &spawn.sandbox, spawn.generation, World::micros()) => {
+            Code::PermissionDenied if !superseded_by(world, &self.sandbox, self.generation, World::micros()) => {
                 world.violate(
                     "I6",
                     format!(
                         "the supervisor of {} generation {} was rejected, but no newer generation was ever committed (hello sent at {} us): the runtime runs an identity the record does not hold",
-                        spawn.sandbox, spawn.generation, self.sent
+                        self.sandbox, self.generation, self.sent
                     ),
                 );
             }
             Code::Unauthenticated => {
-                world.violate("I6", format!("a token the gateway issued for {} was not recognised", spawn.sandbox));
+                world.violate("I6", format!("a token the gateway issued for {} was not recognised", self.sandbox));
             }
             _ => {}
         }
@@ -120,7 +116,8 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
         world: world.clone(),
-        spawn: SpawnInfo { sandbox: spawn.sandbox.clone(), generation: spawn.generation },
+        sandbox: spawn.sandbox.clone(),
+        generation: spawn.generation,
         actor: if spawn.ghost { "stale supervisor" } else { "supervisor" },
         sent: 0,
         done: spawn.ghost.then_some(done),

@@ -28,6 +28,7 @@ use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox_lock::SandboxLocks;
+use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
 
 pub mod docker;
@@ -233,6 +234,7 @@ pub struct ContainerDriver<E> {
     engine: Arc<E>,
     config: ContainerConfig,
     locks: SandboxLocks,
+    tombstones: Tombstones,
 }
 
 /// Writes a file only its owner reads, atomically.
@@ -292,7 +294,8 @@ impl<E: Engine> ContainerDriver<E> {
             .create(&config.root)
             .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let locks = SandboxLocks::new(config.root.clone());
-        Ok(Self { engine: Arc::new(engine), config, locks })
+        let tombstones = Tombstones::new(&config.root);
+        Ok(Self { engine: Arc::new(engine), config, locks, tombstones })
     }
 
     pub fn engine(&self) -> &E {
@@ -413,6 +416,11 @@ impl<E: Engine> ContainerDriver<E> {
     /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
     async fn start_locked(&self, launch: &Launch, crash: Option<CrashPoint>) -> Result<StartReply, DriverError> {
         let id = &launch.sandbox;
+        if self.tombstones.holds(id)? {
+            // The lock file this start made goes again, as the delete left it.
+            self.locks.remove(id)?;
+            return Ok(tombstone::deleted());
+        }
         let generation = launch.generation;
         let name = container_name(id);
         let current = self.engine.inspect(&name).await?;
@@ -533,6 +541,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
+        self.tombstones.mark(sandbox)?;
         self.engine.remove(&container_name(sandbox)).await?;
         let volume = volume_name(sandbox);
         self.engine.remove_volume(&volume).await?;

@@ -20,6 +20,8 @@ pub const REPORT_FOR: Duration = Duration::from_secs(15);
 /// How long a gateway gets to answer a hello: one that never does (partitioned, hung) is
 /// left for the next.
 pub const ACCEPT_WITHIN: Duration = Duration::from_secs(3);
+/// How many heartbeat intervals without a word from the gateway end the connection.
+const SILENT_HEARTBEATS: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -131,8 +133,12 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
         Ok(Ok((_, None))) => return Attempt::Lost("the gateway closed the session".into()),
     };
     observer.accepted(&accepted);
-    let mut heartbeat =
-        tokio::time::interval(Duration::from_millis(u64::from(accepted.heartbeat_interval_ms.max(100))));
+    let interval = Duration::from_millis(u64::from(accepted.heartbeat_interval_ms.max(100)));
+    let mut heartbeat = tokio::time::interval(interval);
+    // The gateway answers every heartbeat: silence for this long means the connection is gone
+    // (a partition, a host that died without closing it), whatever the transport noticed.
+    let silence = interval * SILENT_HEARTBEATS;
+    let mut heard = tokio::time::Instant::now();
     let mut reported = false;
     loop {
         let exited = if reported { None } else { *run.exit.borrow_and_update() };
@@ -147,6 +153,7 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
             biased;
             received = inbound.message() => match received {
                 Ok(Some(m)) => {
+                    heard = tokio::time::Instant::now();
                     if let Some(FromGateway::ExitAck(_)) = m.message {
                         return Attempt::Ended(SessionEnd::Reported);
                     }
@@ -157,6 +164,9 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
             // Once the command's side is gone, nothing more will change.
             _ = run.exit.changed(), if !reported && run.exit.has_changed().is_ok() => {}
             _ = heartbeat.tick() => {
+                if heard.elapsed() > silence {
+                    return Attempt::Lost(format!("the gateway answered no heartbeat for {silence:?}"));
+                }
                 if tx.send(message(ToGateway::Heartbeat(Heartbeat {}))).await.is_err() {
                     return Attempt::Lost("the session closed".into());
                 }

@@ -256,6 +256,10 @@ impl Target {
         for entry in entries(data.path.join(dir)) {
             // The drivers' own folders (started generations, locks): only what is in them
             // counts.
+            // Tombstones stay: a deleted sandbox is never started again.
+            if entry == berth_drivers::tombstone::TOMBSTONES_DIR {
+                continue;
+            }
             if entry.starts_with('.') {
                 left.extend(entries(data.path.join(dir).join(&entry)).into_iter().map(|e| format!("{entry}/{e}")));
             } else {
@@ -633,6 +637,27 @@ async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone(runti
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
 
+/// Found by the simulator with three gateways: a start re-checked against the record just before
+/// the sandbox's delete was decided, then held up, reached the driver after the delete. It made
+/// a workspace volume no record stood for, which nothing ever removed. A deleted sandbox is
+/// never started again, and its late start leaves nothing behind.
+async fn a_start_landing_after_the_delete_makes_nothing(runtime: Runtime) {
+    let Some(target) = target(runtime, "latestart").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-late-start-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let driver = target.driver(&data).await;
+    assert!(matches!(driver.start(sleeping(&target, &data, id, 1)).await.unwrap(), StartReply::Running { .. }));
+    driver.delete(&sandbox).await.unwrap();
+    let late = driver.start(sleeping(&target, &data, id, 1)).await.unwrap();
+    assert!(matches!(late, StartReply::Failed { .. }), "{runtime:?}: {late:?}");
+    let seen = driver.get(&sandbox).await.unwrap();
+    assert!(matches!(seen, RuntimeState::Absent { .. }), "{runtime:?}: {seen:?}");
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
 async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
     let Some(target) = target(runtime, "adopt").await else { return };
     let data = DataDir::new();
@@ -718,6 +743,11 @@ macro_rules! conformance {
                 async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone() {
                     super::a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone(Runtime::$runtime)
                         .await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_start_landing_after_the_delete_makes_nothing() {
+                    super::a_start_landing_after_the_delete_makes_nothing(Runtime::$runtime).await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,11 +117,23 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     command + " --timeline timeline.html"
 }
 
+/// The faults the seed drew (those it left off are not shown), and its sweep's page size.
+fn fault_mix(scenario: &Scenario) -> String {
+    let Ok(serde_json::Value::Object(faults)) = serde_json::to_value(&scenario.faults) else { return String::new() };
+    let on: Vec<String> = faults
+        .iter()
+        .filter(|(_, rate)| rate.as_f64().is_some_and(|r| r > 0.0))
+        .map(|(name, rate)| format!("{name} {:.3}", rate.as_f64().unwrap_or_default()))
+        .collect();
+    format!("{}; page size {}", on.join(", "), scenario.page_size)
+}
+
 fn print_violations(o: &Outcome, phases: &Phases) {
     for v in &o.violations {
         println!("seed {}: {} at {:.3}s: {}", o.seed, v.invariant, v.t as f64 / 1e6, v.message);
     }
     if !o.passed() {
+        println!("  faults: {}", fault_mix(&scenario(o.seed, phases)));
         println!("  reproduce: {}", reproduce(o, phases));
     }
 }

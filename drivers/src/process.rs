@@ -101,6 +101,10 @@ enum StartedFile {
 pub struct ExitFile {
     pub exit_code: i32,
     pub finished_at: i64,
+    /// Set when the driver recorded the exit itself, for a run whose supervisor died without
+    /// recording one: the generation of that run. A supervisor's own record has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 pub struct ProcessDriver {
@@ -253,9 +257,13 @@ impl Inner {
         } else if let Some((pid, kernel_start)) = find_supervisor(sandbox, generation) {
             adopt(pid, kernel_start)?;
             true
-        } else if self.run_dir(sandbox).join("exit.json").exists() {
+        } else if read_json::<ExitFile>(&self.run_dir(sandbox).join("exit.json"))?
+            .is_some_and(|exit| exit.generation.is_none_or(|g| g == generation))
+        {
             // Its supervisor is gone, but lived long enough to record an exit (the previous one
-            // is cleared before a start is begun): it ran, and ended.
+            // is cleared before a start is begun): it ran, and ended. An exit the driver
+            // recorded itself for the previous generation's dead run, on a look in between, is
+            // no sign of this one.
             adopt(0, 0)?;
             true
         } else {
@@ -279,7 +287,8 @@ impl Inner {
             Some(exit) => exit,
             None => {
                 kill_group(run, Signal::SIGKILL);
-                let exit = ExitFile { exit_code: code_if_unknown, finished_at: now_nanos().max(run.started_at + 1) };
+                let finished_at = now_nanos().max(run.started_at + 1);
+                let exit = ExitFile { exit_code: code_if_unknown, finished_at, generation: Some(run.generation) };
                 write_json(&path, &exit)?;
                 exit
             }

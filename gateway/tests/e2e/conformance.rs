@@ -658,6 +658,33 @@ async fn a_start_landing_after_the_delete_makes_nothing(runtime: Runtime) {
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
 
+/// Found by the crash e2e test under load: generation 1's run was killed without recording its
+/// exit, generation 2's start was cut short before anything ran, and a look in between recorded
+/// generation 1's exit on its behalf. The re-driven start took that exit for generation 2's run
+/// having happened, and the sandbox went to Error without ever running generation 2.
+async fn a_look_between_a_crashed_start_and_its_redrive_does_not_pass_the_old_exit_for_the_new_run(runtime: Runtime) {
+    let Some(target) = target(runtime, "oldexit").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-old-exit-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let launch = |generation| sleeping(&target, &data, id, generation);
+    let driver = target.driver(&data).await;
+    assert!(matches!(driver.start(launch(1)).await.unwrap(), StartReply::Running { .. }));
+    target.kill_out_of_band(&data, id);
+    driver.start_then_crash(launch(2), CrashPoint::BeforeRuntimeStart).await.unwrap();
+    drop(driver);
+    let driver = target.driver(&data).await;
+    let seen = driver.get(&sandbox).await.unwrap();
+    assert!(matches!(seen, RuntimeState::Exited(_)), "{runtime:?}: {seen:?}");
+    let reply = driver.start(launch(2)).await.unwrap();
+    assert!(matches!(reply, StartReply::Running { .. }), "{runtime:?}: generation 2 never ran: {reply:?}");
+    assert_eq!(live_runs(&target, id), 1, "{runtime:?}");
+    driver.delete(&sandbox).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
 async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
     let Some(target) = target(runtime, "adopt").await else { return };
     let data = DataDir::new();
@@ -748,6 +775,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_start_landing_after_the_delete_makes_nothing() {
                     super::a_start_landing_after_the_delete_makes_nothing(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_look_between_a_crashed_start_and_its_redrive_does_not_pass_the_old_exit_for_the_new_run() {
+                    super::a_look_between_a_crashed_start_and_its_redrive_does_not_pass_the_old_exit_for_the_new_run(
+                        Runtime::$runtime,
+                    )
+                    .await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

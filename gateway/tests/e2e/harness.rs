@@ -51,7 +51,9 @@ impl DataDir {
     /// The pid of a sandbox's current run (its supervisor), from the process driver's state.
     pub fn run_pid(&self, id: &str) -> Option<i32> {
         let state = std::fs::read_to_string(self.path.join("sandboxes").join(id).join("run/state.json")).ok()?;
-        serde_json::from_str::<serde_json::Value>(&state).ok()?["pid"].as_i64().map(|p| p as i32)
+        // A run the driver adopted after it had ended is recorded with pid 0: no process, and
+        // killpg(0) would kill this test's own process group (and whatever runs the tests).
+        serde_json::from_str::<serde_json::Value>(&state).ok()?["pid"].as_i64().map(|p| p as i32).filter(|p| *p > 1)
     }
 
     pub fn workspace(&self, id: &str) -> PathBuf {

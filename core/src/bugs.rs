@@ -27,9 +27,10 @@ pub enum Bug {
     /// new generation's run (D1, issue 13). Either re-check alone prevents that: with only the
     /// first bent, the simulator rightly sees no harm.
     EffectWithoutRecheck,
-    /// Defect 2 of issue 13: the container driver records a generation only after the runtime
-    /// started it, so a gateway that dies in between leaves a run no record knows, and the
-    /// re-driven start stops it and runs the generation again.
+    /// Defects 1 and 2 of issue 13: the drivers record a generation only after the runtime
+    /// started it (the container driver) or the supervisor was spawned (the process driver), so
+    /// a gateway that dies in between leaves a run no record knows, and the re-driven start runs
+    /// the generation again.
     RecordAfterStart,
     /// Defect 3 of issue 13: a Start settles the new generation's exit fence on the last
     /// recorded exit, so the exit of a run restarted out of band after it (stopped to make room,

@@ -11,7 +11,8 @@ use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreEr
 
 use berth_drivers::container::volume_name;
 
-use crate::runtime::Container;
+use crate::runtime::RuntimeModel;
+use crate::scenario::DriverKind;
 use crate::world::{Commit, Seen, World, lock};
 
 pub fn seen(s: &Sandbox) -> Seen {
@@ -145,7 +146,6 @@ impl TracingStore {
         }
         let runtime = lock(&self.world.runtime);
         let generation = after.generation;
-        let container = runtime.containers.get(&after.id);
         let run = runtime.latest_run(&after.id, generation);
         let justified = match failure.reason {
             // A run of the generation ended: the one Berth started, when it was restarted out
@@ -160,7 +160,7 @@ impl TracingStore {
                     .removals
                     .get(&after.id)
                     .is_some_and(|times| times.iter().any(|t| started.is_none_or(|s| *t > s)));
-                container.is_none() || removed_since
+                !compute_exists(&self.world, &runtime, &after.id) || removed_since
             }
             // Since this generation was committed, the runtime refused a create or start, or
             // the container was removed (the driver found it gone as it started).
@@ -243,6 +243,32 @@ impl Store for TracingStore {
         self.stall(true).await;
         released
     }
+}
+
+/// Whether the runtime host has the sandbox's compute resource: its container, or (under the
+/// process driver) its folder.
+fn compute_exists(world: &World, runtime: &RuntimeModel, id: &SandboxId) -> bool {
+    match world.scenario.driver {
+        DriverKind::Container => runtime.containers.contains_key(id),
+        DriverKind::Process => world.state_dir.join(id.as_str()).is_dir(),
+    }
+}
+
+/// What the runtime host holds of each sandbox: containers, live processes, and the drivers'
+/// folders (a driver's own, named with a leading dot, aside).
+fn held(world: &World, runtime: &RuntimeModel) -> BTreeMap<SandboxId, &'static str> {
+    let mut held = BTreeMap::new();
+    let folders = std::fs::read_dir(&world.state_dir).into_iter().flatten().filter_map(|e| e.ok());
+    for name in folders.filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')) {
+        held.insert(SandboxId::new(name), "a folder");
+    }
+    for (id, _, _) in runtime.live_processes() {
+        held.insert(id, "a live process");
+    }
+    for id in runtime.containers.keys() {
+        held.insert(id.clone(), "a container");
+    }
+    held
 }
 
 /// I6: whether `generation` was a sandbox's committed generation at some moment in `[from, to]`.
@@ -335,7 +361,7 @@ pub async fn check_converged(world: &World) {
             );
             continue;
         }
-        let alive = runtime.containers.get(&s.id).and_then(Container::alive_generation);
+        let alive = runtime.alive_generation(&s.id);
         let consistent = match expected {
             PhaseKind::Ready => alive == Some(s.generation),
             _ => alive.is_none(),
@@ -350,9 +376,9 @@ pub async fn check_converged(world: &World) {
             world.violate("I8", format!("{} is Ready with no run known to have started", s.name));
         }
     }
-    for id in runtime.containers.keys() {
-        if !records.iter().any(|s| s.id == *id) {
-            world.violate("I7", format!("the runtime still has {id}, whose record is gone"));
+    for (id, what) in held(world, &runtime) {
+        if !records.iter().any(|s| s.id == id) {
+            world.violate("I7", format!("the runtime still has {what} of {id}, whose record is gone"));
         }
     }
     for volume in &runtime.volumes {

@@ -1,27 +1,25 @@
-//! The gateway's driver in the simulator: the real container driver over [`SimEngine`], with
-//! each call put in the trace, and L1's gateway side checked where reconcile reaches the
-//! runtime.
+//! The gateway's driver in the simulator: the real container driver over
+//! [`crate::engine::SimEngine`] or the real process driver over [`crate::os::SimOs`], with each
+//! call put in the trace, and L1's gateway side checked where reconcile reaches the runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{RuntimeState, SandboxId, StartReply};
-use berth_drivers::container::ContainerDriver;
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 
-use crate::engine::SimEngine;
 use crate::world::{World, lock};
 
 pub struct SimDriver {
     world: Arc<World>,
     /// The gateway whose driver this is.
     gateway: String,
-    driver: ContainerDriver<SimEngine>,
+    driver: Box<dyn Driver>,
 }
 
 impl SimDriver {
-    pub fn new(world: Arc<World>, gateway: String, driver: ContainerDriver<SimEngine>) -> Arc<Self> {
+    pub fn new(world: Arc<World>, gateway: String, driver: Box<dyn Driver>) -> Arc<Self> {
         Arc::new(Self { world, gateway, driver })
     }
 

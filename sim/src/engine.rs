@@ -14,19 +14,21 @@ use crate::runtime::{Answer, Call, DRIVER_TIMEOUT, Request};
 
 pub struct SimEngine {
     calls: mpsc::UnboundedSender<Request>,
+    /// The gateway this engine client belongs to.
+    gateway: usize,
     /// The identity of the store the gateway is bound to.
     store: String,
 }
 
 impl SimEngine {
-    pub fn new(calls: mpsc::UnboundedSender<Request>, store: String) -> Self {
-        Self { calls, store }
+    pub fn new(calls: mpsc::UnboundedSender<Request>, gateway: usize, store: String) -> Self {
+        Self { calls, gateway, store }
     }
 
     async fn call(&self, call: Call) -> Result<Answer, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.calls
-            .send(Request { call, reply: tx })
+            .send(Request { gateway: self.gateway, call, reply: tx })
             .map_err(|_| EngineError::Unreachable("the runtime is gone".to_string()))?;
         match tokio::time::timeout(DRIVER_TIMEOUT, rx).await {
             Ok(Ok(Answer::Failed(e))) => Err(e),

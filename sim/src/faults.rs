@@ -103,6 +103,12 @@ impl Injector {
                 _ => {}
             }
         }
+        for gateway in world.take_crash_requests() {
+            if !self.crashed.contains_key(&gateway) {
+                let until = now + self.draw.millis(100, 3_000);
+                self.crash(sim, world, gateway, until);
+            }
+        }
         if now < self.next_roll {
             return;
         }

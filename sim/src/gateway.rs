@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use berth_core::Timestamp;
 use berth_core::identity::IdentityKey;
+use berth_drivers::Driver;
 use berth_drivers::container::{ContainerConfig, ContainerDriver};
+use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use berth_gateway::clock::Clock;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::lease::{self, LeaseSettings};
@@ -20,9 +22,19 @@ use tokio::sync::mpsc;
 use crate::checker::TracingStore;
 use crate::driver::SimDriver;
 use crate::engine::SimEngine;
+use crate::kernel::KernelCall;
 use crate::net;
+use crate::os::SimOs;
 use crate::runtime::Request;
+use crate::scenario::DriverKind;
 use crate::world::{EPOCH_SECS, World};
+
+/// How a gateway reaches the runtime's host: the engine's API and the kernel's calls.
+#[derive(Clone)]
+pub struct RuntimeLinks {
+    pub calls: mpsc::UnboundedSender<Request>,
+    pub kernel: mpsc::UnboundedSender<KernelCall>,
+}
 
 /// The simulation's wall clock: the pinned epoch plus simulated time.
 pub struct SimClock;
@@ -40,7 +52,7 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 
 /// One boot of gateway `index`; its host runs it again after every crash. Its host name is
 /// its name in the reconcile lease, so a restarted gateway renews its own lease.
-pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, index: usize) -> turmoil::Result {
+pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> turmoil::Result {
     let name = net::gateway_host(index);
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
     world.event(name.clone(), "boot", format!("boot {boot}"));
@@ -54,13 +66,19 @@ pub async fn gateway(world: Arc<World>, calls: mpsc::UnboundedSender<Request>, i
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     // Gateways sharing a store share the host's driver state, as gateways sharing a data
     // directory do.
-    let containers = ContainerConfig {
-        root: world.state_dir.clone(),
-        supervisor: PathBuf::from("/run/berth/bin/berth-supervisor"),
-        socket_dir: PathBuf::from("/run/berth/sockets"),
+    let root = world.state_dir.clone();
+    let supervisor = PathBuf::from("/run/berth/bin/berth-supervisor");
+    let driver: Box<dyn Driver> = match scenario.driver {
+        DriverKind::Container => {
+            let containers = ContainerConfig { root, supervisor, socket_dir: PathBuf::from("/run/berth/sockets") };
+            let engine = SimEngine::new(links.calls, index, store.identity().to_string());
+            Box::new(ContainerDriver::over(engine, containers)?)
+        }
+        DriverKind::Process => {
+            let processes = ProcessConfig { root, supervisor, gateway: "unix:/run/berth/sockets".to_string() };
+            Box::new(ProcessDriver::over(SimOs::new(world.clone(), links.kernel, index), processes)?)
+        }
     };
-    let engine = SimEngine::new(calls, store.identity().to_string());
-    let driver = ContainerDriver::over(engine, containers)?;
     let engine = Engine::new(
         store,
         SimDriver::new(world.clone(), name.clone(), driver),

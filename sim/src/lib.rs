@@ -1,6 +1,7 @@
-//! berth-sim: the real Berth gateway and container driver inside turmoil, with a simulated
-//! runtime, supervisors and clients, injected races, and the invariant checkers of DESIGN 4. One seed derives everything;
-//! the same seed and build give a byte-identical trace.
+//! berth-sim: the real Berth gateway and drivers (container or process, as the seed draws)
+//! inside turmoil, with a simulated runtime host, the real supervisor session, clients,
+//! injected races, and the invariant checkers of DESIGN 4. One seed derives everything; the
+//! same seed and build give a byte-identical trace.
 
 pub mod checker;
 pub mod client;
@@ -8,8 +9,10 @@ pub mod driver;
 pub mod engine;
 pub mod faults;
 pub mod gateway;
+pub mod kernel;
 pub mod linear;
 pub mod net;
+pub mod os;
 pub mod run;
 pub mod runtime;
 pub mod scenario;

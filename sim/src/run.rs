@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::checker;
 use crate::client::client;
 use crate::faults::Injector;
-use crate::gateway::gateway;
+use crate::gateway::{RuntimeLinks, gateway};
 use crate::linear;
 use crate::net::gateway_host;
 use crate::runtime::Runtime;
@@ -82,22 +82,24 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
         .build();
 
     let (calls_tx, calls_rx) = mpsc::unbounded_channel();
+    let (kernel_tx, kernel_rx) = mpsc::unbounded_channel();
     let (spawn_tx, spawn_rx) = mpsc::unbounded_channel();
     let runtime = Runtime::new(world.clone(), spawn_tx);
     // The runtime and the supervisors never crash: their hosts start once.
-    let calls_rx = Mutex::new(Some(calls_rx));
+    let receivers = Mutex::new(Some((calls_rx, kernel_rx)));
     sim.host("runtime", move || {
-        let (runtime, calls) = (runtime.clone(), lock(&calls_rx).take());
+        let (runtime, receivers) = (runtime.clone(), lock(&receivers).take());
         async move {
-            match calls {
-                Some(calls) => runtime.serve(calls).await,
+            match receivers {
+                Some((calls, kernel)) => runtime.serve(calls, kernel).await,
                 None => Ok(()),
             }
         }
     });
+    let links = RuntimeLinks { calls: calls_tx.clone(), kernel: kernel_tx };
     for g in 0..scenario.gateways {
-        let (w, calls) = (world.clone(), calls_tx.clone());
-        sim.host(gateway_host(g), move || gateway(w.clone(), calls.clone(), g));
+        let (w, links) = (world.clone(), links.clone());
+        sim.host(gateway_host(g), move || gateway(w.clone(), links.clone(), g));
     }
     let spawn_rx = Mutex::new(Some(spawn_rx));
     let w = world.clone();

@@ -1,6 +1,7 @@
 //! The simulated runtime, the only fake runtime in Berth: a container engine (create, start,
-//! stop, inspect, list, events, remove, volumes) on a turmoil host of its own, so its work
-//! outlives gateway crashes as a real daemon's does. Gateways drive it through the real
+//! stop, inspect, list, events, remove, volumes), or a host's kernel for the process driver
+//! ([`crate::kernel`]), on a turmoil host of its own, so its work outlives gateway crashes as a
+//! real daemon's or a host's processes do. Gateways drive it through the real
 //! container driver (its bookkeeping, start gate and locks) over [`crate::engine::SimEngine`],
 //! so a gateway dying between any two steps of a driver operation is one of the runs explored.
 //!
@@ -18,14 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_core::identity::{IdentityKey, verify_token};
-use berth_core::{Intent, RuntimeState, SandboxId, Timestamp};
+use berth_core::{Intent, SandboxId, Timestamp};
 use berth_drivers::container::{
     ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Status, container_name, sandbox_of_container,
 };
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::scenario::Draw;
+use crate::scenario::{Draw, DriverKind};
 use crate::world::{World, lock};
 
 /// How long the engine's client waits for the runtime before it calls the call unanswered.
@@ -62,7 +63,14 @@ pub struct Run {
     pub token: String,
     /// Started outside Berth (an out-of-band restart), not by a driver's start.
     pub out_of_band: bool,
-    signal: watch::Sender<RunSignal>,
+    pub(crate) signal: watch::Sender<RunSignal>,
+}
+
+impl Run {
+    /// A run started by a driver's start.
+    pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
+        Self { generation, started_at, finished: None, token, out_of_band: false, signal }
+    }
 }
 
 pub struct Container {
@@ -132,6 +140,9 @@ pub struct RuntimeModel {
     pub refusals: BTreeMap<SandboxId, Vec<u64>>,
     /// Main-process exits the runtime's supervisors were told of: `(sandbox, generation)`.
     pub main_exits: Vec<(SandboxId, u64)>,
+    /// Under the process driver: every process group each sandbox's supervisors led.
+    pub processes: BTreeMap<SandboxId, Vec<crate::kernel::Process>>,
+    kernel_starts: u64,
     subscribers: Vec<Subscriber>,
     locks: BTreeMap<SandboxId, Arc<tokio::sync::Mutex<()>>>,
     last_time: i64,
@@ -145,13 +156,19 @@ impl RuntimeModel {
         Timestamp::from_unix_nanos(self.last_time)
     }
 
-    pub fn state(&self, id: &SandboxId) -> RuntimeState {
-        self.containers.get(id).map_or(RuntimeState::Absent { at: None }, |c| c.inspection().state())
+    /// The next process's start time in the kernel.
+    pub fn next_kernel_start(&mut self) -> u64 {
+        self.kernel_starts += 1;
+        self.kernel_starts
     }
 
     /// The sandbox's name if the runtime has been told it, for the trace.
     pub fn name(&self, id: &SandboxId) -> String {
         self.names.get(id).cloned().unwrap_or_else(|| id.to_string())
+    }
+
+    pub fn name_sandbox(&mut self, id: &SandboxId, name: &str) {
+        self.names.insert(id.clone(), name.to_string());
     }
 
     /// Every sandbox the runtime was ever told of.
@@ -162,7 +179,16 @@ impl RuntimeModel {
     /// Every run the sandbox ever had, its removed containers' included.
     pub fn runs(&self, id: &SandboxId) -> impl Iterator<Item = &Run> {
         let current = self.containers.get(id).map(|c| c.runs.iter()).into_iter().flatten();
-        current.chain(self.removed_runs.get(id).into_iter().flatten())
+        let processes = self.processes.get(id).into_iter().flatten().map(|p| &p.run);
+        current.chain(self.removed_runs.get(id).into_iter().flatten()).chain(processes)
+    }
+
+    /// The generation of what runs for the sandbox: its container's live run, or its live
+    /// process group (the newest, if D1 was broken and there are several).
+    pub fn alive_generation(&self, id: &SandboxId) -> Option<u64> {
+        let container = self.containers.get(id).and_then(Container::alive_generation);
+        let process = || self.processes.get(id)?.iter().rev().find(|p| p.live()).map(|p| p.run.generation);
+        container.or_else(process)
     }
 
     /// The latest run of `generation`: after an out-of-band restart, the restart's.
@@ -222,13 +248,15 @@ impl From<Result<(), EngineError>> for Answer {
 }
 
 pub struct Request {
+    /// The gateway whose driver called.
+    pub gateway: usize,
     pub call: Call,
     pub reply: oneshot::Sender<Answer>,
 }
 
 /// The runtime's wiring: calls in, supervisors out.
 pub struct Runtime {
-    world: Arc<World>,
+    pub(crate) world: Arc<World>,
     draw: std::sync::Mutex<Draw>,
     supervisors: mpsc::UnboundedSender<Spawn>,
     key: IdentityKey,
@@ -245,21 +273,46 @@ impl Runtime {
         f(&mut lock(&self.draw))
     }
 
-    fn fault(&self, p: f64) -> bool {
+    pub(crate) fn fault(&self, p: f64) -> bool {
         self.world.faults_on() && p > 0.0 && self.draw(|d| d.chance(p))
     }
 
-    fn between(&self, (low, high): (Duration, Duration)) -> Duration {
+    pub(crate) fn between(&self, (low, high): (Duration, Duration)) -> Duration {
         self.draw(|d| d.millis(low.as_millis() as u64, high.as_millis().max(low.as_millis()) as u64))
     }
 
-    fn name(&self, id: &SandboxId) -> String {
+    pub(crate) fn between_millis(&self, low: u64, high: u64) -> Duration {
+        self.draw(|d| d.millis(low, high))
+    }
+
+    pub(crate) fn name(&self, id: &SandboxId) -> String {
         lock(&self.world.runtime).name(id)
     }
 
-    /// Serves calls forever; each runs as a task of its own.
-    pub async fn serve(self: Arc<Self>, mut calls: mpsc::UnboundedReceiver<Request>) -> turmoil::Result {
+    pub(crate) fn key(&self) -> &IdentityKey {
+        &self.key
+    }
+
+    /// Sometimes crashes the calling gateway right after its call took effect.
+    pub(crate) fn crash_after(&self, gateway: usize, effect: String) {
+        if self.fault(self.world.scenario.faults.crashes_after_effects) {
+            self.world.request_crash(gateway, effect);
+        }
+    }
+
+    /// Starts a run's supervisor session.
+    pub(crate) fn supervise(&self, spawn: Spawn) {
+        let _ = self.supervisors.send(spawn);
+    }
+
+    /// Serves calls forever, the engine's and the kernel's; each runs as a task of its own.
+    pub async fn serve(
+        self: Arc<Self>,
+        mut calls: mpsc::UnboundedReceiver<Request>,
+        kernel: mpsc::UnboundedReceiver<crate::kernel::KernelCall>,
+    ) -> turmoil::Result {
         tokio::spawn(Arc::clone(&self).inject_faults());
+        tokio::spawn(Arc::clone(&self).serve_kernel(kernel));
         while let Some(request) = calls.recv().await {
             tokio::spawn(Arc::clone(&self).handle(request));
         }
@@ -268,7 +321,12 @@ impl Runtime {
 
     async fn handle(self: Arc<Self>, request: Request) {
         if let Call::SupervisorExited(id, generation) = &request.call {
-            self.end_run(id, Some(*generation), 1, EndCause::SupervisorExit);
+            // A rejected berth-supervisor stops its workload, records the exit and exits.
+            if !self.end_run(id, Some(*generation), 1, EndCause::SupervisorExit)
+                && let Some((pid, start)) = self.live_process(id, Some(*generation))
+            {
+                crate::kernel::end_process(&self.world, id, pid, start, 143, EndCause::SupervisorExit, true);
+            }
             return;
         }
         // Fails before its effect: the runtime answered an error and did nothing.
@@ -278,6 +336,13 @@ impl Runtime {
             let _ = request.reply.send(Answer::Failed(EngineError::Unreachable("the runtime failed the call".into())));
             return;
         }
+        let gateway = request.gateway;
+        let effect = match &request.call {
+            Call::Create(_) | Call::Start(_) | Call::Stop(_) | Call::Remove(_) => {
+                Some(request.call.describe(&lock(&self.world.runtime)))
+            }
+            _ => None,
+        };
         let answer = match request.call {
             Call::Create(spec) => self.create(*spec).into(),
             Call::Start(id) => self.start(&id).await.into(),
@@ -302,6 +367,9 @@ impl Runtime {
             Call::Events => Answer::Events(self.subscribe()),
             Call::SupervisorExited(..) => return,
         };
+        if let Some(effect) = effect {
+            self.crash_after(gateway, effect);
+        }
         self.reply(request.reply, answer);
     }
 
@@ -326,7 +394,7 @@ impl Runtime {
         lock(&self.world.runtime).locks.entry(id.clone()).or_default().clone()
     }
 
-    fn refused(&self, id: &SandboxId, error: EngineError) -> Result<(), EngineError> {
+    pub(crate) fn refused(&self, id: &SandboxId, error: EngineError) -> Result<(), EngineError> {
         lock(&self.world.runtime).refusals.entry(id.clone()).or_default().push(World::micros());
         self.world.event("runtime", "refused", format!("{}: {error}", self.name(id)));
         Err(error)
@@ -344,7 +412,7 @@ impl Runtime {
                 return self.refused(&id, EngineError::Refused(conflict));
             }
             if let Some(name) = spec.labels.get(LABEL_NAME) {
-                m.names.insert(id.clone(), name.clone());
+                m.name_sandbox(&id, name);
             }
             m.containers.insert(id.clone(), Container { runs: Vec::new(), spec });
         }
@@ -570,27 +638,41 @@ impl Runtime {
                 self.world.event("runtime", "watch streams dropped", "");
                 lock(&self.world.runtime).subscribers.clear();
             }
-            if self.fault(per_tick(f.removals))
-                && let Some(id) = self.pick(|_| true)
-            {
-                let this = Arc::clone(&self);
-                tokio::spawn(async move { this.remove(&id, EndCause::Removed).await });
+            let processes = self.world.scenario.driver == DriverKind::Process;
+            if self.fault(per_tick(f.removals)) {
+                if processes {
+                    self.remove_folder();
+                } else if let Some(id) = self.pick(|_| true) {
+                    let this = Arc::clone(&self);
+                    tokio::spawn(async move { this.remove(&id, EndCause::Removed).await });
+                }
             }
-            if self.fault(per_tick(f.kills))
-                && let Some(id) = self.pick(|c| c.alive_generation().is_some())
-            {
-                self.end_run(&id, None, 137, EndCause::Killed);
+            if self.fault(per_tick(f.kills)) {
+                if processes {
+                    if let Some((id, pid, start)) = self.pick_process() {
+                        crate::kernel::end_process(&self.world, &id, pid, start, 137, EndCause::Killed, false);
+                    }
+                } else if let Some(id) = self.pick(|c| c.alive_generation().is_some()) {
+                    self.end_run(&id, None, 137, EndCause::Killed);
+                }
             }
+            // A process has no restart outside its driver: only containers do.
             if self.fault(per_tick(f.restarts))
+                && !processes
                 && let Some(id) = self.pick(|c| !c.runs.is_empty())
             {
                 let this = Arc::clone(&self);
                 tokio::spawn(async move { this.restart(&id).await });
             }
-            if self.fault(per_tick(f.workload_exits))
-                && let Some(id) = self.pick(|c| c.alive_generation().is_some())
-            {
-                self.workload_exit(&id).await;
+            if self.fault(per_tick(f.workload_exits)) {
+                let picked = if processes {
+                    self.pick_process().map(|(id, pid, start)| (id, Some((pid, start))))
+                } else {
+                    self.pick(|c| c.alive_generation().is_some()).map(|id| (id, None))
+                };
+                if let Some((id, process)) = picked {
+                    self.workload_exit(&id, process).await;
+                }
             }
             if self.fault(per_tick(f.stale_supervisors)) {
                 self.ghost();
@@ -601,7 +683,43 @@ impl Runtime {
     fn pick(&self, filter: impl Fn(&Container) -> bool) -> Option<SandboxId> {
         let ids: Vec<SandboxId> =
             lock(&self.world.runtime).containers.iter().filter(|(_, c)| filter(c)).map(|(id, _)| id.clone()).collect();
-        (!ids.is_empty()).then(|| ids[self.draw(|d| d.below(ids.len() as u64)) as usize].clone())
+        self.pick_of(ids)
+    }
+
+    fn pick_of<T: Clone>(&self, items: Vec<T>) -> Option<T> {
+        (!items.is_empty()).then(|| items[self.draw(|d| d.below(items.len() as u64)) as usize].clone())
+    }
+
+    /// A live process group: `(sandbox, pid, kernel start)`.
+    fn pick_process(&self) -> Option<(SandboxId, i32, u64)> {
+        let live = lock(&self.world.runtime).live_processes();
+        self.pick_of(live)
+    }
+
+    /// `rm -rf` of a sandbox's folder behind the process driver's back, its processes killed
+    /// first (they hold it open).
+    fn remove_folder(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.world.state_dir) else { return };
+        let mut ids: Vec<SandboxId> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| !name.starts_with('.'))
+            .map(SandboxId::new)
+            .collect();
+        ids.sort();
+        let Some(id) = self.pick_of(ids) else { return };
+        let live: Vec<(i32, u64)> = lock(&self.world.runtime)
+            .live_processes()
+            .into_iter()
+            .filter(|(of, _, _)| *of == id)
+            .map(|(_, pid, start)| (pid, start))
+            .collect();
+        for (pid, start) in live {
+            crate::kernel::end_process(&self.world, &id, pid, start, 137, EndCause::Removed, false);
+        }
+        let _ = std::fs::remove_dir_all(self.world.state_dir.join(id.as_str()));
+        let at = self.world.runtime_time();
+        lock(&self.world.runtime).removals.entry(id.clone()).or_default().push(at);
+        self.world.event("runtime", "removed", format!("{}'s folder (out of band)", self.name(&id)));
     }
 
     /// `docker restart` behind Berth's back: the run ends, and a new one starts with whatever
@@ -614,13 +732,18 @@ impl Runtime {
         let _ = self.start_run(id, true).await;
     }
 
-    /// The workload exits by itself: its supervisor reports it, then the run ends.
-    async fn workload_exit(self: &Arc<Self>, id: &SandboxId) {
+    /// The workload exits by itself: its supervisor reports it, then the run (the container's,
+    /// or the process group `(pid, kernel start)`) ends.
+    async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>) {
         // 0 is a completion (DESIGN 9.3); the others failures.
         let code = self.draw(|d| d.below(10) as i32);
         let generation = {
             let mut m = lock(&self.world.runtime);
-            let Some(run) = m.containers.get_mut(id).and_then(Container::alive) else { return };
+            let run = match process {
+                None => m.containers.get_mut(id).and_then(Container::alive),
+                Some((pid, start)) => m.live_process_mut(id, pid, start).map(|p| &mut p.run),
+            };
+            let Some(run) = run else { return };
             run.signal.send_replace(RunSignal::MainExited(code));
             let generation = run.generation;
             m.main_exits.push((id.clone(), generation));
@@ -632,7 +755,14 @@ impl Runtime {
         let linger = self.draw(|d| d.millis(20, 500));
         tokio::spawn(async move {
             tokio::time::sleep(linger).await;
-            this.end_run(&id, Some(generation), code, EndCause::WorkloadExit);
+            match process {
+                None => {
+                    this.end_run(&id, Some(generation), code, EndCause::WorkloadExit);
+                }
+                Some((pid, start)) => {
+                    crate::kernel::end_process(&this.world, &id, pid, start, code, EndCause::WorkloadExit, true);
+                }
+            }
         });
     }
 
@@ -640,14 +770,12 @@ impl Runtime {
     fn ghost(&self) {
         let ended: Vec<(SandboxId, u64, String)> = {
             let m = lock(&self.world.runtime);
-            m.containers
-                .iter()
-                .flat_map(|(id, c)| {
-                    c.runs
-                        .iter()
-                        .filter(|r| r.finished.is_some() && !r.token.is_empty())
-                        .map(|r| (id.clone(), r.generation, r.token.clone()))
-                })
+            let containers = m.containers.iter().flat_map(|(id, c)| c.runs.iter().map(move |r| (id, r)));
+            let processes = m.processes.iter().flat_map(|(id, ps)| ps.iter().map(move |p| (id, &p.run)));
+            containers
+                .chain(processes)
+                .filter(|(_, r)| r.finished.is_some() && !r.token.is_empty())
+                .map(|(id, r)| (id.clone(), r.generation, r.token.clone()))
                 .collect()
         };
         if ended.is_empty() {

@@ -81,15 +81,29 @@ pub struct Faults {
     /// Probability that the store holds a reply back (up to half a lease time-to-live) after
     /// it did what was asked.
     pub late_store_replies: f64,
+    /// Probability that a gateway dies right after a runtime call of its driver took effect,
+    /// before it hears back: a spawn, or an engine's create, start, stop or remove. Its driver's
+    /// bookkeeping is then left between two steps.
+    pub crashes_after_effects: f64,
     /// With several gateways: stalls of one gateway's store connection per minute (its calls
     /// and replies held for up to a few lease time-to-lives, as a hung database connection holds
     /// them), aimed at the lease holder.
     pub store_stalls: f64,
 }
 
+/// Which real driver the gateways run over the simulated runtime host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum DriverKind {
+    /// The container driver over the simulated engine.
+    Container,
+    /// The process driver over the simulated kernel.
+    Process,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Scenario {
     pub seed: u64,
+    pub driver: DriverKind,
     pub sandboxes: usize,
     pub providers: usize,
     pub clients: usize,
@@ -149,10 +163,13 @@ impl Scenario {
         };
         let page_size = later.pick(&[1, 2, 3, 4, 8, 16]);
         let faults = Faults { late_store_replies: later.rate(0.5, 0.02, 0.1), ..faults };
+        let faults = Faults { crashes_after_effects: Draw::new(seed, 8).rate(0.4, 0.02, 0.15), ..faults };
+        let driver = Draw::new(seed, 7).pick(&[DriverKind::Container, DriverKind::Process]);
         let mut d = Draw::new(seed, 1);
         let start_max = d.millis(50, 2_000);
         Self {
             seed,
+            driver,
             sandboxes: 8,
             providers: 2,
             clients: 4,

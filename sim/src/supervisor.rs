@@ -131,7 +131,8 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
                 if matches!(end, SessionEnd::Rejected(_)) && !spawn.ghost {
                     let (reply, _) = tokio::sync::oneshot::channel();
                     let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation);
-                    let _ = runtime.send(Request { call, reply });
+                    // Not a gateway's call: nothing crashes after it.
+                    let _ = runtime.send(Request { gateway: usize::MAX, call, reply });
                 }
                 return;
             }

@@ -145,6 +145,8 @@ pub struct World {
     stalls: Mutex<Vec<Stall>>,
     /// Per gateway (its current boot): what tells its lease loop to shut down.
     pub shutdowns: Mutex<BTreeMap<usize, tokio::sync::watch::Sender<bool>>>,
+    /// Gateways to crash at the next step, as the runtime's host asked.
+    crash_requests: Mutex<Vec<usize>>,
 }
 
 impl World {
@@ -165,6 +167,7 @@ impl World {
             last_stamp: Mutex::default(),
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             shutdowns: Mutex::default(),
+            crash_requests: Mutex::default(),
             scenario,
         })
     }
@@ -230,6 +233,16 @@ impl World {
         } else {
             stalls[gateway].all = until;
         }
+    }
+
+    /// Asks for gateway `gateway` to crash at the next step (it sees no reply sent meanwhile).
+    pub fn request_crash(&self, gateway: usize, after: String) {
+        self.event("runtime", "gateway to crash", format!("{} after {after}", crate::net::gateway_host(gateway)));
+        lock(&self.crash_requests).push(gateway);
+    }
+
+    pub fn take_crash_requests(&self) -> Vec<usize> {
+        std::mem::take(&mut *lock(&self.crash_requests))
     }
 
     pub fn stalled(&self, gateway: usize) -> Stall {

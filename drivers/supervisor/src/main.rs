@@ -33,6 +33,11 @@ struct Args {
     /// Where to record the command's exit code and finish time for the driver.
     #[arg(long)]
     exit_file: Option<PathBuf>,
+    /// Where to record, before anything else, that this run began: its generation
+    /// (`BERTH_GENERATION`). The process driver's proof that a run it lost track of (its gateway
+    /// died as it spawned it, and the run died since without recording an exit) did begin.
+    #[arg(long)]
+    began_file: Option<PathBuf>,
     /// The runtime token of this run.
     #[arg(long, env = "BERTH_RUNTIME_TOKEN", hide_env_values = true, required_unless_present = "token_file")]
     token: Option<String>,
@@ -136,14 +141,17 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
-/// Records the exit for the driver: atomically, so it never reads half a file.
-fn record_exit(path: &Path, code: i32) {
-    let finished_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let body = format!("{{\"exit_code\":{code},\"finished_at\":{finished_at}}}");
+/// Writes a record for the driver atomically, so it never reads half a file.
+fn write_record(path: &Path, body: &str, what: &str) {
     let tmp = path.with_extension("tmp");
     if let Err(e) = std::fs::write(&tmp, body).and_then(|()| std::fs::rename(&tmp, path)) {
-        log(format_args!("cannot record the exit in {}: {e}", path.display()));
+        log(format_args!("cannot record {what} in {}: {e}", path.display()));
     }
+}
+
+fn record_exit(path: &Path, code: i32) {
+    let finished_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    write_record(path, &format!("{{\"exit_code\":{code},\"finished_at\":{finished_at}}}"), "the exit");
 }
 
 async fn stop(child: &mut tokio::process::Child) -> i32 {
@@ -162,6 +170,9 @@ async fn stop(child: &mut tokio::process::Child) -> i32 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(path) = &args.began_file {
+        write_record(path, &std::env::var("BERTH_GENERATION").unwrap_or_default(), "the run's beginning");
+    }
     // The driver's record first: it must exist by the time anyone learns of the exit.
     let record = |code: i32| {
         if let Some(path) = &args.exit_file {

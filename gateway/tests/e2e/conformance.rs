@@ -227,12 +227,17 @@ impl Target {
         }
     }
 
-    /// Kills the sandbox's run behind Berth's back (`docker kill`).
-    fn kill_out_of_band(&self, data: &DataDir, id: &str) {
+    /// Kills the sandbox's run behind Berth's back (`docker kill`, or SIGKILL to the process
+    /// group of every supervisor carrying its identity, recorded or not).
+    fn kill_out_of_band(&self, id: &str) {
         match self.runtime {
             Runtime::Process => {
-                let pid = data.run_pid(id).unwrap();
-                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+                let pids = supervisor_pids(id);
+                assert!(!pids.is_empty(), "no run of {id} to kill");
+                for pid in pids {
+                    let group = nix::unistd::Pid::from_raw(pid);
+                    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+                }
             }
             _ => {
                 self.cli(&["kill", &container_name(&berth_core::SandboxId::new(id))]);
@@ -446,7 +451,7 @@ async fn out_of_band_removal_and_kill(runtime: Runtime) {
     let (s, seen) = wait_for(&mut sandboxes, "removed", Duration::from_secs(30), missing).await;
     assert!(s.is_some(), "{runtime:?}: {seen:?}");
     assert!(seen.iter().all(|p| matches!(p, pb::Phase::Ready | pb::Phase::Error)), "{runtime:?}: {seen:?}");
-    target.kill_out_of_band(&data, &killed);
+    target.kill_out_of_band(&killed);
     let (s, _) = wait_phase(&mut sandboxes, "killed", pb::Phase::Error).await;
     assert_eq!(s.failure.unwrap().exit_code, Some(137), "{runtime:?}");
     // Both recover by Start, with a new generation.
@@ -501,20 +506,7 @@ async fn a_late_start_of_an_older_generation_is_refused_after_out_of_band_remova
 /// whether its container runs (1 or 0).
 fn live_runs(target: &Target, id: &str) -> usize {
     match target.runtime {
-        Runtime::Process => {
-            let tag = format!("BERTH_SANDBOX_ID={id}");
-            let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
-                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-                let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-                let tagged = environ.split(|b| *b == 0).any(|v| v == tag.as_bytes());
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
-                // A run is a supervisor leading its own group.
-                let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;
-                (tagged && alive && leads).then_some(pid)
-            });
-            leaders.count()
-        }
+        Runtime::Process => supervisor_pids(id).len(),
         _ => {
             let running = target.cli(&[
                 "inspect",
@@ -525,6 +517,21 @@ fn live_runs(target: &Target, id: &str) -> usize {
             usize::from(running == "true")
         }
     }
+}
+
+/// The live supervisors carrying sandbox `id`'s identity, each leading its own group.
+fn supervisor_pids(id: &str) -> Vec<i32> {
+    let tag = format!("BERTH_SANDBOX_ID={id}");
+    let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let tagged = environ.split(|b| *b == 0).any(|v| v == tag.as_bytes());
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
+        let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;
+        (tagged && alive && leads).then_some(pid)
+    });
+    leaders.collect()
 }
 
 /// What a driver gets to start `generation` of sandbox `id`, whose command sleeps.
@@ -612,6 +619,35 @@ async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime)
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
 
+/// D1, found by the simulator (process driver): a gateway died right after the supervisor was
+/// spawned, and the run was killed before anyone looked; the re-driven start must take the
+/// killed run for the generation's, not run the generation a second time.
+async fn a_run_killed_after_a_crashed_start_is_not_started_again(runtime: Runtime) {
+    let Some(target) = target(runtime, "crashkill").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-crash-kill-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let launch = |generation| sleeping(&target, &data, id, generation);
+    let driver = target.driver(&data).await;
+    driver.start_then_crash(launch(1), CrashPoint::AfterRuntimeStart).await.unwrap();
+    drop(driver);
+    // The supervisor has written what it must before anything else by the time it runs the
+    // command; give it that moment, as the gateway's restart would.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    target.kill_out_of_band(id);
+    while live_runs(&target, id) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let driver = target.driver(&data).await;
+    let reply = driver.start(launch(1)).await.unwrap();
+    assert!(matches!(reply, StartReply::Exited(_)), "{runtime:?}: {reply:?}");
+    assert_eq!(live_runs(&target, id), 0, "{runtime:?}: generation 1 ran a second time");
+    driver.delete(&sandbox).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
 /// D1, found by the simulator with three gateways: a stop re-checked against the record, then
 /// kept waiting for the driver's lock while another gateway started the next generation, ended
 /// the run the user had just asked for. A stop decided for a generation leaves a newer one be.
@@ -671,7 +707,7 @@ async fn a_look_between_a_crashed_start_and_its_redrive_does_not_pass_the_old_ex
     let launch = |generation| sleeping(&target, &data, id, generation);
     let driver = target.driver(&data).await;
     assert!(matches!(driver.start(launch(1)).await.unwrap(), StartReply::Running { .. }));
-    target.kill_out_of_band(&data, id);
+    target.kill_out_of_band(id);
     driver.start_then_crash(launch(2), CrashPoint::BeforeRuntimeStart).await.unwrap();
     drop(driver);
     let driver = target.driver(&data).await;
@@ -764,6 +800,11 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run() {
                     super::a_stop_after_a_crashed_start_stops_the_unrecorded_run(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_run_killed_after_a_crashed_start_is_not_started_again() {
+                    super::a_run_killed_after_a_crashed_start_is_not_started_again(Runtime::$runtime).await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@
 //! <root>/<sandbox id>/workspace/      the command's working directory, kept across stop and start
 //! <root>/<sandbox id>/run/state.json  the newest run: generation, pid, its kernel start time, start time
 //! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
+//! <root>/<sandbox id>/run/began       the generation whose supervisor began (its first act)
 //! <root>/<sandbox id>/run/output.log  the supervisor's and the command's output
 //! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
 //! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
@@ -18,13 +19,20 @@
 //! A gateway that dies between the spawn and `state.json` leaves a run the files do not name;
 //! the next look at the sandbox finds it by the identity every supervisor carries in its
 //! environment (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`) and adopts it, so it is neither started
-//! twice nor left running after a stop (defect 1 of issue 13).
+//! twice nor left running after a stop (defect 1 of issue 13). A run that died before that look
+//! without recording its exit (killed) is known by `run/began`, which its supervisor writes
+//! before it does anything else: a supervisor that never wrote it never ran the command nor
+//! spoke to a gateway, so starting the generation again is its first run.
 //!
 //! Several gateways may share the root (gateways sharing a store on one host): a file lock per
 //! sandbox serializes them as the in-process lock serializes one gateway's tasks.
 //!
 //! The newest started generation lives outside the sandbox's folder: removing the folder out of
 //! band must not let a start of an older generation, still on its way, run after a newer one did.
+//!
+//! Everything it asks of the operating system goes through [`os::Os`]: the host's
+//! ([`os::HostOs`]) in production, a simulated one in the simulator, which runs this same
+//! bookkeeping under gateway crashes between any two of its steps.
 //!
 //! The runtime clock is the host's wall clock. There is no isolation beyond a process group:
 //! the command runs as the gateway's user.
@@ -33,21 +41,21 @@ use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Once};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use self::os::{HostOs, Os, Signal, SpawnSpec};
 use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
+
+pub mod os;
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
 pub const KILLED_EXIT_CODE: i32 = 137;
@@ -58,6 +66,8 @@ const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// The folder under the root holding each sandbox's newest started generation. Its leading dot
 /// keeps it apart from sandbox ids.
 const STARTED_DIR: &str = ".started";
+/// Where a run's supervisor writes its generation as it begins, under the run's folder.
+const BEGAN_FILE: &str = "began";
 
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
@@ -69,7 +79,7 @@ pub struct ProcessConfig {
     pub gateway: String,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct RunFile {
     generation: u64,
     pid: i32,
@@ -107,37 +117,17 @@ pub struct ExitFile {
     pub generation: Option<u64>,
 }
 
-pub struct ProcessDriver {
-    inner: Arc<Inner>,
+pub struct ProcessDriver<O: Os = HostOs> {
+    inner: Arc<Inner<O>>,
 }
 
-struct Inner {
+struct Inner<O> {
+    os: O,
     config: ProcessConfig,
     locks: SandboxLocks,
     tombstones: Tombstones,
     events: broadcast::Sender<(SandboxId, RuntimeState)>,
     monitor: Once,
-}
-
-fn now_nanos() -> i64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
-}
-
-/// `Some((state letter, kernel start time))` of a process, from `/proc/<pid>/stat`.
-fn proc_stat(pid: i32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is parenthesized and may itself hold spaces or parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    // Field 22 of stat overall is the 20th after the command name.
-    let start = fields.get(19)?.parse().ok()?;
-    Some((state, start))
-}
-
-fn alive(run: &RunFile) -> bool {
-    matches!(proc_stat(run.pid), Some((state, start)) if start == run.kernel_start && state != 'Z' && state != 'X')
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, DriverError> {
@@ -168,37 +158,16 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), DriverError> {
     write_file(path, &bytes, 0o600)
 }
 
-/// Ends what is left of a run's process group. The group id stays the supervisor's pid while
-/// any member lives, so it cannot name someone else's group here. A pid of 0 or 1 would name
-/// the caller's own group or init: never.
-fn kill_group(run: &RunFile, signal: Signal) {
-    if run.pid > 1 {
-        let _ = killpg(Pid::from_raw(run.pid), signal);
+impl ProcessDriver {
+    /// The driver on this machine.
+    pub fn new(config: ProcessConfig) -> Result<Self, DriverError> {
+        Self::over(HostOs, config)
     }
 }
 
-/// The live supervisor of `(sandbox, generation)`, found by the identity in its environment:
-/// the process leading its own group (its command shares the group and the variables).
-fn find_supervisor(sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
-    let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
-    let generation_var = format!("BERTH_GENERATION={generation}");
-    let entries = std::fs::read_dir("/proc").ok()?;
-    let mut pids: Vec<i32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-    pids.sort_unstable();
-    pids.into_iter().find_map(|pid| {
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let has = |var: &str| environ.split(|b| *b == 0).any(|v| v == var.as_bytes());
-        if !(has(&id_var) && has(&generation_var)) {
-            return None;
-        }
-        let leads = nix::unistd::getpgid(Some(Pid::from_raw(pid))).is_ok_and(|g| g.as_raw() == pid);
-        let (state, start) = proc_stat(pid)?;
-        (leads && state != 'Z' && state != 'X').then_some((pid, start))
-    })
-}
-
-impl ProcessDriver {
-    pub fn new(config: ProcessConfig) -> Result<Self, DriverError> {
+impl<O: Os> ProcessDriver<O> {
+    /// The driver over `os`.
+    pub fn over(os: O, config: ProcessConfig) -> Result<Self, DriverError> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -207,7 +176,7 @@ impl ProcessDriver {
         let (events, _) = broadcast::channel(1024);
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
-        Ok(Self { inner: Arc::new(Inner { config, locks, tombstones, events, monitor: Once::new() }) })
+        Ok(Self { inner: Arc::new(Inner { os, config, locks, tombstones, events, monitor: Once::new() }) })
     }
 
     /// The workspace directory of a sandbox (for tests and operators).
@@ -216,7 +185,27 @@ impl ProcessDriver {
     }
 }
 
-impl Inner {
+impl<O: Os> Inner<O> {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_unix_nanos(self.os.now())
+    }
+
+    fn alive(&self, run: &RunFile) -> bool {
+        self.os.stat(run.pid).is_some_and(|stat| stat.live && stat.kernel_start == run.kernel_start)
+    }
+
+    /// Ends what is left of a run's process group. The kernel never hands out a pid that is
+    /// still a group's id, so while any member of the run's group lives the pid names that
+    /// group; once none does, the pid may be another process's, leading its own group (a
+    /// supervisor of another sandbox): a pid held by a process started at another time is never
+    /// signalled. A pid of 0 or 1 would name the caller's own group or init: never.
+    fn kill_group(&self, run: &RunFile, signal: Signal) {
+        let recycled = self.os.stat(run.pid).is_some_and(|stat| stat.kernel_start != run.kernel_start);
+        if run.pid > 1 && !recycled {
+            self.os.signal_group(run.pid, signal);
+        }
+    }
+
     fn dir(&self, sandbox: &SandboxId) -> PathBuf {
         self.config.root.join(sandbox.as_str())
     }
@@ -254,16 +243,17 @@ impl Inner {
         };
         let found = if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
             true
-        } else if let Some((pid, kernel_start)) = find_supervisor(sandbox, generation) {
+        } else if let Some((pid, kernel_start)) = self.os.find_supervisor(sandbox, generation) {
             adopt(pid, kernel_start)?;
             true
-        } else if read_json::<ExitFile>(&self.run_dir(sandbox).join("exit.json"))?
-            .is_some_and(|exit| exit.generation.is_none_or(|g| g == generation))
+        } else if self.began(sandbox)? == Some(generation)
+            || read_json::<ExitFile>(&self.run_dir(sandbox).join("exit.json"))?
+                .is_some_and(|exit| exit.generation.is_none_or(|g| g == generation))
         {
-            // Its supervisor is gone, but lived long enough to record an exit (the previous one
-            // is cleared before a start is begun): it ran, and ended. An exit the driver
-            // recorded itself for the previous generation's dead run, on a look in between, is
-            // no sign of this one.
+            // Its supervisor is gone, but lived long enough to say it began, or to record an
+            // exit (both are cleared before a start is begun): it ran, and ended. An exit the
+            // driver recorded itself for the previous generation's dead run, on a look in
+            // between, is no sign of this one.
             adopt(0, 0)?;
             true
         } else {
@@ -273,6 +263,15 @@ impl Inner {
             self.record_begun(sandbox, Begun { gate: StartRecord::confirmed(generation), ..begun })?;
         }
         Ok(found)
+    }
+
+    /// The generation whose supervisor last began, as it wrote it.
+    fn began(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
+        match std::fs::read_to_string(self.run_dir(sandbox).join(BEGAN_FILE)) {
+            Ok(text) => Ok(text.trim().parse().ok()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading the run's began file", e)),
+        }
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
@@ -286,8 +285,8 @@ impl Inner {
         let exit = match read_json::<ExitFile>(&path)? {
             Some(exit) => exit,
             None => {
-                kill_group(run, Signal::SIGKILL);
-                let finished_at = now_nanos().max(run.started_at + 1);
+                self.kill_group(run, Signal::Kill);
+                let finished_at = self.os.now().max(run.started_at + 1);
                 let exit = ExitFile { exit_code: code_if_unknown, finished_at, generation: Some(run.generation) };
                 write_json(&path, &exit)?;
                 exit
@@ -303,11 +302,11 @@ impl Inner {
     /// What the runtime shows; the caller holds the sandbox's lock.
     fn observe(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         if !self.dir(sandbox).exists() {
-            return Ok(RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(now_nanos())) });
+            return Ok(RuntimeState::Absent { at: Some(self.now()) });
         }
         self.settle(sandbox)?;
         let Some(run) = self.run_file(sandbox)? else { return Ok(RuntimeState::Created) };
-        if alive(&run) {
+        if self.alive(&run) {
             return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at) });
         }
         Ok(RuntimeState::Exited(self.ended(sandbox, &run, KILLED_EXIT_CODE)?))
@@ -317,19 +316,19 @@ impl Inner {
     async fn stop_locked(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
         self.settle(sandbox)?;
         if let Some(run) = self.run_file(sandbox)?
-            && alive(&run)
+            && self.alive(&run)
         {
-            kill_group(&run, Signal::SIGTERM);
+            self.kill_group(&run, Signal::Term);
             let deadline = tokio::time::Instant::now() + grace;
-            while alive(&run) && tokio::time::Instant::now() < deadline {
+            while self.alive(&run) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            while alive(&run) {
-                kill_group(&run, Signal::SIGKILL);
+            while self.alive(&run) {
+                self.kill_group(&run, Signal::Kill);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             // The supervisor may have gone first; nothing of the group may outlive the stop.
-            kill_group(&run, Signal::SIGKILL);
+            self.kill_group(&run, Signal::Kill);
         }
         self.observe(sandbox)
     }
@@ -361,7 +360,7 @@ impl Inner {
         if self.run_file(id)?.is_some() {
             self.stop_locked(id, REPLACE_GRACE).await?;
         }
-        match self.spawn(launch, crash) {
+        match self.spawn(launch, crash).await {
             Ok(run) => Ok(StartReply::Running { started_at: Timestamp::from_unix_nanos(run.started_at) }),
             Err(DriverError::Failed(message)) => Ok(StartReply::Failed { message }),
             Err(e) => Err(e),
@@ -376,7 +375,7 @@ impl Inner {
         }
     }
 
-    fn spawn(self: &Arc<Self>, launch: &Launch, crash: Option<CrashPoint>) -> Result<RunFile, DriverError> {
+    async fn spawn(self: &Arc<Self>, launch: &Launch, crash: Option<CrashPoint>) -> Result<RunFile, DriverError> {
         let dir = self.dir(&launch.sandbox);
         let run_dir = self.run_dir(&launch.sandbox);
         let workspace = dir.join("workspace");
@@ -389,71 +388,64 @@ impl Inner {
                 .map_err(|e| io(&format!("creating {}", d.display()), e))?;
         }
         let exit_path = run_dir.join("exit.json");
-        match std::fs::remove_file(&exit_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io("clearing the previous exit", e)),
+        let began_path = run_dir.join(BEGAN_FILE);
+        for previous in [&exit_path, &began_path] {
+            match std::fs::remove_file(previous) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io("clearing the previous run's records", e)),
+            }
         }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(run_dir.join("output.log"))
-            .map_err(|e| io("opening output.log", e))?;
-        let log2 = log.try_clone().map_err(|e| io("opening output.log", e))?;
-        let mut command = tokio::process::Command::new(&self.config.supervisor);
-        command
-            .arg("--gateway")
-            .arg(&self.config.gateway)
-            .arg("--exit-file")
-            .arg(&exit_path)
-            .arg("--")
-            .args(&launch.spec.command)
-            .current_dir(&workspace)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()))
-            .env("HOME", &workspace)
-            .envs(&launch.spec.env)
-            .envs(launch.credentials.iter().map(|(k, v)| (k, v.expose())))
-            .env("BERTH_SANDBOX_ID", launch.sandbox.as_str())
-            .env("BERTH_GENERATION", launch.generation.to_string())
-            .env("BERTH_SANDBOX_NAME", &launch.name)
-            .env("BERTH_RUNTIME_TOKEN", launch.token.expose())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2)
-            .process_group(0);
-        let started_at = now_nanos();
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        let mut args = vec!["--gateway".to_string(), self.config.gateway.clone()];
+        args.extend(["--exit-file".to_string(), path(&exit_path), "--began-file".to_string(), path(&began_path)]);
+        args.push("--".to_string());
+        args.extend(launch.spec.command.iter().cloned());
+        let mut env = BTreeMap::from([("HOME".to_string(), workspace.to_string_lossy().into_owned())]);
+        env.extend(launch.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
+        env.extend([
+            ("BERTH_SANDBOX_ID".to_string(), launch.sandbox.to_string()),
+            ("BERTH_GENERATION".to_string(), launch.generation.to_string()),
+            ("BERTH_SANDBOX_NAME".to_string(), launch.name.clone()),
+            ("BERTH_RUNTIME_TOKEN".to_string(), launch.token.expose().to_string()),
+        ]);
+        let spec = SpawnSpec {
+            program: self.config.supervisor.clone(),
+            args,
+            cwd: workspace,
+            env,
+            log: run_dir.join("output.log"),
+        };
+        let started_at = self.os.now();
         let begun = Begun { gate: StartRecord::intent(launch.generation), started_at };
-        self.record_begun(&launch.sandbox, begun)?;
+        let begin = || {
+            #[cfg(feature = "bugs")]
+            if berth_core::bugs::on(berth_core::bugs::Bug::RecordAfterStart) {
+                return Ok(());
+            }
+            self.record_begun(&launch.sandbox, begun)
+        };
+        begin()?;
         if crash == Some(CrashPoint::BeforeRuntimeStart) {
             return Err(crashed(CrashPoint::BeforeRuntimeStart));
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| DriverError::Failed(format!("cannot run {}: {e}", self.config.supervisor.display())))?;
+        let child = self.os.spawn(spec).await?;
         if crash == Some(CrashPoint::AfterRuntimeStart) {
             return Err(crashed(CrashPoint::AfterRuntimeStart));
         }
-        let pid = child
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .ok_or_else(|| DriverError::Failed("the supervisor exited before it could be recorded".to_string()))?;
-        let kernel_start = proc_stat(pid).map(|(_, s)| s).unwrap_or_default();
-        let run = RunFile { generation: launch.generation, pid, kernel_start, started_at };
+        let run =
+            RunFile { generation: launch.generation, pid: child.pid, kernel_start: child.kernel_start, started_at };
         write_json(&run_dir.join("state.json"), &run)?;
         self.record_begun(&launch.sandbox, Begun { gate: StartRecord::confirmed(launch.generation), ..begun })?;
         // Reap our own child and record its status if the supervisor could not.
         let inner = Arc::clone(self);
         let sandbox = launch.sandbox.clone();
         tokio::spawn(async move {
-            let status = child.wait().await;
-            let code = status.ok().and_then(|s| {
-                use std::os::unix::process::ExitStatusExt;
-                s.code().or_else(|| s.signal().map(|sig| 128 + sig))
-            });
+            let code = child.exit.await;
             let Ok(_guard) = inner.locks.lock(&sandbox, false).await else { return };
-            if inner.run_file(&sandbox).ok().flatten().is_some_and(|r| r.pid == run.pid) {
+            // The pid alone could be a later run's that was handed the same one.
+            if inner.run_file(&sandbox).ok().flatten() == Some(run) {
                 let _ = inner.ended(&sandbox, &run, code.unwrap_or(KILLED_EXIT_CODE));
             }
         });
@@ -492,9 +484,7 @@ impl Inner {
                 }
             }
             for id in last.keys().filter(|id| !seen.contains_key(*id)) {
-                let _ = self
-                    .events
-                    .send((id.clone(), RuntimeState::Absent { at: Some(Timestamp::from_unix_nanos(now_nanos())) }));
+                let _ = self.events.send((id.clone(), RuntimeState::Absent { at: Some(self.now()) }));
             }
             last = seen;
             tokio::time::sleep(MONITOR_INTERVAL).await;
@@ -518,7 +508,7 @@ impl Inner {
 }
 
 #[async_trait]
-impl Driver for ProcessDriver {
+impl<O: Os> Driver for ProcessDriver<O> {
     fn name(&self) -> &'static str {
         "process"
     }

@@ -1,0 +1,158 @@
+//! What the process driver asks of the operating system: spawn a process group, read a
+//! process's state, signal a group, find a supervisor by the identity in its environment, and
+//! tell the time. [`HostOs`] is the real one (`/proc`, `killpg`, `tokio::process`); the
+//! simulator has its own, so the driver's bookkeeping runs there as it does here.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use berth_core::SandboxId;
+use futures_util::future::BoxFuture;
+use nix::unistd::Pid;
+
+use crate::{DriverError, io};
+
+/// A process to start as the leader of a new process group, with only `env` in its
+/// environment (the host may add its own `PATH` underneath). No `Debug`: the environment holds
+/// the run's token and credentials.
+pub struct SpawnSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    /// Where its standard output and error go (appended).
+    pub log: PathBuf,
+}
+
+/// A spawned process.
+pub struct Child {
+    pub pid: i32,
+    /// Its start time in the kernel: tells a recycled pid from this process.
+    pub kernel_start: u64,
+    /// Resolves when it ends, with its exit code (128 + the signal that killed it), or `None`
+    /// when that cannot be known.
+    pub exit: BoxFuture<'static, Option<i32>>,
+}
+
+/// What the kernel shows of a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessStat {
+    /// Neither a zombie nor dead.
+    pub live: bool,
+    pub kernel_start: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Kill,
+}
+
+#[async_trait]
+pub trait Os: Send + Sync + 'static {
+    /// The runtime's clock: Unix nanoseconds.
+    fn now(&self) -> i64;
+
+    /// Starts `spec`. An error the program caused (it cannot be run) is
+    /// [`DriverError::Failed`].
+    async fn spawn(&self, spec: SpawnSpec) -> Result<Child, DriverError>;
+
+    fn stat(&self, pid: i32) -> Option<ProcessStat>;
+
+    /// Sends `signal` to the process group `pid` leads (the driver never names pid 0 or 1).
+    fn signal_group(&self, pid: i32, signal: Signal);
+
+    /// The live leader of a process group whose environment says it is `generation`'s
+    /// supervisor of `sandbox` (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`): its pid and kernel start.
+    fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)>;
+}
+
+/// The machine the gateway runs on.
+pub struct HostOs;
+
+/// `Some((state letter, kernel start time))` of a process, from `/proc/<pid>/stat`.
+fn proc_stat(pid: i32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is parenthesized and may itself hold spaces or parentheses.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    // Field 22 of stat overall is the 20th after the command name.
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+#[async_trait]
+impl Os for HostOs {
+    fn now(&self) -> i64 {
+        let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    async fn spawn(&self, spec: SpawnSpec) -> Result<Child, DriverError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(&spec.log)
+            .map_err(|e| io("opening the output log", e))?;
+        let log2 = log.try_clone().map_err(|e| io("opening the output log", e))?;
+        let mut child = tokio::process::Command::new(&spec.program)
+            .args(&spec.args)
+            .current_dir(&spec.cwd)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()))
+            .envs(&spec.env)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| DriverError::Failed(format!("cannot run {}: {e}", spec.program.display())))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| DriverError::Failed("the supervisor exited before it could be recorded".to_string()))?;
+        let kernel_start = proc_stat(pid).map(|(_, s)| s).unwrap_or_default();
+        let exit = Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            let status = child.wait().await.ok()?;
+            status.code().or_else(|| status.signal().map(|sig| 128 + sig))
+        });
+        Ok(Child { pid, kernel_start, exit })
+    }
+
+    fn stat(&self, pid: i32) -> Option<ProcessStat> {
+        proc_stat(pid).map(|(state, kernel_start)| ProcessStat { live: state != 'Z' && state != 'X', kernel_start })
+    }
+
+    fn signal_group(&self, pid: i32, signal: Signal) {
+        let signal = match signal {
+            Signal::Term => nix::sys::signal::Signal::SIGTERM,
+            Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+        };
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), signal);
+    }
+
+    fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
+        let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
+        let generation_var = format!("BERTH_GENERATION={generation}");
+        let entries = std::fs::read_dir("/proc").ok()?;
+        let mut pids: Vec<i32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+        pids.sort_unstable();
+        pids.into_iter().find_map(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let has = |var: &str| environ.split(|b| *b == 0).any(|v| v == var.as_bytes());
+            if !(has(&id_var) && has(&generation_var)) {
+                return None;
+            }
+            let leads = nix::unistd::getpgid(Some(Pid::from_raw(pid))).is_ok_and(|g| g.as_raw() == pid);
+            let stat = self.stat(pid)?;
+            (leads && stat.live).then_some((pid, stat.kernel_start))
+        })
+    }
+}

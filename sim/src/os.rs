@@ -1,0 +1,81 @@
+//! The gateway's side of the simulated kernel: an [`Os`] for the real process driver. Reading
+//! the process table and signalling act at once, as system calls do; a spawn crosses to the
+//! runtime's host and comes back a moment later; SIGTERM's effect (the supervisor recording the
+//! exit, then exiting) happens there, whatever becomes of the gateway meanwhile.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use berth_core::SandboxId;
+use berth_drivers::DriverError;
+use berth_drivers::process::os::{Child, Os, ProcessStat, Signal, SpawnSpec};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::kernel::{self, KernelCall};
+use crate::runtime::EndCause;
+use crate::world::{World, lock};
+
+pub struct SimOs {
+    world: Arc<World>,
+    kernel: mpsc::UnboundedSender<KernelCall>,
+    /// The gateway this is the host of.
+    gateway: usize,
+}
+
+impl SimOs {
+    pub fn new(world: Arc<World>, kernel: mpsc::UnboundedSender<KernelCall>, gateway: usize) -> Self {
+        Self { world, kernel, gateway }
+    }
+}
+
+#[async_trait]
+impl Os for SimOs {
+    fn now(&self) -> i64 {
+        self.world.runtime_time().unix_nanos()
+    }
+
+    async fn spawn(&self, spec: SpawnSpec) -> Result<Child, DriverError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || DriverError::Unavailable("the simulated host is gone".to_string());
+        self.kernel.send(KernelCall::Spawn { gateway: self.gateway, spec, reply }).map_err(|_| gone())?;
+        let spawned = answer.await.map_err(|_| gone())??;
+        let mut exit = spawned.exit;
+        let exit = Box::pin(async move {
+            loop {
+                if let Some(code) = *exit.borrow_and_update() {
+                    return Some(code);
+                }
+                if exit.changed().await.is_err() {
+                    return None;
+                }
+            }
+        });
+        Ok(Child { pid: spawned.pid, kernel_start: spawned.kernel_start, exit })
+    }
+
+    fn stat(&self, pid: i32) -> Option<ProcessStat> {
+        let runtime = lock(&self.world.runtime);
+        runtime.process(pid).map(|(_, p)| ProcessStat { live: true, kernel_start: p.kernel_start })
+    }
+
+    fn signal_group(&self, pid: i32, signal: Signal) {
+        let Some((sandbox, kernel_start, generation)) =
+            lock(&self.world.runtime).process(pid).map(|(id, p)| (id.clone(), p.kernel_start, p.run.generation))
+        else {
+            return;
+        };
+        kernel::check_signal_wanted(&self.world, &sandbox, generation, &format!("{signal:?}"));
+        match signal {
+            Signal::Kill => {
+                kernel::end_process(&self.world, &sandbox, pid, kernel_start, 137, EndCause::Stopped, false);
+            }
+            Signal::Term => {
+                let _ = self.kernel.send(KernelCall::Terminate { sandbox, pid, kernel_start });
+            }
+        }
+    }
+
+    fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
+        kernel::find_supervisor(&self.world, sandbox, generation)
+    }
+}

@@ -23,6 +23,14 @@ pub(crate) fn io(context: &str, e: std::io::Error) -> DriverError {
     DriverError::Unavailable(format!("{context}: {e}"))
 }
 
+/// A removal from the file system, where absence is success.
+pub(crate) fn removed(result: std::io::Result<()>, context: &str) -> Result<(), DriverError> {
+    match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(context, e)),
+        _ => Ok(()),
+    }
+}
+
 /// What a driver needs to start one generation's run.
 #[derive(Clone, Debug)]
 pub struct Launch {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use berth_sim::run::run;
-use berth_sim::scenario::Scenario;
+use berth_sim::scenario::{DriverKind, Scenario};
 
 fn trace(seed: u64, gateways: usize) -> String {
     let scenario =
@@ -15,7 +15,10 @@ fn trace(seed: u64, gateways: usize) -> String {
 
 #[test]
 fn the_same_seed_gives_the_same_trace_byte_for_byte() {
-    for (seed, gateways) in [(3, 1), (17, 1), (2024, 1), (3, 3), (41, 2)] {
+    let seeds = [(3, 1), (17, 1), (2024, 1), (3, 3), (41, 2)];
+    let drivers: Vec<DriverKind> = seeds.iter().map(|(seed, _)| Scenario::standard(*seed).driver).collect();
+    assert!(drivers.contains(&DriverKind::Container) && drivers.contains(&DriverKind::Process), "{drivers:?}");
+    for (seed, gateways) in seeds {
         let (first, second) = (trace(seed, gateways), trace(seed, gateways));
         assert!(first.lines().count() > 300, "seed {seed} did too little to be a test");
         if first != second {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use berth_core::bugs::Bug;
 use berth_sim::run::run;
-use berth_sim::scenario::Scenario;
+use berth_sim::scenario::{DriverKind, Scenario};
 
 #[test]
 fn sixteen_short_seeds_hold_every_invariant() {
@@ -27,8 +27,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, "I1"),
-            Bug::EventBypassesFence => (1, "I1"),
-            Bug::DeleteWithoutRetry => (14, "I3"),
+            Bug::EventBypassesFence => (2, "I1"),
+            Bug::DeleteWithoutRetry => (33, "I3"),
             Bug::RotationOutsideStart => (0, "I1"),
             Bug::EffectWithoutRecheck => (0, "D1"),
             Bug::RecordAfterStart => (0, "D1"),
@@ -36,8 +36,23 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::SweepSkipsLastPage => (0, "I1"),
             Bug::TenureFromAnswer => (93, "L1"),
         };
-        let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()), Some(bug));
-        let caught: Vec<&str> = outcome.violations.iter().map(|v| v.invariant).collect();
-        assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);
+        caught_at(bug, seed, invariant);
     }
+}
+
+/// Recording a start only after it took effect is defect 2 under the container driver (seed 0
+/// above) and defect 1 under the process driver: a gateway dead right after a spawn leaves a
+/// supervisor no file names, and the re-driven start spawns the generation again.
+#[test]
+fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {
+    assert_eq!(Scenario::standard(1).driver, DriverKind::Process);
+    let outcome = caught_at(Bug::RecordAfterStart, 1, "D1");
+    assert!(outcome.violations[0].message.contains("a second run of"), "{:?}", outcome.violations);
+}
+
+fn caught_at(bug: Bug, seed: u64, invariant: &str) -> berth_sim::run::Outcome {
+    let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()), Some(bug));
+    let caught: Vec<&str> = outcome.violations.iter().map(|v| v.invariant).collect();
+    assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);
+    outcome
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
-use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
+use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
 pub mod docker;
 pub mod image;
@@ -550,11 +550,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         if self.engine.list_volumes().await?.contains(&volume) {
             return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
         }
-        match std::fs::remove_dir_all(self.dir(sandbox)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io("removing the sandbox's state", e)),
-        }
+        removed(std::fs::remove_dir_all(self.dir(sandbox)), "removing the sandbox's state")?;
         self.locks.remove(sandbox)
     }
 

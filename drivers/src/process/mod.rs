@@ -53,7 +53,7 @@ use tokio::sync::broadcast;
 use self::os::{HostOs, Os, Signal, SpawnSpec};
 use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
-use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io};
+use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
 pub mod os;
 
@@ -390,11 +390,7 @@ impl<O: Os> Inner<O> {
         let exit_path = run_dir.join("exit.json");
         let began_path = run_dir.join(BEGAN_FILE);
         for previous in [&exit_path, &began_path] {
-            match std::fs::remove_file(previous) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(io("clearing the previous run's records", e)),
-            }
+            removed(std::fs::remove_file(previous), "clearing the previous run's records")?;
         }
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let mut args = vec!["--gateway".to_string(), self.config.gateway.clone()];
@@ -541,16 +537,8 @@ impl<O: Os> Driver for ProcessDriver<O> {
         let _guard = inner.locks.lock(sandbox, false).await?;
         inner.tombstones.mark(sandbox)?;
         inner.stop_locked(sandbox, Duration::ZERO).await?;
-        match std::fs::remove_dir_all(inner.dir(sandbox)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io("removing the sandbox's directory", e)),
-        }
-        match std::fs::remove_file(inner.started_file(sandbox)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(io("removing the sandbox's started record", e)),
-        }
+        removed(std::fs::remove_dir_all(inner.dir(sandbox)), "removing the sandbox's directory")?;
+        removed(std::fs::remove_file(inner.started_file(sandbox)), "removing the sandbox's started record")?;
         inner.locks.remove(sandbox)
     }
 

@@ -753,6 +753,54 @@ async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows(ru
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
 
+/// Defect 3 of issue 13: `docker restart` (or `podman restart`) of a sandbox's container, then
+/// one StartSandbox: Ready, and it stays Ready. The run started out of band is the one a stop
+/// ends to make room; its exit is not the new generation's. Containers only: a process has no
+/// restart outside its driver.
+async fn an_out_of_band_restart_then_one_start_is_ready(runtime: Runtime) {
+    let Some(target) = target(runtime, "restart").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let id = create_in(&target, &mut sandboxes, "box", &["sleep", "3600"]).await.id;
+    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    target.cli(&["restart", "-t", "1", &container_name(&SandboxId::new(&id))]);
+    // The restart's exit shows as an Error; a runtime may also restart too fast to be noticed.
+    for _ in 0..50 {
+        if phase(&get(&mut sandboxes, "box").await.unwrap()) == pb::Phase::Error {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let before = get(&mut sandboxes, "box").await.unwrap();
+    lifecycle(&mut sandboxes, "start", "box").await.unwrap();
+    let (ready, seen) = wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    assert!(ready.generation >= before.generation, "{runtime:?}: {seen:?}");
+    // Ready, and it stays so: the exit of the run it replaced is not taken for its own.
+    for _ in 0..15 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = get(&mut sandboxes, "box").await.unwrap();
+        assert_eq!(phase(&now), pb::Phase::Ready, "{runtime:?}: {:?} (was {:?})", now.failure, phase(&before));
+        assert_eq!(now.generation, ready.generation, "{runtime:?}");
+    }
+    assert_eq!(live_runs(&target, &id), 1, "{runtime:?}");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
+mod out_of_band_restart {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn docker() {
+        super::an_out_of_band_restart_then_one_start_is_ready(Runtime::Docker).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn podman() {
+        super::an_out_of_band_restart_then_one_start_is_ready(Runtime::Podman).await
+    }
+}
+
 macro_rules! conformance {
     ($($runtime:ident => $module:ident),*) => {
         $(

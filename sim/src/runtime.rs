@@ -1,9 +1,10 @@
 //! The simulated runtime, the only fake runtime in Berth: a container engine (create, start,
 //! stop, inspect, list, events, remove, volumes), or a host's kernel for the process driver
 //! ([`crate::kernel`]), on a turmoil host of its own, so its work outlives gateway crashes as a
-//! real daemon's or a host's processes do. Gateways drive it through the real
-//! container driver (its bookkeeping, start gate and locks) over [`crate::engine::SimEngine`],
-//! so a gateway dying between any two steps of a driver operation is one of the runs explored.
+//! real daemon's or a host's processes do. Gateways drive it through the real drivers (their
+//! bookkeeping, start gates and locks): the container driver over [`crate::engine::SimEngine`],
+//! the process driver over [`crate::os::SimOs`], so a gateway dying between any two steps of a
+//! driver operation is one of the runs explored.
 //!
 //! It is as unkind as the engine contract allows: a multi-step start during which every look
 //! still shows the previous run, calls that fail before their effect, replies lost or late after

@@ -519,6 +519,21 @@ fn live_runs(target: &Target, id: &str) -> usize {
     }
 }
 
+/// Waits (up to 5 s) until a run cut short right after its spawn shows to an outside look, as it
+/// has long before a restarted gateway looks: under load a just-spawned supervisor was seen
+/// missing from `/proc` by its identity (and its `began` file not yet written) for a moment.
+async fn until_visible(target: &Target, id: &str) {
+    for _ in 0..250 {
+        if live_runs(target, id) > 0 {
+            // Its first act, the `began` record, follows at once.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the run of {id} cut short after its start never showed");
+}
+
 /// The live supervisors carrying sandbox `id`'s identity, each leading its own group.
 fn supervisor_pids(id: &str) -> Vec<i32> {
     let tag = format!("BERTH_SANDBOX_ID={id}");
@@ -568,6 +583,9 @@ async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(runtime: R
         crashed.start_then_crash(launch(1), at).await.unwrap();
         drop(crashed);
         let expected = usize::from(at == CrashPoint::AfterRuntimeStart);
+        if expected == 1 {
+            until_visible(&target, id).await;
+        }
         assert_eq!(live_runs(&target, id), expected, "{runtime:?} {at:?}: runs after the crash");
 
         // The next gateway's driver: a look and the re-driven start find the run, if any.
@@ -606,6 +624,7 @@ async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime)
     driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
     driver.start_then_crash(launch(2), CrashPoint::AfterRuntimeStart).await.unwrap();
     drop(driver);
+    until_visible(&target, id).await;
     let driver = target.driver(&data).await;
     let stopped = driver.stop(&sandbox, 2, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");
@@ -632,9 +651,7 @@ async fn a_run_killed_after_a_crashed_start_is_not_started_again(runtime: Runtim
     let driver = target.driver(&data).await;
     driver.start_then_crash(launch(1), CrashPoint::AfterRuntimeStart).await.unwrap();
     drop(driver);
-    // The supervisor has written what it must before anything else by the time it runs the
-    // command; give it that moment, as the gateway's restart would.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_visible(&target, id).await;
     target.kill_out_of_band(id);
     while live_runs(&target, id) > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,7 +5,8 @@
 //! reconcile lease's holder (real gateway processes) to another gateway's first reconcile
 //! sweep; the time of one reconcile sweep over 1,000 and 10,000 sandboxes; and reads
 //! (GetSandbox, ListSandboxes of 16) whose replies the server writes in several segments, to
-//! clients that delay their ACKs, as Linux does. It asserts nothing.
+//! clients that delay their ACKs, as Linux does, with Nagle's algorithm off in the client and
+//! on. It asserts nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -128,23 +129,27 @@ async fn serve(engine: &Engine) -> String {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming(berth_gateway::server::nodelay_incoming(listener)),
+            .serve_with_incoming(berth_gateway::tcp::incoming(listener)),
     );
     address
 }
 
 /// A client of the public API at `address`. Its kernel delays ACKs, as Linux does for any
 /// client: a reply the server holds back until its previous segment is acknowledged (Nagle's
-/// algorithm) then waits about 40 ms.
+/// algorithm) then waits about 40 ms. With `nagle`, the client leaves Nagle's algorithm on for
+/// its own requests, as many HTTP/2 stacks do: a request's data frame, written after its
+/// headers, then waits for the server's ACK of the headers.
 async fn client(
     address: String,
+    nagle: bool,
 ) -> SandboxesClient<
     tonic::service::interceptor::InterceptedService<
         tonic::transport::Channel,
         impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>,
     >,
 > {
-    let channel = tonic::transport::Endpoint::from_shared(address).unwrap().connect().await.unwrap();
+    let channel =
+        tonic::transport::Endpoint::from_shared(address).unwrap().tcp_nodelay(!nagle).connect().await.unwrap();
     let token: MetadataValue<_> = "Bearer bench-token-0123456789".parse().unwrap();
     SandboxesClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
         r.metadata_mut().insert("authorization", token.clone());
@@ -169,7 +174,7 @@ async fn rpc_load(
     for c in 0..clients {
         let address = addresses[c % addresses.len()].clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = client(address).await;
+            let mut client = client(address, false).await;
             let mut latencies = Vec::new();
             for i in 0..cycles_per_client {
                 let name = format!("c{c}-s{i}");
@@ -219,11 +224,12 @@ enum Read {
 const READ_FLEET: usize = 16;
 
 /// `clients` clients each making `calls` reads of one kind against a gateway holding
-/// [`READ_FLEET`] sandboxes. Rate, p50, p99, calls and the reply's size in bytes.
-async fn read_load(read: Read, clients: usize, calls: usize) -> (f64, Duration, Duration, usize, usize) {
+/// [`READ_FLEET`] sandboxes, with Nagle's algorithm on in the clients or not. Rate, p50, p99,
+/// calls and the reply's size in bytes.
+async fn read_load(read: Read, nagle: bool, clients: usize, calls: usize) -> (f64, Duration, Duration, usize, usize) {
     let dir = tempfile::tempdir().unwrap();
     let address = serve(&engine(dir.path())).await;
-    let mut setup = client(address.clone()).await;
+    let mut setup = client(address.clone(), false).await;
     // Labels make a GetSandbox reply (about 280 bytes) large enough to be written in more than
     // one segment.
     let labels: BTreeMap<String, String> = (0..3).map(|i| (format!("note-{i}"), "n".repeat(50))).collect();
@@ -253,7 +259,7 @@ async fn read_load(read: Read, clients: usize, calls: usize) -> (f64, Duration, 
     for c in 0..clients {
         let address = address.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = client(address).await;
+            let mut client = client(address, nagle).await;
             let mut latencies = Vec::with_capacity(calls);
             for i in 0..calls {
                 let t = Instant::now();
@@ -403,25 +409,34 @@ fn main() {
     println!();
     println!("reads to clients that delay ACKs (gRPC over loopback TCP, SQLite, {READ_FLEET} sandboxes)");
     println!(
-        "{:>14} {:>8} {:>8} {:>10} {:>12} {:>12} {:>12}",
-        "rpc", "bytes", "clients", "rpcs", "rpc/s", "p50", "p99"
+        "{:>14} {:>8} {:>14} {:>8} {:>10} {:>12} {:>12} {:>12}",
+        "rpc", "bytes", "client", "clients", "rpcs", "rpc/s", "p50", "p99"
     );
     let reads = if quick { vec![(1, 20), (4, 20)] } else { vec![(1, 2_000), (16, 500)] };
     for read in [Read::Get, Read::List] {
-        for &(clients, calls) in &reads {
-            let (rate, p50, p99, n, size) = runtime.block_on(read_load(read, clients, calls));
-            let rpc = match read {
-                Read::Get => "GetSandbox",
-                Read::List => "ListSandboxes",
-            };
-            println!("{rpc:>14} {size:>8} {clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
-            let label = match read {
-                Read::Get => format!("GetSandbox, {clients} clients"),
-                Read::List => format!("ListSandboxes of {READ_FLEET}, {clients} clients"),
-            };
-            figure(&label, rate, "rpc/s");
-            figure(&format!("{label}, p50"), p50.as_secs_f64() * 1e3, "ms");
-            figure(&format!("{label}, p99"), p99.as_secs_f64() * 1e3, "ms");
+        for nagle in [false, true] {
+            for &(clients, calls) in &reads {
+                let (rate, p50, p99, n, size) = runtime.block_on(read_load(read, nagle, clients, calls));
+                let rpc = match read {
+                    Read::Get => "GetSandbox",
+                    Read::List => "ListSandboxes",
+                };
+                let kind = if nagle { "no nodelay" } else { "nodelay" };
+                println!("{rpc:>14} {size:>8} {kind:>14} {clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
+                let what = match read {
+                    Read::Get => "GetSandbox".to_string(),
+                    Read::List => format!("ListSandboxes of {READ_FLEET}"),
+                };
+                // The rows of the clients that set nodelay keep the names earlier reports used.
+                let label = if nagle {
+                    format!("{what}, {clients} clients without nodelay")
+                } else {
+                    format!("{what}, {clients} clients")
+                };
+                figure(&label, rate, "rpc/s");
+                figure(&format!("{label}, p50"), p50.as_secs_f64() * 1e3, "ms");
+                figure(&format!("{label}, p99"), p99.as_secs_f64() * 1e3, "ms");
+            }
         }
     }
     println!();

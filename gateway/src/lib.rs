@@ -11,3 +11,4 @@ pub mod reconcile;
 mod record_locks;
 pub mod server;
 pub mod store;
+pub mod tcp;

@@ -15,7 +15,6 @@ use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
 use crate::clock::SystemClock;
@@ -154,14 +153,6 @@ fn bind_to_store(data: &Path, location: &StoreLocation, identity: &str) -> Resul
     ))
 }
 
-/// The gateway's TCP connections, each with Nagle's algorithm off. With it on, a reply written
-/// in more than one segment (HTTP/2 headers, then data and trailers) waits for the client's ACK
-/// of the first, which a client that delays its ACKs sends only after its timer, about 40 ms.
-/// tonic's `Server::tcp_nodelay` applies only to listeners it binds itself.
-pub fn nodelay_incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 fn seed() -> Result<u64, String> {
     let mut buf = [0u8; 8];
     getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
@@ -247,7 +238,8 @@ pub async fn run(config: Config) -> Result<(), String> {
             .http2_max_header_list_size(MAX_HEADER_LIST)
             .add_routes(routes.clone())
     };
-    let tcp = tokio::spawn(server().serve_with_incoming_shutdown(nodelay_incoming(listener), stopped(stop_rx.clone())));
+    let tcp =
+        tokio::spawn(server().serve_with_incoming_shutdown(crate::tcp::incoming(listener), stopped(stop_rx.clone())));
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
@@ -341,21 +333,7 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use futures_util::StreamExt;
-
     use super::*;
-
-    #[tokio::test]
-    async fn accepted_connections_do_not_wait_for_acks_to_send() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut incoming = nodelay_incoming(listener);
-        for _ in 0..2 {
-            let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-            let accepted = incoming.next().await.unwrap().unwrap();
-            assert!(accepted.nodelay().unwrap());
-        }
-    }
 
     #[test]
     fn a_data_directory_serves_only_the_store_it_was_first_used_with() {

@@ -55,19 +55,65 @@ pub enum DriverError {
     Failed(String),
 }
 
-/// A step of a start where a gateway can die, for the tests that check what it leaves behind
-/// (feature `fault-points`; DESIGN 11 D1). Production code never cuts a start short.
+/// A step of a start, stop or delete where a gateway can die, for the tests that check what it
+/// leaves behind (feature `fault-points`; DESIGN 11 D1). Production code never cuts one short.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrashPoint {
-    /// The start was recorded as begun; the runtime was not asked yet.
+    /// Start: recorded as begun; the runtime was not asked yet.
     BeforeRuntimeStart,
-    /// The runtime started the run; the driver recorded nothing of it.
+    /// Start: the runtime started the run; the driver recorded nothing of it.
     AfterRuntimeStart,
+    /// Stop: the runtime was told to stop the run (SIGTERM, or the engine's stop answered); the
+    /// driver saw nothing of its end.
+    AfterStopAsked,
+    /// Delete: the sandbox's tombstone is written; nothing was removed yet.
+    AfterTombstone,
+    /// Delete: the run and the compute resource are gone; the workspace, the driver's state and
+    /// the lock are left.
+    AfterRuntimeRemove,
 }
 
-/// A start cut short at its crash point.
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 5] = [
+        CrashPoint::BeforeRuntimeStart,
+        CrashPoint::AfterRuntimeStart,
+        CrashPoint::AfterStopAsked,
+        CrashPoint::AfterTombstone,
+        CrashPoint::AfterRuntimeRemove,
+    ];
+
+    /// The operation this step belongs to.
+    pub fn act(self) -> Act {
+        match self {
+            CrashPoint::BeforeRuntimeStart | CrashPoint::AfterRuntimeStart => Act::Start,
+            CrashPoint::AfterStopAsked => Act::Stop,
+            CrashPoint::AfterTombstone | CrashPoint::AfterRuntimeRemove => Act::Delete,
+        }
+    }
+}
+
+/// The driver operations a [`CrashPoint`] can cut short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    Start,
+    Stop,
+    Delete,
+}
+
+/// An operation cut short at its crash point.
 pub(crate) fn crashed(at: CrashPoint) -> DriverError {
-    DriverError::Unavailable(format!("the start was cut short at {at:?}"))
+    let act = format!("{:?}", at.act()).to_lowercase();
+    DriverError::Unavailable(format!("the {act} was cut short at {at:?}"))
+}
+
+/// `Ok` when an operation run with a crash point ended there; the operation's end otherwise.
+#[cfg(feature = "fault-points")]
+pub(crate) fn cut_short<T: std::fmt::Debug>(ended: Result<T, DriverError>, at: CrashPoint) -> Result<(), DriverError> {
+    match ended {
+        Err(e) if e == crashed(at) => Ok(()),
+        Ok(reply) => Err(DriverError::Failed(format!("the {:?} ended ({reply:?}) before {at:?}", at.act()))),
+        Err(e) => Err(e),
+    }
 }
 
 /// One item of a watch stream.
@@ -158,7 +204,32 @@ pub trait Driver: Send + Sync + 'static {
     /// nothing after it happens.
     #[cfg(feature = "fault-points")]
     async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
-        let _ = (launch, at);
-        Err(DriverError::Failed(format!("the {} driver has no fault points", self.name())))
+        let _ = launch;
+        Err(no_fault_points(self.name(), at))
     }
+
+    /// [`Driver::stop`], cut short at `at`.
+    #[cfg(feature = "fault-points")]
+    async fn stop_then_crash(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        grace: Duration,
+        at: CrashPoint,
+    ) -> Result<(), DriverError> {
+        let _ = (sandbox, generation, grace);
+        Err(no_fault_points(self.name(), at))
+    }
+
+    /// [`Driver::delete`], cut short at `at`.
+    #[cfg(feature = "fault-points")]
+    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
+        let _ = sandbox;
+        Err(no_fault_points(self.name(), at))
+    }
+}
+
+#[cfg(feature = "fault-points")]
+fn no_fault_points(driver: &str, at: CrashPoint) -> DriverError {
+    DriverError::Failed(format!("the {driver} driver has no fault point {at:?}"))
 }

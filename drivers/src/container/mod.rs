@@ -27,6 +27,8 @@ use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "fault-points")]
+use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
@@ -388,7 +390,12 @@ impl<E: Engine> ContainerDriver<E> {
     }
 
     /// Stops the container and waits until it has fully exited; its final state.
-    async fn stop_locked(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+    async fn stop_locked(
+        &self,
+        sandbox: &SandboxId,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<RuntimeState, DriverError> {
         let name = container_name(sandbox);
         let Some(inspection) = self.engine.inspect(&name).await? else {
             return Ok(RuntimeState::Absent { at: None });
@@ -397,6 +404,9 @@ impl<E: Engine> ContainerDriver<E> {
             match self.engine.stop(&name, grace).await {
                 Ok(()) | Err(EngineError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
+            }
+            if crash == Some(CrashPoint::AfterStopAsked) {
+                return Err(crashed(CrashPoint::AfterStopAsked));
             }
             let deadline = tokio::time::Instant::now() + grace + STOP_SLACK;
             loop {
@@ -411,6 +421,43 @@ impl<E: Engine> ContainerDriver<E> {
             }
         }
         Ok(inspection.state())
+    }
+
+    /// A stop decided for `generation`: a newer generation begun since is left running, and
+    /// what runs is shown; otherwise the container is stopped (the caller holds the lock).
+    async fn stop_superseded_or(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<RuntimeState, DriverError> {
+        if start_gate::stop_superseded(self.started(sandbox)?.map(|r| r.gate), generation) {
+            return self.state(sandbox).await;
+        }
+        self.stop_locked(sandbox, grace, crash).await
+    }
+
+    /// Removes the container, its workspace volume, the driver's state and the lock, after a
+    /// tombstone that keeps any late start from making them again (the caller holds the lock).
+    async fn delete_locked(&self, sandbox: &SandboxId, crash: Option<CrashPoint>) -> Result<(), DriverError> {
+        self.tombstones.mark(sandbox)?;
+        if crash == Some(CrashPoint::AfterTombstone) {
+            return Err(crashed(CrashPoint::AfterTombstone));
+        }
+        self.engine.remove(&container_name(sandbox)).await?;
+        if crash == Some(CrashPoint::AfterRuntimeRemove) {
+            return Err(crashed(CrashPoint::AfterRuntimeRemove));
+        }
+        let volume = volume_name(sandbox);
+        self.engine.remove_volume(&volume).await?;
+        // A runtime may still hold the volume for a moment after the container went: report
+        // that as unfinished, so the delete is retried instead of leaving the workspace behind.
+        if self.engine.list_volumes().await?.contains(&volume) {
+            return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
+        }
+        removed(std::fs::remove_dir_all(self.dir(sandbox)), "removing the sandbox's state")?;
+        self.locks.remove(sandbox)
     }
 
     /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
@@ -441,7 +488,7 @@ impl<E: Engine> ContainerDriver<E> {
             Gate::Start => {}
         }
         if current.is_some_and(|i| i.running()) {
-            self.stop_locked(id, REPLACE_GRACE).await?;
+            self.stop_locked(id, REPLACE_GRACE, None).await?;
         }
         self.install(launch)?;
         let spec = self.spec(launch);
@@ -524,34 +571,35 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     #[cfg(feature = "fault-points")]
     async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.locks.lock(&launch.sandbox, true).await?;
-        match self.start_locked(&launch, Some(at)).await {
-            Err(e) if e == crashed(at) => Ok(()),
-            Ok(reply) => Err(DriverError::Failed(format!("the start ended ({reply:?}) before {at:?}"))),
-            Err(e) => Err(e),
-        }
+        cut_short(self.start_locked(&launch, Some(at)).await, at)
     }
 
     async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        if start_gate::stop_superseded(self.started(sandbox)?.map(|r| r.gate), generation) {
-            return self.state(sandbox).await;
-        }
-        self.stop_locked(sandbox, grace).await
+        self.stop_superseded_or(sandbox, generation, grace, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn stop_then_crash(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        grace: Duration,
+        at: CrashPoint,
+    ) -> Result<(), DriverError> {
+        let _guard = self.locks.lock(sandbox, false).await?;
+        cut_short(self.stop_superseded_or(sandbox, generation, grace, Some(at)).await, at)
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        self.tombstones.mark(sandbox)?;
-        self.engine.remove(&container_name(sandbox)).await?;
-        let volume = volume_name(sandbox);
-        self.engine.remove_volume(&volume).await?;
-        // A runtime may still hold the volume for a moment after the container went: report
-        // that as unfinished, so the delete is retried instead of leaving the workspace behind.
-        if self.engine.list_volumes().await?.contains(&volume) {
-            return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
-        }
-        removed(std::fs::remove_dir_all(self.dir(sandbox)), "removing the sandbox's state")?;
-        self.locks.remove(sandbox)
+        self.delete_locked(sandbox, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
+        let _guard = self.locks.lock(sandbox, false).await?;
+        cut_short(self.delete_locked(sandbox, Some(at)).await, at)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

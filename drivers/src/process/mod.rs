@@ -51,6 +51,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use self::os::{HostOs, Os, Signal, SpawnSpec};
+#[cfg(feature = "fault-points")]
+use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
@@ -313,12 +315,20 @@ impl<O: Os> Inner<O> {
     }
 
     /// Stops the run (if one lives) and waits until its whole group is gone.
-    async fn stop_locked(&self, sandbox: &SandboxId, grace: Duration) -> Result<RuntimeState, DriverError> {
+    async fn stop_locked(
+        &self,
+        sandbox: &SandboxId,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<RuntimeState, DriverError> {
         self.settle(sandbox)?;
         if let Some(run) = self.run_file(sandbox)?
             && self.alive(&run)
         {
             self.kill_group(&run, Signal::Term);
+            if crash == Some(CrashPoint::AfterStopAsked) {
+                return Err(crashed(CrashPoint::AfterStopAsked));
+            }
             let deadline = tokio::time::Instant::now() + grace;
             while self.alive(&run) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -331,6 +341,37 @@ impl<O: Os> Inner<O> {
             self.kill_group(&run, Signal::Kill);
         }
         self.observe(sandbox)
+    }
+
+    /// A stop decided for `generation`: a newer generation begun since is left running, and
+    /// what runs is shown; otherwise the run is stopped (the caller holds the lock).
+    async fn stop_superseded_or(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<RuntimeState, DriverError> {
+        if start_gate::stop_superseded(self.begun(sandbox)?.map(|b| b.gate), generation) {
+            return self.observe(sandbox);
+        }
+        self.stop_locked(sandbox, grace, crash).await
+    }
+
+    /// Ends the run, then removes the sandbox's folder, its start record and its lock, after a
+    /// tombstone that keeps any late start from making them again (the caller holds the lock).
+    async fn delete_locked(&self, sandbox: &SandboxId, crash: Option<CrashPoint>) -> Result<(), DriverError> {
+        self.tombstones.mark(sandbox)?;
+        if crash == Some(CrashPoint::AfterTombstone) {
+            return Err(crashed(CrashPoint::AfterTombstone));
+        }
+        self.stop_locked(sandbox, Duration::ZERO, None).await?;
+        if crash == Some(CrashPoint::AfterRuntimeRemove) {
+            return Err(crashed(CrashPoint::AfterRuntimeRemove));
+        }
+        removed(std::fs::remove_dir_all(self.dir(sandbox)), "removing the sandbox's directory")?;
+        removed(std::fs::remove_file(self.started_file(sandbox)), "removing the sandbox's started record")?;
+        self.locks.remove(sandbox)
     }
 
     /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
@@ -358,7 +399,7 @@ impl<O: Os> Inner<O> {
             Gate::Resume | Gate::Start => {}
         }
         if self.run_file(id)?.is_some() {
-            self.stop_locked(id, REPLACE_GRACE).await?;
+            self.stop_locked(id, REPLACE_GRACE, None).await?;
         }
         match self.spawn(launch, crash).await {
             Ok(run) => Ok(StartReply::Running { started_at: Timestamp::from_unix_nanos(run.started_at) }),
@@ -517,29 +558,35 @@ impl<O: Os> Driver for ProcessDriver<O> {
     #[cfg(feature = "fault-points")]
     async fn start_then_crash(&self, launch: Launch, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.inner.locks.lock(&launch.sandbox, true).await?;
-        match self.inner.start_locked(&launch, Some(at)).await {
-            Err(e) if e == crashed(at) => Ok(()),
-            Ok(reply) => Err(DriverError::Failed(format!("the start ended ({reply:?}) before {at:?}"))),
-            Err(e) => Err(e),
-        }
+        cut_short(self.inner.start_locked(&launch, Some(at)).await, at)
     }
 
     async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
-        if start_gate::stop_superseded(self.inner.begun(sandbox)?.map(|b| b.gate), generation) {
-            return self.inner.observe(sandbox);
-        }
-        self.inner.stop_locked(sandbox, grace).await
+        self.inner.stop_superseded_or(sandbox, generation, grace, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn stop_then_crash(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        grace: Duration,
+        at: CrashPoint,
+    ) -> Result<(), DriverError> {
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        cut_short(self.inner.stop_superseded_or(sandbox, generation, grace, Some(at)).await, at)
     }
 
     async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let inner = &self.inner;
-        let _guard = inner.locks.lock(sandbox, false).await?;
-        inner.tombstones.mark(sandbox)?;
-        inner.stop_locked(sandbox, Duration::ZERO).await?;
-        removed(std::fs::remove_dir_all(inner.dir(sandbox)), "removing the sandbox's directory")?;
-        removed(std::fs::remove_file(inner.started_file(sandbox)), "removing the sandbox's started record")?;
-        inner.locks.remove(sandbox)
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        self.inner.delete_locked(sandbox, None).await
+    }
+
+    #[cfg(feature = "fault-points")]
+    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        cut_short(self.inner.delete_locked(sandbox, Some(at)).await, at)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

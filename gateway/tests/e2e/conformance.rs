@@ -14,7 +14,7 @@ use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
 use berth_drivers::container::{ContainerConfig, ContainerDriver, Engine, container_name, image, volume_name};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
-use berth_drivers::{CrashPoint, Driver, Launch};
+use berth_drivers::{Act, CrashPoint, Driver, Launch};
 use berth_gateway::server::SOCKET_DIR;
 use berth_proto::v1 as pb;
 
@@ -565,47 +565,122 @@ fn sleeping(target: &Target, data: &DataDir, id: &str, generation: u64) -> Launc
     }
 }
 
-/// D1, defects 1 and 2 of issue 13: a gateway that dies in the middle of a start, before or
-/// after the runtime started the run, leaves nothing that the next gateway's start of that
-/// generation runs a second time, and a stop that gateway acknowledges stops what runs.
-async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(runtime: Runtime) {
+/// How many times [`a_gateway_killed_at_each_step_of_start_stop_and_delete_leaves_one_run_per_generation`]
+/// goes through every crash point: `BERTH_CRASH_ROUNDS` (the long job `ci/crashes` sets 100).
+fn crash_rounds() -> usize {
+    std::env::var("BERTH_CRASH_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(1)
+}
+
+/// D1 at every step (defects 1 and 2 of issue 13, and its acceptance 4): a gateway that dies at
+/// any step of a start, a stop or a delete leaves nothing that the next gateway's driver runs a
+/// second time, takes for another run's exit, or leaves behind; a stop that driver acknowledges
+/// stops what runs.
+async fn a_gateway_killed_at_each_step_of_start_stop_and_delete_leaves_one_run_per_generation(runtime: Runtime) {
     let Some(target) = target(runtime, "crash").await else { return };
     let data = DataDir::new();
     // The data directory's secrets; no gateway runs while the drivers act (its sweeps would
     // take these sandboxes, which have no records, for leftovers).
     drop(target.gateway(&data, &[]).await);
-    for at in [CrashPoint::BeforeRuntimeStart, CrashPoint::AfterRuntimeStart] {
-        // Container names are the runtime's, shared by every test: the id must be this run's.
-        let id = &format!("sb-crash-{}-{:?}", std::process::id(), at).to_lowercase();
-        let sandbox = SandboxId::new(id);
-        let launch = |generation| sleeping(&target, &data, id, generation);
-        let crashed = target.driver(&data).await;
-        crashed.start_then_crash(launch(1), at).await.unwrap();
-        drop(crashed);
-        let expected = usize::from(at == CrashPoint::AfterRuntimeStart);
-        if expected == 1 {
-            until_visible(&target, id).await;
+    for round in 0..crash_rounds() {
+        for at in CrashPoint::ALL {
+            // Container names are the runtime's, shared by every test: the id must be this run's.
+            let id = &format!("sb-crash-{}-{round}-{at:?}", std::process::id()).to_lowercase();
+            let case = format!("{runtime:?} {at:?}, round {round}");
+            match at.act() {
+                Act::Start => start_cut_short(&target, &data, id, at, &case).await,
+                Act::Stop => stop_cut_short(&target, &data, id, at, &case).await,
+                Act::Delete => delete_cut_short(&target, &data, id, at, &case).await,
+            }
+            let left = target.leftovers(&data);
+            assert!(left.is_empty(), "{case}: left behind: {left:?}");
         }
-        assert_eq!(live_runs(&target, id), expected, "{runtime:?} {at:?}: runs after the crash");
-
-        // The next gateway's driver: a look and the re-driven start find the run, if any.
-        let driver = target.driver(&data).await;
-        let seen = driver.get(&sandbox).await.unwrap();
-        let reply = driver.start(launch(1)).await.unwrap();
-        let StartReply::Running { started_at } = reply else { panic!("{runtime:?} {at:?}: {reply:?}") };
-        if let RuntimeState::Running { started_at: before } = seen {
-            assert_eq!(before, started_at, "{runtime:?} {at:?}: the run was started again");
-        }
-        assert_eq!(driver.start(launch(1)).await.unwrap(), StartReply::Running { started_at }, "{runtime:?} {at:?}");
-        assert_eq!(live_runs(&target, id), 1, "{runtime:?} {at:?}: one run of the generation");
-
-        let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
-        assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?} {at:?}: {stopped:?}");
-        assert_eq!(live_runs(&target, id), 0, "{runtime:?} {at:?}: the acknowledged stop left a run");
-        driver.delete(&sandbox).await.unwrap();
     }
-    let left = target.leftovers(&data);
-    assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
+}
+
+/// A start cut short before or after the runtime started the run: the next driver's look and
+/// re-driven start find the run, if any, and run the generation once; its stop stops it.
+async fn start_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPoint, case: &str) {
+    let sandbox = SandboxId::new(id);
+    let launch = |generation| sleeping(target, data, id, generation);
+    let crashed = target.driver(data).await;
+    crashed.start_then_crash(launch(1), at).await.unwrap();
+    drop(crashed);
+    let expected = usize::from(at == CrashPoint::AfterRuntimeStart);
+    if expected == 1 {
+        until_visible(target, id).await;
+    }
+    assert_eq!(live_runs(target, id), expected, "{case}: runs after the crash");
+
+    let driver = target.driver(data).await;
+    let seen = driver.get(&sandbox).await.unwrap();
+    let reply = driver.start(launch(1)).await.unwrap();
+    let StartReply::Running { started_at } = reply else { panic!("{case}: {reply:?}") };
+    if let RuntimeState::Running { started_at: before } = seen {
+        assert_eq!(before, started_at, "{case}: the run was started again");
+    }
+    assert_eq!(driver.start(launch(1)).await.unwrap(), StartReply::Running { started_at }, "{case}");
+    assert_eq!(live_runs(target, id), 1, "{case}: one run of the generation");
+
+    let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(e) if e.started_at == started_at), "{case}: {stopped:?}");
+    assert_eq!(live_runs(target, id), 0, "{case}: the acknowledged stop left a run");
+    driver.delete(&sandbox).await.unwrap();
+}
+
+/// A stop cut short once the runtime was told to stop the run: the next driver shows the run's
+/// own end (or the run, still ending), its stop is acknowledged with that end and nothing runs;
+/// the next generation then runs once.
+async fn stop_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPoint, case: &str) {
+    let sandbox = SandboxId::new(id);
+    let launch = |generation| sleeping(target, data, id, generation);
+    let crashed = target.driver(data).await;
+    let StartReply::Running { started_at } = crashed.start(launch(1)).await.unwrap() else {
+        panic!("{case}: generation 1 did not start")
+    };
+    crashed.stop_then_crash(&sandbox, 1, Duration::from_secs(5), at).await.unwrap();
+    drop(crashed);
+
+    let driver = target.driver(data).await;
+    let own = |state: &RuntimeState| match state {
+        RuntimeState::Exited(e) => e.started_at == started_at,
+        RuntimeState::Running { started_at: s } => *s == started_at,
+        _ => false,
+    };
+    let seen = driver.get(&sandbox).await.unwrap();
+    assert!(own(&seen), "{case}: after the crash the runtime shows {seen:?}, not generation 1's run");
+    let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(_)) && own(&stopped), "{case}: the stop gave {stopped:?}");
+    assert_eq!(live_runs(target, id), 0, "{case}: the acknowledged stop left a run");
+
+    let StartReply::Running { started_at: next } = driver.start(launch(2)).await.unwrap() else {
+        panic!("{case}: generation 2 did not start")
+    };
+    assert!(next > started_at, "{case}: generation 2's run started at {next:?}, before generation 1's");
+    assert_eq!(driver.start(launch(2)).await.unwrap(), StartReply::Running { started_at: next }, "{case}");
+    assert_eq!(live_runs(target, id), 1, "{case}: one run of generation 2");
+    driver.delete(&sandbox).await.unwrap();
+}
+
+/// A delete cut short after its tombstone, or after the run and the compute resource went: the
+/// next driver's delete finishes it, nothing runs and nothing is left, and a late start of the
+/// deleted sandbox makes nothing.
+async fn delete_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPoint, case: &str) {
+    let sandbox = SandboxId::new(id);
+    let crashed = target.driver(data).await;
+    assert!(matches!(crashed.start(sleeping(target, data, id, 1)).await.unwrap(), StartReply::Running { .. }));
+    crashed.delete_then_crash(&sandbox, at).await.unwrap();
+    drop(crashed);
+    let expected = usize::from(at == CrashPoint::AfterTombstone);
+    assert_eq!(live_runs(target, id), expected, "{case}: runs after the crash");
+
+    let driver = target.driver(data).await;
+    driver.delete(&sandbox).await.unwrap();
+    assert_eq!(live_runs(target, id), 0, "{case}: the delete left a run");
+    let seen = driver.get(&sandbox).await.unwrap();
+    assert!(matches!(seen, RuntimeState::Absent { .. }), "{case}: {seen:?}");
+    let late = driver.start(sleeping(target, data, id, 1)).await.unwrap();
+    assert!(matches!(late, StartReply::Failed { .. }), "{case}: a start after the delete gave {late:?}");
+    assert_eq!(live_runs(target, id), 0, "{case}: the late start ran");
 }
 
 /// D1 on the stop side: a gateway that died right after the runtime started a run, before
@@ -858,8 +933,11 @@ macro_rules! conformance {
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it() {
-                    super::a_start_cut_short_by_a_crash_runs_once_and_its_stop_stops_it(Runtime::$runtime).await
+                async fn a_gateway_killed_at_each_step_of_start_stop_and_delete_leaves_one_run_per_generation() {
+                    super::a_gateway_killed_at_each_step_of_start_stop_and_delete_leaves_one_run_per_generation(
+                        Runtime::$runtime,
+                    )
+                    .await
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

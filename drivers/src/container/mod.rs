@@ -476,8 +476,15 @@ impl<E: Engine> ContainerDriver<E> {
             Gate::Superseded { newest } => return Ok(start_gate::superseded(generation, newest)),
             Gate::Report => return Ok(start_gate::report(current.map(|i| i.state()))),
             Gate::Resume => {
-                // The container started since the start was begun: that run is this generation's.
                 let previous = record.and_then(|r| r.previous);
+                if current.is_none() {
+                    // The start was recorded as begun once the container existed, so it was
+                    // removed since, out of band, with its run if one began: the generation is
+                    // never run again (its compute resource is missing).
+                    self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
+                    return Ok(start_gate::report(None));
+                }
+                // The container started since the start was begun: that run is this generation's.
                 if let Some(started_at) = current.and_then(|i| i.started_at)
                     && previous.is_none_or(|p| started_at > p)
                 {

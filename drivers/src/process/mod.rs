@@ -243,7 +243,12 @@ impl<O: Os> Inner<O> {
             let run = RunFile { generation, pid, kernel_start, started_at: begun.started_at };
             write_json(&self.run_dir(sandbox).join("state.json"), &run)
         };
-        let found = if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
+        let found = if !self.dir(sandbox).exists() {
+            // The start made the sandbox's folder before it recorded the start as begun, so the
+            // folder was removed since, out of band, with whatever ran in it: the generation's
+            // run may have happened and is never run again (its compute resource is missing).
+            true
+        } else if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
             true
         } else if let Some((pid, kernel_start)) = self.os.find_supervisor(sandbox, generation) {
             adopt(pid, kernel_start)?;

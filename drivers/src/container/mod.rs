@@ -374,14 +374,19 @@ impl<E: Engine> ContainerDriver<E> {
         }
     }
 
-    /// Installs the generation's identity and environment where its supervisor reads them.
-    fn install(&self, launch: &Launch) -> Result<(), DriverError> {
-        let dir = self.dir(&launch.sandbox);
+    /// Makes the sandbox's host directory: the driver's record, and what its container mounts.
+    fn make_dir(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        let dir = self.dir(sandbox);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+            .map_err(|e| io(&format!("creating {}", dir.display()), e))
+    }
+
+    /// Installs the generation's identity and environment where its supervisor reads them.
+    fn install(&self, launch: &Launch) -> Result<(), DriverError> {
+        let dir = self.dir(&launch.sandbox);
         let mut env = launch.spec.env.clone();
         env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
         let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
@@ -497,7 +502,7 @@ impl<E: Engine> ContainerDriver<E> {
         if current.is_some_and(|i| i.running()) {
             self.stop_locked(id, REPLACE_GRACE, None).await?;
         }
-        self.install(launch)?;
+        self.make_dir(id)?;
         let spec = self.spec(launch);
         self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
         let created = match current {
@@ -515,6 +520,11 @@ impl<E: Engine> ContainerDriver<E> {
         let started = match created {
             Ok(()) => {
                 begin(previous)?;
+                // Only now can a run of this generation happen, even one a `docker start` made
+                // out of band: its identity goes in after the record says its start began, so a
+                // gateway that dies in between leaves a run the next one adopts, never one it
+                // takes for an older generation's and stops.
+                self.install(launch)?;
                 if crash == Some(CrashPoint::BeforeRuntimeStart) {
                     return Err(crashed(CrashPoint::BeforeRuntimeStart));
                 }

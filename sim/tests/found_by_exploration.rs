@@ -1,0 +1,32 @@
+//! Seeds that long explorations caught, replayed with the standard scenario: each failed before
+//! the fix named beside it, and a change that brings its defect back fails here.
+
+use berth_sim::run::run;
+use berth_sim::scenario::Scenario;
+
+/// `(seed, what it caught)`, one gateway.
+const FOUND: [(u64, &str); 7] = [
+    // A start begun by a gateway that died, the run then removed out of band with its folder:
+    // the re-driven start spawned the generation again (process driver; the fix reports it Gone).
+    (220, "D1: sb0 generation 1 was spawned a second time"),
+    (304, "D1: sb5 generation 3 was spawned a second time"),
+    (357, "D1: sb3 generation 1 was spawned a second time"),
+    (426, "D1: sb3 generation 2 was spawned a second time"),
+    (1518, "D1: sb2 generation 2 was spawned a second time"),
+    // The container driver installed a generation's token before recording its start: a start
+    // that failed in between, then an out-of-band restart, ran the generation unrecorded, and
+    // the re-driven start stopped it as an older one's (the fix installs after the record).
+    (252, "D1: sb6 was stopped at generation 2 while its intent is Running (Ready)"),
+    (1212, "D1: sb3 was stopped at generation 4 while its intent is Running (Ready)"),
+];
+
+#[test]
+fn seeds_the_explorations_caught_hold_every_invariant() {
+    let failures: Vec<String> = FOUND
+        .iter()
+        .map(|(seed, caught)| (run(Scenario::standard(*seed), None), caught))
+        .filter(|(outcome, _)| !outcome.passed())
+        .map(|(outcome, caught)| format!("seed {} (once: {caught}): {:?}", outcome.seed, outcome.violations))
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

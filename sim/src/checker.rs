@@ -1,16 +1,16 @@
-//! The invariant checkers of DESIGN 4. Commit-time checks see every write the gateway makes
-//! (through [`TracingStore`]) and compare it with the runtime's ground truth; the rest run
-//! continuously or once the quiet phase has ended.
+//! Where the store-side invariants of DESIGN 4 are checked, and when: commit-time checks see
+//! every write the gateway makes (through [`TracingStore`]) with the runtime's ground truth; the
+//! rest run continuously or once the quiet phase has ended. What each decides is in
+//! [`crate::invariants`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use berth_core::{FailureReason, Intent, Phase, PhaseKind, Provider, Run as RunState, Sandbox, SandboxId, Write};
+use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
-use berth_drivers::container::volume_name;
-
+use crate::invariants::{Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness};
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
 use crate::world::{Commit, Seen, World, lock};
@@ -87,18 +87,11 @@ impl TracingStore {
         {
             lock(&world.generations).entry(id.clone()).or_default().push((t, a.generation));
         }
-        // I5: every write adds one to the version.
-        match (before, after) {
-            (None, Some(a)) if a.resource_version != 1 => {
-                world.violate("I5", format!("{name} was created at version {}", a.resource_version));
-            }
-            (Some(b), Some(a)) if a.resource_version != b.resource_version + 1 => {
-                world.violate(
-                    "I5",
-                    format!("{name} went from version {} to {}", b.resource_version, a.resource_version),
-                );
-            }
-            _ => {}
+        if let Some(a) = after
+            && let Some(problem) =
+                i5_versions::write_problem(&name, before.map(|b| b.resource_version), a.resource_version)
+        {
+            world.violate(Invariant::I5, problem);
         }
         let old = before.map(|b| b.phase.clone());
         let new = after.map(|a| a.phase.clone());
@@ -136,58 +129,15 @@ impl TracingStore {
         Ok(())
     }
 
-    /// I1: an Error that leaves Starting or Ready must have a cause in the ground truth.
+    /// I1, on a write from `before` to `after`.
     fn check_failure(&self, before: &Sandbox, after: &Sandbox) {
-        let Phase::Error(failure) = &after.phase else { return };
-        if !matches!(before.phase.kind(), PhaseKind::Starting | PhaseKind::Ready)
-            || before.generation != after.generation
-        {
-            return;
-        }
+        let Some(failure) = i1_stale_exit::failure_to_justify(before, after) else { return };
+        let generations = self.world.generations_of(&after.id);
         let runtime = lock(&self.world.runtime);
-        let generation = after.generation;
-        let run = runtime.latest_run(&after.id, generation);
-        let justified = match failure.reason {
-            // A run of the generation ended: the one Berth started, when it was restarted out
-            // of band.
-            FailureReason::ContainerExited => {
-                runtime.runs(&after.id).any(|r| r.generation == generation && r.finished.is_some())
-            }
-            FailureReason::MainProcessExited => runtime.main_exits.contains(&(after.id.clone(), generation)),
-            FailureReason::ComputeResourceMissing => {
-                let started = run.map(|r| r.started_at);
-                let removed_since = runtime
-                    .removals
-                    .get(&after.id)
-                    .is_some_and(|times| times.iter().any(|t| started.is_none_or(|s| *t > s)));
-                !compute_exists(&self.world, &runtime, &after.id) || removed_since
-            }
-            // Since this generation was committed, the runtime refused a create or start, or
-            // the container was removed (the driver found it gone as it started).
-            FailureReason::StartFailed => {
-                let since = committed_at(&self.world, &after.id, generation).unwrap_or(u64::MAX);
-                let refused = runtime.refusals.get(&after.id).into_iter().flatten().copied();
-                let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
-                refused.chain(removed).any(|t| t >= since)
-            }
-            // Every simulated command starts.
-            FailureReason::CommandFailedToStart => false,
-        };
-        if !justified {
-            self.world.violate(
-                "I1",
-                format!(
-                    "{} went {} -> Error ({}) at generation {generation}, but its run of that generation {}",
-                    after.name,
-                    before.phase.kind(),
-                    failure.reason,
-                    match run {
-                        None => "never started".to_string(),
-                        Some(r) if r.finished.is_none() => "is still running".to_string(),
-                        Some(_) => "ended otherwise".to_string(),
-                    }
-                ),
-            );
+        let compute_exists = compute_exists(&self.world, &runtime, &after.id);
+        let ground = i1_stale_exit::Ground { runtime: &runtime, compute_exists, generations: &generations };
+        if let Some(problem) = i1_stale_exit::unjustified(before, after, failure, &ground) {
+            self.world.violate(Invariant::I1, problem);
         }
     }
 }
@@ -271,59 +221,16 @@ fn held(world: &World, runtime: &RuntimeModel) -> BTreeMap<SandboxId, &'static s
     held
 }
 
-/// I6: whether `generation` was a sandbox's committed generation at some moment in `[from, to]`.
-pub fn generation_current_between(world: &World, sandbox: &SandboxId, generation: u64, from: u64, to: u64) -> bool {
-    let generations = lock(&world.generations);
-    let Some(history) = generations.get(sandbox) else { return false };
-    // The generation in force at `from`, and every one committed until `to`.
-    let at_start = history.iter().rev().find(|(t, _)| *t <= from).map(|(_, g)| *g);
-    at_start == Some(generation) || history.iter().any(|(t, g)| *t >= from && *t <= to && *g == generation)
-}
-
-/// When `generation` of a sandbox was committed (simulated microseconds).
-fn committed_at(world: &World, sandbox: &SandboxId, generation: u64) -> Option<u64> {
-    lock(&world.generations).get(sandbox)?.iter().find(|(_, g)| *g == generation).map(|(t, _)| *t)
-}
-
-/// I6: whether a generation newer than `generation` was committed by `to`.
-pub fn superseded_by(world: &World, sandbox: &SandboxId, generation: u64, to: u64) -> bool {
-    lock(&world.generations).get(sandbox).is_some_and(|h| h.iter().any(|(t, g)| *t <= to && *g > generation))
-}
-
-/// I2: every genuine exit of the current run is reported within `bound` (counted from the end of
-/// the fault phase for exits that happened during it).
-pub async fn check_exits_reported(world: &World, bound_micros: u64, quiet_from: u64) {
+/// I2: every genuine exit of the current run is reported within `bound`.
+pub async fn check_exits_reported(world: &World, bound: &i2_exits_reported::Bound) {
     let records = all_records(world).await;
     let now = World::micros();
     let runtime = lock(&world.runtime);
     for s in records {
-        // Error and a completion (Stopped with intent Running) are how an exit is reported.
-        if s.intent != Intent::Running
-            || matches!(s.phase.kind(), PhaseKind::Error | PhaseKind::Stopped | PhaseKind::Deleting)
-        {
-            continue;
-        }
-        // After an out-of-band restart Berth never saw, the restart's run stands for the
-        // generation: its exits are the ones to report.
-        let Some(run) = runtime.latest_run(&s.id, s.generation) else { continue };
-        let Some((finished, code, cause)) = run.finished else { continue };
-        let since = micros_of(finished).max(quiet_from);
-        if now > since + bound_micros {
-            world.violate(
-                "I2",
-                format!(
-                    "{}'s run of generation {} exited (code {code}, {cause:?}) but the record is still {}",
-                    s.name, s.generation, s.phase
-                ),
-            );
+        if let Some(problem) = i2_exits_reported::unreported(&s, &runtime, now, bound) {
+            world.violate(Invariant::I2, problem);
         }
     }
-}
-
-/// Simulated microseconds of a runtime timestamp.
-fn micros_of(t: berth_core::Timestamp) -> u64 {
-    let epoch = i64::try_from(std::time::Duration::from_secs(crate::world::EPOCH_SECS).as_nanos()).unwrap_or(0);
-    u64::try_from((t.unix_nanos() - epoch) / 1_000).unwrap_or(0)
 }
 
 pub async fn all_records(world: &World) -> Vec<Sandbox> {
@@ -339,55 +246,19 @@ pub async fn all_records(world: &World) -> Vec<Sandbox> {
     out
 }
 
-/// I7 and I8, once the quiet phase is over: every sandbox at its intent, nothing in a
-/// transitional phase, nothing deleted still around, nothing left in the runtime without a
-/// record, and each record agreeing with what runs.
+/// I7 and I8, once the quiet phase is over: each record, then what the runtime host holds.
 pub async fn check_converged(world: &World) {
     let records = all_records(world).await;
     let runtime = lock(&world.runtime);
     for s in &records {
-        let expected = match s.intent {
-            Intent::Running => PhaseKind::Ready,
-            Intent::Stopped => PhaseKind::Stopped,
-            Intent::Deleted => {
-                world.violate("I7", format!("{} is still {} after the quiet phase", s.name, s.phase));
-                continue;
-            }
-        };
-        if s.phase.kind() != expected {
-            world.violate(
-                "I8",
-                format!("{} has intent {:?} but is {} after the quiet phase", s.name, s.intent, s.phase),
-            );
-            continue;
+        if let Some(problem) = i7_delete_completes::deleted_still_there(s) {
+            world.violate(Invariant::I7, problem);
         }
-        let alive = runtime.alive_generation(&s.id);
-        let consistent = match expected {
-            PhaseKind::Ready => alive == Some(s.generation),
-            _ => alive.is_none(),
-        };
-        if !consistent {
-            world.violate(
-                "I8",
-                format!("{} is {} at generation {} but the runtime runs {alive:?}", s.name, s.phase, s.generation),
-            );
-        }
-        if let (PhaseKind::Ready, RunState::Pending) = (s.phase.kind(), s.run) {
-            world.violate("I8", format!("{} is Ready with no run known to have started", s.name));
+        for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
+            world.violate(Invariant::I8, problem);
         }
     }
-    for (id, what) in held(world, &runtime) {
-        if !records.iter().any(|s| s.id == id) {
-            world.violate("I7", format!("the runtime still has {what} of {id}, whose record is gone"));
-        }
-    }
-    for volume in &runtime.volumes {
-        if !records.iter().any(|s| volume_name(&s.id) == *volume) {
-            let owner = runtime.sandboxes().find(|id| volume_name(id) == *volume).map(|id| runtime.name(id));
-            world.violate(
-                "I7",
-                format!("the runtime still has the volume {volume} ({owner:?}), whose sandbox's record is gone"),
-            );
-        }
+    for problem in i7_delete_completes::left_behind(&records, &held(world, &runtime), &runtime) {
+        world.violate(Invariant::I7, problem);
     }
 }

@@ -1,7 +1,7 @@
 //! Simulated clients: the real generated gRPC client over simulated TCP, issuing random
 //! operations (with and without expected versions) and the shapes of the motivating reports.
 //! Every sandbox operation goes into the history for the linearizability check; replies a
-//! correct gateway never gives are violations on the spot (I3, I10).
+//! correct gateway never gives are violations on the spot (I3, I7, I10).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::invariants::{Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
 use crate::world::{Op, Outcome, Seen, World, lock, now};
@@ -101,6 +102,16 @@ impl Client {
         self.gateways[self.at].1.clone()
     }
 
+    /// I10 and I3 on a failed reply to `what` (`conflicted`, as I3 words it), sent with `expected`.
+    fn check_reply(&self, what: &str, conflicted: &str, expected: Option<u64>, status: &tonic::Status) {
+        if let Some(problem) = i10_no_panic_or_internal::internal(what, status) {
+            self.world.violate(Invariant::I10, problem);
+        }
+        if let Some(problem) = i3_server_owned::failed_on_conflict(conflicted, expected, status) {
+            self.world.violate(Invariant::I3, problem);
+        }
+    }
+
     /// Checks a reply any correct gateway could give, and records the operation.
     fn record(
         &self,
@@ -114,15 +125,8 @@ impl Client {
             Ok(s) => Outcome::Ok(s.as_ref().map(seen)),
             Err(None) => Outcome::Unknown,
             Err(Some(status)) => {
-                let message = status.message().to_string();
-                if status.code() == Code::Internal {
-                    self.world.violate("I10", format!("{kind} {sandbox}: INTERNAL: {message}"));
-                }
-                if expected.is_none() && (status.code() == Code::Aborted || message.contains("under contention")) {
-                    self.world
-                        .violate("I3", format!("a server-owned {kind} of {sandbox} failed on a conflict: {message}"));
-                }
-                Outcome::Failed { code: format!("{:?}", status.code()), message }
+                self.check_reply(&format!("{kind} {sandbox}"), &format!("{kind} of {sandbox}"), expected, status);
+                Outcome::Failed { code: format!("{:?}", status.code()), message: status.message().to_string() }
             }
         };
         let detail = match &outcome {
@@ -271,12 +275,7 @@ impl Client {
             .map(|_| ())
         };
         if let Err(Some(status)) = &result {
-            if status.code() == Code::Internal {
-                self.world.violate("I10", format!("{kind}: INTERNAL: {}", status.message()));
-            }
-            if status.code() == Code::Aborted || status.message().contains("under contention") {
-                self.world.violate("I3", format!("a server-owned {kind} failed on a conflict: {}", status.message()));
-            }
+            self.check_reply(kind, kind, None, status);
         }
         let detail = match &result {
             Ok(()) => "ok".to_string(),
@@ -321,15 +320,9 @@ impl Client {
         tokio::time::sleep(self.draw.millis(0, 1_500)).await;
         let deleting = self.lifecycle("delete", &sandbox, None).await;
         if deleting.is_some_and(|s| s.phase == pb::Phase::Deleting as i32) {
-            match self.provider(false, &provider).await {
-                Err(Some(status)) if status.code() == Code::FailedPrecondition => self.world.violate(
-                    "I7",
-                    format!(
-                        "{provider} could not be deleted right after {sandbox} became Deleting: {}",
-                        status.message()
-                    ),
-                ),
-                _ => {}
+            let reply = self.provider(false, &provider).await;
+            if let Some(problem) = i7_delete_completes::provider_kept(&provider, &sandbox, &reply) {
+                self.world.violate(Invariant::I7, problem);
             }
         }
     }

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use berth_core::SandboxId;
 use berth_core::identity::verify_token;
-use berth_core::{Intent, SandboxId};
 use berth_drivers::DriverError;
 use berth_drivers::process::ExitFile;
 use berth_drivers::process::os::SpawnSpec;
@@ -18,6 +18,7 @@ use berth_gateway::store::Store;
 use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch};
 
+use crate::invariants::{Invariant, d1_one_run};
 use crate::runtime::{EndCause, Run, RunSignal, Runtime, RuntimeModel, Spawn};
 use crate::world::{World, lock};
 
@@ -40,7 +41,7 @@ pub struct Process {
 
 impl Process {
     pub fn live(&self) -> bool {
-        self.run.finished.is_none()
+        self.run.live()
     }
 }
 
@@ -135,20 +136,12 @@ fn record_exit(path: &Path, exit: ExitFile) {
     }
 }
 
-/// D1, the harm Berth could do to itself: the driver signals a group only to stop it (intent
-/// Stopped or Deleted) or to replace an older generation's run, so a signal that lands on the
-/// current generation's run while the intent is Running (a pid taken for another's, a stale
-/// stop) kills a run the user wants. The in-memory store answers without yielding.
+/// D1 as a signal (`what`) lands on a group of `generation`: against the record. The in-memory
+/// store answers without yielding.
 pub fn check_signal_wanted(world: &World, sandbox: &SandboxId, generation: u64, what: &str) {
     let Some(Ok(Some(record))) = world.store.sandbox(sandbox).now_or_never() else { return };
-    if record.intent == Intent::Running && record.generation == generation {
-        world.violate(
-            "D1",
-            format!(
-                "{} was sent {what} at generation {generation} while its intent is Running ({})",
-                record.name, record.phase
-            ),
-        );
+    if let Some(problem) = d1_one_run::unwanted_stop(&record, Some(generation), &format!("sent {what}")) {
+        world.violate(Invariant::D1, problem);
     }
 }
 
@@ -210,21 +203,8 @@ impl Runtime {
                 m.name_sandbox(&sandbox, name);
             }
             let name = m.name(&sandbox);
-            let earlier = m.processes.get(&sandbox).into_iter().flatten();
-            let mut problems = Vec::new();
-            for p in earlier {
-                if p.live() {
-                    let which = if generation == Some(p.run.generation) { "a second run of " } else { "" };
-                    problems.push(format!(
-                        "{which}{name} generation {} was spawned while its generation {} still runs (pid {})",
-                        generation.unwrap_or(0),
-                        p.run.generation,
-                        p.pid
-                    ));
-                } else if generation.is_some_and(|g| g == p.run.generation) {
-                    problems.push(format!("{name} generation {} was spawned a second time", p.run.generation));
-                }
-            }
+            let earlier = m.processes.get(&sandbox).into_iter().flatten().map(|p| (p.pid, &p.run));
+            let problems = d1_one_run::spawned_twice(&name, earlier, generation);
             let run = Run::new(generation.unwrap_or(0), started_at, token.clone().unwrap_or_default(), signal);
             let exit_file = exit_file.map(PathBuf::from);
             let process = Process { pid, kernel_start, named, run, exit_file, exit };
@@ -234,7 +214,7 @@ impl Runtime {
         let name = self.name(&sandbox);
         self.world.event("runtime", "spawned", format!("{name} generation {} pid {pid}", generation.unwrap_or(0)));
         for problem in problems {
-            self.world.violate("D1", problem);
+            self.world.violate(Invariant::D1, problem);
         }
         match (generation, token) {
             (Some(generation), Some(token)) => {

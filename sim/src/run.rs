@@ -11,12 +11,12 @@ use crate::checker;
 use crate::client::client;
 use crate::faults::Injector;
 use crate::gateway::{RuntimeLinks, gateway};
-use crate::linear;
+use crate::invariants::{Invariant, i2_exits_reported, i5_versions, i10_no_panic_or_internal};
 use crate::net::gateway_host;
 use crate::runtime::Runtime;
 use crate::scenario::Scenario;
 use crate::supervisor::supervisors;
-use crate::world::{EPOCH_SECS, Event, Violation, World, lock, set_loop_now};
+use crate::world::{EPOCH_SECS, Event, Violation, World, lock, micros, set_loop_now};
 
 /// Simulated time per step.
 pub const TICK: Duration = Duration::from_millis(2);
@@ -126,12 +126,12 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
         let finished = match step {
             Ok(finished) => finished,
             Err(e) => {
-                world.violate("I10", format!("a host failed: {e}"));
+                world.violate(Invariant::I10, i10_no_panic_or_internal::host_failed(&e));
                 true
             }
         };
         if let Some(message) = PANIC.with(|p| p.borrow_mut().take()) {
-            world.violate("I10", format!("panic: {message}"));
+            world.violate(Invariant::I10, i10_no_panic_or_internal::panicked(&message));
         }
         if finished || !world.violations().is_empty() {
             break;
@@ -148,8 +148,8 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     if world.violations().is_empty() {
         let ops = lock(&world.history).clone();
         let commits = lock(&world.commits).clone();
-        for failure in linear::check_histories(&ops, &commits) {
-            world.violate("I5", format!("not linearizable: {failure}"));
+        for problem in i5_versions::not_linearizable(&ops, &commits) {
+            world.violate(Invariant::I5, problem);
         }
     }
     bugs::set(None);
@@ -166,13 +166,14 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
 /// The checker's host: I2 all along, then I7 and I8 once the quiet phase has ended.
 async fn check_continuously(world: Arc<World>) -> turmoil::Result {
     let scenario = world.scenario.clone();
-    let quiet_from = u64::try_from(scenario.fault_phase.as_micros()).unwrap_or(u64::MAX);
     // An exit must be in the record within a few polls, however slow this seed's timings.
-    let bound = scenario.poll_interval * 3 + scenario.redrive_after + Duration::from_secs(10);
-    let bound = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
+    let bound = i2_exits_reported::Bound {
+        micros: micros(scenario.poll_interval * 3 + scenario.redrive_after + Duration::from_secs(10)),
+        quiet_from: micros(scenario.fault_phase),
+    };
     while crate::world::now() < scenario.total() {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        checker::check_exits_reported(&world, bound, quiet_from).await;
+        checker::check_exits_reported(&world, &bound).await;
     }
     checker::check_converged(&world).await;
     Ok(())

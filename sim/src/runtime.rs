@@ -20,13 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_core::identity::{IdentityKey, verify_token};
-use berth_core::{Intent, SandboxId, Timestamp};
+use berth_core::{SandboxId, Timestamp};
 use berth_drivers::container::{
     ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Status, container_name, sandbox_of_container,
 };
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::invariants::{Invariant, d1_one_run};
 use crate::scenario::{Draw, DriverKind};
 use crate::world::{World, lock};
 
@@ -71,6 +72,10 @@ impl Run {
     /// A run started by a driver's start.
     pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
         Self { generation, started_at, finished: None, token, out_of_band: false, signal }
+    }
+
+    pub fn live(&self) -> bool {
+        self.finished.is_none()
     }
 }
 
@@ -450,11 +455,11 @@ impl Runtime {
         let generation = token.as_deref().and_then(|t| verify_token(&self.key, t).ok()).map(|i| i.generation);
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);
+        let name = self.name(id);
         let twice = {
             let mut m = lock(&self.world.runtime);
             let container = m.containers.get_mut(id).expect("looked up under the container's lock");
-            let twice =
-                !out_of_band && container.runs.iter().any(|r| !r.out_of_band && Some(r.generation) == generation);
+            let twice = d1_one_run::started_twice(&name, &container.runs, generation, out_of_band);
             container.runs.push(Run {
                 generation: generation.unwrap_or(0),
                 started_at,
@@ -465,17 +470,10 @@ impl Runtime {
             });
             twice
         };
-        let name = self.name(id);
         let how = if out_of_band { " (out of band)" } else { "" };
         self.world.event("runtime", "running", format!("{name} generation {}{how}", generation.unwrap_or(0)));
-        if twice {
-            self.world.violate(
-                "D1",
-                format!(
-                    "{name} generation {} was started a second time in the same container",
-                    generation.unwrap_or(0)
-                ),
-            );
+        if let Some(problem) = twice {
+            self.world.violate(Invariant::D1, problem);
         }
         self.emit(id, false);
         match (generation, token) {
@@ -529,21 +527,12 @@ impl Runtime {
         Ok(())
     }
 
-    /// D1, the harm Berth could do to itself: every stop is decided with intent Stopped, or to
-    /// replace an older generation's run, so a stop that lands on the current generation's run
-    /// while the intent is Running (a stale effect that skipped its re-check, or whose re-check
-    /// a newer start overtook) kills a run the user wants.
+    /// D1 as a stop lands: against the record, and the run it stops.
     async fn check_stop_wanted(&self, id: &SandboxId) {
         let Ok(Some(record)) = self.world.store.sandbox(id).await else { return };
         let live = lock(&self.world.runtime).containers.get_mut(id).and_then(Container::alive).map(|r| r.generation);
-        if record.intent == Intent::Running && live == Some(record.generation) {
-            self.world.violate(
-                "D1",
-                format!(
-                    "{} was stopped at generation {} while its intent is Running ({})",
-                    record.name, record.generation, record.phase
-                ),
-            );
+        if let Some(problem) = d1_one_run::unwanted_stop(&record, live, "stopped") {
+            self.world.violate(Invariant::D1, problem);
         }
     }
 

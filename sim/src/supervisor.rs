@@ -8,9 +8,10 @@ use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
 use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
-use tonic::{Code, Status};
+use tonic::Status;
 
-use crate::checker::{generation_current_between, superseded_by};
+use crate::invariants::Invariant;
+use crate::invariants::i6_one_generation::{self, Session};
 use crate::net;
 use crate::runtime::{Call, Request, RunSignal, Spawn};
 use crate::world::{World, lock};
@@ -42,6 +43,21 @@ impl Checks {
         lock(&self.world.runtime).name(&self.sandbox)
     }
 
+    /// I6 on the answer to this session just given: `judge`'s problem with it, if any.
+    fn check(&self, judge: impl FnOnce(&Session) -> Option<String>) {
+        let generations = self.world.generations_of(&self.sandbox);
+        let session = Session {
+            sandbox: &self.sandbox,
+            generation: self.generation,
+            sent: self.sent,
+            answered: World::micros(),
+            generations: &generations,
+        };
+        if let Some(problem) = judge(&session) {
+            self.world.violate(Invariant::I6, problem);
+        }
+    }
+
     fn finish(&self) {
         if let Some(done) = &self.done {
             done.send_replace(true);
@@ -57,16 +73,7 @@ impl Observer for Checks {
     fn accepted(&mut self, _accepted: &Accepted) {
         let world = &self.world;
         world.event(self.actor, "accepted", format!("{} generation {}", self.name(), self.generation));
-        // I6: only the current generation authenticates.
-        if !generation_current_between(world, &self.sandbox, self.generation, self.sent, World::micros()) {
-            world.violate(
-                "I6",
-                format!(
-                    "{} generation {} was accepted while another generation was current",
-                    self.sandbox, self.generation
-                ),
-            );
-        }
+        self.check(i6_one_generation::accepted);
         self.finish();
     }
 
@@ -80,21 +87,7 @@ impl Observer for Checks {
         let world = &self.world;
         let detail = format!("{} generation {}: {:?}", self.name(), self.generation, status.code());
         world.event(self.actor, "rejected", detail);
-        match status.code() {
-            Code::PermissionDenied if !superseded_by(world, &self.sandbox, self.generation, World::micros()) => {
-                world.violate(
-                    "I6",
-                    format!(
-                        "the supervisor of {} generation {} was rejected, but no newer generation was ever committed (hello sent at {} us): the runtime runs an identity the record does not hold",
-                        self.sandbox, self.generation, self.sent
-                    ),
-                );
-            }
-            Code::Unauthenticated => {
-                world.violate("I6", format!("a token the gateway issued for {} was not recognised", self.sandbox));
-            }
-            _ => {}
-        }
+        self.check(|session| i6_one_generation::rejected(session, status.code()));
         self.finish();
     }
 

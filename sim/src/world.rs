@@ -13,7 +13,7 @@ use berth_core::{Intent, PhaseKind, SandboxId, Timestamp};
 use berth_gateway::store::memory::MemoryStore;
 use serde::Serialize;
 
-use crate::gateway::LEASE_TTL;
+use crate::invariants::{Invariant, l1_one_holder};
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
 
@@ -52,7 +52,7 @@ pub struct Event {
 #[derive(Clone, Debug, Serialize)]
 pub struct Violation {
     pub t: u64,
-    pub invariant: &'static str,
+    pub invariant: Invariant,
     pub message: String,
 }
 
@@ -130,7 +130,7 @@ pub struct World {
     trace: Mutex<Vec<Event>>,
     pub history: Mutex<Vec<Op>>,
     pub commits: Mutex<Vec<Commit>>,
-    /// Generations committed per sandbox id over time: `(t, generation)`, for I6.
+    /// Generations committed per sandbox id over time: `(t, generation)`, for I1 and I6.
     pub generations: Mutex<BTreeMap<SandboxId, Vec<(u64, u64)>>>,
     violations: Mutex<Vec<Violation>>,
     faults: AtomicBool,
@@ -194,7 +194,7 @@ impl World {
         });
     }
 
-    pub fn violate(&self, invariant: &'static str, message: impl Into<String>) {
+    pub fn violate(&self, invariant: Invariant, message: impl Into<String>) {
         let message = message.into();
         self.event("checker", "violation", format!("{invariant}: {message}"));
         lock(&self.violations).push(Violation { t: Self::micros(), invariant, message });
@@ -262,44 +262,31 @@ impl World {
     }
 
     /// Records a grant of the lease (a take-over or a renewal) as the store made it, and checks
-    /// L1's store side: terms never go back, a term has one holder, and a new holder only gets
-    /// in once the last one's lease lapsed or was released.
+    /// L1's store side on each take-over.
     pub fn lease_granted(&self, holder: &str, term: u64) {
         let t = self.stamp();
         let last = lock(&self.grants).last().cloned();
         lock(&self.grants).push(Grant { t, holder: Some(holder.to_string()), term });
-        let problem = match last {
-            Some(last) if last.holder.as_deref() == Some(holder) && term == last.term => return,
-            Some(last) if term <= last.term => {
-                Some(format!("the lease went from {:?} in term {} to {holder} in term {term}", last.holder, last.term))
-            }
-            Some(last) if last.holder.is_some() && t < last.t + micros(LEASE_TTL) => Some(format!(
-                "{holder} took the lease in term {term} while {:?}'s term {}, renewed at {} us, had not lapsed",
-                last.holder, last.term, last.t
-            )),
-            _ => None,
-        };
-        match problem {
-            Some(problem) => self.violate("L1", problem),
+        if l1_one_holder::renews(last.as_ref(), holder, term) {
+            return;
+        }
+        match l1_one_holder::takeover_problem(last.as_ref(), holder, term, t) {
+            Some(problem) => self.violate(Invariant::L1, problem),
             None => self.event(holder, "lease", format!("holds the reconcile lease, term {term}")),
         }
     }
 
-    /// L1's gateway side: a gateway runs reconcile (a watch or a poll of the runtime) only while
-    /// it holds the lease: the store's last grant is its own, and less than a time-to-live old.
+    /// L1's gateway side, as a gateway runs reconcile (a watch or a poll of the runtime).
     pub fn check_reconciling(&self, gateway: &str, what: &str) {
-        let t = Self::micros();
-        let problem = match lock(&self.grants).last() {
-            None => Some("no gateway ever held the lease".to_string()),
-            Some(g) if g.holder.as_deref() != Some(gateway) => {
-                Some(format!("the lease is {:?}'s (term {}) since {} us", g.holder, g.term, g.t))
-            }
-            Some(g) => (t >= g.t + micros(LEASE_TTL))
-                .then(|| format!("its lease (term {}), last renewed at {} us, has lapsed", g.term, g.t)),
-        };
+        let problem = l1_one_holder::reconciling_problem(lock(&self.grants).last(), gateway, what, Self::micros());
         if let Some(problem) = problem {
-            self.violate("L1", format!("{gateway} ran reconcile ({what}) but {problem}"));
+            self.violate(Invariant::L1, problem);
         }
+    }
+
+    /// The generations committed of a sandbox, `(t, generation)` in commit order.
+    pub fn generations_of(&self, sandbox: &SandboxId) -> Vec<(u64, u64)> {
+        lock(&self.generations).get(sandbox).cloned().unwrap_or_default()
     }
 }
 
@@ -318,6 +305,13 @@ impl Drop for World {
     }
 }
 
-fn micros(d: Duration) -> u64 {
+/// Microseconds of a duration, saturating.
+pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Simulated microseconds of a runtime timestamp.
+pub fn micros_of(t: Timestamp) -> u64 {
+    let epoch = i64::try_from(Duration::from_secs(EPOCH_SECS).as_nanos()).unwrap_or(0);
+    u64::try_from((t.unix_nanos() - epoch) / 1_000).unwrap_or(0)
 }

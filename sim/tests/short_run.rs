@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use berth_core::bugs::Bug;
+use berth_sim::invariants::Invariant;
 use berth_sim::run::run;
 use berth_sim::scenario::{DriverKind, Scenario};
 
@@ -26,15 +27,15 @@ fn sixteen_short_seeds_hold_every_invariant() {
 fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
-            Bug::PollBypassesFence => (0, "I1"),
-            Bug::EventBypassesFence => (2, "I1"),
-            Bug::DeleteWithoutRetry => (33, "I3"),
-            Bug::RotationOutsideStart => (0, "I1"),
-            Bug::EffectWithoutRecheck => (0, "D1"),
-            Bug::RecordAfterStart => (0, "D1"),
-            Bug::FenceFromRecordedExit => (21, "I1"),
-            Bug::SweepSkipsLastPage => (0, "I1"),
-            Bug::TenureFromAnswer => (93, "L1"),
+            Bug::PollBypassesFence => (0, Invariant::I1),
+            Bug::EventBypassesFence => (2, Invariant::I1),
+            Bug::DeleteWithoutRetry => (33, Invariant::I3),
+            Bug::RotationOutsideStart => (0, Invariant::I1),
+            Bug::EffectWithoutRecheck => (0, Invariant::D1),
+            Bug::RecordAfterStart => (0, Invariant::D1),
+            Bug::FenceFromRecordedExit => (21, Invariant::I1),
+            Bug::SweepSkipsLastPage => (0, Invariant::I1),
+            Bug::TenureFromAnswer => (93, Invariant::L1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -46,13 +47,13 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
 #[test]
 fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {
     assert_eq!(Scenario::standard(1).driver, DriverKind::Process);
-    let outcome = caught_at(Bug::RecordAfterStart, 1, "D1");
+    let outcome = caught_at(Bug::RecordAfterStart, 1, Invariant::D1);
     assert!(outcome.violations[0].message.contains("a second run of"), "{:?}", outcome.violations);
 }
 
-fn caught_at(bug: Bug, seed: u64, invariant: &str) -> berth_sim::run::Outcome {
+fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outcome {
     let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()), Some(bug));
-    let caught: Vec<&str> = outcome.violations.iter().map(|v| v.invariant).collect();
+    let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);
     outcome
 }

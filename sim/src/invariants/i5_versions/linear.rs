@@ -1,5 +1,6 @@
-//! Linearizability of the CAS store as clients see it: a WGL search (Wing & Gong, with Lowe's
-//! memoisation) over each sandbox's history, P-compositionally, one sandbox name at a time.
+//! I5's history check: the CAS store as clients see it must be linearizable. A WGL search (Wing
+//! & Gong, with Lowe's memoisation) over each sandbox's history, P-compositionally, one sandbox
+//! name at a time.
 //!
 //! A history holds the clients' operations (each between its call and its return) and the
 //! store's own committed writes (instantaneous). The sequential specification is a versioned
@@ -7,7 +8,7 @@
 //! the record at its linearization point (a returned record exactly; NOT_FOUND only while there is
 //! none; ABORTED only while the version differs from the client's, and is the current one it
 //! names; FAILED_PRECONDITION only in a phase that refuses the command). Operations without an
-//! answer constrain nothing.
+//! answer constrain nothing. I4 is part of it: a command carrying a stale version never succeeds.
 
 use std::collections::{BTreeMap, HashSet};
 use std::hash::Hash;
@@ -92,8 +93,7 @@ impl Model for Register {
         match op {
             SandboxOp::Commit(after) => {
                 let valid = match (state, after) {
-                    (None, Some(a)) => a.version == 1,
-                    (Some(s), Some(a)) => a.version == s.version + 1,
+                    (_, Some(a)) => super::next_version(state.as_ref().map(|s| s.version), a.version),
                     (Some(_), None) => true,
                     (None, None) => false,
                 };

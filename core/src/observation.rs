@@ -287,6 +287,15 @@ impl Merge<'_> {
 
     fn running(&mut self, started_at: Timestamp, attributed: bool) {
         if !attributed && !self.owns(started_at) {
+            // Whose run this is may be unknown (until this generation's run is known, an
+            // unsettled fence attributes none by its start time alone), but one that started
+            // after every exit seen is alive: with intent Stopped it is stopped again, whoever's
+            // it is (DESIGN 3.6). A start that landed after its stop was acknowledged ends so.
+            if matches!(self.next.run, Run::Pending | Run::Started { at: None })
+                && self.next.last_exit.is_none_or(|last| started_at > last.finished_at)
+            {
+                self.stop_if_unwanted();
+            }
             return;
         }
         match self.next.run {

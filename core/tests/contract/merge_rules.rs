@@ -423,6 +423,33 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     assert_eq!(d.effects, vec![Effect::Stop { sandbox: stopped.id.clone(), generation: 2 }]);
 }
 
+/// Found by the 10,000-seed exploration (seed 1750): generation 2's start (its fence unsettled,
+/// as every Start's is) was still under way in the engine when its stop was acknowledged; the
+/// run came up after, and was never stopped, since no report could say whose run it was.
+#[test]
+fn a_run_that_came_up_after_its_stop_was_acknowledged_is_stopped_whoever_it_belongs_to() {
+    let mut stopped = sandbox(Phase::Stopped, Intent::Stopped, Run::Pending);
+    stopped.exit_fence.settled = false;
+    let running = |started| runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(started) });
+    // A snapshot of the run the fence's exit ended: stale.
+    let d = merge(Some(&stopped), &stopped.id, &running(50), NOW).unwrap();
+    assert!(d.writes.is_empty() && d.effects.is_empty(), "{d:?}");
+    // The start landing after the stop.
+    let d = merge(Some(&stopped), &stopped.id, &running(350), NOW).unwrap();
+    assert!(matches!(&d.writes[0], Write::UpdateSandbox { record, .. } if record.phase == Phase::Stopping), "{d:?}");
+    assert_eq!(d.effects, vec![Effect::Stop { sandbox: stopped.id.clone(), generation: 2 }]);
+    // Once that run's exit is seen, a late snapshot of it changes nothing.
+    stopped.last_exit = Some(exit(350, 400, 143));
+    let d = merge(Some(&stopped), &stopped.id, &running(350), NOW).unwrap();
+    assert!(d.writes.is_empty() && d.effects.is_empty(), "{d:?}");
+    // With intent Running nothing is stopped, and no run is taken for the generation's by its
+    // start time alone.
+    let mut wanted = sandbox(Phase::Starting, Intent::Running, Run::Pending);
+    wanted.exit_fence.settled = false;
+    let d = merge(Some(&wanted), &wanted.id, &running(350), NOW).unwrap();
+    assert!(d.writes.is_empty() && d.effects.is_empty(), "{d:?}");
+}
+
 #[test]
 fn a_leftover_resource_without_a_record_is_removed() {
     let id = SandboxId::new("sb-gone");

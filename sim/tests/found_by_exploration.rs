@@ -5,7 +5,7 @@ use berth_sim::run::run;
 use berth_sim::scenario::Scenario;
 
 /// `(seed, what it caught)`, one gateway.
-const FOUND: [(u64, &str); 7] = [
+const FOUND: [(u64, &str); 8] = [
     // A start begun by a gateway that died, the run then removed out of band with its folder:
     // the re-driven start spawned the generation again (process driver; the fix reports it Gone).
     (220, "D1: sb0 generation 1 was spawned a second time"),
@@ -18,6 +18,10 @@ const FOUND: [(u64, &str); 7] = [
     // the re-driven start stopped it as an older one's (the fix installs after the record).
     (252, "D1: sb6 was stopped at generation 2 while its intent is Running (Ready)"),
     (1212, "D1: sb3 was stopped at generation 4 while its intent is Running (Ready)"),
+    // A start still under way in the engine when its stop was acknowledged: the run came up
+    // after, and no report could say whose it was, so it was never stopped (berth-core now
+    // stops any run alive after every exit seen while the intent is Stopped).
+    (1750, "I8: sb6 is Stopped at generation 2 but the runtime runs Some(2)"),
 ];
 
 #[test]

@@ -118,7 +118,12 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let session = session::keep_session(connect, run, &mut checks);
     tokio::pin!(session);
     loop {
+        // Biased: an unbiased select polls its branches from a start tokio draws from an
+        // OS-seeded generator (turmoil seeds it only under `--cfg tokio_unstable`), and whether
+        // the session is polled before or after the signal (or the answer) changes what it sends
+        // and when, so the same seed would not give the same trace (I9).
         tokio::select! {
+            biased;
             end = &mut session => {
                 // A rejected supervisor stops its workload and exits: its run ends.
                 if matches!(end, SessionEnd::Rejected(_)) && !spawn.ghost {

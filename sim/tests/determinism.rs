@@ -32,6 +32,45 @@ fn the_same_seed_gives_the_same_trace_byte_for_byte() {
     }
 }
 
+/// Seeds whose trace once depended on an unbiased `tokio::select!` in the simulated supervisors:
+/// tokio picks such a select's first branch from a generator seeded by the OS (turmoil seeds it
+/// only under `--cfg tokio_unstable`), and whether a session or its signal was polled first
+/// changed what reached the network (an accepted stale supervisor's first heartbeat; how a
+/// session's frames were written), which moved every later message's latency. Each such branch
+/// is a coin flip, so each seed runs three times: about half the pairs of runs diverged.
+#[test]
+fn seeds_that_once_diverged_give_one_trace_run_after_run() {
+    let short = |seed| Scenario::with_phases(seed, Duration::from_secs(20), Duration::from_secs(15));
+    // Seed 17's one accepted stale supervisor answers at 38.3 s of its standard fault phase.
+    let scenarios = [
+        short(15),
+        short(25),
+        short(42),
+        short(64),
+        Scenario::with_phases(17, Duration::from_secs(40), Duration::from_secs(10)),
+    ];
+    for scenario in scenarios {
+        let seed = scenario.seed;
+        let traces: Vec<String> = (0..3)
+            .map(|_| {
+                let outcome = run(scenario.clone(), None);
+                assert!(outcome.passed(), "seed {seed}: {:?}", outcome.violations);
+                outcome.trace_lines()
+            })
+            .collect();
+        for other in &traces[1..] {
+            if *other != traces[0] {
+                let line = traces[0].lines().zip(other.lines()).position(|(a, b)| a != b).unwrap_or(0);
+                panic!(
+                    "seed {seed} diverged at line {line}:\n{}\n{}",
+                    traces[0].lines().nth(line).unwrap_or_default(),
+                    other.lines().nth(line).unwrap_or_default()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn different_seeds_give_different_traces() {
     assert_ne!(trace(5, 1), trace(6, 1));

@@ -138,14 +138,17 @@ pub async fn lead(
         if let Some(t) = &tenure {
             next = next.min(t.until);
         }
+        // Biased, as every select the simulator runs: an unbiased one starts from a branch
+        // tokio draws from an OS-seeded generator (DESIGN 5: no ambient randomness).
         tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
+            biased;
             changed = shutdown.changed() => {
                 // No one left to say when to stop: stop now.
                 if changed.is_err() {
                     break;
                 }
             }
+            _ = tokio::time::sleep_until(next) => {}
         }
     }
     if let Some(t) = tenure.take() {

@@ -241,17 +241,24 @@ impl<O: Os> Inner<O> {
         let generation = begun.gate.generation;
         let adopt = |pid, kernel_start| {
             let run = RunFile { generation, pid, kernel_start, started_at: begun.started_at };
-            write_json(&self.run_dir(sandbox).join("state.json"), &run)
+            let run_dir = self.run_dir(sandbox);
+            // A folder removed under a live run: the run is still the one to stop.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&run_dir)
+                .map_err(|e| io(&format!("creating {}", run_dir.display()), e))?;
+            write_json(&run_dir.join("state.json"), &run)
         };
-        let found = if !self.dir(sandbox).exists() {
-            // The start made the sandbox's folder before it recorded the start as begun, so the
-            // folder was removed since, out of band, with whatever ran in it: the generation's
-            // run may have happened and is never run again (its compute resource is missing).
-            true
-        } else if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
+        let found = if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
             true
         } else if let Some((pid, kernel_start)) = self.os.find_supervisor(sandbox, generation) {
             adopt(pid, kernel_start)?;
+            true
+        } else if !self.dir(sandbox).exists() {
+            // The start made the sandbox's folder before it recorded the start as begun, so the
+            // folder was removed since, out of band, with whatever ran in it: the generation's
+            // run may have happened and is never run again (its compute resource is missing).
             true
         } else if self.began(sandbox)? == Some(generation)
             || read_json::<ExitFile>(&self.run_dir(sandbox).join("exit.json"))?

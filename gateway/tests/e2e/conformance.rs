@@ -1000,3 +1000,37 @@ macro_rules! conformance {
 }
 
 conformance!(Process => process, Docker => docker, Podman => podman);
+
+/// The process driver's compute resource is the sandbox's folder, which an operator can remove
+/// while the run in it goes on. A gateway died right after the spawn, and the folder went with
+/// the run still alive: the re-driven start adopts that run rather than taking the folder's
+/// absence for a run that ended, so the generation runs once and its stop stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_a_folder_removed_under_an_unrecorded_live_run_leaves_the_run_to_stop() {
+    let Some(target) = target(Runtime::Process, "crashrmlive").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-crash-rm-live-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let launch = |generation| sleeping(&target, &data, id, generation);
+    let driver = target.driver(&data).await;
+    driver.start_then_crash(launch(1), CrashPoint::AfterRuntimeStart).await.unwrap();
+    drop(driver);
+    until_visible(&target, id).await;
+    // `rm -rf` alone: the run lives on (it may still write into the folder meanwhile).
+    let folder = data.path.join("sandboxes").join(id);
+    while folder.exists() {
+        let _ = std::fs::remove_dir_all(&folder);
+    }
+    assert_eq!(live_runs(&target, id), 1);
+    let driver = target.driver(&data).await;
+    let reply = driver.start(launch(1)).await.unwrap();
+    assert!(matches!(reply, StartReply::Running { .. }), "the live run was not adopted: {reply:?}");
+    assert_eq!(live_runs(&target, id), 1, "generation 1 ran a second time");
+    let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(_)), "{stopped:?}");
+    assert_eq!(live_runs(&target, id), 0, "the acknowledged stop left the run");
+    driver.delete(&sandbox).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

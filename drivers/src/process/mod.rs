@@ -408,7 +408,13 @@ impl<O: Os> Inner<O> {
             Gate::Superseded { newest } => return Ok(start_gate::superseded(generation, newest)),
             Gate::Report => return Ok(start_gate::report(self.run_of(id, generation)?)),
             Gate::Resume if self.settle(id)? => return Ok(start_gate::report(self.run_of(id, generation)?)),
-            Gate::Resume | Gate::Start => {}
+            Gate::Resume => {}
+            // An older generation's start that a dead gateway never confirmed may have left a
+            // run no file names (its folder even removed under it): found now, it is stopped
+            // below like any other before the new generation runs.
+            Gate::Start => {
+                self.settle(id)?;
+            }
         }
         if self.run_file(id)?.is_some() {
             self.stop_locked(id, REPLACE_GRACE, None).await?;

@@ -4,6 +4,7 @@
 //! condition checked, and only then runs `effects`: a decision is durable before its effects, so
 //! an effect can always be re-driven from the committed record.
 
+use crate::exec::{Exec, ExecId};
 use crate::record::{Phase, PhaseKind, Provider, Sandbox, SandboxId, Timestamp};
 
 /// One conditional write. A transaction is a list of them, all applied or none.
@@ -30,6 +31,19 @@ pub enum Write {
         name: String,
         expected: u64,
     },
+    /// A condition only: the sandbox is at `expected`, and nothing of it is written. What an
+    /// exec is admitted against, so that an exec admission and a stop never both commit against
+    /// one Ready record, yet admitting one never changes the sandbox's version under its clients.
+    CheckSandbox {
+        id: SandboxId,
+        expected: u64,
+    },
+    /// Create-if-absent. An exec is removed with its sandbox.
+    CreateExec(Exec),
+    UpdateExec {
+        record: Exec,
+        expected: u64,
+    },
 }
 
 impl Write {
@@ -37,20 +51,23 @@ impl Write {
     pub fn key(&self) -> Key {
         match self {
             Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Key::Sandbox(s.id.clone()),
-            Write::RemoveSandbox { id, .. } => Key::Sandbox(id.clone()),
+            Write::RemoveSandbox { id, .. } | Write::CheckSandbox { id, .. } => Key::Sandbox(id.clone()),
             Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => Key::Provider(p.name.clone()),
             Write::RemoveProvider { name, .. } => Key::Provider(name.clone()),
+            Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => Key::Exec(e.sandbox.clone(), e.id.clone()),
         }
     }
 
     /// The version the record must have for the write to apply; `None` means it must not exist.
     pub fn expected(&self) -> Option<u64> {
         match self {
-            Write::CreateSandbox(_) | Write::CreateProvider(_) => None,
+            Write::CreateSandbox(_) | Write::CreateProvider(_) | Write::CreateExec(_) => None,
             Write::UpdateSandbox { expected, .. }
             | Write::RemoveSandbox { expected, .. }
             | Write::UpdateProvider { expected, .. }
-            | Write::RemoveProvider { expected, .. } => Some(*expected),
+            | Write::RemoveProvider { expected, .. }
+            | Write::CheckSandbox { expected, .. }
+            | Write::UpdateExec { expected, .. } => Some(*expected),
         }
     }
 }
@@ -59,6 +76,7 @@ impl Write {
 pub enum Key {
     Sandbox(SandboxId),
     Provider(String),
+    Exec(SandboxId, ExecId),
 }
 
 /// What a store reports when a condition of a transaction does not hold.

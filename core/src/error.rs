@@ -25,6 +25,7 @@ pub enum Code {
 pub enum Kind {
     Sandbox,
     Provider,
+    Exec,
 }
 
 impl fmt::Display for Kind {
@@ -32,6 +33,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::Sandbox => "sandbox",
             Kind::Provider => "provider",
+            Kind::Exec => "exec",
         })
     }
 }

@@ -11,6 +11,7 @@
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
+//! - [`exec`]: execs, their admission, reports and end (8.1)
 //! - [`error`]: typed errors with their status class (3.7)
 
 #[cfg(feature = "bugs")]
@@ -19,6 +20,7 @@ pub mod cas;
 pub mod command;
 pub mod decision;
 pub mod error;
+pub mod exec;
 pub mod identity;
 pub mod observation;
 pub mod record;

@@ -67,7 +67,7 @@ pub fn env_name(field: &str, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn no_nul(field: &str, value: &str) -> Result<(), Error> {
+pub(crate) fn no_nul(field: &str, value: &str) -> Result<(), Error> {
     if value.contains('\0') {
         return Err(Error::invalid(field, "must not contain NUL bytes"));
     }

@@ -445,6 +445,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use async_trait::async_trait;
+    use berth_core::exec::{Exec, ExecId};
     use berth_core::{Command, Phase, Provider, RuntimeState, SandboxSpec, StartReply, Timestamp};
     use berth_drivers::{ListPage, WatchStream};
 
@@ -487,6 +488,16 @@ mod tests {
         }
         async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
             self.0.list_providers(page).await
+        }
+        async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.exec(sandbox, id).await
+        }
+        async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError> {
+            self.0.list_execs(sandbox, page).await
+        }
+        async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
+            self.0.open_execs().await
         }
         async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
             tokio::task::yield_now().await;

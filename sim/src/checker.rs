@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use berth_core::exec::{Exec, ExecId};
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
@@ -168,6 +169,15 @@ impl Store for TracingStore {
     }
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
         self.call(self.world.store.list_providers(page)).await
+    }
+    async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
+        self.call(self.world.store.exec(sandbox, id)).await
+    }
+    async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError> {
+        self.call(self.world.store.list_execs(sandbox, page)).await
+    }
+    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
+        self.call(self.world.store.open_execs()).await
     }
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
         self.call(self.commit_traced(writes)).await

@@ -1,6 +1,7 @@
 //! berth-core's contract tests: one binary, so the world helper is shared without duplication.
 
 mod commands;
+mod execs;
 mod merge_rules;
 mod model;
 mod reports;

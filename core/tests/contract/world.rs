@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use berth_core::cas::{Retry, RetryPolicy};
+use berth_core::exec::{Exec, ExecId};
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
     Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, MainProcess, Observation, Outcome, Provider,
@@ -63,6 +64,7 @@ impl Container {
 pub struct Store {
     pub sandboxes: BTreeMap<SandboxId, Sandbox>,
     pub providers: BTreeMap<String, Provider>,
+    pub execs: BTreeMap<(SandboxId, ExecId), Exec>,
 }
 
 impl Store {
@@ -74,6 +76,7 @@ impl Store {
         match key {
             Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
+            Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
         }
     }
 
@@ -96,6 +99,11 @@ impl Store {
                 }
                 Write::RemoveSandbox { id, .. } => {
                     self.sandboxes.remove(&id);
+                    self.execs.retain(|(sandbox, _), _| *sandbox != id);
+                }
+                Write::CheckSandbox { .. } => {}
+                Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => {
+                    self.execs.insert((e.sandbox.clone(), e.id.clone()), e);
                 }
                 Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => {
                     self.providers.insert(p.name.clone(), p);

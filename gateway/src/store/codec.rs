@@ -2,6 +2,7 @@
 //! name, version). SQLite and PostgreSQL share these rules, so a record reads back the same from
 //! either, and a damaged row is reported the same way.
 
+use berth_core::exec::Exec;
 use berth_core::{Provider, Sandbox};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -38,6 +39,20 @@ impl Record for Provider {
     }
     fn name(&self) -> &str {
         &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Record for Exec {
+    const TABLE: &'static str = "execs";
+    /// Within its sandbox: rows are always read by sandbox.
+    fn key(&self) -> &str {
+        self.id.as_str()
+    }
+    fn name(&self) -> &str {
+        self.id.as_str()
     }
     fn version(&self) -> u64 {
         self.resource_version

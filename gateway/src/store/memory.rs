@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::exec::{Exec, ExecId};
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 
 use super::{CommitError, Lease, Page, PageRequest, Store, StoreError, selects};
@@ -19,6 +20,7 @@ struct Tables {
     /// name → id, for uniqueness and by-name reads.
     names: BTreeMap<String, SandboxId>,
     providers: BTreeMap<String, Provider>,
+    execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
 }
@@ -61,6 +63,7 @@ impl Tables {
         match key {
             Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
+            Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
         }
     }
 
@@ -99,6 +102,11 @@ impl Tables {
                 if let Some(s) = self.sandboxes.remove(id) {
                     self.names.remove(&s.name);
                 }
+                self.execs.retain(|(sandbox, _), _| sandbox != id);
+            }
+            Write::CheckSandbox { .. } => {}
+            Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => {
+                self.execs.insert((e.sandbox.clone(), e.id.clone()), e.clone());
             }
             Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => {
                 self.providers.insert(p.name.clone(), p.clone());
@@ -170,6 +178,20 @@ impl Store for MemoryStore {
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
         let t = self.lock();
         Ok(page(t.providers.iter().map(|(n, p)| (n.clone(), p.clone())), request))
+    }
+
+    async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
+        Ok(self.lock().execs.get(&(sandbox.clone(), id.clone())).cloned())
+    }
+
+    async fn list_execs(&self, sandbox: &SandboxId, request: &PageRequest) -> Result<Page<Exec>, StoreError> {
+        let t = self.lock();
+        let of_sandbox = t.execs.iter().filter(|((s, _), _)| s == sandbox);
+        Ok(page(of_sandbox.map(|((_, id), e)| (id.to_string(), e.clone())), request))
+    }
+
+    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
+        Ok(self.lock().execs.values().filter(|e| !e.state.is_terminal()).cloned().collect())
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {

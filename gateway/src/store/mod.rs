@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::exec::{Exec, ExecId};
 use berth_core::{Conflict, Provider, Sandbox, SandboxId, Write};
 
 mod codec;
@@ -86,6 +87,12 @@ pub trait Store: Send + Sync + 'static {
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError>;
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError>;
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError>;
+    async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError>;
+    /// A sandbox's execs, ordered by id.
+    async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError>;
+    /// Every exec not yet in a terminal state, of every sandbox, ordered by sandbox and id: what
+    /// a new session must run and what the sweep must end.
+    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError>;
     /// Applies `writes` atomically if every condition holds; otherwise applies none and reports
     /// the first condition that failed. A `CreateSandbox` also fails if its name is taken.
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError>;

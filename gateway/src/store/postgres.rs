@@ -22,6 +22,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::exec::{Exec, ExecId};
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
@@ -76,6 +77,17 @@ CREATE TABLE store_identity (
     singleton BOOLEAN NOT NULL PRIMARY KEY CHECK (singleton),
     id        TEXT    NOT NULL
 );
+"#,
+    r#"
+CREATE TABLE execs (
+    sandbox_id TEXT    NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    id         TEXT    COLLATE "C" NOT NULL,
+    version    BIGINT  NOT NULL,
+    open       BOOLEAN NOT NULL,
+    record     TEXT    NOT NULL,
+    PRIMARY KEY (sandbox_id, id)
+);
+CREATE INDEX execs_open ON execs (sandbox_id, id) WHERE open;
 "#,
 ];
 
@@ -317,18 +329,24 @@ impl From<StoreError> for TxError {
 type TxResult<T> = Result<T, TxError>;
 
 async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
-    let (sql, name) = match key {
-        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", id.as_str()),
-        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", name.as_str()),
+    let (sql, args): (&str, Vec<&str>) = match key {
+        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", vec![id.as_str()]),
+        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", vec![name.as_str()]),
+        Key::Exec(sandbox, id) => {
+            ("SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2", vec![sandbox.as_str(), id.as_str()])
+        }
     };
+    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
     let statement = tx.prepare_cached(sql).await?;
-    let Some(row) = tx.query_opt(&statement, &[&name]).await? else {
+    let Some(row) = tx.query_opt(&statement, &params).await? else {
         return Ok(None);
     };
     let version: i64 = row.try_get(0)?;
+    let name = args[args.len() - 1];
     let version = match key {
         Key::Sandbox(_) => from_sql_version::<Sandbox>(name, version)?,
         Key::Provider(_) => from_sql_version::<Provider>(name, version)?,
+        Key::Exec(..) => from_sql_version::<Exec>(name, version)?,
     };
     Ok(Some(version))
 }
@@ -400,6 +418,29 @@ async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>
         Write::RemoveProvider { name, expected } => {
             let sql = "DELETE FROM providers WHERE name = $1 AND version = $2";
             execute(tx, sql, &[&name, &to_sql_version(*expected)?]).await?
+        }
+        // Locked until the commit: a write to the sandbox committed after the check makes this
+        // select no row (READ COMMITTED re-reads a locked row), and none can land after it.
+        Write::CheckSandbox { id, expected } => {
+            let sql = "SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE";
+            let statement = tx.prepare_cached(sql).await?;
+            tx.query(&statement, &[&id.as_str(), &to_sql_version(*expected)?]).await?.len() as u64
+        }
+        Write::CreateExec(e) => {
+            let sql = "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES ($1, $2, $3, $4, $5) \
+                       ON CONFLICT DO NOTHING";
+            let version = to_sql_version(e.resource_version)?;
+            let open = !e.state.is_terminal();
+            execute(tx, sql, &[&e.sandbox.as_str(), &e.id.as_str(), &version, &open, &encode(e)?]).await?
+        }
+        Write::UpdateExec { record: e, expected } => {
+            let sql = "UPDATE execs SET version = $3, open = $4, record = $5 \
+                       WHERE sandbox_id = $1 AND id = $2 AND version = $6";
+            let version = to_sql_version(e.resource_version)?;
+            let open = !e.state.is_terminal();
+            let args: [&(dyn ToSql + Sync); 6] =
+                [&e.sandbox.as_str(), &e.id.as_str(), &version, &open, &encode(e)?, &to_sql_version(*expected)?];
+            execute(tx, sql, &args).await?
         }
     };
     if changed == 0 {
@@ -509,6 +550,29 @@ impl Store for PostgresStore {
                 self.read_page(sql, &[], request.limit).await
             }
         }
+    }
+
+    async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
+        let sql = "SELECT id, version, record FROM execs WHERE sandbox_id = $1 AND id = $2";
+        Ok(self.read_all(sql, &[&sandbox.as_str(), &id.as_str()]).await?.into_iter().next())
+    }
+
+    async fn list_execs(&self, sandbox: &SandboxId, request: &PageRequest) -> Result<Page<Exec>, StoreError> {
+        match &request.after {
+            Some(after) => {
+                let sql =
+                    "SELECT id, version, record FROM execs WHERE sandbox_id = $1 AND id > $2 ORDER BY id LIMIT $3";
+                self.read_page(sql, &[&sandbox.as_str(), after], request.limit).await
+            }
+            None => {
+                let sql = "SELECT id, version, record FROM execs WHERE sandbox_id = $1 ORDER BY id LIMIT $2";
+                self.read_page(sql, &[&sandbox.as_str()], request.limit).await
+            }
+        }
+    }
+
+    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
+        self.read_all("SELECT id, version, record FROM execs WHERE open ORDER BY sandbox_id, id", &[]).await
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::exec::{Exec, ExecId};
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
@@ -77,6 +78,17 @@ CREATE TABLE store_identity (
     singleton INTEGER NOT NULL PRIMARY KEY CHECK (singleton = 1),
     id        TEXT    NOT NULL
 ) STRICT;
+"#,
+    r#"
+CREATE TABLE execs (
+    sandbox_id TEXT    NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    id         TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    open       INTEGER NOT NULL,
+    record     TEXT    NOT NULL,
+    PRIMARY KEY (sandbox_id, id)
+) STRICT;
+CREATE INDEX execs_open ON execs (sandbox_id, id) WHERE open = 1;
 "#,
 ];
 
@@ -287,6 +299,12 @@ fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError
         Key::Provider(name) => read("SELECT version FROM providers WHERE name = ?1", name)?
             .map(|v| from_sql_version::<Provider>(name, v))
             .transpose(),
+        Key::Exec(sandbox, id) => tx
+            .prepare_cached("SELECT version FROM execs WHERE sandbox_id = ?1 AND id = ?2")?
+            .query_row([sandbox.as_str(), id.as_str()], |row| row.get(0))
+            .optional()?
+            .map(|v| from_sql_version::<Exec>(id.as_str(), v))
+            .transpose(),
     }
 }
 
@@ -350,6 +368,32 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreE
         Write::RemoveProvider { name, expected } => tx
             .prepare_cached("DELETE FROM providers WHERE name = ?1 AND version = ?2")?
             .execute(params![name, to_sql_version(*expected)?])?,
+        // The write lock, held since the checks, keeps the sandbox as it was checked.
+        Write::CheckSandbox { .. } => 1,
+        Write::CreateExec(e) => tx
+            .prepare_cached(
+                "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![
+                e.sandbox.as_str(),
+                e.id.as_str(),
+                to_sql_version(e.resource_version)?,
+                !e.state.is_terminal(),
+                encode(e)?
+            ])?,
+        Write::UpdateExec { record: e, expected } => tx
+            .prepare_cached(
+                "UPDATE execs SET version = ?3, open = ?4, record = ?5 WHERE sandbox_id = ?1 AND id = ?2 AND version = ?6",
+            )?
+            .execute(params![
+                e.sandbox.as_str(),
+                e.id.as_str(),
+                to_sql_version(e.resource_version)?,
+                !e.state.is_terminal(),
+                encode(e)?,
+                to_sql_version(*expected)?
+            ])?,
     };
     if changed == 0 {
         return explain(tx, write).map(Some);
@@ -508,6 +552,35 @@ impl Store for SqliteStore {
                 Vec::new(),
                 request.limit,
             ),
+        })
+        .await
+    }
+
+    async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
+        let args = vec![Value::Text(sandbox.to_string()), Value::Text(id.to_string())];
+        let found = self
+            .run(move |conn| {
+                read_all(conn, "SELECT id, version, record FROM execs WHERE sandbox_id = ?1 AND id = ?2", args)
+            })
+            .await?;
+        Ok(found.into_iter().next())
+    }
+
+    async fn list_execs(&self, sandbox: &SandboxId, request: &PageRequest) -> Result<Page<Exec>, StoreError> {
+        let mut args = vec![Value::Text(sandbox.to_string())];
+        let mut sql = String::from("SELECT id, version, record FROM execs WHERE sandbox_id = ?");
+        if let Some(after) = &request.after {
+            sql.push_str(" AND id > ?");
+            args.push(Value::Text(after.clone()));
+        }
+        sql.push_str(" ORDER BY id LIMIT ?");
+        let limit = request.limit;
+        self.run(move |conn| read_page(conn, &sql, args, limit)).await
+    }
+
+    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
+        self.run(move |conn| {
+            read_all(conn, "SELECT id, version, record FROM execs WHERE open = 1 ORDER BY sandbox_id, id", Vec::new())
         })
         .await
     }

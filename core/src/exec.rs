@@ -1,0 +1,333 @@
+//! Execs: commands run inside a sandbox's current run (DESIGN 8.1).
+//!
+//! An exec is a record keyed by `(sandbox, exec id)`, admitted for one generation and committed
+//! conditionally on the sandbox record it was admitted against, so a stop committed first always
+//! wins. Its state only moves forward: Admitted → Running → one terminal state, and the first
+//! terminal state committed is final. Three things end one: its run's report (through the
+//! supervisor session of the generation it was admitted for, E2), [`settle`] once that run is
+//! over (stopped, deleted, replaced or lost, E3), and a cancel, which is a committed intent that
+//! the supervisor carries out.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::Write;
+use crate::error::{Error, Kind};
+use crate::record::{Intent, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
+use crate::validate;
+
+/// Longest exec id.
+pub const MAX_EXEC_ID_BYTES: usize = 128;
+/// Most arguments of one exec.
+pub const MAX_EXEC_ARGS: usize = 1024;
+/// Largest exec command and environment together, in bytes.
+pub const MAX_EXEC_BYTES: usize = 256 * 1024;
+/// Longest timeout an exec may ask for: a day. Longer work belongs in the sandbox's command.
+pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// An exec's id: chosen by the client (its idempotency key) or by the gateway.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ExecId(String);
+
+impl ExecId {
+    /// `id` if it is 1 to 128 letters, digits, '-', '_' and '.', starting with a letter or digit.
+    pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+        let ok = !id.is_empty()
+            && id.len() <= MAX_EXEC_ID_BYTES
+            && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "must be 1 to {MAX_EXEC_ID_BYTES} letters, digits, '-', '_' and '.', starting with a letter or digit"
+                ),
+            ));
+        }
+        Ok(Self(id.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ExecId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What to run. Its `Debug` shows the shape, never the arguments or values: a command may carry
+/// a secret, and records reach logs in errors.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// The working directory inside the sandbox; empty: the command's own.
+    pub cwd: String,
+    /// One stream through a terminal instead of stdout and stderr apart.
+    pub tty: bool,
+    /// Whether the client sends stdin; without it the command's stdin is empty.
+    pub stdin: bool,
+    /// Milliseconds the command may run before it is killed and ends TimedOut; `None`: no limit.
+    pub timeout_ms: Option<u64>,
+}
+
+impl fmt::Debug for ExecSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecSpec")
+            .field("args", &self.argv.len())
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("tty", &self.tty)
+            .field("stdin", &self.stdin)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecSpec {
+    /// The limits every entry point applies, naming the offending field.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err(Error::invalid("argv", "must name a program to run"));
+        }
+        if self.argv.len() > MAX_EXEC_ARGS {
+            return Err(Error::invalid("argv", format!("at most {MAX_EXEC_ARGS} arguments, got {}", self.argv.len())));
+        }
+        for (i, arg) in self.argv.iter().enumerate() {
+            let field = format!("argv[{i}]");
+            validate::no_nul(&field, arg)?;
+            if arg.len() > validate::MAX_ARG_BYTES {
+                return Err(Error::invalid(field, format!("must be at most {} bytes", validate::MAX_ARG_BYTES)));
+            }
+        }
+        for (name, value) in &self.env {
+            validate::env_name("env", name)?;
+            let field = format!("env[{name}]");
+            validate::no_nul(&field, value)?;
+            if value.len() > validate::MAX_VALUE_BYTES {
+                return Err(Error::invalid(field, format!("must be at most {} bytes", validate::MAX_VALUE_BYTES)));
+            }
+        }
+        validate::no_nul("cwd", &self.cwd)?;
+        if !self.cwd.is_empty() && !self.cwd.starts_with('/') {
+            return Err(Error::invalid("cwd", "must be an absolute path inside the sandbox, or empty"));
+        }
+        if self.cwd.len() > validate::MAX_ARG_BYTES {
+            return Err(Error::invalid("cwd", format!("must be at most {} bytes", validate::MAX_ARG_BYTES)));
+        }
+        match self.timeout_ms {
+            Some(0) => return Err(Error::invalid("timeout", "must be positive, or unset for no limit")),
+            Some(ms) if ms > MAX_EXEC_TIMEOUT_MS => {
+                return Err(Error::invalid("timeout", format!("must be at most {MAX_EXEC_TIMEOUT_MS} ms (a day)")));
+            }
+            _ => {}
+        }
+        let size = self.argv.iter().map(String::len).sum::<usize>()
+            + self.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + self.cwd.len();
+        if size > MAX_EXEC_BYTES {
+            return Err(Error::invalid("argv", format!("command and env are {size} bytes; at most {MAX_EXEC_BYTES}")));
+        }
+        Ok(())
+    }
+}
+
+/// How an exec ended, as its run reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecEnd {
+    /// It exited by itself with this code.
+    Exited(i32),
+    /// A signal it did not handle killed it (one the client sent, or the runtime's).
+    Signalled(i32),
+    /// Its timeout killed it.
+    TimedOut,
+    /// A cancel killed it, or it was cancelled before it ran.
+    Cancelled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecState {
+    /// Committed; its run has not said it started.
+    Admitted,
+    /// Its run started it.
+    Running,
+    /// Final, from here on.
+    Ended { end: ExecEnd, message: String },
+    /// Its run ended (died, or was replaced) before the exec's own end was known: final.
+    Lost { message: String },
+}
+
+impl ExecState {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, ExecState::Ended { .. } | ExecState::Lost { .. })
+    }
+}
+
+/// An exec record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exec {
+    pub sandbox: SandboxId,
+    pub id: ExecId,
+    pub spec: ExecSpec,
+    /// The generation it was admitted for: only that generation's run ever runs it (E2).
+    pub generation: u64,
+    pub state: ExecState,
+    /// A cancel was asked: the run kills it, or never starts it.
+    pub cancel_requested: bool,
+    /// How many bytes of output it wrote in all, once it ended and its run said so.
+    pub output_bytes: Option<u64>,
+    /// +1 on every write.
+    pub resource_version: u64,
+    pub admitted_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Exec {
+    /// The next version of this record, as a conditional write.
+    fn update(&self, next: Exec, now: Timestamp) -> (Write, Exec) {
+        let mut next = next;
+        next.resource_version = self.resource_version + 1;
+        next.updated_at = now;
+        (Write::UpdateExec { record: next.clone(), expected: self.resource_version }, next)
+    }
+}
+
+/// What an admission decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// Empty when the exec already existed: a retry runs nothing again.
+    pub writes: Vec<Write>,
+    pub exec: Exec,
+}
+
+impl Admission {
+    /// Whether this admission made the exec (rather than finding it).
+    pub fn is_new(&self) -> bool {
+        !self.writes.is_empty()
+    }
+}
+
+/// Admits `spec` as exec `id` of the sandbox named `name`, against what was read: the sandbox
+/// and the exec of that id, if any. A retry of an existing exec returns it unchanged whatever
+/// the sandbox is doing now; the same id with another command is ALREADY_EXISTS. A new exec
+/// needs the sandbox Ready, and is conditional on the very sandbox version read.
+pub fn admit(
+    name: &str,
+    id: &ExecId,
+    spec: &ExecSpec,
+    sandbox: Option<&Sandbox>,
+    existing: Option<&Exec>,
+    now: Timestamp,
+) -> Result<Admission, Error> {
+    validate::dns_label("sandbox", name)?;
+    spec.validate()?;
+    let sandbox = sandbox.ok_or_else(|| Error::NotFound { kind: Kind::Sandbox, name: name.to_string() })?;
+    if let Some(exec) = existing {
+        if exec.spec != *spec {
+            return Err(Error::AlreadyExists { kind: Kind::Exec, name: id.to_string() });
+        }
+        return Ok(Admission { writes: Vec::new(), exec: exec.clone() });
+    }
+    if sandbox.phase.kind() != PhaseKind::Ready {
+        return Err(Error::WrongPhase {
+            sandbox: sandbox.name.clone(),
+            action: "exec in",
+            phase: sandbox.phase.kind(),
+        });
+    }
+    let exec = Exec {
+        sandbox: sandbox.id.clone(),
+        id: id.clone(),
+        spec: spec.clone(),
+        generation: sandbox.generation,
+        state: ExecState::Admitted,
+        cancel_requested: false,
+        output_bytes: None,
+        resource_version: 1,
+        admitted_at: now,
+        updated_at: now,
+    };
+    let writes = vec![
+        Write::CheckSandbox { id: sandbox.id.clone(), expected: sandbox.resource_version },
+        Write::CreateExec(exec.clone()),
+    ];
+    Ok(Admission { writes, exec })
+}
+
+/// What an exec's run reports of it over its supervisor session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    Started,
+    Ended { end: ExecEnd, message: String, output_bytes: u64 },
+}
+
+/// Applies a report from the supervisor session of `generation`. A session of another
+/// generation is never this exec's run (E2), and a terminal state is final: both change nothing.
+pub fn report(exec: &Exec, generation: u64, report: &Report, now: Timestamp) -> Option<(Write, Exec)> {
+    if generation != exec.generation || exec.state.is_terminal() {
+        return None;
+    }
+    let mut next = exec.clone();
+    match report {
+        Report::Started if exec.state == ExecState::Admitted => next.state = ExecState::Running,
+        Report::Started => return None,
+        Report::Ended { end, message, output_bytes } => {
+            next.state = ExecState::Ended { end: *end, message: message.clone() };
+            next.output_bytes = Some(*output_bytes);
+        }
+    }
+    Some(exec.update(next, now))
+}
+
+/// Commits a cancel: the run kills the exec (or never starts it) and reports it Cancelled. An
+/// exec that already ended stays as it ended.
+pub fn cancel(exec: &Exec, now: Timestamp) -> Option<(Write, Exec)> {
+    if exec.state.is_terminal() || exec.cancel_requested {
+        return None;
+    }
+    let mut next = exec.clone();
+    next.cancel_requested = true;
+    Some(exec.update(next, now))
+}
+
+/// Ends an exec whose run is over (E3): its sandbox was deleted, stopped, started again, or its
+/// run ended or failed. A stop or delete cancels it; anything else lost it. An exec whose run
+/// may still be alive and serving it is left to that run.
+pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<(Write, Exec)> {
+    if exec.state.is_terminal() {
+        return None;
+    }
+    let state = match sandbox {
+        None => ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was deleted".into() },
+        Some(s) => {
+            let replaced = s.generation != exec.generation;
+            let ended = matches!(s.run, Run::Ended(_));
+            let live = matches!(s.phase.kind(), PhaseKind::Ready);
+            if !replaced && !ended && live {
+                return None;
+            }
+            match s.intent {
+                Intent::Stopped => {
+                    ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was stopped".into() }
+                }
+                Intent::Deleted => {
+                    ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox is being deleted".into() }
+                }
+                Intent::Running if replaced => ExecState::Lost {
+                    message: format!("generation {} was replaced by generation {}", exec.generation, s.generation),
+                },
+                Intent::Running => {
+                    ExecState::Lost { message: format!("the sandbox's run ended (the sandbox is {})", s.phase) }
+                }
+            }
+        }
+    };
+    let mut next = exec.clone();
+    next.state = state;
+    Some(exec.update(next, now))
+}

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use berth_proto::v1 as pb;
+use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -55,6 +56,27 @@ enum Top {
     /// Create, inspect and attach providers (credentials for sandboxes).
     #[command(subcommand)]
     Provider(ProviderCmd),
+    /// Inspect, attach to and cancel execs.
+    #[command(subcommand)]
+    Exec(ExecCmd),
+}
+
+#[derive(Subcommand)]
+enum ExecCmd {
+    /// Print an exec's output from an offset until it ends; exits with its exit status.
+    Attach {
+        sandbox: String,
+        id: String,
+        /// Where to start in its output (stdout and stderr together, in bytes).
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
+    /// Show one exec.
+    Get { sandbox: String, id: String },
+    /// List a sandbox's execs (every page).
+    List { sandbox: String },
+    /// Cancel an exec: it is killed (TERM, then KILL) and ends Cancelled, unless it ended first.
+    Cancel { sandbox: String, id: String },
 }
 
 #[derive(Args)]
@@ -135,6 +157,30 @@ enum SandboxCmd {
         #[command(flatten)]
         wait: Wait,
     },
+    /// Run a command in a Ready sandbox, streaming its output; exits with its exit status
+    /// (128+N if signal N killed it, 124 if it timed out).
+    Exec {
+        name: String,
+        /// Pass this terminal's stdin to the command.
+        #[arg(long, short)]
+        interactive: bool,
+        /// Kill the command after this long (it ends TimedOut).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// The exec's id: running again with the same id and command attaches to the first
+        /// run instead of running it twice.
+        #[arg(long)]
+        id: Option<String>,
+        /// An environment variable, KEY=VALUE (repeatable).
+        #[arg(long = "env", short, value_parser = pair)]
+        env: Vec<(String, String)>,
+        /// The working directory in the sandbox.
+        #[arg(long, short)]
+        workdir: Option<String>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -191,6 +237,7 @@ impl tonic::service::Interceptor for Bearer {
 struct Client {
     sandboxes: SandboxesClient<Authed>,
     providers: ProvidersClient<Authed>,
+    execs: ExecsClient<Authed>,
     output: Output,
 }
 
@@ -373,8 +420,22 @@ impl Client {
         Ok(())
     }
 
-    async fn sandbox(&mut self, command: SandboxCmd) -> Result<(), Failed> {
+    async fn sandbox(&mut self, command: SandboxCmd) -> Result<u8, Failed> {
         match command {
+            SandboxCmd::Exec { name, interactive, timeout, id, env, workdir, command } => {
+                let start = pb::ExecStart {
+                    sandbox: name,
+                    argv: command,
+                    env: env.into_iter().collect(),
+                    cwd: workdir.unwrap_or_default(),
+                    tty: false,
+                    stdin: interactive,
+                    timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                    exec_id: id.unwrap_or_default(),
+                    window: None,
+                };
+                return self.exec(start).await;
+            }
             SandboxCmd::Create { name, image, env, labels, providers, wait, command } => {
                 let request = pb::CreateSandboxRequest {
                     name,
@@ -444,6 +505,7 @@ impl Client {
                 self.lifecycle(reply, Target::Gone, &wait).await
             }
         }
+        .map(|()| 0)
     }
 
     async fn provider(&mut self, command: ProviderCmd) -> Result<(), Failed> {
@@ -512,6 +574,165 @@ impl Client {
     }
 }
 
+/// The status `berth` exits with for an exec that ended so: its own code, 128+N for signal N,
+/// 124 for a timeout (as timeout(1)), 130 for a cancel, 255 for a lost run.
+fn exec_status(exec: &pb::Exec) -> u8 {
+    let code = match pb::ExecState::try_from(exec.state).unwrap_or_default() {
+        pb::ExecState::Exited => exec.exit_code.unwrap_or(1),
+        pb::ExecState::Signalled => 128 + exec.signal.unwrap_or(0),
+        pb::ExecState::TimedOut => 124,
+        pb::ExecState::Cancelled => 130,
+        _ => 255,
+    };
+    u8::try_from(code & 0xff).unwrap_or(255)
+}
+
+fn exec_state_name(state: i32) -> &'static str {
+    pb::ExecState::try_from(state).map_or("Unknown", |s| match s {
+        pb::ExecState::Unspecified => "Unknown",
+        pb::ExecState::Admitted => "Admitted",
+        pb::ExecState::Running => "Running",
+        pb::ExecState::Exited => "Exited",
+        pb::ExecState::Signalled => "Signalled",
+        pb::ExecState::TimedOut => "TimedOut",
+        pb::ExecState::Cancelled => "Cancelled",
+        pb::ExecState::Lost => "Lost",
+    })
+}
+
+fn exec_json(e: &pb::Exec) -> serde_json::Value {
+    json!({
+        "id": e.id, "sandbox": e.sandbox, "argv": e.argv, "state": exec_state_name(e.state),
+        "exit_code": e.exit_code, "signal": e.signal, "message": e.message, "generation": e.generation,
+        "cancel_requested": e.cancel_requested, "output_bytes": e.output_bytes,
+        "resource_version": e.resource_version,
+    })
+}
+
+fn exec_row(e: &pb::Exec) -> Vec<String> {
+    let end = match (e.exit_code, e.signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => format!("signal {signal}"),
+        (None, None) => e.message.clone(),
+    };
+    vec![e.id.clone(), exec_state_name(e.state).to_string(), end, e.argv.join(" ")]
+}
+
+impl Client {
+    fn print_execs(&self, execs: &[pb::Exec]) {
+        match self.output {
+            Output::Json if execs.len() == 1 => println!("{:#}", exec_json(&execs[0])),
+            Output::Json => println!("{:#}", json!(execs.iter().map(exec_json).collect::<Vec<_>>())),
+            Output::Table => {
+                println!("{}", table(&["ID", "STATE", "END", "COMMAND"], execs.iter().map(exec_row).collect()))
+            }
+        }
+    }
+
+    /// Runs `start`, passing stdin if it asks for it, and prints the output as it comes.
+    async fn exec(&mut self, start: pb::ExecStart) -> Result<u8, Failed> {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let interactive = start.stdin;
+        let first = pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) };
+        tx.send(first).await.map_err(|_| Failed("the request stream closed".into()))?;
+        // Without stdin the request side stays open until the end all the same: closing it early
+        // would end nothing, but some proxies take a half-closed stream for a finished call.
+        let held = if interactive {
+            tokio::spawn(send_stdin(tx));
+            None
+        } else {
+            Some(tx)
+        };
+        let events = self.execs.exec(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+        let status = print_output(events).await;
+        drop(held);
+        status
+    }
+
+    async fn exec_command(&mut self, command: ExecCmd) -> Result<u8, Failed> {
+        match command {
+            ExecCmd::Attach { sandbox, id, offset } => {
+                let request = pb::AttachExecRequest { sandbox, exec_id: id, offset };
+                let events = self.execs.attach_exec(request).await?.into_inner();
+                print_output(events).await
+            }
+            ExecCmd::Get { sandbox, id } => {
+                let reply = self.execs.get_exec(pb::ExecRequest { sandbox, exec_id: id }).await?.into_inner();
+                self.print_execs(&[reply.exec.unwrap_or_default()]);
+                Ok(0)
+            }
+            ExecCmd::List { sandbox } => {
+                let mut all = Vec::new();
+                let mut page_token = String::new();
+                loop {
+                    let request = pb::ListExecsRequest { sandbox: sandbox.clone(), page_size: 500, page_token };
+                    let reply = self.execs.list_execs(request).await?.into_inner();
+                    all.extend(reply.execs);
+                    if reply.next_page_token.is_empty() {
+                        break;
+                    }
+                    page_token = reply.next_page_token;
+                }
+                self.print_execs(&all);
+                Ok(0)
+            }
+            ExecCmd::Cancel { sandbox, id } => {
+                let reply = self.execs.cancel_exec(pb::ExecRequest { sandbox, exec_id: id }).await?.into_inner();
+                self.print_execs(&[reply.exec.unwrap_or_default()]);
+                Ok(0)
+            }
+        }
+    }
+}
+
+async fn send_stdin(tx: tokio::sync::mpsc::Sender<pb::ExecInput>) {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = vec![0; 64 << 10];
+    loop {
+        let input = match stdin.read(&mut buffer).await {
+            Ok(0) | Err(_) => pb::exec_input::Input::CloseStdin(pb::CloseStdin {}),
+            Ok(n) => pb::exec_input::Input::Stdin(buffer[..n].to_vec()),
+        };
+        let closing = matches!(input, pb::exec_input::Input::CloseStdin(_));
+        if tx.send(pb::ExecInput { input: Some(input) }).await.is_err() || closing {
+            break;
+        }
+    }
+    // The request side stays open: the exec runs on whatever the client does.
+    std::future::pending::<()>().await;
+}
+
+/// Writes an exec's output to stdout and stderr as it comes; the exit status of its end.
+async fn print_output(mut events: tonic::Streaming<pb::ExecOutput>) -> Result<u8, Failed> {
+    use pb::exec_output::Output as Event;
+    use std::io::Write as _;
+    while let Some(event) = events.message().await? {
+        match event.output {
+            Some(Event::Chunk(chunk)) => {
+                let written = if chunk.stream == i32::from(pb::OutputStream::Stderr) {
+                    std::io::stderr().write_all(&chunk.data)
+                } else {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&chunk.data).and_then(|()| out.flush())
+                };
+                written.map_err(|e| Failed(format!("cannot write the output: {e}")))?;
+            }
+            Some(Event::Gap(gap)) => {
+                eprintln!("berth: output {}..{} is no longer kept (over the exec's cap)", gap.from, gap.to)
+            }
+            Some(Event::End(exec)) => {
+                if !exec.message.is_empty() {
+                    eprintln!("berth: exec {} {}: {}", exec.id, exec_state_name(exec.state), exec.message);
+                }
+                return Ok(exec_status(&exec));
+            }
+            Some(Event::Admitted(_)) | None => {}
+        }
+    }
+    Err(Failed("the gateway closed the exec's stream before it ended".into()))
+}
+
 fn read_trimmed(path: PathBuf) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
@@ -540,7 +761,8 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
     let auth = Bearer(bearer);
     Ok(Client {
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), auth.clone()),
-        providers: ProvidersClient::with_interceptor(channel, auth),
+        providers: ProvidersClient::with_interceptor(channel.clone(), auth.clone()),
+        execs: ExecsClient::with_interceptor(channel, auth),
         output: cli.output,
     })
 }
@@ -551,12 +773,13 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
         let mut client = connect(&cli).await?;
         match cli.command {
             Top::Sandbox(c) => client.sandbox(c).await,
-            Top::Provider(c) => client.provider(c).await,
+            Top::Provider(c) => client.provider(c).await.map(|()| 0),
+            Top::Exec(c) => client.exec_command(c).await,
         }
     }
     .await;
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code),
         Err(Failed(message)) => {
             eprintln!("error: {message}");
             std::process::ExitCode::FAILURE

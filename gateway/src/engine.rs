@@ -26,7 +26,10 @@ use tracing::{debug, info, warn};
 use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::record_locks::{RecordKey, RecordLocks};
+use crate::sessions::Sessions;
 use crate::store::{CommitError, Store};
+
+pub mod execs;
 
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
@@ -75,6 +78,10 @@ struct Inner {
     changes: broadcast::Sender<Change>,
     /// Set once the gateway shuts down: long-lived streams end.
     shutdown: tokio::sync::watch::Sender<bool>,
+    /// The supervisor sessions held here: where execs go.
+    sessions: Sessions,
+    /// Told of every exec write made here.
+    exec_changes: tokio::sync::watch::Sender<()>,
 }
 
 #[derive(Clone)]
@@ -109,6 +116,8 @@ impl Engine {
                 writers: RecordLocks::default(),
                 changes,
                 shutdown: tokio::sync::watch::channel(false).0,
+                sessions: Sessions::default(),
+                exec_changes: tokio::sync::watch::channel(()).0,
             }),
         }
     }

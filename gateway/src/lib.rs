@@ -10,5 +10,6 @@ pub mod lease;
 pub mod reconcile;
 mod record_locks;
 pub mod server;
+pub mod sessions;
 pub mod store;
 pub mod tcp;

@@ -226,6 +226,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let lease = LeaseSettings { holder: config.name.clone(), ttl: config.lease_ttl };
     let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
+    tokio::spawn(engine.clone().settle_execs_forever());
 
     let routes = crate::api::routes(&engine, &token, config.heartbeat).await;
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

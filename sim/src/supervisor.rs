@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
+use berth_supervisor::exec::Execs;
 use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
@@ -105,7 +106,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let first = spawn.generation as usize + 1;
     let connect = move |attempt: usize| async move { Ok(net::channel((first + attempt) % gateways)) };
     let (exit, exit_rx) = watch::channel(None);
-    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None };
+    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None, execs: Execs::default() };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
         world: world.clone(),

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_proto::v1::Accepted;
+use berth_supervisor::exec::Execs;
 use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use clap::Parser;
 use hyper_util::rt::TokioIo;
@@ -220,12 +221,12 @@ async fn main() -> ExitCode {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             let status = record(code);
             let _ = exit_tx.send(Some(code));
-            let run = Run { token, exit: exit_rx, failed_to_start: Some(cause) };
+            let run = Run { token, exit: exit_rx, failed_to_start: Some(cause), execs: Execs::default() };
             let _ = keep_session(args.gateway.clone(), run).await;
             return status;
         }
     };
-    let run = Run { token, exit: exit_rx, failed_to_start: None };
+    let run = Run { token, exit: exit_rx, failed_to_start: None, execs: Execs::default() };
     let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Told to terminate, the command's exit is the stop's doing, not a failure of the command:

@@ -2,18 +2,24 @@
 //! once the command has exited, and reconnecting, each attempt to the next gateway, until the
 //! exit is acknowledged or the gateway rejects the run for good.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use berth_proto::v1::gateway_message::Message as FromGateway;
 use berth_proto::v1::hello::MainProcess;
 use berth_proto::v1::supervisor_client::SupervisorClient;
 use berth_proto::v1::supervisor_message::Message as ToGateway;
-use berth_proto::v1::{Accepted, Heartbeat, Hello, MainProcessExit, SupervisorMessage};
+use berth_proto::v1::{self as pb, Accepted, Heartbeat, Hello, MainProcessExit, SupervisorMessage};
 use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
+
+use crate::exec::{End, Execs, Status as ExecStatus};
+use crate::output::{Follower, Output, Read, Stream};
 
 /// How long the supervisor keeps trying to report the command's exit before giving up.
 pub const REPORT_FOR: Duration = Duration::from_secs(15);
@@ -33,6 +39,8 @@ pub struct Run {
     pub exit: watch::Receiver<Option<i32>>,
     /// Why the command could not be started, if it could not.
     pub failed_to_start: Option<String>,
+    /// This run's execs: what the gateway asks to run, and how each stands.
+    pub execs: Execs,
 }
 
 #[derive(Debug)]
@@ -99,7 +107,8 @@ where
 /// One connection. The hello says whether the command already ended (or never started), so
 /// that such a run is never taken for Ready.
 async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) -> Attempt {
-    let (tx, rx) = mpsc::channel(4);
+    // Room for output in flight; a full channel holds readers back, never the commands.
+    let (tx, rx) = mpsc::channel(64);
     let main_process = match (&run.failed_to_start, *run.exit.borrow()) {
         (Some(cause), _) => Some(MainProcess::FailedToStart(cause.clone())),
         (None, Some(code)) => Some(MainProcess::Exited(code)),
@@ -140,6 +149,14 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
     let silence = interval * SILENT_HEARTBEATS;
     let mut heard = tokio::time::Instant::now();
     let mut reported = false;
+    // What this connection told the gateway of each exec: a new connection tells all again,
+    // so that a report lost with the last one is made.
+    let mut told: BTreeMap<String, u8> = BTreeMap::new();
+    let mut exec_changes = run.execs.changed();
+    let mut readers = Readers::default();
+    if !tell_execs(&run.execs, &mut told, &tx).await {
+        return Attempt::Lost("the session closed".into());
+    }
     loop {
         let exited = if reported { None } else { *run.exit.borrow_and_update() };
         if let Some(code) = exited {
@@ -154,8 +171,10 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
             received = inbound.message() => match received {
                 Ok(Some(m)) => {
                     heard = tokio::time::Instant::now();
-                    if let Some(FromGateway::ExitAck(_)) = m.message {
-                        return Attempt::Ended(SessionEnd::Reported);
+                    match m.message {
+                        Some(FromGateway::ExitAck(_)) => return Attempt::Ended(SessionEnd::Reported),
+                        Some(other) => exec_message(&run.execs, other, &mut readers, &tx),
+                        None => {}
                     }
                 }
                 Ok(None) => return Attempt::Lost("the gateway closed the session".into()),
@@ -163,6 +182,11 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
             },
             // Once the command's side is gone, nothing more will change.
             _ = run.exit.changed(), if !reported && run.exit.has_changed().is_ok() => {}
+            _ = exec_changes.changed() => {
+                if !tell_execs(&run.execs, &mut told, &tx).await {
+                    return Attempt::Lost("the session closed".into());
+                }
+            }
             _ = heartbeat.tick() => {
                 if heard.elapsed() > silence {
                     return Attempt::Lost(format!("the gateway answered no heartbeat for {silence:?}"));
@@ -177,4 +201,175 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
 
 fn message(m: ToGateway) -> SupervisorMessage {
     SupervisorMessage { message: Some(m) }
+}
+
+/// Tells the gateway every exec status it has not heard on this connection; false once the
+/// connection is gone.
+async fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, tx: &mpsc::Sender<SupervisorMessage>) -> bool {
+    for (exec_id, status) in execs.statuses() {
+        let heard = told.get(&exec_id).copied().unwrap_or(0);
+        if status.rank() <= heard {
+            continue;
+        }
+        told.insert(exec_id.clone(), status.rank());
+        let report = match status {
+            ExecStatus::Running => ToGateway::ExecStarted(pb::ExecStarted { exec_id }),
+            ExecStatus::Ended { end, message, output_bytes } => {
+                use pb::exec_ended::End as Wire;
+                let end = match end {
+                    End::Exited(code) => Wire::ExitCode(code),
+                    End::Signalled(signal) => Wire::Signal(signal),
+                    End::TimedOut => Wire::TimedOut(true),
+                    End::Cancelled => Wire::Cancelled(true),
+                };
+                ToGateway::ExecEnded(pb::ExecEnded { exec_id, end: Some(end), message, output_bytes })
+            }
+        };
+        if tx.send(message(report)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// The output readers of one connection, by subscription; they end with it.
+#[derive(Default)]
+struct Readers {
+    tasks: JoinSet<()>,
+    by_subscription: BTreeMap<u64, (AbortHandle, watch::Sender<u64>)>,
+}
+
+impl Readers {
+    /// Sends `output` from `read.offset` for `read.subscription`, within the credit granted.
+    fn start(
+        &mut self,
+        read: &pb::ReadOutput,
+        output: Option<Arc<Output>>,
+        follower: Option<Follower>,
+        tx: &mpsc::Sender<SupervisorMessage>,
+    ) {
+        let (credit, granted) = watch::channel(read.credit);
+        let reader = follow(output.zip(follower), read.subscription, read.offset, granted, tx.clone());
+        let task = self.tasks.spawn(reader);
+        if let Some((old, _)) = self.by_subscription.insert(read.subscription, (task, credit)) {
+            old.abort();
+        }
+    }
+}
+
+/// Carries out an exec message from the gateway.
+fn exec_message(execs: &Execs, m: FromGateway, readers: &mut Readers, tx: &mpsc::Sender<SupervisorMessage>) {
+    match m {
+        FromGateway::RunExec(mut run) => {
+            let read = run.read.take();
+            let exec_id = run.exec_id.clone();
+            let follower = execs.run(run, read.as_ref().map(|r| r.offset));
+            if let Some(read) = read {
+                readers.start(&read, execs.output(&exec_id), follower, tx);
+            }
+        }
+        FromGateway::ExecStdin(input) => execs.stdin(&input.exec_id, input.data, input.close),
+        FromGateway::ExecSignal(signal) => execs.signal(&signal.exec_id, signal.signal),
+        FromGateway::CancelExec(cancel) => execs.cancel(&cancel.exec_id),
+        // Without a terminal there is no window to size.
+        FromGateway::ExecResize(_) => {}
+        FromGateway::ReadOutput(read) => {
+            let output = execs.output(&read.exec_id);
+            let follower = output.as_ref().map(|o| o.follow(read.offset));
+            readers.start(&read, output, follower, tx);
+        }
+        FromGateway::MoreOutput(more) => {
+            if let Some((_, credit)) = readers.by_subscription.get(&more.subscription) {
+                credit.send_modify(|c| *c = c.saturating_add(more.credit));
+            }
+        }
+        FromGateway::StopReading(stop) => {
+            if let Some((task, _)) = readers.by_subscription.remove(&stop.subscription) {
+                task.abort();
+            }
+        }
+        FromGateway::Accepted(_) | FromGateway::HeartbeatAck(_) | FromGateway::ExitAck(_) => {}
+    }
+    // Finished readers are dropped as others come and go.
+    while readers.tasks.try_join_next().is_some() {}
+}
+
+/// The most output in one message.
+const OUTPUT_MESSAGE: usize = 256 << 10;
+
+fn wire_stream(stream: Stream) -> pb::OutputStream {
+    match stream {
+        Stream::Stdout => pb::OutputStream::Stdout,
+        Stream::Stderr => pb::OutputStream::Stderr,
+    }
+}
+
+/// Sends one exec's output from `offset` until its end, for one subscription, never more than
+/// the gateway granted (`granted`, in bytes since the start of the subscription).
+async fn follow(
+    output: Option<(Arc<Output>, Follower)>,
+    subscription: u64,
+    mut offset: u64,
+    mut granted: watch::Receiver<u64>,
+    tx: mpsc::Sender<SupervisorMessage>,
+) {
+    let Some((output, follower)) = output else {
+        let end = pb::OutputEnd { subscription, offset, unknown: true };
+        let _ = tx.send(message(ToGateway::OutputEnd(end))).await;
+        return;
+    };
+    let mut changed = output.changed();
+    let mut sent: u64 = 0;
+    loop {
+        changed.borrow_and_update();
+        let allowed = granted.borrow_and_update().saturating_sub(sent);
+        if allowed == 0 {
+            if granted.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let max = usize::try_from(allowed).unwrap_or(usize::MAX).min(OUTPUT_MESSAGE);
+        let sent_ok = match output.read(offset, max) {
+            Read::Data(chunks) => {
+                let mut sent_ok = Ok(());
+                for chunk in chunks {
+                    let len = chunk.data.len() as u64;
+                    let data = pb::OutputData {
+                        subscription,
+                        stream: wire_stream(chunk.stream).into(),
+                        offset: chunk.offset,
+                        data: chunk.data,
+                    };
+                    sent_ok = tx.send(message(ToGateway::Output(data))).await;
+                    if sent_ok.is_err() {
+                        break;
+                    }
+                    offset = chunk.offset + len;
+                    sent += len;
+                }
+                follower.advance(offset);
+                sent_ok
+            }
+            Read::Gap { from, to } => {
+                offset = to;
+                follower.advance(offset);
+                tx.send(message(ToGateway::OutputGap(pb::OutputGapData { subscription, from, to }))).await
+            }
+            Read::End { offset } => {
+                let end = pb::OutputEnd { subscription, offset, unknown: false };
+                let _ = tx.send(message(ToGateway::OutputEnd(end))).await;
+                return;
+            }
+            Read::Wait => {
+                if changed.changed().await.is_err() {
+                    return;
+                }
+                Ok(())
+            }
+        };
+        if sent_ok.is_err() {
+            return;
+        }
+    }
 }

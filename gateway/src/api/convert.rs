@@ -71,3 +71,52 @@ pub fn provider(p: &Provider) -> pb::Provider {
 pub fn credentials(map: std::collections::BTreeMap<String, String>) -> std::collections::BTreeMap<String, Secret> {
     map.into_iter().map(|(k, v)| (k, Secret::new(v))).collect()
 }
+
+/// An exec as the API shows it: its environment's names, never their values.
+pub fn exec(e: &berth_core::exec::Exec, sandbox: &str) -> pb::Exec {
+    use berth_core::exec::{ExecEnd, ExecState};
+    let (state, exit_code, signal, message) = match &e.state {
+        ExecState::Admitted => (pb::ExecState::Admitted, None, None, String::new()),
+        ExecState::Running => (pb::ExecState::Running, None, None, String::new()),
+        ExecState::Ended { end, message } => {
+            let message = message.clone();
+            match end {
+                ExecEnd::Exited(code) => (pb::ExecState::Exited, Some(*code), None, message),
+                ExecEnd::Signalled(signal) => (pb::ExecState::Signalled, None, Some(*signal), message),
+                ExecEnd::TimedOut => (pb::ExecState::TimedOut, None, None, message),
+                ExecEnd::Cancelled => (pb::ExecState::Cancelled, None, None, message),
+            }
+        }
+        ExecState::Lost { message } => (pb::ExecState::Lost, None, None, message.clone()),
+    };
+    pb::Exec {
+        id: e.id.to_string(),
+        sandbox: sandbox.to_string(),
+        argv: e.spec.argv.clone(),
+        env_names: e.spec.env.keys().cloned().collect(),
+        cwd: e.spec.cwd.clone(),
+        tty: e.spec.tty,
+        timeout_ms: e.spec.timeout_ms,
+        generation: e.generation,
+        state: state.into(),
+        exit_code,
+        signal,
+        message,
+        cancel_requested: e.cancel_requested,
+        output_bytes: e.output_bytes,
+        resource_version: e.resource_version,
+        admitted_at_unix_ms: e.admitted_at.unix_millis(),
+        updated_at_unix_ms: e.updated_at.unix_millis(),
+    }
+}
+
+pub fn exec_spec(start: &pb::ExecStart) -> berth_core::exec::ExecSpec {
+    berth_core::exec::ExecSpec {
+        argv: start.argv.clone(),
+        env: start.env.clone(),
+        cwd: start.cwd.clone(),
+        tty: start.tty,
+        stdin: start.stdin,
+        timeout_ms: start.timeout_ms,
+    }
+}

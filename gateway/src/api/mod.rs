@@ -3,11 +3,13 @@
 
 pub mod auth;
 pub mod convert;
+pub mod exec;
 pub mod public;
 pub mod supervisor;
 
 use std::time::Duration;
 
+use berth_proto::v1::execs_server::ExecsServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
 use berth_proto::v1::supervisor_server::SupervisorServer;
@@ -21,6 +23,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<SandboxesServer<public::SandboxApi>>().await;
     health.set_serving::<ProvidersServer<public::ProviderApi>>().await;
+    health.set_serving::<ExecsServer<exec::ExecApi>>().await;
     health.set_serving::<SupervisorServer<supervisor::SupervisorApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
@@ -28,7 +31,8 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         .build_v1()
         .expect("the embedded descriptor sets are valid");
     let sandboxes_auth = auth.clone();
-    let providers_auth = auth;
+    let providers_auth = auth.clone();
+    let execs_auth = auth;
     let mut routes = Routes::builder();
     routes
         .add_service(SandboxesServer::with_interceptor(public::SandboxApi::new(engine.clone()), move |r| {
@@ -37,6 +41,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         .add_service(ProvidersServer::with_interceptor(public::ProviderApi::new(engine.clone()), move |r| {
             providers_auth.check(r)
         }))
+        .add_service(ExecsServer::with_interceptor(exec::ExecApi::new(engine.clone()), move |r| execs_auth.check(r)))
         .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
         .add_service(health_service)
         .add_service(reflection);

@@ -9,6 +9,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use berth_core::exec::{ExecEnd, ExecId, Report};
 use berth_core::identity::{RuntimeIdentity, verify_token};
 use berth_core::{MainProcess, Observation};
 use berth_proto::v1 as pb;
@@ -23,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::engine::Engine;
 use crate::error::ApiError;
+use crate::sessions::OutputEvent;
 
 /// How long a new session may take to say hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
@@ -71,6 +73,13 @@ async fn serve_session(
     mut inbound: Streaming<pb::SupervisorMessage>,
     tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
 ) {
+    let session = engine.sessions().open(identity.sandbox.clone(), identity.generation, tx.clone());
+    if let Err(e) = engine.resume_execs(&session).await {
+        // The next connection tries again.
+        let _ = tx.send(Err(e.into())).await;
+        engine.sessions().close(&session);
+        return;
+    }
     loop {
         let received = tokio::select! {
             biased;
@@ -90,27 +99,79 @@ async fn serve_session(
         };
         let reply = match next {
             Some(FromSupervisor::Heartbeat(_)) => match current(&engine, &identity).await {
-                Ok(()) => Ok(message(ToSupervisor::HeartbeatAck(pb::HeartbeatAck {}))),
-                Err(status) => Err(status),
+                Ok(()) => Some(Ok(message(ToSupervisor::HeartbeatAck(pb::HeartbeatAck {})))),
+                Err(status) => Some(Err(status)),
             },
             Some(FromSupervisor::Exit(exit)) => {
                 let observation =
                     Observation::MainProcessExited { generation: identity.generation, exit_code: exit.exit_code };
                 match engine.observe(&identity.sandbox, &observation, None).await {
-                    Ok(_) => Ok(message(ToSupervisor::ExitAck(pb::ExitAck {}))),
-                    Err(e) => Err(e.into()),
+                    Ok(_) => Some(Ok(message(ToSupervisor::ExitAck(pb::ExitAck {})))),
+                    Err(e) => Some(Err(e.into())),
                 }
             }
+            Some(FromSupervisor::ExecStarted(started)) => {
+                exec_report(&engine, &identity, &started.exec_id, &Report::Started).await
+            }
+            Some(FromSupervisor::ExecEnded(ended)) => match ended_report(&ended) {
+                Some(report) => exec_report(&engine, &identity, &ended.exec_id, &report).await,
+                None => Some(Err(Status::invalid_argument("an exec end report must say how it ended"))),
+            },
+            Some(FromSupervisor::Output(data)) => {
+                let chunk = pb::OutputChunk { stream: data.stream, offset: data.offset, data: data.data };
+                session.deliver(data.subscription, OutputEvent::Data(chunk)).await;
+                None
+            }
+            Some(FromSupervisor::OutputGap(gap)) => {
+                session.deliver(gap.subscription, OutputEvent::Gap { from: gap.from, to: gap.to }).await;
+                None
+            }
+            Some(FromSupervisor::OutputEnd(end)) => {
+                let event = OutputEvent::End { offset: end.offset, unknown: end.unknown };
+                session.deliver(end.subscription, event).await;
+                None
+            }
             Some(FromSupervisor::Hello(_)) | None => {
-                Err(Status::invalid_argument("expected a heartbeat or an exit report"))
+                Some(Err(Status::invalid_argument("expected a heartbeat, an exit or an exec report")))
             }
         };
+        let Some(reply) = reply else { continue };
         let stop = reply.is_err();
         if tx.send(reply).await.is_err() || stop {
             break;
         }
     }
+    engine.sessions().close(&session);
     debug!(sandbox = %identity.sandbox, generation = identity.generation, "supervisor session ended");
+}
+
+/// How the supervisor says an exec ended, as core reads it.
+fn ended_report(ended: &pb::ExecEnded) -> Option<Report> {
+    use pb::exec_ended::End as Wire;
+    let end = match ended.end? {
+        Wire::ExitCode(code) => ExecEnd::Exited(code),
+        Wire::Signal(signal) => ExecEnd::Signalled(signal),
+        Wire::TimedOut(_) => ExecEnd::TimedOut,
+        Wire::Cancelled(_) => ExecEnd::Cancelled,
+    };
+    Some(Report::Ended { end, message: bounded(ended.message.clone()), output_bytes: ended.output_bytes })
+}
+
+/// Commits an exec report. Nothing is answered; a report that cannot be committed ends the
+/// session, and the next connection reports again.
+async fn exec_report(
+    engine: &Engine,
+    identity: &RuntimeIdentity,
+    exec_id: &str,
+    report: &Report,
+) -> Option<Result<pb::GatewayMessage, Status>> {
+    let Ok(id) = ExecId::parse("exec_id", exec_id) else {
+        return Some(Err(Status::invalid_argument("an exec report named a malformed exec id")));
+    };
+    match engine.exec_report(identity, &id, report).await {
+        Ok(()) => None,
+        Err(e) => Some(Err(e.into())),
+    }
 }
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;

@@ -1,0 +1,236 @@
+//! The public exec API (DESIGN 8.1): run a command in a Ready sandbox, attach to its output
+//! from any offset, read, list and cancel execs.
+//!
+//! A stream's output comes from the supervisor session of the exec's run. When that session
+//! goes (its gateway died, the connection broke, a reader fell behind) the stream waits for it
+//! to come back and reads on from the offset it got to, so a reader sees every kept byte once,
+//! in order, at its offset; it ends with the exec's final state, which the run's report or the
+//! sweep always brings (E3).
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use berth_core::exec::{self, Exec, ExecId};
+use berth_proto::v1 as pb;
+use berth_proto::v1::exec_input::Input;
+use berth_proto::v1::exec_output::Output;
+use berth_proto::v1::execs_server::Execs;
+use berth_proto::v1::gateway_message::Message as ToSupervisor;
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert;
+use crate::engine::{Engine, execs::run_message};
+use crate::error::ApiError;
+use crate::sessions::{OutputEvent, READ_WINDOW};
+use crate::store::PageRequest;
+
+/// How long a stream waits for its exec's session before it looks at the exec again.
+const SESSION_WAIT: Duration = Duration::from_millis(500);
+
+type OutputStream = Pin<Box<dyn Stream<Item = Result<pb::ExecOutput, Status>> + Send>>;
+
+pub struct ExecApi {
+    engine: Engine,
+}
+
+impl ExecApi {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+fn exec_id(id: &str) -> Result<ExecId, Status> {
+    ExecId::parse("exec_id", id).map_err(|e| ApiError::from(e).into())
+}
+
+fn output(o: Output) -> Result<pb::ExecOutput, Status> {
+    Ok(pb::ExecOutput { output: Some(o) })
+}
+
+/// The exec as it finally stands. An exec removed with its sandbox ended as the sweep would
+/// have ended it.
+async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
+    match engine.exec_ended(&last.sandbox, &last.id).await {
+        Ok(exec) => Ok(exec),
+        Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
+            Ok(exec::settle(last, None, engine.clock().now()).map_or_else(|| last.clone(), |(_, e)| e))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Streams `exec`'s output from `offset` to `tx` until its end, then its final state.
+async fn follow(
+    engine: Engine,
+    exec: Exec,
+    name: String,
+    mut offset: u64,
+    tx: mpsc::Sender<Result<pb::ExecOutput, Status>>,
+) {
+    let mut sessions = engine.sessions().changed();
+    let end = loop {
+        sessions.borrow_and_update();
+        let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else {
+            // No session here: its run may be reconnecting, or over (then the exec is ending).
+            match engine.store().exec(&exec.sandbox, &exec.id).await {
+                Ok(Some(current)) if current.state.is_terminal() => break Ok(current),
+                Ok(None) => break final_state(&engine, &exec).await,
+                Ok(Some(_)) => {}
+                Err(e) => break Err(ApiError::from(e).into()),
+            }
+            tokio::select! {
+                _ = sessions.changed() => {}
+                () = tokio::time::sleep(SESSION_WAIT) => {}
+                () = tx.closed() => return,
+            }
+            continue;
+        };
+        // The run learns of the exec as its output is asked for (a no-op if it knows it).
+        let Some((subscription, mut events)) = session.run_and_read(run_message(&exec), offset).await else {
+            continue;
+        };
+        let mut consumed = 0;
+        let ended = loop {
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = tx.closed() => {
+                    session.stop_reading(subscription).await;
+                    return;
+                }
+            };
+            let sent = match event {
+                Some(OutputEvent::Data(chunk)) => {
+                    let len = chunk.data.len() as u64;
+                    offset = chunk.offset + len;
+                    let sent = tx.send(output(Output::Chunk(chunk))).await;
+                    // Credit back once the client took it: a slow client slows the command.
+                    consumed += len;
+                    if consumed >= READ_WINDOW / 4 {
+                        session.grant(subscription, consumed).await;
+                        consumed = 0;
+                    }
+                    sent
+                }
+                Some(OutputEvent::Gap { from, to }) => {
+                    offset = to;
+                    tx.send(output(Output::Gap(pb::OutputGap { from, to }))).await
+                }
+                Some(OutputEvent::End { .. }) => break true,
+                // The connection went, or this reader fell behind: read on from `offset`.
+                None => break false,
+            };
+            if sent.is_err() {
+                session.stop_reading(subscription).await;
+                return;
+            }
+        };
+        if ended {
+            break final_state(&engine, &exec).await;
+        }
+    };
+    let _ = tx.send(end.map(|e| pb::ExecOutput { output: Some(Output::End(convert::exec(&e, &name))) })).await;
+}
+
+/// Passes the client's stdin, window sizes and signals to the exec's run until the client's
+/// side closes. A session this stream has not used yet is told of the exec first, so input
+/// never reaches a run before the exec does.
+async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
+    let mut told: Option<std::sync::Arc<crate::sessions::Session>> = None;
+    let exec_id = exec.id.to_string();
+    while let Ok(Some(message)) = inbound.message().await {
+        let Some(input) = message.input else { continue };
+        let m = match input {
+            Input::Stdin(data) => {
+                ToSupervisor::ExecStdin(pb::ExecStdin { exec_id: exec_id.clone(), data, close: false })
+            }
+            Input::CloseStdin(_) => {
+                ToSupervisor::ExecStdin(pb::ExecStdin { exec_id: exec_id.clone(), data: Vec::new(), close: true })
+            }
+            Input::Resize(window) => {
+                ToSupervisor::ExecResize(pb::ExecResize { exec_id: exec_id.clone(), window: Some(window) })
+            }
+            Input::Signal(signal) => ToSupervisor::ExecSignal(pb::ExecSignal { exec_id: exec_id.clone(), signal }),
+            // A second start is a client bug; the exec it named runs already.
+            Input::Start(_) => continue,
+        };
+        let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else { continue };
+        if told.as_ref().is_none_or(|t| !std::sync::Arc::ptr_eq(t, &session)) {
+            session.send(ToSupervisor::RunExec(run_message(&exec))).await;
+            told = Some(session.clone());
+        }
+        session.send(m).await;
+    }
+}
+
+#[tonic::async_trait]
+impl Execs for ExecApi {
+    type ExecStream = OutputStream;
+    type AttachExecStream = OutputStream;
+
+    async fn exec(&self, request: Request<Streaming<pb::ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
+        let mut inbound = request.into_inner();
+        let start = match inbound.message().await? {
+            Some(pb::ExecInput { input: Some(Input::Start(start)) }) => start,
+            _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
+        };
+        let id = if start.exec_id.is_empty() { self.engine.new_exec_id() } else { exec_id(&start.exec_id)? };
+        let spec = convert::exec_spec(&start);
+        let admitted = self.engine.admit_exec(&start.sandbox, &id, &spec).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
+        tokio::spawn(forward_input(self.engine.clone(), admitted.clone(), inbound));
+        tokio::spawn(follow(self.engine.clone(), admitted, start.sandbox, 0, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn get_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
+        let request = request.into_inner();
+        let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
+    }
+
+    async fn list_execs(&self, request: Request<pb::ListExecsRequest>) -> Result<Response<pb::ListExecsReply>, Status> {
+        let request = request.into_inner();
+        berth_core::validate::dns_label("sandbox", &request.sandbox).map_err(ApiError::from)?;
+        let after = if request.page_token.is_empty() { None } else { Some(exec_id(&request.page_token)?.to_string()) };
+        let limit = match request.page_size {
+            0 => 100,
+            n if n > 1000 => return Err(Status::invalid_argument(format!("invalid page_size: at most 1000, got {n}"))),
+            n => n as usize,
+        };
+        let sandbox = self
+            .engine
+            .store()
+            .sandbox_by_name(&request.sandbox)
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| Status::not_found(format!("sandbox '{}' not found", request.sandbox)))?;
+        let page =
+            self.engine.store().list_execs(&sandbox.id, &PageRequest { after, limit }).await.map_err(ApiError::from)?;
+        Ok(Response::new(pb::ListExecsReply {
+            execs: page.items.iter().map(|e| convert::exec(e, &request.sandbox)).collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }))
+    }
+
+    async fn attach_exec(
+        &self,
+        request: Request<pb::AttachExecRequest>,
+    ) -> Result<Response<Self::AttachExecStream>, Status> {
+        let request = request.into_inner();
+        let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let _ = tx.send(output(Output::Admitted(convert::exec(&exec, &request.sandbox)))).await;
+        tokio::spawn(follow(self.engine.clone(), exec, request.sandbox, request.offset, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
+        let request = request.into_inner();
+        let exec = self.engine.cancel_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
+    }
+}

@@ -1,0 +1,225 @@
+//! Executing berth-core's exec rules (DESIGN 8.1): admission, reports, cancels and settling,
+//! each a conditional write re-decided after a conflict, and carrying execs to the supervisor
+//! session of the run they were admitted for.
+
+use std::time::Duration;
+
+use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
+use berth_core::identity::RuntimeIdentity;
+use berth_core::{Kind, PhaseKind, Sandbox, SandboxId, Timestamp, Write};
+use berth_proto::v1 as pb;
+use berth_proto::v1::gateway_message::Message as ToSupervisor;
+use tracing::warn;
+
+use super::Engine;
+use crate::error::ApiError;
+use crate::sessions::{Session, Sessions};
+use crate::store::CommitError;
+
+/// How often every open exec is looked at, for runs that ended through another gateway.
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+/// How often a waiter for an exec's end reads it afresh: its end may be committed by another
+/// gateway, whose writes this one is not told of.
+const REREAD: Duration = Duration::from_millis(500);
+
+/// The message that has a supervisor run `exec` (or, cancelled first, only report it so).
+pub fn run_message(exec: &Exec) -> pb::RunExec {
+    pb::RunExec {
+        exec_id: exec.id.to_string(),
+        argv: exec.spec.argv.clone(),
+        env: exec.spec.env.clone(),
+        cwd: exec.spec.cwd.clone(),
+        tty: exec.spec.tty,
+        stdin: exec.spec.stdin,
+        timeout_ms: exec.spec.timeout_ms,
+        window: None,
+        cancelled: exec.cancel_requested,
+        read: None,
+    }
+}
+
+impl Engine {
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    /// A fresh exec id: 64 random bits.
+    pub fn new_exec_id(&self) -> ExecId {
+        ExecId::parse("exec_id", &format!("ex-{:016x}", self.random())).expect("a generated id is well formed")
+    }
+
+    /// Admits exec `id` in the sandbox named `name`, or finds it (a retry), and has the run's
+    /// session run it if this gateway holds that session.
+    pub async fn admit_exec(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
+        let store = &self.inner.store;
+        let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+        loop {
+            let sandbox = store.sandbox_by_name(name).await?;
+            let existing = match &sandbox {
+                Some(s) => store.exec(&s.id, id).await?,
+                None => None,
+            };
+            let admission = exec::admit(name, id, spec, sandbox.as_ref(), existing.as_ref(), self.inner.clock.now())?;
+            if !admission.is_new() {
+                return Ok(admission.exec);
+            }
+            match store.commit(&admission.writes).await {
+                Ok(()) => {
+                    self.inner.exec_changes.send_replace(());
+                    self.send_exec(&admission.exec).await;
+                    return Ok(admission.exec);
+                }
+                Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, "Exec").await?,
+                Err(CommitError::Store(e)) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Hands `exec` to the session of its run, if this gateway holds it; otherwise the session
+    /// is handed every open exec when it opens.
+    async fn send_exec(&self, exec: &Exec) {
+        if let Some(session) = self.inner.sessions.get(&exec.sandbox, exec.generation) {
+            session.send(ToSupervisor::RunExec(run_message(exec))).await;
+        }
+    }
+
+    /// Applies `change` (one of core's exec rules) to the exec as stored, with its sandbox as
+    /// stored, until it commits or has nothing to change. The exec as it then stands, if it
+    /// exists.
+    async fn change_exec(
+        &self,
+        sandbox: &SandboxId,
+        id: &ExecId,
+        what: &str,
+        change: impl Fn(&Exec, Option<&Sandbox>, Timestamp) -> Option<(Write, Exec)>,
+    ) -> Result<Option<Exec>, ApiError> {
+        let store = &self.inner.store;
+        let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+        loop {
+            let Some(current) = store.exec(sandbox, id).await? else { return Ok(None) };
+            let record = store.sandbox(sandbox).await?;
+            let Some((write, next)) = change(&current, record.as_ref(), self.inner.clock.now()) else {
+                return Ok(Some(current));
+            };
+            match store.commit(&[write]).await {
+                Ok(()) => {
+                    self.inner.exec_changes.send_replace(());
+                    return Ok(Some(next));
+                }
+                Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, what).await?,
+                Err(CommitError::Store(e)) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// What the run `identity` reports of one of its execs.
+    pub async fn exec_report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
+        let generation = identity.generation;
+        self.change_exec(&identity.sandbox, id, "ExecReport", |e, _, now| exec::report(e, generation, report, now))
+            .await?;
+        Ok(())
+    }
+
+    /// The exec `id` of the sandbox named `name`.
+    pub async fn find_exec(&self, name: &str, id: &ExecId) -> Result<(Sandbox, Exec), ApiError> {
+        berth_core::validate::dns_label("sandbox", name)?;
+        let store = &self.inner.store;
+        let not_found = |kind, name: &str| berth_core::Error::NotFound { kind, name: name.to_string() };
+        let sandbox = store.sandbox_by_name(name).await?.ok_or_else(|| not_found(Kind::Sandbox, name))?;
+        let exec = store.exec(&sandbox.id, id).await?.ok_or_else(|| not_found(Kind::Exec, id.as_str()))?;
+        Ok((sandbox, exec))
+    }
+
+    /// Commits a cancel and has the run carry it out.
+    pub async fn cancel_exec(&self, name: &str, id: &ExecId) -> Result<Exec, ApiError> {
+        let (sandbox, _) = self.find_exec(name, id).await?;
+        let exec = self
+            .change_exec(&sandbox.id, id, "CancelExec", |e, _, now| exec::cancel(e, now))
+            .await?
+            .ok_or_else(|| berth_core::Error::NotFound { kind: Kind::Exec, name: id.to_string() })?;
+        if !exec.state.is_terminal()
+            && let Some(session) = self.inner.sessions.get(&exec.sandbox, exec.generation)
+        {
+            session.send(ToSupervisor::CancelExec(pb::CancelExec { exec_id: id.to_string() })).await;
+        }
+        Ok(exec)
+    }
+
+    /// Ends every open exec whose run is over (E3): of one sandbox, or of all.
+    pub async fn settle_execs(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
+        for open in self.inner.store.open_execs().await? {
+            if only.is_some_and(|s| *s != open.sandbox) {
+                continue;
+            }
+            if let Err(e) = self.change_exec(&open.sandbox, &open.id, "SettleExec", exec::settle).await {
+                warn!(sandbox = %open.sandbox, exec = %open.id, error = %e, "cannot settle an exec; the next sweep will");
+            }
+        }
+        Ok(())
+    }
+
+    /// A new session: every open exec of its run is handed to it again, cancelled ones with
+    /// their cancel, so that nothing admitted while no session was here, or whose report was
+    /// lost with a connection, is left waiting.
+    pub async fn resume_execs(&self, session: &Session) -> Result<(), ApiError> {
+        for open in self.inner.store.open_execs().await? {
+            if open.sandbox != session.sandbox || open.generation != session.generation {
+                continue;
+            }
+            if !session.send(ToSupervisor::RunExec(run_message(&open))).await {
+                break;
+            }
+            if open.cancel_requested {
+                session.send(ToSupervisor::CancelExec(pb::CancelExec { exec_id: open.id.to_string() })).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The exec once it is terminal: it always becomes so (E3), by its run's report or by the
+    /// sweep once the run is over.
+    pub async fn exec_ended(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Exec, ApiError> {
+        let mut changes = self.inner.exec_changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let exec = self
+                .inner
+                .store
+                .exec(sandbox, id)
+                .await?
+                .ok_or_else(|| berth_core::Error::NotFound { kind: Kind::Exec, name: id.to_string() })?;
+            if exec.state.is_terminal() {
+                return Ok(exec);
+            }
+            let _ = tokio::time::timeout(REREAD, changes.changed()).await;
+        }
+    }
+
+    /// Keeps E3 for as long as the gateway runs: the execs of a run that is over are ended at
+    /// once for a change made here, and within [`SWEEP_EVERY`] for one made elsewhere.
+    pub async fn settle_execs_forever(self) {
+        let mut changes = self.subscribe();
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            let only = tokio::select! {
+                biased;
+                () = self.shutting_down() => return,
+                change = changes.recv() => match change {
+                    Ok(change) if change.sandbox.as_ref().is_some_and(|s| s.phase.kind() == PhaseKind::Ready) => continue,
+                    Ok(change) => Some(change.id),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                _ = sweep.tick() => None,
+            };
+            if let Err(e) = self.settle_execs(only.as_ref()).await {
+                warn!(error = %e, "cannot read the open execs; the next sweep will");
+            }
+        }
+    }
+
+    /// Told of every exec write made here.
+    pub fn exec_changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.inner.exec_changes.subscribe()
+    }
+}

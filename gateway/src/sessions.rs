@@ -126,8 +126,10 @@ impl Sessions {
         session
     }
 
-    /// The session ended: forgotten, unless a newer one took its place.
+    /// The session ended: forgotten, unless a newer one took its place. Its readers' streams
+    /// close, so they read on through the next session.
     pub fn close(&self, session: &Session) {
+        session.readers.lock().unwrap_or_else(PoisonError::into_inner).clear();
         let mut current = self.current();
         if current.get(&session.sandbox).is_some_and(|s| s.connection == session.connection) {
             current.remove(&session.sandbox);

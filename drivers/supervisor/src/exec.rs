@@ -171,6 +171,29 @@ impl Execs {
     pub fn cancel(&self, id: &str) {
         self.control(id, Control::Cancel);
     }
+
+    /// Cancels every exec and waits until each has ended (killed, at worst, after
+    /// [`KILL_AFTER`]): an exec runs in its own process group, which outlives the run's
+    /// supervisor unless it is killed first.
+    pub async fn stop_all(&self) {
+        let entries: Vec<Arc<Entry>> = self.entries().values().cloned().collect();
+        for entry in &entries {
+            let _ = entry.control.send(Control::Cancel);
+        }
+        let mut changed = self.changed();
+        let all_ended = async {
+            loop {
+                changed.borrow_and_update();
+                if self.statuses().iter().all(|(_, s)| s.rank() == 2) {
+                    return;
+                }
+                if changed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(KILL_AFTER + DRAIN_FOR + Duration::from_secs(1), all_ended).await;
+    }
 }
 
 fn spawn(run: &pb::RunExec) -> std::io::Result<Child> {
@@ -180,6 +203,9 @@ fn spawn(run: &pb::RunExec) -> std::io::Result<Child> {
         .envs(&run.env)
         .env_remove("BERTH_RUNTIME_TOKEN")
         .env_remove("BERTH_SUPERVISOR_GATEWAY")
+        // An exec leads its own process group: without its run's generation it is never taken
+        // for the run's supervisor, which the process driver finds by these variables.
+        .env_remove("BERTH_GENERATION")
         .stdin(if run.stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -226,7 +226,8 @@ async fn main() -> ExitCode {
             return status;
         }
     };
-    let run = Run { token, exit: exit_rx, failed_to_start: None, execs: Execs::default() };
+    let execs = Execs::default();
+    let run = Run { token, exit: exit_rx, failed_to_start: None, execs: execs.clone() };
     let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Told to terminate, the command's exit is the stop's doing, not a failure of the command:
@@ -242,10 +243,16 @@ async fn main() -> ExitCode {
                     _ => "the session ended".to_string(),
                 };
                 log(format_args!("the gateway rejected this run ({reason}); stopping"));
+                execs.stop_all().await;
                 return record(stop(&mut child).await);
             }
             Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {
                 terminated = true;
+                // The execs are stopped along with the command, not after it.
+                tokio::spawn({
+                    let execs = execs.clone();
+                    async move { execs.stop_all().await }
+                });
                 // Passed on, in case only the supervisor was signalled.
                 if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
@@ -254,6 +261,8 @@ async fn main() -> ExitCode {
         }
     };
     log(format_args!("the command exited with code {code}"));
+    // The run is over: its execs end with it.
+    execs.stop_all().await;
     let status = record(code);
     if !terminated {
         let _ = exit_tx.send(Some(code));

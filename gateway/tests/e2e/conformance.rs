@@ -30,8 +30,8 @@ pub enum Runtime {
 }
 
 /// A runtime a test can use: how to start a gateway on it, and how to reach it out of band.
-struct Target {
-    runtime: Runtime,
+pub(crate) struct Target {
+    pub(crate) runtime: Runtime,
     socket: Option<String>,
     instance: String,
 }
@@ -60,7 +60,7 @@ async fn import_image(engine: &dyn Engine) -> Result<(), String> {
 static DOCKER_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
 static PODMAN_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
 
-async fn target(runtime: Runtime, test: &str) -> Option<Target> {
+pub(crate) async fn target(runtime: Runtime, test: &str) -> Option<Target> {
     let instance = format!("t-{test}").chars().take(40).collect::<String>();
     if runtime == Runtime::Process {
         return Some(Target { runtime, socket: None, instance });
@@ -118,7 +118,7 @@ impl Target {
         args
     }
 
-    async fn gateway(&self, data: &DataDir, extra: &[&str]) -> Gateway {
+    pub(crate) async fn gateway(&self, data: &DataDir, extra: &[&str]) -> Gateway {
         let mut args = self.gateway_args();
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -175,7 +175,7 @@ impl Target {
     }
 
     /// A file of the sandbox's workspace, read from the host.
-    fn workspace_file(&self, data: &DataDir, id: &str, file: &str) -> Option<String> {
+    pub(crate) fn workspace_file(&self, data: &DataDir, id: &str, file: &str) -> Option<String> {
         match self.runtime {
             Runtime::Process => workspace_file(&data.path, id, file),
             _ => {
@@ -229,7 +229,7 @@ impl Target {
 
     /// Kills the sandbox's run behind Berth's back (`docker kill`, or SIGKILL to the process
     /// group of every supervisor carrying its identity, recorded or not).
-    fn kill_out_of_band(&self, id: &str) {
+    pub(crate) fn kill_out_of_band(&self, id: &str) {
         match self.runtime {
             Runtime::Process => {
                 let pids = supervisor_pids(id);
@@ -285,7 +285,7 @@ fn image_for(target: &Target) -> &'static str {
     if target.runtime == Runtime::Process { "host" } else { IMAGE }
 }
 
-async fn create_in(target: &Target, sandboxes: &mut Sandboxes, name: &str, command: &[&str]) -> pb::Sandbox {
+pub(crate) async fn create_in(target: &Target, sandboxes: &mut Sandboxes, name: &str, command: &[&str]) -> pb::Sandbox {
     create_with(target, sandboxes, name, command, &[]).await
 }
 
@@ -305,7 +305,7 @@ async fn create_with(
 }
 
 /// Deletes what a test made and checks nothing carrying its labels is left.
-async fn clean_up(target: &Target, data: &DataDir, sandboxes: &mut Sandboxes) {
+pub(crate) async fn clean_up(target: &Target, data: &DataDir, sandboxes: &mut Sandboxes) {
     let all = sandboxes.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
     for s in all {
         let _ = lifecycle(sandboxes, "delete", &s.name).await;
@@ -540,7 +540,9 @@ fn supervisor_pids(id: &str) -> Vec<i32> {
     let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
         let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let tagged = environ.split(|b| *b == 0).any(|v| v == tag.as_bytes());
+        // An exec leads its own group too, but carries no generation.
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let tagged = vars.contains(&tag.as_bytes()) && vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="));
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
         let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use berth_core::SandboxId;
 use berth_core::identity::{IdentityKey, RuntimeIdentity, RuntimeToken, derive_token};
 use berth_proto::v1 as pb;
+use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use tonic::metadata::MetadataValue;
@@ -17,6 +18,7 @@ use tonic::{Request, Status};
 
 pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
+pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(pub String);
@@ -146,6 +148,10 @@ impl Gateway {
 
     pub async fn providers(&self) -> Providers {
         ProvidersClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub async fn execs(&self) -> Execs {
+        ExecsClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
     }
 
     pub fn kill9(&mut self) {

@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod contention;
 mod crash;
+mod exec;
 mod harness;
 mod history;
 mod identity;

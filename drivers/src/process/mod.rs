@@ -300,6 +300,7 @@ impl<O: Os> Inner<O> {
             Some(exit) => exit,
             None => {
                 self.kill_group(run, Signal::Kill);
+                self.os.kill_execs(sandbox);
                 let finished_at = self.os.now().max(run.started_at + 1);
                 let exit = ExitFile { exit_code: code_if_unknown, finished_at, generation: Some(run.generation) };
                 write_json(&path, &exit)?;
@@ -352,6 +353,8 @@ impl<O: Os> Inner<O> {
             // The supervisor may have gone first; nothing of the group may outlive the stop.
             self.kill_group(&run, Signal::Kill);
         }
+        // Nor anything an exec of it started (a supervisor that got to stop them has).
+        self.os.kill_execs(sandbox);
         self.observe(sandbox)
     }
 

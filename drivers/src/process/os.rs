@@ -69,6 +69,11 @@ pub trait Os: Send + Sync + 'static {
     /// The live leader of a process group whose environment says it is `generation`'s
     /// supervisor of `sandbox` (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`): its pid and kernel start.
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)>;
+
+    /// Kills every process group an exec of the sandbox's runs leads (its environment names the
+    /// sandbox but no generation). An exec leads its own group, so it outlives a supervisor
+    /// killed without the chance to stop it.
+    fn kill_execs(&self, sandbox: &SandboxId);
 }
 
 /// The machine the gateway runs on.
@@ -139,20 +144,34 @@ impl Os for HostOs {
     }
 
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
-        let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
         let generation_var = format!("BERTH_GENERATION={generation}");
-        let entries = std::fs::read_dir("/proc").ok()?;
-        let mut pids: Vec<i32> = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
-        pids.sort_unstable();
-        pids.into_iter().find_map(|pid| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let has = |var: &str| environ.split(|b| *b == 0).any(|v| v == var.as_bytes());
-            if !(has(&id_var) && has(&generation_var)) {
-                return None;
-            }
-            let leads = nix::unistd::getpgid(Some(Pid::from_raw(pid))).is_ok_and(|g| g.as_raw() == pid);
-            let stat = self.stat(pid)?;
-            (leads && stat.live).then_some((pid, stat.kernel_start))
-        })
+        let pid = group_leaders(sandbox, |vars| vars.contains(&generation_var.as_bytes())).next()?;
+        let stat = self.stat(pid)?;
+        stat.live.then_some((pid, stat.kernel_start))
     }
+
+    fn kill_execs(&self, sandbox: &SandboxId) {
+        for pid in group_leaders(sandbox, |vars| !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="))) {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// The live process-group leaders whose environment names `sandbox` and passes `also`, in pid
+/// order.
+fn group_leaders(sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = i32> {
+    let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.into_iter().filter(move |pid| {
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let leads = nix::unistd::getpgid(Some(Pid::from_raw(*pid))).is_ok_and(|g| g.as_raw() == *pid);
+        let live = proc_stat(*pid).is_some_and(|(state, _)| state != 'Z' && state != 'X');
+        vars.contains(&id_var.as_bytes()) && also(&vars) && leads && live
+    })
 }

@@ -212,6 +212,14 @@ async fn a_stop_cancels_a_running_exec_and_a_killed_run_loses_it(runtime: Runtim
     target.kill_out_of_band(&id);
     let read = read_all(stream, 0, Duration::from_secs(30)).await;
     assert_eq!(read.state(), pb::ExecState::Lost, "{runtime:?}: {:?}", read.end);
+    // Nothing of the exec outlives its run: on the process driver it leads its own group, which
+    // the driver ends once it sees the run gone (a container takes it along).
+    let mut waited = Duration::ZERO;
+    while runtime == Runtime::Process && !exec_leaders(&id).is_empty() {
+        assert!(waited < Duration::from_secs(10), "an exec outlived its killed run: {:?}", exec_leaders(&id));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
@@ -234,6 +242,23 @@ async fn a_gibibyte_of_output_arrives_whole_and_64_execs_run_at_once(runtime: Ru
         assert_eq!((read.exit_code(), read.stdout), (Some(0), format!("{i}\n").into_bytes()), "{runtime:?}");
     }
     clean_up(&target, &data, &mut sandboxes).await;
+}
+
+/// The live process-group leaders on this host that are execs of sandbox `id`: its identity in
+/// their environment, but no generation.
+fn exec_leaders(id: &str) -> Vec<i32> {
+    let tag = format!("BERTH_SANDBOX_ID={id}");
+    let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let exec = vars.contains(&tag.as_bytes()) && !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
+        let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;
+        (exec && alive && leads).then_some(pid)
+    });
+    leaders.collect()
 }
 
 macro_rules! on_every_driver {

@@ -164,6 +164,10 @@ enum SandboxCmd {
         /// Pass this terminal's stdin to the command.
         #[arg(long, short)]
         interactive: bool,
+        /// Run the command on a terminal (its output is then one stream); with -i this
+        /// terminal is put in raw mode and its size follows this one's.
+        #[arg(long, short)]
+        tty: bool,
         /// Kill the command after this long (it ends TimedOut).
         #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<Duration>,
@@ -422,17 +426,17 @@ impl Client {
 
     async fn sandbox(&mut self, command: SandboxCmd) -> Result<u8, Failed> {
         match command {
-            SandboxCmd::Exec { name, interactive, timeout, id, env, workdir, command } => {
+            SandboxCmd::Exec { name, interactive, tty, timeout, id, env, workdir, command } => {
                 let start = pb::ExecStart {
                     sandbox: name,
                     argv: command,
                     env: env.into_iter().collect(),
                     cwd: workdir.unwrap_or_default(),
-                    tty: false,
+                    tty,
                     stdin: interactive,
                     timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
                     exec_id: id.unwrap_or_default(),
-                    window: None,
+                    window: tty.then(window_size).flatten(),
                 };
                 return self.exec(start).await;
             }
@@ -632,12 +636,16 @@ impl Client {
     /// Runs `start`, passing stdin if it asks for it, and prints the output as it comes.
     async fn exec(&mut self, start: pb::ExecStart) -> Result<u8, Failed> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
-        let interactive = start.stdin;
+        let (interactive, tty) = (start.stdin, start.tty);
         let first = pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) };
         tx.send(first).await.map_err(|_| Failed("the request stream closed".into()))?;
         // Without stdin the request side stays open until the end all the same: closing it early
         // would end nothing, but some proxies take a half-closed stream for a finished call.
+        let raw = (interactive && tty).then(RawMode::enter).flatten();
         let held = if interactive {
+            if tty {
+                tokio::spawn(follow_window(tx.clone()));
+            }
             tokio::spawn(send_stdin(tx));
             None
         } else {
@@ -646,6 +654,7 @@ impl Client {
         let events = self.execs.exec(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
         let status = print_output(events).await;
         drop(held);
+        drop(raw);
         status
     }
 
@@ -682,6 +691,45 @@ impl Client {
                 Ok(0)
             }
         }
+    }
+}
+
+/// This terminal's size, if stdout is one.
+fn window_size() -> Option<pb::WindowSize> {
+    let (rows, cols) = console::Term::stdout().size_checked()?;
+    Some(pb::WindowSize { rows: rows.into(), cols: cols.into() })
+}
+
+/// Sends this terminal's size whenever it changes.
+async fn follow_window(tx: tokio::sync::mpsc::Sender<pb::ExecInput>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut changes) = signal(SignalKind::window_change()) else { return };
+    while changes.recv().await.is_some() {
+        let Some(window) = window_size() else { continue };
+        if tx.send(pb::ExecInput { input: Some(pb::exec_input::Input::Resize(window)) }).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// This terminal in raw mode (keys go to the command as typed, Ctrl-C included), until dropped.
+struct RawMode(nix::sys::termios::Termios);
+
+impl RawMode {
+    fn enter() -> Option<Self> {
+        use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
+        let stdin = std::io::stdin();
+        let before = tcgetattr(&stdin).ok()?;
+        let mut raw = before.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
+        Some(Self(before))
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSANOW, &self.0);
     }
 }
 

@@ -59,6 +59,7 @@ impl Status {
 enum Control {
     Stdin(Vec<u8>),
     CloseStdin,
+    Resize(pb::WindowSize),
     Signal(i32),
     Cancel,
 }
@@ -164,6 +165,10 @@ impl Execs {
         }
     }
 
+    pub fn resize(&self, id: &str, window: pb::WindowSize) {
+        self.control(id, Control::Resize(window));
+    }
+
     pub fn signal(&self, id: &str, signal: i32) {
         self.control(id, Control::Signal(signal));
     }
@@ -196,7 +201,58 @@ impl Execs {
     }
 }
 
-fn spawn(run: &pb::RunExec) -> std::io::Result<Child> {
+/// Where a client's stdin goes: a pipe, or the terminal of a command run with one.
+enum Input {
+    Pipe(ChildStdin),
+    Terminal(pty_process::OwnedWritePty),
+    Closed,
+}
+
+impl Input {
+    async fn write(&mut self, data: &[u8]) {
+        let written = match self {
+            Input::Pipe(pipe) => pipe.write_all(data).await,
+            Input::Terminal(terminal) => terminal.write_all(data).await,
+            Input::Closed => return,
+        };
+        if written.is_err() {
+            *self = Input::Closed;
+        }
+    }
+
+    /// No more input. A terminal stays the command's output, so it is told end of file as a
+    /// terminal's user tells it: Ctrl-D.
+    async fn close(&mut self) {
+        if let Input::Terminal(terminal) = self {
+            let _ = terminal.write_all(&[4]).await;
+        } else {
+            *self = Input::Closed;
+        }
+    }
+
+    fn resize(&self, window: &pb::WindowSize) {
+        if let Input::Terminal(terminal) = self {
+            let _ = terminal.resize(size(window));
+        }
+    }
+}
+
+fn size(window: &pb::WindowSize) -> pty_process::Size {
+    let clamp = |n: u32| u16::try_from(n.max(1)).unwrap_or(u16::MAX);
+    pty_process::Size::new(clamp(window.rows), clamp(window.cols))
+}
+
+/// A started command: its process, what it writes, and where its input goes.
+struct Spawned {
+    child: Child,
+    outputs: Vec<(Box<dyn AsyncRead + Send + Unpin>, Stream)>,
+    input: Input,
+}
+
+fn spawn(run: &pb::RunExec) -> std::io::Result<Spawned> {
+    if run.tty {
+        return spawn_on_terminal(run);
+    }
     let mut command = tokio::process::Command::new(&run.argv[0]);
     command
         .args(&run.argv[1..])
@@ -214,7 +270,41 @@ fn spawn(run: &pb::RunExec) -> std::io::Result<Child> {
     if !run.cwd.is_empty() {
         command.current_dir(&run.cwd);
     }
-    command.spawn()
+    let mut child = command.spawn()?;
+    let mut outputs: Vec<(Box<dyn AsyncRead + Send + Unpin>, Stream)> = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        outputs.push((Box::new(stdout), Stream::Stdout));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        outputs.push((Box::new(stderr), Stream::Stderr));
+    }
+    let input = child.stdin.take().map_or(Input::Closed, Input::Pipe);
+    Ok(Spawned { child, outputs, input })
+}
+
+/// The command on a terminal of its own: it leads a new session (so its process group too),
+/// and everything it writes is one stream.
+fn spawn_on_terminal(run: &pb::RunExec) -> std::io::Result<Spawned> {
+    let (terminal, pts) = pty_process::open().map_err(std::io::Error::other)?;
+    terminal
+        .resize(size(&run.window.unwrap_or(pb::WindowSize { rows: 24, cols: 80 })))
+        .map_err(std::io::Error::other)?;
+    let mut command = pty_process::Command::new(&run.argv[0])
+        .args(&run.argv[1..])
+        .envs(&run.env)
+        .env_remove("BERTH_RUNTIME_TOKEN")
+        .env_remove("BERTH_SUPERVISOR_GATEWAY")
+        .env_remove("BERTH_GENERATION")
+        .kill_on_drop(true);
+    if !run.env.contains_key("TERM") {
+        command = command.env("TERM", "xterm");
+    }
+    if !run.cwd.is_empty() {
+        command = command.current_dir(&run.cwd);
+    }
+    let child = command.spawn(pts).map_err(std::io::Error::other)?;
+    let (output, input) = terminal.into_split();
+    Ok(Spawned { child, outputs: vec![(Box::new(output), Stream::Tty)], input: Input::Terminal(input) })
 }
 
 /// Copies one stream into the output until it closes.
@@ -236,8 +326,8 @@ fn group_signal(pid: Option<u32>, signal: Signal) {
 
 /// Runs one exec to its end.
 async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: mpsc::UnboundedReceiver<Control>) {
-    let mut child = match spawn(&run) {
-        Ok(child) => child,
+    let Spawned { mut child, outputs, mut input } = match spawn(&run) {
+        Ok(spawned) => spawned,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             execs.finish(&entry, End::Exited(code), format!("cannot run {:?}: {e}", run.argv[0]));
@@ -246,13 +336,9 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
     };
     let pid = child.id();
     let mut readers = tokio::task::JoinSet::new();
-    if let Some(stdout) = child.stdout.take() {
-        readers.spawn(copy(stdout, Stream::Stdout, entry.output.clone()));
+    for (from, stream) in outputs {
+        readers.spawn(copy(from, stream, entry.output.clone()));
     }
-    if let Some(stderr) = child.stderr.take() {
-        readers.spawn(copy(stderr, Stream::Stderr, entry.output.clone()));
-    }
-    let mut stdin: Option<ChildStdin> = child.stdin.take();
     let deadline = run.timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     let timeout = async {
         match deadline {
@@ -276,14 +362,9 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
             }
             () = &mut kill => group_signal(pid, Signal::SIGKILL),
             control = controls.recv() => match control {
-                Some(Control::Stdin(data)) => {
-                    if let Some(pipe) = stdin.as_mut()
-                        && pipe.write_all(&data).await.is_err()
-                    {
-                        stdin = None;
-                    }
-                }
-                Some(Control::CloseStdin) => stdin = None,
+                Some(Control::Stdin(data)) => input.write(&data).await,
+                Some(Control::CloseStdin) => input.close().await,
+                Some(Control::Resize(window)) => input.resize(&window),
                 Some(Control::Signal(n)) => {
                     if let Ok(signal) = Signal::try_from(n) {
                         group_signal(pid, signal);
@@ -298,7 +379,7 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
             },
         }
     };
-    drop(stdin);
+    drop(input);
     // Output written just before the exit is still in the pipes. Something the command left
     // running in the background may hold them open: the rest is not waited for once they stay
     // quiet for a while, unless a reader is what holds the output back.

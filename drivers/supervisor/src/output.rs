@@ -19,6 +19,8 @@ use tokio::sync::watch;
 pub enum Stream {
     Stdout,
     Stderr,
+    /// Everything a command run on a terminal wrote.
+    Tty,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

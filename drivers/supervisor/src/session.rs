@@ -271,8 +271,11 @@ fn exec_message(execs: &Execs, m: FromGateway, readers: &mut Readers, tx: &mpsc:
         FromGateway::ExecStdin(input) => execs.stdin(&input.exec_id, input.data, input.close),
         FromGateway::ExecSignal(signal) => execs.signal(&signal.exec_id, signal.signal),
         FromGateway::CancelExec(cancel) => execs.cancel(&cancel.exec_id),
-        // Without a terminal there is no window to size.
-        FromGateway::ExecResize(_) => {}
+        FromGateway::ExecResize(resize) => {
+            if let Some(window) = resize.window {
+                execs.resize(&resize.exec_id, window);
+            }
+        }
         FromGateway::ReadOutput(read) => {
             let output = execs.output(&read.exec_id);
             let follower = output.as_ref().map(|o| o.follow(read.offset));
@@ -301,6 +304,7 @@ fn wire_stream(stream: Stream) -> pb::OutputStream {
     match stream {
         Stream::Stdout => pb::OutputStream::Stdout,
         Stream::Stderr => pb::OutputStream::Stderr,
+        Stream::Tty => pb::OutputStream::Tty,
     }
 }
 

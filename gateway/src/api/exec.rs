@@ -62,12 +62,14 @@ async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
     }
 }
 
-/// Streams `exec`'s output from `offset` to `tx` until its end, then its final state.
+/// Streams `exec`'s output from `offset` to `tx` until its end, then its final state. A run
+/// that does not know the exec yet runs it (on a terminal of `window`'s size, for a tty).
 async fn follow(
     engine: Engine,
     exec: Exec,
     name: String,
     mut offset: u64,
+    window: Option<pb::WindowSize>,
     tx: mpsc::Sender<Result<pb::ExecOutput, Status>>,
 ) {
     let mut sessions = engine.sessions().changed();
@@ -89,7 +91,8 @@ async fn follow(
             continue;
         };
         // The run learns of the exec as its output is asked for (a no-op if it knows it).
-        let Some((subscription, mut events)) = session.run_and_read(run_message(&exec), offset).await else {
+        let run = pb::RunExec { window, ..run_message(&exec) };
+        let Some((subscription, mut events)) = session.run_and_read(run, offset).await else {
             continue;
         };
         let mut consumed = 0;
@@ -178,11 +181,13 @@ impl Execs for ExecApi {
         };
         let id = if start.exec_id.is_empty() { self.engine.new_exec_id() } else { exec_id(&start.exec_id)? };
         let spec = convert::exec_spec(&start);
+        // This stream hands the exec to its run as it asks for the output (with the terminal's
+        // size, which is no part of the record).
         let admitted = self.engine.admit_exec(&start.sandbox, &id, &spec).await?;
         let (tx, rx) = mpsc::channel(16);
         let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
         tokio::spawn(forward_input(self.engine.clone(), admitted.clone(), inbound));
-        tokio::spawn(follow(self.engine.clone(), admitted, start.sandbox, 0, tx));
+        tokio::spawn(follow(self.engine.clone(), admitted, start.sandbox, 0, start.window, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -224,7 +229,7 @@ impl Execs for ExecApi {
         let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         let (tx, rx) = mpsc::channel(16);
         let _ = tx.send(output(Output::Admitted(convert::exec(&exec, &request.sandbox)))).await;
-        tokio::spawn(follow(self.engine.clone(), exec, request.sandbox, request.offset, tx));
+        tokio::spawn(follow(self.engine.clone(), exec, request.sandbox, request.offset, None, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -48,8 +48,8 @@ impl Engine {
         ExecId::parse("exec_id", &format!("ex-{:016x}", self.random())).expect("a generated id is well formed")
     }
 
-    /// Admits exec `id` in the sandbox named `name`, or finds it (a retry), and has the run's
-    /// session run it if this gateway holds that session.
+    /// Admits exec `id` in the sandbox named `name`, or finds it (a retry). Its run is handed
+    /// it by whoever reads its output first, or by the next session of that run to open.
     pub async fn admit_exec(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
         let store = &self.inner.store;
         let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
@@ -66,20 +66,11 @@ impl Engine {
             match store.commit(&admission.writes).await {
                 Ok(()) => {
                     self.inner.exec_changes.send_replace(());
-                    self.send_exec(&admission.exec).await;
                     return Ok(admission.exec);
                 }
                 Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, "Exec").await?,
                 Err(CommitError::Store(e)) => return Err(e.into()),
             }
-        }
-    }
-
-    /// Hands `exec` to the session of its run, if this gateway holds it; otherwise the session
-    /// is handed every open exec when it opens.
-    async fn send_exec(&self, exec: &Exec) {
-        if let Some(session) = self.inner.sessions.get(&exec.sandbox, exec.generation) {
-            session.send(ToSupervisor::RunExec(run_message(exec))).await;
         }
     }
 

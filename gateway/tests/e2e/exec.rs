@@ -135,6 +135,18 @@ async fn commands_with_their_output_stdin_exit_codes_timeouts_cancels_and_signal
     let read = read_all(stream, 0, Duration::from_secs(30)).await;
     assert_eq!((read.stdout.as_slice(), read.exit_code()), (&b"hello stdin"[..], Some(0)), "{runtime:?}");
 
+    let mut terminal =
+        start("box", &["sh", "-c", "test -t 0 && test -t 1 && echo on-a-terminal; stty size; echo $TERM"]);
+    terminal.tty = true;
+    terminal.window = Some(pb::WindowSize { rows: 40, cols: 100 });
+    let read = run(&mut execs, terminal).await;
+    let text = String::from_utf8_lossy(&read.all);
+    assert!(
+        text.contains("on-a-terminal") && text.contains("40 100") && text.contains("xterm"),
+        "{runtime:?}: {text:?}"
+    );
+    assert!(read.stderr.is_empty(), "a terminal is one stream");
+
     let missing = run(&mut execs, start("box", &["no-such-command"])).await;
     assert_eq!(missing.exit_code(), Some(127), "{runtime:?}: {:?}", missing.end);
 

@@ -39,6 +39,9 @@ pub struct EngineSettings {
     /// Waits between the attempts of an effect the runtime did not answer; after the last one
     /// the reconcile sweep takes over.
     pub effect_retries: Vec<Duration>,
+    /// Other gateways share the store: an exec may be admitted through one that holds no
+    /// session of its run, so every session looks for such execs now and then.
+    pub shared_store: bool,
 }
 
 impl Default for EngineSettings {
@@ -47,6 +50,7 @@ impl Default for EngineSettings {
             retry: RetryPolicy::default(),
             stop_grace: Duration::from_secs(10),
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
+            shared_store: false,
         }
     }
 }
@@ -505,8 +509,8 @@ mod tests {
         async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError> {
             self.0.list_execs(sandbox, page).await
         }
-        async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
-            self.0.open_execs().await
+        async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
+            self.0.open_execs(sandbox).await
         }
         async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
             tokio::task::yield_now().await;

@@ -957,9 +957,11 @@ async fn exec_pages_and_open_execs(store: Shared) {
     }
     assert_eq!(ids, vec![vec!["e1", "e10", "e2"], vec!["e3"]]);
     let open: Vec<(String, String)> =
-        store.open_execs().await.unwrap().iter().map(|e| (e.sandbox.to_string(), e.id.to_string())).collect();
+        store.open_execs(None).await.unwrap().iter().map(|e| (e.sandbox.to_string(), e.id.to_string())).collect();
     let expected = [("sb-a", "e1"), ("sb-a", "e10"), ("sb-a", "e3"), ("sb-b", "e0")];
     assert_eq!(open, expected.map(|(s, e)| (s.to_string(), e.to_string())));
+    let of_b = store.open_execs(Some(&SandboxId::new("sb-b"))).await.unwrap();
+    assert_eq!(of_b.iter().map(|e| e.id.to_string()).collect::<Vec<_>>(), ["e0"]);
 }
 
 /// Admissions race a writer that stops the sandbox: once the stop's commit returned, no

@@ -176,8 +176,8 @@ impl Store for TracingStore {
     async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError> {
         self.call(self.world.store.list_execs(sandbox, page)).await
     }
-    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
-        self.call(self.world.store.open_execs()).await
+    async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
+        self.call(self.world.store.open_execs(sandbox)).await
     }
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
         self.call(self.commit_traced(writes)).await

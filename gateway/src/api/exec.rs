@@ -78,7 +78,14 @@ async fn follow(
         let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else {
             // No session here: its run may be reconnecting, or over (then the exec is ending).
             match engine.store().exec(&exec.sandbox, &exec.id).await {
-                Ok(Some(current)) if current.state.is_terminal() => break Ok(current),
+                // Its run went without this gateway reading the rest (it is served through
+                // another gateway): what was not read is told as a gap, never left out quietly.
+                Ok(Some(current)) if current.state.is_terminal() => {
+                    if let Some(total) = current.output_bytes.filter(|total| *total > offset) {
+                        let _ = tx.send(output(Output::Gap(pb::OutputGap { from: offset, to: total }))).await;
+                    }
+                    break Ok(current);
+                }
                 Ok(None) => break final_state(&engine, &exec).await,
                 Ok(Some(_)) => {}
                 Err(e) => break Err(ApiError::from(e).into()),

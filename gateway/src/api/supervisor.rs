@@ -80,6 +80,8 @@ async fn serve_session(
         engine.sessions().close(&session);
         return;
     }
+    // Execs admitted through another gateway sharing the store reach this run this way.
+    let mut resume = engine.resume_every().map(tokio::time::interval);
     loop {
         let received = tokio::select! {
             biased;
@@ -88,6 +90,12 @@ async fn serve_session(
                 break;
             }
             received = inbound.message() => received,
+            _ = async { match resume.as_mut() { Some(every) => every.tick().await, None => std::future::pending().await } } => {
+                if let Err(e) = engine.resume_execs(&session).await {
+                    debug!(sandbox = %identity.sandbox, error = %e, "cannot read the open execs; the next tick will");
+                }
+                continue;
+            }
         };
         let next = match received {
             Ok(Some(m)) => m.message,

@@ -43,6 +43,12 @@ impl Engine {
         &self.inner.sessions
     }
 
+    /// How often a session hands its run the execs admitted through other gateways, if any
+    /// share the store.
+    pub fn resume_every(&self) -> Option<Duration> {
+        self.inner.settings.shared_store.then_some(SWEEP_EVERY)
+    }
+
     /// A fresh exec id: 64 random bits.
     pub fn new_exec_id(&self) -> ExecId {
         ExecId::parse("exec_id", &format!("ex-{:016x}", self.random())).expect("a generated id is well formed")
@@ -138,10 +144,7 @@ impl Engine {
 
     /// Ends every open exec whose run is over (E3): of one sandbox, or of all.
     pub async fn settle_execs(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
-        for open in self.inner.store.open_execs().await? {
-            if only.is_some_and(|s| *s != open.sandbox) {
-                continue;
-            }
+        for open in self.inner.store.open_execs(only).await? {
             if let Err(e) = self.change_exec(&open.sandbox, &open.id, "SettleExec", exec::settle).await {
                 warn!(sandbox = %open.sandbox, exec = %open.id, error = %e, "cannot settle an exec; the next sweep will");
             }
@@ -153,8 +156,8 @@ impl Engine {
     /// their cancel, so that nothing admitted while no session was here, or whose report was
     /// lost with a connection, is left waiting.
     pub async fn resume_execs(&self, session: &Session) -> Result<(), ApiError> {
-        for open in self.inner.store.open_execs().await? {
-            if open.sandbox != session.sandbox || open.generation != session.generation {
+        for open in self.inner.store.open_execs(Some(&session.sandbox)).await? {
+            if open.generation != session.generation {
                 continue;
             }
             if !session.send(ToSupervisor::RunExec(run_message(&open))).await {

@@ -190,8 +190,10 @@ impl Store for MemoryStore {
         Ok(page(of_sandbox.map(|((_, id), e)| (id.to_string(), e.clone())), request))
     }
 
-    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
-        Ok(self.lock().execs.values().filter(|e| !e.state.is_terminal()).cloned().collect())
+    async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
+        let t = self.lock();
+        let open = t.execs.values().filter(|e| !e.state.is_terminal() && sandbox.is_none_or(|s| *s == e.sandbox));
+        Ok(open.cloned().collect())
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {

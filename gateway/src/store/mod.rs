@@ -90,9 +90,9 @@ pub trait Store: Send + Sync + 'static {
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError>;
     /// A sandbox's execs, ordered by id.
     async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError>;
-    /// Every exec not yet in a terminal state, of every sandbox, ordered by sandbox and id: what
-    /// a new session must run and what the sweep must end.
-    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError>;
+    /// Every exec not yet in a terminal state, of one sandbox or of all, ordered by sandbox and
+    /// id: what a new session must run and what the sweep must end.
+    async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError>;
     /// Applies `writes` atomically if every condition holds; otherwise applies none and reports
     /// the first condition that failed. A `CreateSandbox` also fails if its name is taken.
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError>;

@@ -571,8 +571,16 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
-        self.read_all("SELECT id, version, record FROM execs WHERE open ORDER BY sandbox_id, id", &[]).await
+    async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
+        match sandbox {
+            Some(id) => {
+                let sql = "SELECT id, version, record FROM execs WHERE open AND sandbox_id = $1 ORDER BY id";
+                self.read_all(sql, &[&id.as_str()]).await
+            }
+            None => {
+                self.read_all("SELECT id, version, record FROM execs WHERE open ORDER BY sandbox_id, id", &[]).await
+            }
+        }
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {

@@ -578,9 +578,19 @@ impl Store for SqliteStore {
         self.run(move |conn| read_page(conn, &sql, args, limit)).await
     }
 
-    async fn open_execs(&self) -> Result<Vec<Exec>, StoreError> {
-        self.run(move |conn| {
-            read_all(conn, "SELECT id, version, record FROM execs WHERE open = 1 ORDER BY sandbox_id, id", Vec::new())
+    async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
+        let sandbox = sandbox.map(|s| s.to_string());
+        self.run(move |conn| match sandbox {
+            Some(id) => read_all(
+                conn,
+                "SELECT id, version, record FROM execs WHERE open = 1 AND sandbox_id = ?1 ORDER BY id",
+                vec![Value::Text(id)],
+            ),
+            None => read_all(
+                conn,
+                "SELECT id, version, record FROM execs WHERE open = 1 ORDER BY sandbox_id, id",
+                Vec::new(),
+            ),
         })
         .await
     }

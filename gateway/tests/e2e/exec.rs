@@ -373,3 +373,32 @@ async fn an_exec_outlives_a_gateway_restart_and_reads_whole_after_it() {
     let mut sandboxes = gateway.sandboxes().await;
     clean_up(&target, &data, &mut sandboxes).await;
 }
+
+/// Two gateways on PostgreSQL: an exec is made through one, which is then killed; an attach
+/// through the other reads the same bytes and the same exit, wherever the run's supervisor was
+/// connected (on the killed one, it moves to the other; on the other, it never left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_gateways_an_exec_made_through_one_is_read_whole_through_another_after_it_died() {
+    let Some(url) = crate::pg::fresh_schema("exec_two_gateways").await else { return };
+    let data = DataDir::new();
+    let args = |name: &'static str| ["--store", url.as_str(), "--name", name, "--lease-ttl", "2s"];
+    let (one, two) = (args("g1"), args("g2"));
+    let (mut first, second) = tokio::join!(Gateway::start(&data, &one), Gateway::start(&data, &two));
+    let mut sandboxes = first.sandboxes().await;
+    create(&mut sandboxes, "box", &["sleep", "3600"], &[]).await;
+    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    let mut execs = first.execs().await;
+    let mut slow = start("box", &["sh", "-c", "echo one; sleep 2; echo two >&2; exit 5"]);
+    slow.exec_id = "across".into();
+    let (mut stream, _tx) = open(&mut execs, slow).await.unwrap();
+    assert!(matches!(stream.message().await.unwrap().unwrap().output, Some(Output::Admitted(_))));
+    first.kill9();
+    let mut execs = second.execs().await;
+    let request = pb::AttachExecRequest { sandbox: "box".into(), exec_id: "across".into(), offset: 0 };
+    let stream = execs.attach_exec(request).await.unwrap().into_inner();
+    let read = read_all(stream, 0, Duration::from_secs(60)).await;
+    assert_eq!((read.all.as_slice(), read.exit_code(), read.gaps.as_slice()), (&b"one\ntwo\n"[..], Some(5), &[][..]));
+    let mut sandboxes = second.sandboxes().await;
+    lifecycle(&mut sandboxes, "delete", "box").await.unwrap();
+    wait_gone(&mut sandboxes, "box").await;
+}

@@ -1,0 +1,221 @@
+//! Start-to-Ready through the gateway beside the runtime's own start of the same container,
+//! median of 20, and execs through Berth beside the runtime's own `exec` of the same container:
+//! `true`'s round trip (p50, p99 of 100), one exec streaming 1 GiB, and 64 at once; for Docker
+//! and Podman. Needs the daemons and a static supervisor, named as the
+//! tests name them (`BERTH_TEST_DOCKER_SOCKET`, `BERTH_TEST_PODMAN_SOCKET`,
+//! `BERTH_TEST_STATIC_SUPERVISOR`; `ci/bench` sets them up). Asserts nothing.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use berth_drivers::container::docker::DockerEngine;
+use berth_drivers::container::podman::PodmanEngine;
+use berth_drivers::container::{Engine, Status, container_name, image};
+use berth_gateway::config::DriverKind;
+use berth_proto::v1 as pb;
+
+mod support;
+use support::{engine_name, wait_phase};
+
+const IMAGE: &str = "berth-bench/sandbox:1";
+const RUNS: usize = 20;
+
+/// `cargo bench` passes `--bench`; `cargo test --benches` does not, and runs this as a smoke so
+/// it cannot rot: a few runs, not twenty.
+fn runs() -> usize {
+    if std::env::args().any(|a| a == "--bench") { RUNS } else { 3 }
+}
+
+fn median(samples: Vec<Duration>) -> Duration {
+    quantile(samples, 50)
+}
+
+/// The `percent`th percentile, nearest rank.
+fn quantile(mut samples: Vec<Duration>, percent: usize) -> Duration {
+    samples.sort();
+    samples[(samples.len() * percent / 100).min(samples.len() - 1)]
+}
+
+/// How many exec round trips, how many bytes streamed, how many execs at once.
+fn exec_sizes() -> (usize, u64, usize) {
+    if std::env::args().any(|a| a == "--bench") { (100, 1 << 30, 64) } else { (3, 16 << 20, 8) }
+}
+
+/// Runs `argv` in the sandbox through Berth; how many bytes of output it streamed.
+async fn exec(execs: &mut support::Execs, argv: &[&str]) -> u64 {
+    use pb::exec_output::Output;
+    let start = pb::ExecStart {
+        sandbox: "bench".into(),
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    let first = pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) };
+    let mut stream = execs.exec(tokio_stream::iter([first])).await.unwrap().into_inner();
+    let mut bytes = 0;
+    while let Some(message) = stream.message().await.unwrap() {
+        match message.output {
+            Some(Output::Chunk(chunk)) => bytes += chunk.data.len() as u64,
+            Some(Output::End(end)) => {
+                assert_eq!(end.exit_code, Some(0), "{argv:?} ended {end:?}");
+                return bytes;
+            }
+            _ => {}
+        }
+    }
+    panic!("the exec's stream closed before its end");
+}
+
+/// The runtime's own CLI, `exec` in `container`; how many bytes it printed.
+async fn runtime_exec(kind: DriverKind, socket: &str, container: &str, argv: &[&str]) -> u64 {
+    let (program, flag) = if kind == DriverKind::Docker { ("docker", "-H") } else { ("podman", "--url") };
+    let mut child = tokio::process::Command::new(program)
+        .args([flag, &format!("unix://{socket}"), "exec", container])
+        .args(argv)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bytes = tokio::io::copy(&mut child.stdout.take().unwrap(), &mut tokio::io::sink()).await.unwrap();
+    assert!(child.wait().await.unwrap().success(), "{program} exec {argv:?}");
+    bytes
+}
+
+/// Exec figures through Berth and through the runtime alone, in the sandbox `bench` of `client`.
+async fn measure_execs(kind: DriverKind, socket: &str, gateway: &mut support::Gateway, container: &str) {
+    let (round_trips, stream_bytes, at_once) = exec_sizes();
+    let name = engine_name(kind);
+    let mut berth = Vec::new();
+    let mut alone = Vec::new();
+    for _ in 0..round_trips {
+        let started = Instant::now();
+        exec(&mut gateway.execs, &["true"]).await;
+        berth.push(started.elapsed());
+        let started = Instant::now();
+        runtime_exec(kind, socket, container, &["true"]).await;
+        alone.push(started.elapsed());
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (who, samples) in [("Berth", berth), (name, alone)] {
+        let (p50, p99) = (quantile(samples.clone(), 50), quantile(samples, 99));
+        println!("{name:<8} exec true, {who:<7} p50 {p50:>10?}  p99 {p99:>10?}");
+        let who = if who == "Berth" { format!("through Berth, {name}") } else { format!("{name} exec alone") };
+        println!("figure: exec true round trip p50 {who} = {:.3} ms", ms(p50));
+        println!("figure: exec true round trip p99 {who} = {:.3} ms", ms(p99));
+    }
+    let head = ["head", "-c", &stream_bytes.to_string(), "/dev/zero"];
+    let started = Instant::now();
+    assert_eq!(exec(&mut gateway.execs, &head).await, stream_bytes);
+    let berth = stream_bytes as f64 / started.elapsed().as_secs_f64() / 1e6;
+    let started = Instant::now();
+    assert_eq!(runtime_exec(kind, socket, container, &head).await, stream_bytes);
+    let alone = stream_bytes as f64 / started.elapsed().as_secs_f64() / 1e6;
+    println!(
+        "{name:<8} one exec streaming {} MiB: Berth {berth:.0} MB/s, {name} exec {alone:.0} MB/s",
+        stream_bytes >> 20
+    );
+    println!("figure: exec output throughput through Berth, {name} = {berth:.1} MB/s");
+    println!("figure: exec output throughput {name} exec alone = {alone:.1} MB/s");
+    let started = Instant::now();
+    let runs: Vec<_> = (0..at_once)
+        .map(|_| {
+            let mut execs = gateway.execs.clone();
+            tokio::spawn(async move { exec(&mut execs, &["true"]).await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap();
+    }
+    let berth = started.elapsed();
+    let started = Instant::now();
+    let runs: Vec<_> = (0..at_once)
+        .map(|_| {
+            let (socket, container) = (socket.to_string(), container.to_string());
+            tokio::spawn(async move { runtime_exec(kind, &socket, &container, &["true"]).await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap();
+    }
+    let alone = started.elapsed();
+    println!("{name:<8} {at_once} execs at once: Berth {berth:?}, {name} exec {alone:?}");
+    println!("figure: {at_once} concurrent exec true through Berth, {name} = {:.3} ms", ms(berth));
+    println!("figure: {at_once} concurrent exec true, {name} exec alone = {:.3} ms", ms(alone));
+}
+
+/// Median Start-to-Ready through a gateway, then the runtime's own start of that container.
+async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor: &Path) -> (Duration, Duration) {
+    let mut gateway = support::gateway(kind, socket, engine.owner(), supervisor).await;
+    let client = &mut gateway.sandboxes;
+    let spec =
+        pb::SandboxSpec { image: IMAGE.into(), command: vec!["sleep".into(), "3600".into()], ..Default::default() };
+    let created = client
+        .create_sandbox(pb::CreateSandboxRequest { name: "bench".into(), spec: Some(spec), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    wait_phase(client, "bench", pb::Phase::Ready).await;
+    let container = container_name(&berth_core::SandboxId::new(&created.id));
+    measure_execs(kind, socket, &mut gateway, &container).await;
+    let client = &mut gateway.sandboxes;
+    let lifecycle = || pb::LifecycleRequest { name: "bench".into(), expected_resource_version: None };
+    let mut through_gateway = Vec::new();
+    for _ in 0..runs() {
+        client.stop_sandbox(lifecycle()).await.unwrap();
+        wait_phase(client, "bench", pb::Phase::Stopped).await;
+        let started = Instant::now();
+        client.start_sandbox(lifecycle()).await.unwrap();
+        wait_phase(client, "bench", pb::Phase::Ready).await;
+        through_gateway.push(started.elapsed());
+    }
+    client.stop_sandbox(lifecycle()).await.unwrap();
+    wait_phase(client, "bench", pb::Phase::Stopped).await;
+    // The same container, started by the runtime alone, with no gateway watching it.
+    gateway.stop_serving();
+    let mut by_runtime = Vec::new();
+    for _ in 0..runs() {
+        let started = Instant::now();
+        engine.start(&container).await.unwrap();
+        while engine.inspect(&container).await.unwrap().is_none_or(|i| i.status != Status::Running) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        by_runtime.push(started.elapsed());
+        engine.stop(&container, Duration::from_secs(5)).await.unwrap();
+    }
+    let id = berth_core::SandboxId::new(container.trim_start_matches("berth-"));
+    engine.remove(&container).await.unwrap();
+    engine.remove_volume(&berth_drivers::container::volume_name(&id)).await.unwrap();
+    (median(through_gateway), median(by_runtime))
+}
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let Some(supervisor) = std::env::var_os("BERTH_TEST_STATIC_SUPERVISOR").map(PathBuf::from) else {
+        println!("start-to-ready: skipped (set BERTH_TEST_STATIC_SUPERVISOR and the runtime sockets; ci/bench does)");
+        return;
+    };
+    println!("Through Berth beside the runtime alone: execs, then Start-to-Ready (median of {})", runs());
+    for (variable, kind) in
+        [("BERTH_TEST_DOCKER_SOCKET", DriverKind::Docker), ("BERTH_TEST_PODMAN_SOCKET", DriverKind::Podman)]
+    {
+        let Ok(socket) = std::env::var(variable) else {
+            println!("{kind:?}: skipped ({variable} is not set)");
+            continue;
+        };
+        let (berth, alone) = runtime.block_on(async {
+            let owner = format!("bench-{}", std::process::id());
+            let engine: Box<dyn Engine> = match kind {
+                DriverKind::Docker => Box::new(DockerEngine::connect(&socket, &owner).await.unwrap()),
+                _ => Box::new(PodmanEngine::connect(&socket, &owner).await.unwrap()),
+            };
+            let rootfs = image::rootfs(Path::new(image::BUSYBOX), &supervisor).unwrap();
+            engine.import_image(IMAGE, rootfs).await.unwrap();
+            measure(kind, &socket, engine.as_ref(), &supervisor).await
+        });
+        let name = engine_name(kind);
+        let overhead = berth.saturating_sub(alone);
+        println!("{name:<8} Start-to-Ready: Berth {berth:?}, {name} start {alone:?}, overhead {overhead:?}");
+        println!("figure: Start-to-Ready through Berth, {name} = {:.3} ms", berth.as_secs_f64() * 1e3);
+        println!("figure: {name} start alone = {:.3} ms", alone.as_secs_f64() * 1e3);
+    }
+}

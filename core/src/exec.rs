@@ -263,7 +263,16 @@ pub fn admit(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
     Started,
-    Ended { end: ExecEnd, message: String, output_bytes: u64 },
+    Ended {
+        end: ExecEnd,
+        message: String,
+        output_bytes: u64,
+    },
+    /// A run of its generation started it, and that run is gone (restarted out of band): the
+    /// run reporting never ran it, and never will.
+    Lost {
+        message: String,
+    },
 }
 
 /// Applies a report from the supervisor session of `generation`. A session of another
@@ -280,6 +289,7 @@ pub fn report(exec: &Exec, generation: u64, report: &Report, now: Timestamp) -> 
             next.state = ExecState::Ended { end: *end, message: message.clone() };
             next.output_bytes = Some(*output_bytes);
         }
+        Report::Lost { message } => next.state = ExecState::Lost { message: message.clone() },
     }
     Some(exec.update(next, now))
 }

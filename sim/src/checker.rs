@@ -115,7 +115,8 @@ impl TracingStore {
     async fn commit_traced(&self, writes: &[Write]) -> Result<(), CommitError> {
         let mut befores = Vec::new();
         for write in writes {
-            if let berth_core::Key::Sandbox(id) = write.key() {
+            // A check writes nothing: an exec admitted against the sandbox changes no state of it.
+            if let (berth_core::Key::Sandbox(id), false) = (write.key(), matches!(write, Write::CheckSandbox { .. })) {
                 befores.push((write.clone(), self.world.store.sandbox(&id).await?));
             }
         }

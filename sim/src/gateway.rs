@@ -61,6 +61,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     let settings = EngineSettings {
         stop_grace: Duration::from_secs(2),
         effect_retries: vec![Duration::from_millis(200), Duration::from_millis(800)],
+        shared_store: scenario.gateways > 1,
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -99,6 +100,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     crate::world::lock(&world.shutdowns).insert(index, running);
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
+    tokio::spawn(engine.clone().settle_execs_forever());
     let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(net::fixed_date))

@@ -7,6 +7,7 @@ pub mod checker;
 pub mod client;
 pub mod driver;
 pub mod engine;
+pub mod execs;
 pub mod faults;
 pub mod gateway;
 pub mod invariants;

@@ -34,6 +34,9 @@ struct Phases {
     /// lease, and faults aimed at its holder).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3).map(usize::from))]
     gateways: usize,
+    /// Run the exec workload too (E1-E4).
+    #[arg(long)]
+    execs: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -96,7 +99,9 @@ enum Command {
 }
 
 fn scenario(seed: u64, phases: &Phases) -> Scenario {
-    Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase).with_gateways(phases.gateways)
+    Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase)
+        .with_gateways(phases.gateways)
+        .with_execs(phases.execs)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -110,6 +115,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.gateways != 1 {
         command += &format!(" --gateways {}", phases.gateways);
+    }
+    if phases.execs {
+        command += " --execs";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -228,8 +236,13 @@ fn main() -> std::process::ExitCode {
             println!("{:<24} {:>10} {:>8} {:>10}  caught by", "known bug", "seeds", "seed", "wall");
             let mut all_caught = true;
             for bug in Bug::ALL {
-                let phases =
-                    Phases { fault_phase, quiet_phase, bug: Some(bug), gateways: gateways.max(bug.gateways()) };
+                let phases = Phases {
+                    fault_phase,
+                    quiet_phase,
+                    bug: Some(bug),
+                    gateways: gateways.max(bug.gateways()),
+                    execs: false,
+                };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);
                 let tried = AtomicU64::new(0);

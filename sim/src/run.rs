@@ -115,6 +115,9 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     for i in 0..scenario.clients {
         sim.client(client_host(i), client(world.clone(), i));
     }
+    if scenario.execs {
+        sim.client("exec-client", crate::execs::exec_client(world.clone()));
+    }
     sim.client("checker", check_continuously(world.clone()));
 
     let mut faults = Injector::new(&world);
@@ -176,5 +179,8 @@ async fn check_continuously(world: Arc<World>) -> turmoil::Result {
         checker::check_exits_reported(&world, &bound).await;
     }
     checker::check_converged(&world).await;
+    if scenario.execs {
+        crate::execs::check_ended(&world).await;
+    }
     Ok(())
 }

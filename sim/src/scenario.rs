@@ -125,6 +125,9 @@ pub struct Scenario {
     pub faults: Faults,
     /// Faults at fixed times, on top of the random ones: `(when, what)`.
     pub script: Vec<(Duration, crate::faults::Scripted)>,
+    /// The exec workload runs too (`--execs`): a client running, retrying, attaching to and
+    /// cancelling execs, checked by E1-E4.
+    pub execs: bool,
 }
 
 impl Scenario {
@@ -185,7 +188,13 @@ impl Scenario {
             page_size,
             faults,
             script: Vec::new(),
+            execs: false,
         }
+    }
+
+    pub fn with_execs(mut self, execs: bool) -> Self {
+        self.execs = execs;
+        self
     }
 
     /// The multi-gateway mode: `gateways` gateways on the shared store, with the faults aimed at

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
-use berth_supervisor::exec::Execs;
+use berth_supervisor::exec::{DEFAULT_OUTPUT_CAP, Execs};
 use berth_supervisor::session::{self, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+use crate::execs::{SimLauncher, SimLog};
 use crate::invariants::Invariant;
 use crate::invariants::i6_one_generation::{self, Session};
 use crate::net;
@@ -106,7 +107,10 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let first = spawn.generation as usize + 1;
     let connect = move |attempt: usize| async move { Ok(net::channel((first + attempt) % gateways)) };
     let (exit, exit_rx) = watch::channel(None);
-    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None, execs: Execs::default() };
+    let launcher = SimLauncher { world: world.clone(), sandbox: spawn.sandbox.clone(), generation: spawn.generation };
+    let log = SimLog { world: world.clone(), sandbox: spawn.sandbox.clone() };
+    let execs = Execs::new(DEFAULT_OUTPUT_CAP, Arc::new(launcher), Arc::new(log));
+    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None, execs: execs.clone() };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
         world: world.clone(),
@@ -142,8 +146,11 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
                     RunSignal::MainExited(code) => {
                         exit.send_replace(Some(code));
                     }
-                    // Killed with its run: the connection goes with it.
-                    RunSignal::Ended => return,
+                    // Killed with its run: the connection goes with it, and its execs.
+                    RunSignal::Ended => {
+                        tokio::spawn(async move { execs.stop_all().await });
+                        return;
+                    }
                     RunSignal::Running => {}
                 }
             }

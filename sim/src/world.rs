@@ -147,6 +147,8 @@ pub struct World {
     pub shutdowns: Mutex<BTreeMap<usize, tokio::sync::watch::Sender<bool>>>,
     /// Gateways to crash at the next step, as the runtime's host asked.
     crash_requests: Mutex<Vec<usize>>,
+    /// What the runs' execs did (E1, E4).
+    pub execs: Mutex<crate::execs::Ledger>,
 }
 
 impl World {
@@ -168,6 +170,7 @@ impl World {
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             shutdowns: Mutex::default(),
             crash_requests: Mutex::default(),
+            execs: Mutex::default(),
             scenario,
         })
     }

@@ -175,6 +175,11 @@ fn reports_move_an_exec_forward_only_from_its_own_generation() {
     assert_eq!(exec::settle(&ended, None, LATER), None);
     // An exec can end without a start report (it ended before the report went out).
     assert!(exec::report(&exec, g, &end, LATER).is_some());
+    // A run of its generation that restarted out of band reports it lost, never ran again.
+    let lost = Report::Lost { message: "its run restarted".into() };
+    let (_, gone) = exec::report(&running, g, &lost, LATER).unwrap();
+    assert_eq!(gone.state, ExecState::Lost { message: "its run restarted".into() });
+    assert_eq!(exec::report(&gone, g, &end, LATER), None, "lost is final");
 }
 
 #[test]

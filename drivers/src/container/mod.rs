@@ -336,6 +336,10 @@ impl<E: Engine> ContainerDriver<E> {
             "/run/berth/state/token".into(),
             "--env-file".into(),
             "/run/berth/state/env".into(),
+            // In the container's own layer: it outlives `docker restart`, as the execs a
+            // generation started must.
+            "--exec-log".into(),
+            "/run/berth/execs".into(),
             "--".into(),
         ];
         command.extend(launch.spec.command.iter().cloned());

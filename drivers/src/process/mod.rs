@@ -457,6 +457,8 @@ impl<O: Os> Inner<O> {
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let mut args = vec!["--gateway".to_string(), self.config.gateway.clone()];
         args.extend(["--exit-file".to_string(), path(&exit_path), "--began-file".to_string(), path(&began_path)]);
+        // The execs a generation started, which a restart of its run must not start again.
+        args.extend(["--exec-log".to_string(), path(&run_dir)]);
         args.push("--".to_string());
         args.extend(launch.spec.command.iter().cloned());
         let mut env = BTreeMap::from([("HOME".to_string(), workspace.to_string_lossy().into_owned())]);

@@ -3,22 +3,19 @@
 //! timeout or by a cancel. The registry is this process's: a run is one supervisor process, so
 //! an exec of another run (generation) can never reach it (E2).
 //!
-//! A command runs in its own process group, so a timeout or a cancel kills everything it
-//! started (TERM, then KILL after [`KILL_AFTER`]).
+//! A timeout or a cancel signals everything the command started (TERM, then KILL after
+//! [`KILL_AFTER`]); what starts commands is a [`Launcher`].
 
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use berth_proto::v1 as pb;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{mpsc, watch};
 
+use crate::launch::{Exit, Host, Launched, Launcher};
 use crate::output::{Follower, Output, Stream};
 
 /// How long a command gets after SIGTERM before it is killed.
@@ -37,6 +34,56 @@ pub enum End {
     Signalled(i32),
     TimedOut,
     Cancelled,
+    /// An earlier run of this generation started it (the run was restarted out of band since):
+    /// this one never runs it.
+    Lost,
+}
+
+/// The exec ids a generation's runs started, kept where a run restarted out of band (a
+/// container's `docker restart`) finds them: an id started by an earlier run of the generation
+/// is never run again (E1).
+pub trait StartedLog: Send + Sync + 'static {
+    fn started(&self, generation: u64, id: &str) -> bool;
+    /// Recorded before the command runs; an exec that cannot be recorded does not run.
+    fn record(&self, generation: u64, id: &str) -> std::io::Result<()>;
+}
+
+/// A log kept only by this process: a restarted run forgets (for a supervisor given nowhere to
+/// keep it).
+#[derive(Default)]
+pub struct InMemory(Mutex<std::collections::BTreeSet<(u64, String)>>);
+
+impl StartedLog for InMemory {
+    fn started(&self, generation: u64, id: &str) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).contains(&(generation, id.to_string()))
+    }
+    fn record(&self, generation: u64, id: &str) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert((generation, id.to_string()));
+        Ok(())
+    }
+}
+
+/// A log in a directory that outlives the run's process: one file per generation, a line per id
+/// (ids are never blank and hold no newline), synced before the command runs.
+pub struct InDirectory(pub std::path::PathBuf);
+
+impl InDirectory {
+    fn file(&self, generation: u64) -> std::path::PathBuf {
+        self.0.join(format!("execs-{generation}"))
+    }
+}
+
+impl StartedLog for InDirectory {
+    fn started(&self, generation: u64, id: &str) -> bool {
+        std::fs::read_to_string(self.file(generation)).is_ok_and(|ids| ids.lines().any(|line| line == id))
+    }
+    fn record(&self, generation: u64, id: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        std::fs::create_dir_all(&self.0)?;
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(self.file(generation))?;
+        file.write_all(format!("{id}\n").as_bytes())?;
+        file.sync_data()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +123,8 @@ pub struct Execs {
     /// Told of every status change.
     changed: watch::Sender<()>,
     cap: usize,
+    launcher: Arc<dyn Launcher>,
+    started: Arc<dyn StartedLog>,
 }
 
 impl std::fmt::Debug for Execs {
@@ -86,13 +135,13 @@ impl std::fmt::Debug for Execs {
 
 impl Default for Execs {
     fn default() -> Self {
-        Self::new(DEFAULT_OUTPUT_CAP)
+        Self::new(DEFAULT_OUTPUT_CAP, Arc::new(Host), Arc::new(InMemory::default()))
     }
 }
 
 impl Execs {
-    pub fn new(cap: usize) -> Self {
-        Self { entries: Arc::default(), changed: watch::Sender::new(()), cap }
+    pub fn new(cap: usize, launcher: Arc<dyn Launcher>, started: Arc<dyn StartedLog>) -> Self {
+        Self { entries: Arc::default(), changed: watch::Sender::new(()), cap, launcher, started }
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Entry>>> {
@@ -120,9 +169,10 @@ impl Execs {
         self.entry(id).map(|e| e.output.clone())
     }
 
-    /// Starts `run` unless its id ran or runs already (then nothing happens: its status says how
-    /// it stands). A follower from `follow_from` is in place before the command runs.
-    pub fn run(&self, run: pb::RunExec, follow_from: Option<u64>) -> Option<Follower> {
+    /// Starts `run`, of this run's `generation`, unless its id ran or runs already (then nothing
+    /// happens: its status says how it stands), here or in an earlier run of the generation
+    /// (then it is lost). A follower from `follow_from` is in place before the command runs.
+    pub fn run(&self, run: pb::RunExec, generation: u64, follow_from: Option<u64>) -> Option<Follower> {
         let (control, controls) = mpsc::unbounded_channel();
         let entry =
             Arc::new(Entry { output: Arc::new(Output::new(self.cap)), status: Mutex::new(Status::Running), control });
@@ -136,6 +186,14 @@ impl Execs {
         let follower = follow_from.map(|offset| entry.output.follow(offset));
         if run.cancelled {
             self.finish(&entry, End::Cancelled, "cancelled before it ran".into());
+            return follower;
+        }
+        if self.started.started(generation, &run.exec_id) {
+            self.finish(&entry, End::Lost, "an earlier run of this generation started it and is gone".into());
+            return follower;
+        }
+        if let Err(e) = self.started.record(generation, &run.exec_id) {
+            self.finish(&entry, End::Lost, format!("cannot record that it started, so it never ran: {e}"));
             return follower;
         }
         self.changed.send_replace(());
@@ -201,112 +259,6 @@ impl Execs {
     }
 }
 
-/// Where a client's stdin goes: a pipe, or the terminal of a command run with one.
-enum Input {
-    Pipe(ChildStdin),
-    Terminal(pty_process::OwnedWritePty),
-    Closed,
-}
-
-impl Input {
-    async fn write(&mut self, data: &[u8]) {
-        let written = match self {
-            Input::Pipe(pipe) => pipe.write_all(data).await,
-            Input::Terminal(terminal) => terminal.write_all(data).await,
-            Input::Closed => return,
-        };
-        if written.is_err() {
-            *self = Input::Closed;
-        }
-    }
-
-    /// No more input. A terminal stays the command's output, so it is told end of file as a
-    /// terminal's user tells it: Ctrl-D.
-    async fn close(&mut self) {
-        if let Input::Terminal(terminal) = self {
-            let _ = terminal.write_all(&[4]).await;
-        } else {
-            *self = Input::Closed;
-        }
-    }
-
-    fn resize(&self, window: &pb::WindowSize) {
-        if let Input::Terminal(terminal) = self {
-            let _ = terminal.resize(size(window));
-        }
-    }
-}
-
-fn size(window: &pb::WindowSize) -> pty_process::Size {
-    let clamp = |n: u32| u16::try_from(n.max(1)).unwrap_or(u16::MAX);
-    pty_process::Size::new(clamp(window.rows), clamp(window.cols))
-}
-
-/// A started command: its process, what it writes, and where its input goes.
-struct Spawned {
-    child: Child,
-    outputs: Vec<(Box<dyn AsyncRead + Send + Unpin>, Stream)>,
-    input: Input,
-}
-
-fn spawn(run: &pb::RunExec) -> std::io::Result<Spawned> {
-    if run.tty {
-        return spawn_on_terminal(run);
-    }
-    let mut command = tokio::process::Command::new(&run.argv[0]);
-    command
-        .args(&run.argv[1..])
-        .envs(&run.env)
-        .env_remove("BERTH_RUNTIME_TOKEN")
-        .env_remove("BERTH_SUPERVISOR_GATEWAY")
-        // An exec leads its own process group: without its run's generation it is never taken
-        // for the run's supervisor, which the process driver finds by these variables.
-        .env_remove("BERTH_GENERATION")
-        .stdin(if run.stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if !run.cwd.is_empty() {
-        command.current_dir(&run.cwd);
-    }
-    let mut child = command.spawn()?;
-    let mut outputs: Vec<(Box<dyn AsyncRead + Send + Unpin>, Stream)> = Vec::new();
-    if let Some(stdout) = child.stdout.take() {
-        outputs.push((Box::new(stdout), Stream::Stdout));
-    }
-    if let Some(stderr) = child.stderr.take() {
-        outputs.push((Box::new(stderr), Stream::Stderr));
-    }
-    let input = child.stdin.take().map_or(Input::Closed, Input::Pipe);
-    Ok(Spawned { child, outputs, input })
-}
-
-/// The command on a terminal of its own: it leads a new session (so its process group too),
-/// and everything it writes is one stream.
-fn spawn_on_terminal(run: &pb::RunExec) -> std::io::Result<Spawned> {
-    let (terminal, pts) = pty_process::open().map_err(std::io::Error::other)?;
-    terminal
-        .resize(size(&run.window.unwrap_or(pb::WindowSize { rows: 24, cols: 80 })))
-        .map_err(std::io::Error::other)?;
-    let mut command = pty_process::Command::new(&run.argv[0])
-        .args(&run.argv[1..])
-        .envs(&run.env)
-        .env_remove("BERTH_RUNTIME_TOKEN")
-        .env_remove("BERTH_SUPERVISOR_GATEWAY")
-        .env_remove("BERTH_GENERATION")
-        .kill_on_drop(true);
-    if !run.env.contains_key("TERM") {
-        command = command.env("TERM", "xterm");
-    }
-    if !run.cwd.is_empty() {
-        command = command.current_dir(&run.cwd);
-    }
-    let child = command.spawn(pts).map_err(std::io::Error::other)?;
-    let (output, input) = terminal.into_split();
-    Ok(Spawned { child, outputs: vec![(Box::new(output), Stream::Tty)], input: Input::Terminal(input) })
-}
-
 /// Copies one stream into the output until it closes.
 async fn copy(mut from: impl AsyncRead + Unpin, stream: Stream, output: Arc<Output>) {
     let mut buffer = vec![0; READ_BUFFER];
@@ -318,23 +270,16 @@ async fn copy(mut from: impl AsyncRead + Unpin, stream: Stream, output: Arc<Outp
     }
 }
 
-fn group_signal(pid: Option<u32>, signal: Signal) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        let _ = killpg(Pid::from_raw(pid), signal);
-    }
-}
-
 /// Runs one exec to its end.
 async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: mpsc::UnboundedReceiver<Control>) {
-    let Spawned { mut child, outputs, mut input } = match spawn(&run) {
-        Ok(spawned) => spawned,
+    let Launched { outputs, mut input, exit, signal } = match execs.launcher.launch(&run.exec_id, &run) {
+        Ok(launched) => launched,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             execs.finish(&entry, End::Exited(code), format!("cannot run {:?}: {e}", run.argv[0]));
             return;
         }
     };
-    let pid = child.id();
     let mut readers = tokio::task::JoinSet::new();
     for (from, stream) in outputs {
         readers.spawn(copy(from, stream, entry.output.clone()));
@@ -351,28 +296,29 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
     let mut killing: Option<End> = None;
     let kill = tokio::time::sleep(Duration::MAX / 4);
     tokio::pin!(kill);
+    tokio::pin!(exit);
     let status = loop {
         tokio::select! {
             biased;
-            status = child.wait() => break status,
+            status = &mut exit => break status,
             () = &mut timeout, if killing.is_none() => {
                 killing = Some(End::TimedOut);
-                group_signal(pid, Signal::SIGTERM);
+                signal(Signal::SIGTERM);
                 kill.as_mut().reset(tokio::time::Instant::now() + KILL_AFTER);
             }
-            () = &mut kill => group_signal(pid, Signal::SIGKILL),
+            () = &mut kill => signal(Signal::SIGKILL),
             control = controls.recv() => match control {
                 Some(Control::Stdin(data)) => input.write(&data).await,
                 Some(Control::CloseStdin) => input.close().await,
                 Some(Control::Resize(window)) => input.resize(&window),
                 Some(Control::Signal(n)) => {
-                    if let Ok(signal) = Signal::try_from(n) {
-                        group_signal(pid, signal);
+                    if let Ok(n) = Signal::try_from(n) {
+                        signal(n);
                     }
                 }
                 Some(Control::Cancel) if killing.is_none() => {
                     killing = Some(End::Cancelled);
-                    group_signal(pid, Signal::SIGTERM);
+                    signal(Signal::SIGTERM);
                     kill.as_mut().reset(tokio::time::Instant::now() + KILL_AFTER);
                 }
                 Some(Control::Cancel) | None => {}
@@ -400,11 +346,8 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
     readers.abort_all();
     let (end, message) = match (killing, status) {
         (Some(end), _) => (end, String::new()),
-        (None, Ok(status)) => match (status.code(), status.signal()) {
-            (Some(code), _) => (End::Exited(code), String::new()),
-            (None, Some(signal)) => (End::Signalled(signal), String::new()),
-            (None, None) => (End::Exited(1), "the exit status was unreadable".into()),
-        },
+        (None, Ok(Exit::Code(code))) => (End::Exited(code), String::new()),
+        (None, Ok(Exit::Signal(signal))) => (End::Signalled(signal), String::new()),
         (None, Err(e)) => (End::Exited(1), format!("cannot wait for the command: {e}")),
     };
     execs.finish(&entry, end, message);

@@ -45,6 +45,10 @@ struct Args {
     /// A file holding the runtime token (container drivers rewrite it before every start).
     #[arg(long, conflicts_with = "token")]
     token_file: Option<PathBuf>,
+    /// Where to keep the ids of the execs this generation's runs started, so that a run restarted
+    /// out of band never runs one again. Without it, only this process remembers.
+    #[arg(long)]
+    exec_log: Option<PathBuf>,
     /// A JSON object of environment variables for the command (the spec's and the providers'),
     /// read at start.
     #[arg(long)]
@@ -226,7 +230,15 @@ async fn main() -> ExitCode {
             return status;
         }
     };
-    let execs = Execs::default();
+    let started: std::sync::Arc<dyn berth_supervisor::exec::StartedLog> = match &args.exec_log {
+        Some(dir) => std::sync::Arc::new(berth_supervisor::exec::InDirectory(dir.clone())),
+        None => std::sync::Arc::new(berth_supervisor::exec::InMemory::default()),
+    };
+    let execs = Execs::new(
+        berth_supervisor::exec::DEFAULT_OUTPUT_CAP,
+        std::sync::Arc::new(berth_supervisor::launch::Host),
+        started,
+    );
     let run = Run { token, exit: exit_rx, failed_to_start: None, execs: execs.clone() };
     let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

@@ -173,7 +173,7 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
                     heard = tokio::time::Instant::now();
                     match m.message {
                         Some(FromGateway::ExitAck(_)) => return Attempt::Ended(SessionEnd::Reported),
-                        Some(other) => exec_message(&run.execs, other, &mut readers, &tx),
+                        Some(other) => exec_message(&run.execs, accepted.generation, other, &mut readers, &tx),
                         None => {}
                     }
                 }
@@ -221,6 +221,7 @@ async fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, tx: &mpsc::S
                     End::Signalled(signal) => Wire::Signal(signal),
                     End::TimedOut => Wire::TimedOut(true),
                     End::Cancelled => Wire::Cancelled(true),
+                    End::Lost => Wire::Lost(true),
                 };
                 ToGateway::ExecEnded(pb::ExecEnded { exec_id, end: Some(end), message, output_bytes })
             }
@@ -258,12 +259,18 @@ impl Readers {
 }
 
 /// Carries out an exec message from the gateway.
-fn exec_message(execs: &Execs, m: FromGateway, readers: &mut Readers, tx: &mpsc::Sender<SupervisorMessage>) {
+fn exec_message(
+    execs: &Execs,
+    generation: u64,
+    m: FromGateway,
+    readers: &mut Readers,
+    tx: &mpsc::Sender<SupervisorMessage>,
+) {
     match m {
         FromGateway::RunExec(mut run) => {
             let read = run.read.take();
             let exec_id = run.exec_id.clone();
-            let follower = execs.run(run, read.as_ref().map(|r| r.offset));
+            let follower = execs.run(run, generation, read.as_ref().map(|r| r.offset));
             if let Some(read) = read {
                 readers.start(&read, execs.output(&exec_id), follower, tx);
             }

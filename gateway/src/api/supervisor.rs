@@ -161,6 +161,7 @@ fn ended_report(ended: &pb::ExecEnded) -> Option<Report> {
         Wire::Signal(signal) => ExecEnd::Signalled(signal),
         Wire::TimedOut(_) => ExecEnd::TimedOut,
         Wire::Cancelled(_) => ExecEnd::Cancelled,
+        Wire::Lost(_) => return Some(Report::Lost { message: bounded(ended.message.clone()) }),
     };
     Some(Report::Ended { end, message: bounded(ended.message.clone()), output_bytes: ended.output_bytes })
 }

@@ -13,6 +13,7 @@ use std::fmt;
 use serde::Serialize;
 
 pub mod d1_one_run;
+pub mod e_execs;
 pub mod i10_no_panic_or_internal;
 pub mod i1_stale_exit;
 pub mod i2_exits_reported;
@@ -38,6 +39,10 @@ pub enum Invariant {
     I10,
     D1,
     L1,
+    E1,
+    E2,
+    E3,
+    E4,
 }
 
 /// DESIGN's name, exactly: the trace and the CLI print it.

@@ -61,7 +61,16 @@ impl Session {
         self.readers.lock().unwrap_or_else(PoisonError::into_inner).insert(subscription, tx);
         let read = pb::ReadOutput { subscription, exec_id: exec.exec_id.clone(), offset, credit: READ_WINDOW };
         exec.read = Some(read);
-        self.send(ToSupervisor::RunExec(exec)).await.then_some((subscription, rx))
+        if self.send(ToSupervisor::RunExec(exec)).await {
+            return Some((subscription, rx));
+        }
+        self.readers.lock().unwrap_or_else(PoisonError::into_inner).remove(&subscription);
+        None
+    }
+
+    /// Whether the connection is gone (its session may not have noticed yet).
+    pub fn closed(&self) -> bool {
+        self.tx.is_closed()
     }
 
     /// The reader of `subscription` consumed `bytes` more.
@@ -69,17 +78,20 @@ impl Session {
         self.send(ToSupervisor::MoreOutput(pb::MoreOutput { subscription, credit: bytes })).await;
     }
 
-    /// A reader gave up: the supervisor stops sending.
-    pub async fn stop_reading(&self, subscription: u64) {
+    /// A reader gave up: the supervisor stops sending. Never waits (the session's loop calls
+    /// it): were the connection full, the supervisor stops anyway once the reader's credit runs
+    /// out.
+    pub fn stop_reading(&self, subscription: u64) {
         let known = self.readers.lock().unwrap_or_else(PoisonError::into_inner).remove(&subscription).is_some();
         if known {
-            self.send(ToSupervisor::StopReading(pb::StopReading { subscription })).await;
+            let stop = ToSupervisor::StopReading(pb::StopReading { subscription });
+            let _ = self.tx.try_send(Ok(pb::GatewayMessage { message: Some(stop) }));
         }
     }
 
     /// Passes output from the supervisor to its reader. Never waits: the session's one loop
     /// also carries heartbeats, and the credit a reader grants bounds what it is sent.
-    pub async fn deliver(&self, subscription: u64, event: OutputEvent) {
+    pub fn deliver(&self, subscription: u64, event: OutputEvent) {
         let end = matches!(event, OutputEvent::End { .. });
         let reader = {
             let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -88,7 +100,7 @@ impl Session {
         if let Some(reader) = reader
             && reader.send(event).is_err()
         {
-            self.stop_reading(subscription).await;
+            self.stop_reading(subscription);
         }
     }
 }

@@ -29,20 +29,20 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
             Bug::EventBypassesFence => (2, Invariant::I1),
-            Bug::DeleteWithoutRetry => (33, Invariant::I3),
+            Bug::DeleteWithoutRetry => (46, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
             Bug::EffectWithoutRecheck => (0, Invariant::D1),
-            Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (21, Invariant::I1),
+            Bug::RecordAfterStart => (1, Invariant::D1),
+            Bug::FenceFromRecordedExit => (4, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (93, Invariant::L1),
+            Bug::TenureFromAnswer => (78, Invariant::L1),
         };
         caught_at(bug, seed, invariant);
     }
 }
 
-/// Recording a start only after it took effect is defect 2 under the container driver (seed 0
-/// above) and defect 1 under the process driver: a gateway dead right after a spawn leaves a
+/// Recording a start only after it took effect is defect 2 under the container driver and
+/// defect 1 under the process driver: a gateway dead right after a spawn leaves a
 /// supervisor no file names, and the re-driven start spawns the generation again.
 #[test]
 fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {

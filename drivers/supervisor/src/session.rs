@@ -2,7 +2,7 @@
 //! once the command has exited, and reconnecting, each attempt to the next gateway, until the
 //! exit is acknowledged or the gateway rejects the run for good.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,45 +154,48 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
     let mut told: BTreeMap<String, u8> = BTreeMap::new();
     let mut exec_changes = run.execs.changed();
     let mut readers = Readers::default();
-    if !tell_execs(&run.execs, &mut told, &tx).await {
-        return Attempt::Lost("the session closed".into());
-    }
+    // What this loop has to say, sent as the connection takes it: the loop never waits on a
+    // full connection (output fills it too), so it always reads the gateway's messages and
+    // notices its silence. A gateway waiting to send to a supervisor that waits to send to it
+    // would otherwise hold both up for good.
+    let mut pending: VecDeque<SupervisorMessage> = VecDeque::new();
+    tell_execs(&run.execs, &mut told, &mut pending);
     loop {
         let exited = if reported { None } else { *run.exit.borrow_and_update() };
         if let Some(code) = exited {
-            if tx.send(message(ToGateway::Exit(MainProcessExit { exit_code: code }))).await.is_err() {
-                return Attempt::Lost("the session closed".into());
-            }
+            pending.push_back(message(ToGateway::Exit(MainProcessExit { exit_code: code })));
             observer.exit_reported(code);
             reported = true;
         }
         tokio::select! {
             biased;
+            permit = tx.reserve(), if !pending.is_empty() => match (permit, pending.pop_front()) {
+                (Ok(permit), Some(next)) => permit.send(next),
+                _ => return Attempt::Lost("the session closed".into()),
+            },
             received = inbound.message() => match received {
-                Ok(Some(m)) => {
-                    heard = tokio::time::Instant::now();
-                    match m.message {
-                        Some(FromGateway::ExitAck(_)) => return Attempt::Ended(SessionEnd::Reported),
-                        Some(other) => exec_message(&run.execs, accepted.generation, other, &mut readers, &tx),
-                        None => {}
-                    }
-                }
+                Ok(Some(m)) => match m.message {
+                    Some(FromGateway::ExitAck(_)) => return Attempt::Ended(SessionEnd::Reported),
+                    // Only an answer proves the gateway hears this side: a gateway that still
+                    // sends (execs, output credit) may be cut off from what this side sends.
+                    Some(FromGateway::HeartbeatAck(_)) => heard = tokio::time::Instant::now(),
+                    Some(other) => exec_message(&run.execs, accepted.generation, other, &mut readers, &tx),
+                    None => {}
+                },
                 Ok(None) => return Attempt::Lost("the gateway closed the session".into()),
                 Err(status) => return refused(status, observer),
             },
             // Once the command's side is gone, nothing more will change.
             _ = run.exit.changed(), if !reported && run.exit.has_changed().is_ok() => {}
-            _ = exec_changes.changed() => {
-                if !tell_execs(&run.execs, &mut told, &tx).await {
-                    return Attempt::Lost("the session closed".into());
-                }
-            }
+            _ = exec_changes.changed() => tell_execs(&run.execs, &mut told, &mut pending),
             _ = heartbeat.tick() => {
                 if heard.elapsed() > silence {
                     return Attempt::Lost(format!("the gateway answered no heartbeat for {silence:?}"));
                 }
-                if tx.send(message(ToGateway::Heartbeat(Heartbeat {}))).await.is_err() {
-                    return Attempt::Lost("the session closed".into());
+                // One waiting is enough: the gateway answers the one it gets.
+                let waiting = pending.iter().any(|m| matches!(m.message, Some(ToGateway::Heartbeat(_))));
+                if !waiting {
+                    pending.push_back(message(ToGateway::Heartbeat(Heartbeat {})));
                 }
             }
         }
@@ -203,9 +206,8 @@ fn message(m: ToGateway) -> SupervisorMessage {
     SupervisorMessage { message: Some(m) }
 }
 
-/// Tells the gateway every exec status it has not heard on this connection; false once the
-/// connection is gone.
-async fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, tx: &mpsc::Sender<SupervisorMessage>) -> bool {
+/// Queues for the gateway every exec status it has not heard on this connection.
+fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, pending: &mut VecDeque<SupervisorMessage>) {
     for (exec_id, status) in execs.statuses() {
         let heard = told.get(&exec_id).copied().unwrap_or(0);
         if status.rank() <= heard {
@@ -226,11 +228,8 @@ async fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, tx: &mpsc::S
                 ToGateway::ExecEnded(pb::ExecEnded { exec_id, end: Some(end), message, output_bytes })
             }
         };
-        if tx.send(message(report)).await.is_err() {
-            return false;
-        }
+        pending.push_back(message(report));
     }
-    true
 }
 
 /// The output readers of one connection, by subscription; they end with it.

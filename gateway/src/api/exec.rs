@@ -75,7 +75,8 @@ async fn follow(
     let mut sessions = engine.sessions().changed();
     let end = loop {
         sessions.borrow_and_update();
-        let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else {
+        let session = engine.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed());
+        let Some(session) = session else {
             // No session here: its run may be reconnecting, or over (then the exec is ending).
             match engine.store().exec(&exec.sandbox, &exec.id).await {
                 // Its run went without this gateway reading the rest (it is served through
@@ -100,6 +101,7 @@ async fn follow(
         // The run learns of the exec as its output is asked for (a no-op if it knows it).
         let run = pb::RunExec { window, ..run_message(&exec) };
         let Some((subscription, mut events)) = session.run_and_read(run, offset).await else {
+            // The connection went as it was asked: the next session is waited for above.
             continue;
         };
         let mut consumed = 0;
@@ -107,7 +109,7 @@ async fn follow(
             let event = tokio::select! {
                 event = events.recv() => event,
                 () = tx.closed() => {
-                    session.stop_reading(subscription).await;
+                    session.stop_reading(subscription);
                     return;
                 }
             };
@@ -133,7 +135,7 @@ async fn follow(
                 None => break false,
             };
             if sent.is_err() {
-                session.stop_reading(subscription).await;
+                session.stop_reading(subscription);
                 return;
             }
         };

@@ -26,6 +26,8 @@ use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::sessions::OutputEvent;
 
+/// How many heartbeat intervals without a word from a supervisor end its session.
+const SILENT_HEARTBEATS: u32 = 4;
 /// How long a new session may take to say hello.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 /// The most of a supervisor's account of a failed command start kept in the record.
@@ -69,6 +71,7 @@ async fn current(engine: &Engine, identity: &RuntimeIdentity) -> Result<(), Stat
 
 async fn serve_session(
     engine: Engine,
+    heartbeat: Duration,
     identity: RuntimeIdentity,
     mut inbound: Streaming<pb::SupervisorMessage>,
     tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
@@ -89,7 +92,16 @@ async fn serve_session(
                 let _ = tx.send(Err(Status::unavailable("the gateway is shutting down; reconnect"))).await;
                 break;
             }
-            received = inbound.message() => received,
+            // A supervisor sends a heartbeat every interval: this long without a word, the
+            // connection is taken for gone (cut off one way, or a host that died), and its run
+            // goes on through another session.
+            received = tokio::time::timeout(heartbeat.max(Duration::from_millis(100)) * SILENT_HEARTBEATS, inbound.message()) => match received {
+                Ok(received) => received,
+                Err(_) => {
+                    debug!(sandbox = %identity.sandbox, "supervisor session silent; ending it");
+                    break;
+                }
+            },
             _ = async { match resume.as_mut() { Some(every) => every.tick().await, None => std::future::pending().await } } => {
                 if let Err(e) = engine.resume_execs(&session).await {
                     debug!(sandbox = %identity.sandbox, error = %e, "cannot read the open execs; the next tick will");
@@ -127,16 +139,16 @@ async fn serve_session(
             },
             Some(FromSupervisor::Output(data)) => {
                 let chunk = pb::OutputChunk { stream: data.stream, offset: data.offset, data: data.data };
-                session.deliver(data.subscription, OutputEvent::Data(chunk)).await;
+                session.deliver(data.subscription, OutputEvent::Data(chunk));
                 None
             }
             Some(FromSupervisor::OutputGap(gap)) => {
-                session.deliver(gap.subscription, OutputEvent::Gap { from: gap.from, to: gap.to }).await;
+                session.deliver(gap.subscription, OutputEvent::Gap { from: gap.from, to: gap.to });
                 None
             }
             Some(FromSupervisor::OutputEnd(end)) => {
                 let event = OutputEvent::End { offset: end.offset, unknown: end.unknown };
-                session.deliver(end.subscription, event).await;
+                session.deliver(end.subscription, event);
                 None
             }
             Some(FromSupervisor::Hello(_)) | None => {
@@ -219,7 +231,7 @@ impl Supervisor for SupervisorApi {
             heartbeat_interval_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
         };
         let _ = tx.send(Ok(message(ToSupervisor::Accepted(accepted)))).await;
-        tokio::spawn(serve_session(self.engine.clone(), identity, inbound, tx));
+        tokio::spawn(serve_session(self.engine.clone(), self.heartbeat, identity, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -43,10 +43,16 @@ pub enum Bug {
     /// an answer the store held back after granting makes the holder reconcile past the
     /// grant's time-to-live (L1).
     TenureFromAnswer,
+    /// E1: a run's supervisor forgets, when it is restarted out of band, which execs its
+    /// generation started, and the gateway hands it those still open: it runs them again.
+    ExecRetryRunsTwice,
+    /// E2: the gateway hands an exec to its sandbox's current session whatever generation that
+    /// session's run is, so an exec admitted for one run runs in the next.
+    ExecNotFenced,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 11] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -56,6 +62,8 @@ impl Bug {
         Bug::FenceFromRecordedExit,
         Bug::SweepSkipsLastPage,
         Bug::TenureFromAnswer,
+        Bug::ExecRetryRunsTwice,
+        Bug::ExecNotFenced,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +77,8 @@ impl Bug {
             Bug::FenceFromRecordedExit => "fence-from-recorded-exit",
             Bug::SweepSkipsLastPage => "sweep-skips-last-page",
             Bug::TenureFromAnswer => "tenure-from-answer",
+            Bug::ExecRetryRunsTwice => "exec-retry-runs-twice",
+            Bug::ExecNotFenced => "exec-not-fenced",
         }
     }
 
@@ -85,8 +95,15 @@ impl Bug {
             | Bug::RotationOutsideStart
             | Bug::RecordAfterStart
             | Bug::FenceFromRecordedExit
-            | Bug::SweepSkipsLastPage => 1,
+            | Bug::SweepSkipsLastPage
+            | Bug::ExecRetryRunsTwice
+            | Bug::ExecNotFenced => 1,
         }
+    }
+
+    /// Whether the race needs the exec workload.
+    pub fn execs(self) -> bool {
+        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced)
     }
 }
 

@@ -241,7 +241,7 @@ fn main() -> std::process::ExitCode {
                     quiet_phase,
                     bug: Some(bug),
                     gateways: gateways.max(bug.gateways()),
-                    execs: false,
+                    execs: bug.execs(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

@@ -32,13 +32,29 @@ const FOUND_WITH_THREE_GATEWAYS: [(u64, &str); 1] = [
     (1026, "D1: r2c0n1 generation 2 was spawned while its generation 1 still runs (pid 104)"),
 ];
 
+/// `(seed, gateways, what it caught)`, with the exec workload.
+const FOUND_WITH_EXECS: [(u64, usize, &str); 2] = [
+    // A container restarted out of band (the same generation, a new supervisor) was handed its
+    // open execs again and ran them a second time (the fix: the supervisor keeps the ids its
+    // generation started where a restart finds them, and reports such an exec lost).
+    (4, 1, "E1: exec x26 of sb-12d696474f3e86fd7b059420e539406b was launched 2 times"),
+    // A gateway cut off from what a supervisor sent, still sending to it (execs handed out every
+    // two seconds), kept the session alive while no exec report arrived: the exec stayed
+    // Admitted (the fix: only answers to its heartbeats count as the gateway's word).
+    (62, 3, "E3: exec x44 of sb-25960aa85b2b467068480b3c3884491c is still Admitted after the quiet phase"),
+];
+
 #[test]
 fn seeds_the_explorations_caught_hold_every_invariant() {
     let one = FOUND.iter().map(|(seed, caught)| (Scenario::standard(*seed), caught));
     let three =
         FOUND_WITH_THREE_GATEWAYS.iter().map(|(seed, caught)| (Scenario::standard(*seed).with_gateways(3), caught));
+    let execs = FOUND_WITH_EXECS
+        .iter()
+        .map(|(seed, gateways, caught)| (Scenario::standard(*seed).with_gateways(*gateways).with_execs(true), caught));
     let failures: Vec<String> = one
         .chain(three)
+        .chain(execs)
         .map(|(scenario, caught)| (run(scenario, None), caught))
         .filter(|(outcome, _)| !outcome.passed())
         .map(|(outcome, caught)| format!("seed {} (once: {caught}): {:?}", outcome.seed, outcome.violations))

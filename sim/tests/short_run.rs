@@ -36,6 +36,9 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::FenceFromRecordedExit => (4, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
             Bug::TenureFromAnswer => (78, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (18, Invariant::E1),
+            // Caught first as the second launch of the exec it let into the next run.
+            Bug::ExecNotFenced => (0, Invariant::E1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -52,7 +55,7 @@ fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {
 }
 
 fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outcome {
-    let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()), Some(bug));
+    let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()).with_execs(bug.execs()), Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);
     outcome

@@ -769,9 +769,10 @@ mod sqlite_only {
         let path = dir.path().join("berth.db");
         open(&path).commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
         let current = user_version(&path);
+        // Schema version 2 had neither identities (migration 3) nor execs (migration 4).
         let raw = rusqlite::Connection::open(&path).unwrap();
-        raw.execute_batch("DROP TABLE store_identity").unwrap();
-        raw.pragma_update(None, "user_version", current - 1).unwrap();
+        raw.execute_batch("DROP TABLE store_identity; DROP TABLE execs").unwrap();
+        raw.pragma_update(None, "user_version", 2).unwrap();
         drop(raw);
         let store = open(&path);
         assert_eq!(user_version(&path), current);

@@ -24,7 +24,7 @@ use crate::world::{Op, Outcome, Seen, World, lock, now};
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Clone)]
-struct Bearer;
+pub struct Bearer;
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {

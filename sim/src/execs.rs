@@ -25,11 +25,10 @@ use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{oneshot, watch};
 use tonic::Code;
-use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::client::sandbox_name;
+use crate::client::{Bearer, sandbox_name};
 use crate::invariants::{Invariant, e_execs, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
@@ -151,17 +150,6 @@ impl Launcher for SimLauncher {
                 }
             }),
         })
-    }
-}
-
-#[derive(Clone)]
-struct Bearer;
-
-impl tonic::service::Interceptor for Bearer {
-    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let value = MetadataValue::try_from(format!("Bearer {}", net::API_TOKEN)).expect("an ASCII token");
-        r.metadata_mut().insert("authorization", value);
-        Ok(r)
     }
 }
 

@@ -25,7 +25,6 @@ use super::convert;
 use crate::engine::{Engine, execs::run_message};
 use crate::error::ApiError;
 use crate::sessions::{OutputEvent, READ_WINDOW};
-use crate::store::PageRequest;
 
 /// How long a stream waits for its exec's session before it looks at the exec again.
 const SESSION_WAIT: Duration = Duration::from_millis(500);
@@ -209,12 +208,9 @@ impl Execs for ExecApi {
     async fn list_execs(&self, request: Request<pb::ListExecsRequest>) -> Result<Response<pb::ListExecsReply>, Status> {
         let request = request.into_inner();
         berth_core::validate::dns_label("sandbox", &request.sandbox).map_err(ApiError::from)?;
-        let after = if request.page_token.is_empty() { None } else { Some(exec_id(&request.page_token)?.to_string()) };
-        let limit = match request.page_size {
-            0 => 100,
-            n if n > 1000 => return Err(Status::invalid_argument(format!("invalid page_size: at most 1000, got {n}"))),
-            n => n as usize,
-        };
+        let page = super::public::page_of(request.page_size, request.page_token, |field, token| {
+            ExecId::parse(field, token).map(|_| ())
+        })?;
         let sandbox = self
             .engine
             .store()
@@ -222,8 +218,7 @@ impl Execs for ExecApi {
             .await
             .map_err(ApiError::from)?
             .ok_or_else(|| Status::not_found(format!("sandbox '{}' not found", request.sandbox)))?;
-        let page =
-            self.engine.store().list_execs(&sandbox.id, &PageRequest { after, limit }).await.map_err(ApiError::from)?;
+        let page = self.engine.store().list_execs(&sandbox.id, &page).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ListExecsReply {
             execs: page.items.iter().map(|e| convert::exec(e, &request.sandbox)).collect(),
             next_page_token: page.next.unwrap_or_default(),

@@ -31,7 +31,12 @@ fn core_invalid(e: berth_core::Error) -> Status {
     ApiError::from(e).into()
 }
 
-fn page(size: u32, token: String) -> Result<PageRequest, Status> {
+/// A page of `size` after `token`, which must be what the records are keyed by (`valid` says).
+pub(super) fn page_of(
+    size: u32,
+    token: String,
+    valid: impl Fn(&str, &str) -> Result<(), berth_core::Error>,
+) -> Result<PageRequest, Status> {
     let limit = match size {
         0 => DEFAULT_PAGE,
         n if n > MAX_PAGE => return Err(invalid("page_size", &format!("at most {MAX_PAGE}, got {n}"))),
@@ -40,10 +45,15 @@ fn page(size: u32, token: String) -> Result<PageRequest, Status> {
     let after = if token.is_empty() {
         None
     } else {
-        validate::dns_label("page_token", &token).map_err(core_invalid)?;
+        valid("page_token", &token).map_err(core_invalid)?;
         Some(token)
     };
     Ok(PageRequest { after, limit: limit as usize })
+}
+
+/// A page of records named by DNS labels (sandboxes, providers).
+fn page(size: u32, token: String) -> Result<PageRequest, Status> {
+    page_of(size, token, validate::dns_label)
 }
 
 fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {

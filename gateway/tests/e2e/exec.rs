@@ -342,6 +342,13 @@ async fn bad_input_names_its_field_and_status() {
     tx.send(input(Input::Stdin(b"x".to_vec()))).await.unwrap();
     let status = execs.exec(ReceiverStream::new(rx)).await.expect_err("refused");
     assert_eq!(status.code(), Code::InvalidArgument, "{status}");
+    let listed = execs
+        .list_execs(pb::ListExecsRequest { sandbox: "box".into(), page_size: 1001, page_token: String::new() })
+        .await;
+    assert!(listed.unwrap_err().message().starts_with("invalid page_size"));
+    let listed =
+        execs.list_execs(pb::ListExecsRequest { sandbox: "box".into(), page_size: 0, page_token: "a b".into() }).await;
+    assert!(listed.unwrap_err().message().starts_with("invalid page_token"));
     let missing = execs.get_exec(pb::ExecRequest { sandbox: "box".into(), exec_id: "nothing".into() }).await;
     assert_eq!(missing.unwrap_err().code(), Code::NotFound);
     // Without the token, nothing.

@@ -437,16 +437,20 @@ impl Runtime {
     /// every look shows what was there before. An engine asked to start a running container
     /// does nothing (Docker's 304).
     async fn start_run(self: &Arc<Self>, id: &SandboxId, out_of_band: bool) -> Result<(), EngineError> {
-        match lock(&self.world.runtime).containers.get(id) {
+        // Read apart from the match: a guard in the scrutinee would be held through its arms, and
+        // `refused` takes the same lock.
+        let status = lock(&self.world.runtime).containers.get(id).map(|c| c.inspection().status);
+        match status {
             None => {
                 return self.refused(id, EngineError::NotFound(format!("No such container: {}", container_name(id))));
             }
-            Some(c) if c.inspection().status == Status::Running => return Ok(()),
+            Some(Status::Running) => return Ok(()),
             Some(_) => {}
         }
         self.world.event("runtime", "start begins", self.name(id));
         tokio::time::sleep(self.between(self.world.scenario.start_duration)).await;
-        let Some(token_file) = lock(&self.world.runtime).containers.get(id).map(Container::token_file) else {
+        let token_file = lock(&self.world.runtime).containers.get(id).map(Container::token_file);
+        let Some(token_file) = token_file else {
             return self
                 .refused(id, EngineError::NotFound(format!("{} was removed as it started", container_name(id))));
         };

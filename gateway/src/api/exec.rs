@@ -2,10 +2,9 @@
 //! from any offset, read, list and cancel execs.
 //!
 //! A stream's output comes from the supervisor session of the exec's run. When that session
-//! goes (its gateway died, the connection broke, a reader fell behind) the stream waits for it
-//! to come back and reads on from the offset it got to, so a reader sees every kept byte once,
-//! in order, at its offset; it ends with the exec's final state, which the run's report or the
-//! sweep always brings (E3).
+//! goes (its gateway died, the connection broke) the stream waits for the next and reads on
+//! from the offset it got to, so a reader sees every kept byte once, in order, at its offset;
+//! it ends with the exec's final state, which the run's report or the sweep always brings (E3).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -130,7 +129,7 @@ async fn follow(
                     tx.send(output(Output::Gap(pb::OutputGap { from, to }))).await
                 }
                 Some(OutputEvent::End { .. }) => break true,
-                // The connection went, or this reader fell behind: read on from `offset`.
+                // The connection went: read on from `offset` through the next session.
                 None => break false,
             };
             if sent.is_err() {

@@ -64,9 +64,18 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
         expect(lifecycle(&mut sandboxes, verb, "missing").await, Code::NotFound, "missing");
     }
     expect(get(&mut sandboxes, "missing").await, Code::NotFound, "missing");
+    // Ready can come before the driver's start reply, whose start time is a later write: the
+    // current version may have moved past `before`'s by the time the stale stop lands.
     let stale =
         pb::LifecycleRequest { name: "good".into(), expected_resource_version: Some(before.resource_version - 1) };
-    expect(sandboxes.stop_sandbox(stale).await, Code::Aborted, &format!("current {}", before.resource_version));
+    let status = sandboxes.stop_sandbox(stale).await.expect_err("a stale stop was accepted");
+    assert_eq!(status.code(), Code::Aborted, "{status}");
+    let current: u64 = status
+        .message()
+        .strip_prefix(&format!("sandbox 'good': expected resource_version {}, current ", before.resource_version - 1))
+        .and_then(|current| current.parse().ok())
+        .unwrap_or_else(|| panic!("{:?} does not name both versions", status.message()));
+    assert!(current >= before.resource_version, "{current} is older than {}", before.resource_version);
     expect(
         sandboxes.list_sandboxes(pb::ListSandboxesRequest { page_size: 5000, ..Default::default() }).await,
         Code::InvalidArgument,
@@ -111,9 +120,12 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
     // Nothing was written; the gateway still serves.
     let all = sandboxes.list_sandboxes(pb::ListSandboxesRequest::default()).await.unwrap().into_inner().sandboxes;
     assert_eq!(all.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["good"]);
+    // The version alone cannot show it (see the stale stop); what a bad request could have
+    // changed can.
     let after = get(&mut sandboxes, "good").await.unwrap();
-    assert_eq!(after.resource_version, before.resource_version);
     assert_eq!(after.id, good.id);
+    assert_eq!((after.generation, after.intent, after.phase), (before.generation, before.intent, before.phase));
+    assert_eq!((&after.spec, &after.providers), (&before.spec, &before.providers));
 }
 
 /// Request bodies sent as they are, whatever they hold; replies read as bytes.

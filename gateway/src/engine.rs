@@ -39,9 +39,6 @@ pub struct EngineSettings {
     /// Waits between the attempts of an effect the runtime did not answer; after the last one
     /// the reconcile sweep takes over.
     pub effect_retries: Vec<Duration>,
-    /// Other gateways share the store: an exec may be admitted through one that holds no
-    /// session of its run, so every session looks for such execs now and then.
-    pub shared_store: bool,
 }
 
 impl Default for EngineSettings {
@@ -50,7 +47,6 @@ impl Default for EngineSettings {
             retry: RetryPolicy::default(),
             stop_grace: Duration::from_secs(10),
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
-            shared_store: false,
         }
     }
 }

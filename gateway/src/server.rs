@@ -206,8 +206,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         ));
     }
     let driver = driver(&config, &socket_dir, store.identity()).await?;
-    let shared_store = matches!(config.store, StoreLocation::Postgres(_));
-    let settings = EngineSettings { stop_grace: config.stop_grace, shared_store, ..EngineSettings::default() };
+    let settings = EngineSettings { stop_grace: config.stop_grace, ..EngineSettings::default() };
     let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;

@@ -83,8 +83,9 @@ async fn serve_session(
         engine.sessions().close(&session);
         return;
     }
-    // Execs admitted through another gateway sharing the store reach this run this way.
-    let mut resume = engine.resume_every().map(tokio::time::interval);
+    let mut resume = tokio::time::interval(engine.resume_every());
+    // Its first tick would be now, and the execs were just resumed.
+    resume.reset();
     loop {
         let received = tokio::select! {
             biased;
@@ -102,7 +103,7 @@ async fn serve_session(
                     break;
                 }
             },
-            _ = async { match resume.as_mut() { Some(every) => every.tick().await, None => std::future::pending().await } } => {
+            _ = resume.tick() => {
                 if let Err(e) = engine.resume_execs(&session).await {
                     debug!(sandbox = %identity.sandbox, error = %e, "cannot read the open execs; the next tick will");
                 }

@@ -43,10 +43,13 @@ impl Engine {
         &self.inner.sessions
     }
 
-    /// How often a session hands its run the execs admitted through other gateways, if any
-    /// share the store.
-    pub fn resume_every(&self) -> Option<Duration> {
-        self.inner.settings.shared_store.then_some(SWEEP_EVERY)
+    /// How often a session hands its run the execs still open for it: ones admitted through
+    /// another gateway sharing the store, and ones whose hand-over went to a session that had
+    /// already broken (the admission found it open, the message went nowhere). Even one
+    /// gateway needs this: the simulator found an exec left Admitted for good that way
+    /// (seeds 559 and 657 with `--execs`).
+    pub fn resume_every(&self) -> Duration {
+        SWEEP_EVERY
     }
 
     /// A fresh exec id: 64 random bits.

@@ -33,7 +33,7 @@ const FOUND_WITH_THREE_GATEWAYS: [(u64, &str); 1] = [
 ];
 
 /// `(seed, gateways, what it caught)`, with the exec workload.
-const FOUND_WITH_EXECS: [(u64, usize, &str); 2] = [
+const FOUND_WITH_EXECS: [(u64, usize, &str); 4] = [
     // A container restarted out of band (the same generation, a new supervisor) was handed its
     // open execs again and ran them a second time (the fix: the supervisor keeps the ids its
     // generation started where a restart finds them, and reports such an exec lost).
@@ -42,6 +42,11 @@ const FOUND_WITH_EXECS: [(u64, usize, &str); 2] = [
     // two seconds), kept the session alive while no exec report arrived: the exec stayed
     // Admitted (the fix: only answers to its heartbeats count as the gateway's word).
     (62, 3, "E3: exec x44 of sb-25960aa85b2b467068480b3c3884491c is still Admitted after the quiet phase"),
+    // An admission handed its exec to the run's session just as that connection broke; the
+    // supervisor reconnected and nothing handed the exec over again, with one gateway (the fix:
+    // every session hands its run its open execs every two seconds, not only with several).
+    (559, 1, "E3: exec x25 of sb-1b96d00e33f3d95bdfb4c46048cbe6c1 is still Admitted after the quiet phase"),
+    (657, 1, "E3: exec x28 of sb-750879cee97b7466bc1f8589aa72bbce is still Admitted after the quiet phase"),
 ];
 
 #[test]

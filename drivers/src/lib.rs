@@ -5,6 +5,7 @@
 //! [`RuntimeState`] are the runtime's own clock.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, StartReply};
 use futures_util::Stream;
 
 pub mod container;
+/// The logs' format, for whoever reads what [`Driver::logs`] returns.
+pub use berth_logs as logs;
 pub mod process;
 mod sandbox_lock;
 pub mod tombstone;
@@ -21,6 +24,20 @@ pub mod tombstone;
 /// A failed file-system step, as a driver error: the caller may try again.
 pub(crate) fn io(context: &str, e: std::io::Error) -> DriverError {
     DriverError::Unavailable(format!("{context}: {e}"))
+}
+
+/// [`Driver::logs`] of logs kept on this host, in `dir`.
+pub(crate) async fn read_logs(
+    dir: PathBuf,
+    generation: u64,
+    from: u64,
+    max: usize,
+    over: bool,
+) -> Result<berth_logs::Read, DriverError> {
+    tokio::task::spawn_blocking(move || berth_logs::read(&dir, generation, from, max, over))
+        .await
+        .map_err(|e| DriverError::Unavailable(format!("reading the logs: {e}")))?
+        .map_err(|e| DriverError::Failed(format!("the sandbox's logs are unreadable: {e}")))
 }
 
 /// A removal from the file system, where absence is success.
@@ -194,6 +211,18 @@ pub trait Driver: Send + Sync + 'static {
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
+
+    /// Up to about `max` bytes of the main process's output in `generation`'s run, from `from`
+    /// (berth-logs). `over`: the run has ended, so what was written is all there is. The logs
+    /// outlive the run and go with the sandbox's delete.
+    async fn logs(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        from: u64,
+        max: usize,
+        over: bool,
+    ) -> Result<berth_logs::Read, DriverError>;
 
     /// The runtime's events: an initial sync of every sandbox, [`WatchEvent::Synced`], then
     /// live changes. The stream ends or fails when the runtime's event source does; the caller

@@ -85,6 +85,17 @@ impl Driver for NoopDriver {
         });
         Ok(ListPage { items, next })
     }
+    async fn logs(
+        &self,
+        _: &SandboxId,
+        _: u64,
+        from: u64,
+        _: usize,
+        _: bool,
+    ) -> Result<berth_drivers::logs::Read, DriverError> {
+        Ok(berth_drivers::logs::Read::End { offset: from, exit_code: None })
+    }
+
     async fn watch(&self) -> Result<WatchStream, DriverError> {
         Ok(Box::pin(futures_util::stream::pending()))
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use berth_proto::v1 as pb;
 use berth_proto::v1::execs_client::ExecsClient;
+use berth_proto::v1::logs_client::LogsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -157,6 +158,21 @@ enum SandboxCmd {
         #[command(flatten)]
         wait: Wait,
     },
+    /// Print what the sandbox's command wrote, stdout to stdout and stderr to stderr: its
+    /// current run's output, or an earlier generation's (kept for the newest 8, even once the
+    /// sandbox is Stopped or in Error).
+    Logs {
+        name: String,
+        /// Go on printing as the command writes, until its run ends.
+        #[arg(long, short)]
+        follow: bool,
+        /// The generation whose run's output to print (default: the current one).
+        #[arg(long)]
+        generation: Option<u64>,
+        /// Start at this byte offset of the output.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
     /// Run a command in a Ready sandbox, streaming its output; exits with its exit status
     /// (128+N if signal N killed it, 124 if it timed out).
     Exec {
@@ -242,6 +258,7 @@ struct Client {
     sandboxes: SandboxesClient<Authed>,
     providers: ProvidersClient<Authed>,
     execs: ExecsClient<Authed>,
+    logs: LogsClient<Authed>,
     output: Output,
 }
 
@@ -439,6 +456,11 @@ impl Client {
                     window: tty.then(window_size).flatten(),
                 };
                 return self.exec(start).await;
+            }
+            SandboxCmd::Logs { name, follow, generation, offset } => {
+                let request =
+                    pb::ReadLogsRequest { sandbox: name, generation: generation.unwrap_or(0), offset, follow };
+                return print_logs(self.logs.read_logs(request).await?.into_inner()).await;
             }
             SandboxCmd::Create { name, image, env, labels, providers, wait, command } => {
                 let request = pb::CreateSandboxRequest {
@@ -751,21 +773,40 @@ async fn send_stdin(tx: tokio::sync::mpsc::Sender<pb::ExecInput>) {
     std::future::pending::<()>().await;
 }
 
+/// Writes a chunk of output where its stream goes: stderr to stderr, the rest to stdout.
+fn write_chunk(chunk: &pb::OutputChunk) -> Result<(), Failed> {
+    use std::io::Write as _;
+    let written = if chunk.stream == i32::from(pb::OutputStream::Stderr) {
+        std::io::stderr().write_all(&chunk.data)
+    } else {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&chunk.data).and_then(|()| out.flush())
+    };
+    written.map_err(|e| Failed(format!("cannot write the output: {e}")))
+}
+
+/// Writes a sandbox's logs as they come.
+async fn print_logs(mut events: tonic::Streaming<pb::LogsOutput>) -> Result<u8, Failed> {
+    use pb::logs_output::Output as Event;
+    while let Some(event) = events.message().await? {
+        match event.output {
+            Some(Event::Chunk(chunk)) => write_chunk(&chunk)?,
+            Some(Event::Gap(gap)) => {
+                eprintln!("berth: output {}..{} is no longer kept (over the generation's cap)", gap.from, gap.to)
+            }
+            Some(Event::End(_)) => return Ok(0),
+            None => {}
+        }
+    }
+    Err(Failed("the gateway closed the logs' stream before their end".into()))
+}
+
 /// Writes an exec's output to stdout and stderr as it comes; the exit status of its end.
 async fn print_output(mut events: tonic::Streaming<pb::ExecOutput>) -> Result<u8, Failed> {
     use pb::exec_output::Output as Event;
-    use std::io::Write as _;
     while let Some(event) = events.message().await? {
         match event.output {
-            Some(Event::Chunk(chunk)) => {
-                let written = if chunk.stream == i32::from(pb::OutputStream::Stderr) {
-                    std::io::stderr().write_all(&chunk.data)
-                } else {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(&chunk.data).and_then(|()| out.flush())
-                };
-                written.map_err(|e| Failed(format!("cannot write the output: {e}")))?;
-            }
+            Some(Event::Chunk(chunk)) => write_chunk(&chunk)?,
             Some(Event::Gap(gap)) => {
                 eprintln!("berth: output {}..{} is no longer kept (over the exec's cap)", gap.from, gap.to)
             }
@@ -810,7 +851,8 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
     Ok(Client {
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), auth.clone()),
         providers: ProvidersClient::with_interceptor(channel.clone(), auth.clone()),
-        execs: ExecsClient::with_interceptor(channel, auth),
+        execs: ExecsClient::with_interceptor(channel.clone(), auth.clone()),
+        logs: LogsClient::with_interceptor(channel, auth),
         output: cli.output,
     })
 }

@@ -30,6 +30,7 @@ use crate::sessions::Sessions;
 use crate::store::{CommitError, Store};
 
 pub mod execs;
+pub mod logs;
 
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
@@ -543,6 +544,17 @@ mod tests {
         async fn list(&self, _: Option<&SandboxId>, _: usize) -> Result<ListPage, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
+        async fn logs(
+            &self,
+            _: &SandboxId,
+            _: u64,
+            from: u64,
+            _: usize,
+            _: bool,
+        ) -> Result<berth_drivers::logs::Read, DriverError> {
+            Ok(berth_drivers::logs::Read::End { offset: from, exit_code: None })
+        }
+
         async fn watch(&self) -> Result<WatchStream, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }

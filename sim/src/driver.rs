@@ -78,6 +78,17 @@ impl Driver for SimDriver {
         self.driver.list(after, limit).await
     }
 
+    async fn logs(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        from: u64,
+        max: usize,
+        over: bool,
+    ) -> Result<berth_drivers::logs::Read, DriverError> {
+        self.driver.logs(sandbox, generation, from, max, over).await
+    }
+
     async fn watch(&self) -> Result<WatchStream, DriverError> {
         self.world.check_reconciling(&self.gateway, "watch");
         self.trace("watch".to_string());

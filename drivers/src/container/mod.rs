@@ -308,6 +308,12 @@ impl<E: Engine> ContainerDriver<E> {
         self.config.root.join(sandbox.as_str())
     }
 
+    /// Where the sandbox's supervisors keep their logs: on the host, so they outlive the
+    /// container and go with the sandbox's directory.
+    fn logs_dir(&self, sandbox: &SandboxId) -> PathBuf {
+        self.dir(sandbox).join("logs")
+    }
+
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
         let path = self.dir(sandbox).join("driver.json");
         let file = match std::fs::read(&path) {
@@ -340,6 +346,12 @@ impl<E: Engine> ContainerDriver<E> {
             // generation started must.
             "--exec-log".into(),
             "/run/berth/execs".into(),
+            "--logs".into(),
+            "/run/berth/logs".into(),
+            "--generation-file".into(),
+            "/run/berth/state/generation".into(),
+            // What the runtime keeps of the container's output (`docker logs`) stays the same.
+            "--echo-output".into(),
             "--".into(),
         ];
         command.extend(launch.spec.command.iter().cloned());
@@ -371,6 +383,9 @@ impl<E: Engine> ContainerDriver<E> {
                 },
                 Bind { source: self.config.socket_dir.clone(), target: "/run/berth/gateway".into(), read_only: false },
                 Bind { source: self.dir(id), target: "/run/berth/state".into(), read_only: true },
+                // Written by the supervisor, read here: whatever the sandbox puts in it is read
+                // as untrusted (berth-logs).
+                Bind { source: self.logs_dir(id), target: "/run/berth/logs".into(), read_only: false },
             ],
             volume: (volume_name(id), "/workspace".into()),
             workdir: "/workspace".into(),
@@ -380,12 +395,12 @@ impl<E: Engine> ContainerDriver<E> {
 
     /// Makes the sandbox's host directory: the driver's record, and what its container mounts.
     fn make_dir(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let dir = self.dir(sandbox);
+        let logs = self.logs_dir(sandbox);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(&dir)
-            .map_err(|e| io(&format!("creating {}", dir.display()), e))
+            .create(&logs)
+            .map_err(|e| io(&format!("creating {}", logs.display()), e))
     }
 
     /// Installs the generation's identity and environment where its supervisor reads them.
@@ -395,6 +410,7 @@ impl<E: Engine> ContainerDriver<E> {
         env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
         let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
         write_private(&dir.join("env"), &env)?;
+        write_private(&dir.join("generation"), launch.generation.to_string().as_bytes())?;
         write_private(&dir.join("token"), launch.token.expose().as_bytes())
     }
 
@@ -629,6 +645,17 @@ impl<E: Engine> Driver for ContainerDriver<E> {
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         ListPage::of(self, self.engine.list().await?, after, limit).await
+    }
+
+    async fn logs(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        from: u64,
+        max: usize,
+        over: bool,
+    ) -> Result<berth_logs::Read, DriverError> {
+        crate::read_logs(self.logs_dir(sandbox), generation, from, max, over).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

@@ -10,7 +10,8 @@
 //! <root>/<sandbox id>/run/state.json  the newest run: generation, pid, its kernel start time, start time
 //! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
 //! <root>/<sandbox id>/run/began       the generation whose supervisor began (its first act)
-//! <root>/<sandbox id>/run/output.log  the supervisor's and the command's output
+//! <root>/<sandbox id>/run/output.log  the supervisor's own output
+//! <root>/<sandbox id>/logs/           the command's output, per generation (berth-logs)
 //! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
 //! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
 //! ```
@@ -210,6 +211,12 @@ impl<O: Os> Inner<O> {
 
     fn dir(&self, sandbox: &SandboxId) -> PathBuf {
         self.config.root.join(sandbox.as_str())
+    }
+
+    /// Where the sandbox's supervisors keep their logs (berth-logs): beside the workspace, so
+    /// they outlive every run and go with the sandbox.
+    fn logs_dir(&self, sandbox: &SandboxId) -> PathBuf {
+        self.dir(sandbox).join("logs")
     }
 
     fn run_dir(&self, sandbox: &SandboxId) -> PathBuf {
@@ -459,6 +466,7 @@ impl<O: Os> Inner<O> {
         args.extend(["--exit-file".to_string(), path(&exit_path), "--began-file".to_string(), path(&began_path)]);
         // The execs a generation started, which a restart of its run must not start again.
         args.extend(["--exec-log".to_string(), path(&run_dir)]);
+        args.extend(["--logs".to_string(), path(&self.logs_dir(&launch.sandbox))]);
         args.push("--".to_string());
         args.extend(launch.spec.command.iter().cloned());
         let mut env = BTreeMap::from([("HOME".to_string(), workspace.to_string_lossy().into_owned())]);
@@ -619,6 +627,17 @@ impl<O: Os> Driver for ProcessDriver<O> {
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         ListPage::of(self, self.inner.ids()?, after, limit).await
+    }
+
+    async fn logs(
+        &self,
+        sandbox: &SandboxId,
+        generation: u64,
+        from: u64,
+        max: usize,
+        over: bool,
+    ) -> Result<berth_logs::Read, DriverError> {
+        crate::read_logs(self.inner.logs_dir(sandbox), generation, from, max, over).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

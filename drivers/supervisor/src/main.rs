@@ -49,6 +49,20 @@ struct Args {
     /// out of band never runs one again. Without it, only this process remembers.
     #[arg(long)]
     exec_log: Option<PathBuf>,
+    /// Where to keep the command's output, per generation (DESIGN 8.2): outside the workspace,
+    /// where the driver's host reads it while the run goes on and after it is over.
+    #[arg(long, requires = "generation_source")]
+    logs: Option<PathBuf>,
+    /// Also pass the command's output on to the supervisor's own stdout and stderr (which a
+    /// container runtime keeps).
+    #[arg(long, requires = "logs")]
+    echo_output: bool,
+    /// This run's generation.
+    #[arg(long, env = "BERTH_GENERATION", group = "generation_source")]
+    generation: Option<u64>,
+    /// A file holding this run's generation (container drivers rewrite it before every start).
+    #[arg(long, group = "generation_source")]
+    generation_file: Option<PathBuf>,
     /// A JSON object of environment variables for the command (the spec's and the providers'),
     /// read at start.
     #[arg(long)]
@@ -208,6 +222,20 @@ async fn main() -> ExitCode {
             }
         },
     };
+    let logs = args.logs.as_ref().and_then(|dir| {
+        let generation = args.generation.or_else(|| {
+            let path = args.generation_file.as_ref()?;
+            std::fs::read_to_string(path).ok()?.trim().parse().ok()
+        });
+        let Some(generation) = generation else {
+            log("no generation for the logs (BERTH_GENERATION, or a readable --generation-file): the output goes unlogged");
+            return None;
+        };
+        berth_logs::Writer::open(dir, generation, berth_logs::DEFAULT_CAP)
+            .map_err(|e| log(format_args!("cannot open the logs in {}: {e}; the output goes unlogged", dir.display())))
+            .ok()
+    });
+    let piped = || if logs.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::inherit() };
     let (exit_tx, exit_rx) = watch::channel(None);
     // The command starts before the session opens, so the hello can tell a command that could
     // not start, or ended at once, from a running one.
@@ -216,6 +244,8 @@ async fn main() -> ExitCode {
         .env_remove("BERTH_RUNTIME_TOKEN")
         .env_remove("BERTH_SUPERVISOR_GATEWAY")
         .envs(&env)
+        .stdout(piped())
+        .stderr(piped())
         .spawn();
     let mut child = match spawned {
         Ok(child) => child,
@@ -223,11 +253,24 @@ async fn main() -> ExitCode {
             let cause = format!("cannot run {:?}: {e}", args.command[0]);
             log(&cause);
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            if let Some(writer) = logs {
+                berth_supervisor::logs::never_ran(writer, &cause, code);
+            }
             let status = record(code);
             let _ = exit_tx.send(Some(code));
             let run = Run { token, exit: exit_rx, failed_to_start: Some(cause), execs: Execs::default() };
             let _ = keep_session(args.gateway.clone(), run).await;
             return status;
+        }
+    };
+    let capture = logs.map(|writer| {
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        berth_supervisor::logs::capture(writer, stdout.expect("piped"), stderr.expect("piped"), args.echo_output)
+    });
+    // The logs are complete before the exit is recorded or reported.
+    let finish = |code: i32| async move {
+        if let Some(capture) = capture {
+            capture.finish(code).await;
         }
     };
     let started: std::sync::Arc<dyn berth_supervisor::exec::StartedLog> = match &args.exec_log {
@@ -256,7 +299,9 @@ async fn main() -> ExitCode {
                 };
                 log(format_args!("the gateway rejected this run ({reason}); stopping"));
                 execs.stop_all().await;
-                return record(stop(&mut child).await);
+                let code = stop(&mut child).await;
+                finish(code).await;
+                return record(code);
             }
             Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {
                 terminated = true;
@@ -275,6 +320,7 @@ async fn main() -> ExitCode {
     log(format_args!("the command exited with code {code}"));
     // The run is over: its execs end with it.
     execs.stop_all().await;
+    finish(code).await;
     let status = record(code);
     if !terminated {
         let _ = exit_tx.send(Some(code));

@@ -19,6 +19,7 @@ use tonic::{Request, Status};
 pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
+pub type LogsService = berth_proto::v1::logs_client::LogsClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(pub String);
@@ -152,6 +153,10 @@ impl Gateway {
 
     pub async fn execs(&self) -> Execs {
         ExecsClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub async fn logs(&self) -> LogsService {
+        berth_proto::v1::logs_client::LogsClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
     }
 
     pub fn kill9(&mut self) {

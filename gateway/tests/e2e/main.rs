@@ -11,6 +11,7 @@ mod harness;
 mod history;
 mod identity;
 mod lifecycle;
+mod logs;
 mod main_process;
 #[path = "../support/postgres.rs"]
 mod pg;

@@ -1,0 +1,117 @@
+//! The public logs API (DESIGN 8.2): a generation's main-process output from an offset, read
+//! through the driver, which keeps it on the sandbox's host while the run goes on and after.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use berth_drivers::logs::{self, Read};
+use berth_proto::v1 as pb;
+use berth_proto::v1::logs_output::Output;
+use berth_proto::v1::logs_server::Logs;
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::engine::logs::LogsOf;
+use crate::error::ApiError;
+
+/// How often a follower looks for more output while the run goes on.
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+/// The most one read takes from the logs.
+const READ_MAX: usize = 256 * 1024;
+
+type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogsOutput, Status>> + Send>>;
+
+pub struct LogsApi {
+    engine: Engine,
+}
+
+impl LogsApi {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+fn output(o: Output) -> Result<pb::LogsOutput, Status> {
+    Ok(pb::LogsOutput { output: Some(o) })
+}
+
+fn chunk(c: logs::Chunk) -> pb::OutputChunk {
+    let stream = match c.stream {
+        logs::Stream::Stdout => pb::OutputStream::Stdout,
+        logs::Stream::Stderr => pb::OutputStream::Stderr,
+    };
+    pb::OutputChunk { stream: stream.into(), offset: c.offset, data: c.data }
+}
+
+/// Streams `of`'s output from `offset` to `tx`, then its end.
+async fn stream(
+    engine: Engine,
+    name: String,
+    mut of: LogsOf,
+    mut offset: u64,
+    follow: bool,
+    tx: mpsc::Sender<Result<pb::LogsOutput, Status>>,
+) {
+    let end = loop {
+        let sent = match engine.read_logs(&of, offset, READ_MAX).await {
+            Err(e) => break Err(e.into()),
+            Ok(Read::Data(chunks)) => {
+                let mut sent = Ok(());
+                for c in chunks {
+                    offset = c.offset + c.data.len() as u64;
+                    sent = tx.send(output(Output::Chunk(chunk(c)))).await;
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                sent
+            }
+            Ok(Read::Gap { from, to }) => {
+                offset = to;
+                tx.send(output(Output::Gap(pb::OutputGap { from, to }))).await
+            }
+            Ok(Read::End { offset, exit_code }) => {
+                break Ok(pb::LogsEnd { generation: of.generation, offset, complete: true, exit_code });
+            }
+            Ok(Read::Wait) if !follow => {
+                break Ok(pb::LogsEnd { generation: of.generation, offset, complete: false, exit_code: None });
+            }
+            Ok(Read::Wait) => {
+                tokio::select! {
+                    () = tokio::time::sleep(FOLLOW_EVERY) => {}
+                    () = tx.closed() => return,
+                }
+                // Whether the run is over now: then what it wrote is all there is.
+                match engine.logs_of(&name, of.generation).await {
+                    Ok(now) if now.sandbox == of.sandbox => of = now,
+                    // Deleted (or replaced by another of its name): its logs went with it.
+                    Ok(_) | Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
+                        break Ok(pb::LogsEnd { generation: of.generation, offset, complete: true, exit_code: None });
+                    }
+                    Err(e) => break Err(e.into()),
+                }
+                Ok(())
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
+    };
+    let _ = tx.send(end.map(|end| pb::LogsOutput { output: Some(Output::End(end)) })).await;
+}
+
+#[tonic::async_trait]
+impl Logs for LogsApi {
+    type ReadLogsStream = LogsStream;
+
+    async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogsStream>, Status> {
+        let request = request.into_inner();
+        let of = self.engine.logs_of(&request.sandbox, request.generation).await?;
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(stream(self.engine.clone(), request.sandbox, of, request.offset, request.follow, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -5,7 +5,13 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["berth/v1/sandbox.proto", "berth/v1/exec.proto", "berth/v1/logs.proto", "berth/v1/supervisor.proto"];
+    let files = [
+        "berth/v1/sandbox.proto",
+        "berth/v1/exec.proto",
+        "berth/v1/logs.proto",
+        "berth/v1/files.proto",
+        "berth/v1/supervisor.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed=proto/{f}");
     }

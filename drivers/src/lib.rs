@@ -17,6 +17,7 @@ use futures_util::Stream;
 pub mod container;
 /// The logs' format, for whoever reads what [`Driver::logs`] returns.
 pub use berth_logs as logs;
+pub mod files;
 pub mod process;
 mod sandbox_lock;
 pub mod tombstone;
@@ -223,6 +224,10 @@ pub trait Driver: Send + Sync + 'static {
         max: usize,
         over: bool,
     ) -> Result<berth_logs::Read, DriverError>;
+
+    /// Where the sandbox's workspace is on this host (the files API, [`files`]): it outlives
+    /// every run, so files go in and out while the sandbox runs and while it is Stopped.
+    async fn workspace(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError>;
 
     /// The runtime's events: an initial sync of every sandbox, [`WatchEvent::Synced`], then
     /// live changes. The stream ends or fails when the runtime's event source does; the caller

@@ -85,6 +85,10 @@ impl Driver for NoopDriver {
         });
         Ok(ListPage { items, next })
     }
+    async fn workspace(&self, _: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
+        Err(DriverError::Failed("this driver keeps no workspace".into()))
+    }
+
     async fn logs(
         &self,
         _: &SandboxId,

@@ -141,6 +141,9 @@ pub struct Flags {
     /// How long a stop waits for a graceful exit before it forces one. [default: 10s]
     #[arg(long, env = "BERTH_STOP_GRACE", value_parser = duration)]
     pub stop_grace: Option<Duration>,
+    /// The most one upload's tar stream may hold, in bytes. [default: 1073741824 (1 GiB)]
+    #[arg(long, env = "BERTH_MAX_UPLOAD_BYTES")]
+    pub max_upload_bytes: Option<u64>,
     /// Supervisors' heartbeat interval. [default: 5s]
     #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
     pub heartbeat: Option<Duration>,
@@ -170,6 +173,7 @@ struct File {
     poll_interval: Option<String>,
     redrive_after: Option<String>,
     stop_grace: Option<String>,
+    max_upload_bytes: Option<u64>,
     heartbeat: Option<String>,
     log: Option<String>,
     log_format: Option<LogFormat>,
@@ -192,6 +196,7 @@ pub struct Config {
     pub poll_interval: Duration,
     pub redrive_after: Duration,
     pub stop_grace: Duration,
+    pub max_upload_bytes: u64,
     pub heartbeat: Duration,
     pub log: String,
     pub log_format: LogFormat,
@@ -277,6 +282,10 @@ impl Config {
                 .stop_grace
                 .or(from_file("stop_grace", file.stop_grace)?)
                 .unwrap_or(Duration::from_secs(10)),
+            max_upload_bytes: flags
+                .max_upload_bytes
+                .or(file.max_upload_bytes)
+                .unwrap_or(berth_drivers::files::Limits::default().max_bytes),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),

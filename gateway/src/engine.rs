@@ -30,6 +30,7 @@ use crate::sessions::Sessions;
 use crate::store::{CommitError, Store};
 
 pub mod execs;
+pub mod files;
 pub mod logs;
 
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct EngineSettings {
     /// Waits between the attempts of an effect the runtime did not answer; after the last one
     /// the reconcile sweep takes over.
     pub effect_retries: Vec<Duration>,
+    /// What an upload or a download may hold.
+    pub files: berth_drivers::files::Limits,
 }
 
 impl Default for EngineSettings {
@@ -48,6 +51,7 @@ impl Default for EngineSettings {
             retry: RetryPolicy::default(),
             stop_grace: Duration::from_secs(10),
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
+            files: berth_drivers::files::Limits::default(),
         }
     }
 }
@@ -544,6 +548,10 @@ mod tests {
         async fn list(&self, _: Option<&SandboxId>, _: usize) -> Result<ListPage, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
+        async fn workspace(&self, _: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
+            Err(DriverError::Failed("this driver keeps no workspace".into()))
+        }
+
         async fn logs(
             &self,
             _: &SandboxId,

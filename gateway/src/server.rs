@@ -206,7 +206,9 @@ pub async fn run(config: Config) -> Result<(), String> {
         ));
     }
     let driver = driver(&config, &socket_dir, store.identity()).await?;
-    let settings = EngineSettings { stop_grace: config.stop_grace, ..EngineSettings::default() };
+    let files =
+        berth_drivers::files::Limits { max_bytes: config.max_upload_bytes, ..berth_drivers::files::Limits::default() };
+    let settings = EngineSettings { stop_grace: config.stop_grace, files, ..EngineSettings::default() };
     let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;

@@ -78,6 +78,10 @@ impl Driver for SimDriver {
         self.driver.list(after, limit).await
     }
 
+    async fn workspace(&self, sandbox: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
+        self.driver.workspace(sandbox).await
+    }
+
     async fn logs(
         &self,
         sandbox: &SandboxId,

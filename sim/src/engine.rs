@@ -2,6 +2,7 @@
 //! whose calls cross to the runtime's host and may fail, come back late or never.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -87,6 +88,12 @@ impl Engine for SimEngine {
 
     async fn create_volume(&self, name: &str, _labels: &BTreeMap<String, String>) -> Result<(), EngineError> {
         self.done(Call::CreateVolume(name.to_string())).await
+    }
+
+    async fn volume_path(&self, _name: &str) -> Result<Option<PathBuf>, EngineError> {
+        // The simulated runtime models containers, not their file systems: the files API is
+        // tested on the real runtimes.
+        Err(EngineError::Refused("the simulated runtime keeps no volume content".into()))
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {

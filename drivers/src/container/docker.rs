@@ -1,6 +1,7 @@
 //! Docker, through bollard.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -173,6 +174,14 @@ impl Engine for DockerEngine {
         };
         // Creating an existing volume returns it unchanged.
         self.docker.create_volume(request).await.map(|_| ()).map_err(error)
+    }
+
+    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError> {
+        match self.docker.inspect_volume(name).await.map_err(error) {
+            Ok(volume) => Ok(Some(PathBuf::from(volume.mountpoint))),
+            Err(EngineError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {

@@ -188,6 +188,8 @@ pub trait Engine: Send + Sync + 'static {
     async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError>;
     /// Removes a volume; absence is success.
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
+    /// Where a volume's content is on this host; `None` if there is no such volume.
+    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError>;
     async fn inspect(&self, container: &str) -> Result<Option<Inspection>, EngineError>;
     /// Every container of this owner, by sandbox id.
     async fn list(&self) -> Result<Vec<SandboxId>, EngineError>;
@@ -645,6 +647,13 @@ impl<E: Engine> Driver for ContainerDriver<E> {
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         ListPage::of(self, self.engine.list().await?, after, limit).await
+    }
+
+    async fn workspace(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
+        self.engine
+            .volume_path(&volume_name(sandbox))
+            .await?
+            .ok_or_else(|| DriverError::Failed("the sandbox has no workspace yet: it has not started".into()))
     }
 
     async fn logs(

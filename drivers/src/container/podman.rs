@@ -1,6 +1,7 @@
 //! Podman, through its libpod API (podman-api).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -152,6 +153,14 @@ impl Engine for PodmanEngine {
         let opts =
             VolumeCreateOpts::builder().name(name).labels(labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))).build();
         self.podman.volumes().create(&opts).await.map(|_| ()).map_err(error)
+    }
+
+    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError> {
+        match self.podman.volumes().get(name).inspect().await.map_err(error) {
+            Ok(volume) => Ok(Some(PathBuf::from(volume.mountpoint))),
+            Err(EngineError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {

@@ -629,6 +629,14 @@ impl<O: Os> Driver for ProcessDriver<O> {
         ListPage::of(self, self.inner.ids()?, after, limit).await
     }
 
+    async fn workspace(&self, sandbox: &SandboxId) -> Result<PathBuf, DriverError> {
+        let workspace = self.workspace(sandbox);
+        if !workspace.is_dir() {
+            return Err(DriverError::Failed("the sandbox has no workspace yet: it has not started".into()));
+        }
+        Ok(workspace)
+    }
+
     async fn logs(
         &self,
         sandbox: &SandboxId,

@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod convert;
 pub mod exec;
+pub mod files;
 pub mod logs;
 pub mod public;
 pub mod supervisor;
@@ -11,6 +12,7 @@ pub mod supervisor;
 use std::time::Duration;
 
 use berth_proto::v1::execs_server::ExecsServer;
+use berth_proto::v1::files_server::FilesServer;
 use berth_proto::v1::logs_server::LogsServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
@@ -27,6 +29,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     health.set_serving::<ProvidersServer<public::ProviderApi>>().await;
     health.set_serving::<ExecsServer<exec::ExecApi>>().await;
     health.set_serving::<LogsServer<logs::LogsApi>>().await;
+    health.set_serving::<FilesServer<files::FilesApi>>().await;
     health.set_serving::<SupervisorServer<supervisor::SupervisorApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
@@ -36,7 +39,8 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     let sandboxes_auth = auth.clone();
     let providers_auth = auth.clone();
     let execs_auth = auth.clone();
-    let logs_auth = auth;
+    let logs_auth = auth.clone();
+    let files_auth = auth;
     let mut routes = Routes::builder();
     routes
         .add_service(SandboxesServer::with_interceptor(public::SandboxApi::new(engine.clone()), move |r| {
@@ -47,6 +51,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         }))
         .add_service(ExecsServer::with_interceptor(exec::ExecApi::new(engine.clone()), move |r| execs_auth.check(r)))
         .add_service(LogsServer::with_interceptor(logs::LogsApi::new(engine.clone()), move |r| logs_auth.check(r)))
+        .add_service(FilesServer::with_interceptor(files::FilesApi::new(engine.clone()), move |r| files_auth.check(r)))
         .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
         .add_service(health_service)
         .add_service(reflection);

@@ -18,8 +18,8 @@ use crate::harness::*;
 
 /// What a client read of an exec: checked to be contiguous from where it started.
 #[derive(Debug, Default)]
-struct Read {
-    stdout: Vec<u8>,
+pub(crate) struct Read {
+    pub(crate) stdout: Vec<u8>,
     stderr: Vec<u8>,
     /// Both streams, in offset order.
     all: Vec<u8>,
@@ -35,7 +35,7 @@ impl Read {
         pb::ExecState::try_from(self.end.as_ref().expect("ended").state).unwrap()
     }
 
-    fn exit_code(&self) -> Option<i32> {
+    pub(crate) fn exit_code(&self) -> Option<i32> {
         self.end.as_ref().and_then(|e| e.exit_code)
     }
 }
@@ -79,7 +79,7 @@ async fn read_all(mut stream: tonic::Streaming<pb::ExecOutput>, from: u64, withi
     read
 }
 
-fn start(sandbox: &str, argv: &[&str]) -> pb::ExecStart {
+pub(crate) fn start(sandbox: &str, argv: &[&str]) -> pb::ExecStart {
     pb::ExecStart { sandbox: sandbox.into(), argv: argv.iter().map(|a| a.to_string()).collect(), ..Default::default() }
 }
 
@@ -94,7 +94,7 @@ async fn open(
     Ok((stream, tx))
 }
 
-async fn run(execs: &mut Execs, start: pb::ExecStart) -> Read {
+pub(crate) async fn run(execs: &mut Execs, start: pb::ExecStart) -> Read {
     let (stream, _input) = open(execs, start).await.unwrap();
     read_all(stream, 0, Duration::from_secs(60)).await
 }

@@ -7,6 +7,7 @@ mod conformance;
 mod contention;
 mod crash;
 mod exec;
+mod files;
 mod harness;
 mod history;
 mod identity;

@@ -1,0 +1,609 @@
+//! Files in and out of a sandbox's workspace as tar streams (DESIGN 8.3), on the host that
+//! keeps it: the process driver's workspace directory, a container's workspace volume.
+//!
+//! The workspace is the sandbox's to change while it runs, so nothing in it is trusted: every
+//! path is resolved by the kernel beneath the workspace (`openat2` with `RESOLVE_BENEATH`), which
+//! refuses `..` past it, absolute symbolic links and links that lead out of it, with no window
+//! between a check and its use; files are opened without following a final link. An upload is
+//! checked whole before anything is written (a bad entry writes nothing), and each file is
+//! written aside and renamed into place, so a reader sees it whole or not at all.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, readlinkat, renameat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, mkdirat};
+use nix::unistd::{UnlinkatFlags, symlinkat, unlinkat};
+use sha2::{Digest, Sha256};
+
+/// Where a workspace is mounted in a container; in a path given to the files API, the
+/// workspace on every driver.
+pub const WORKSPACE: &str = "/workspace";
+
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The most an upload's tar stream may hold.
+    pub max_bytes: u64,
+    /// The most entries an upload or a download may hold.
+    pub max_entries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_bytes: 1 << 30, max_entries: 100_000 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FilesError {
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("{0} does not exist in the workspace")]
+    NotFound(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> FilesError {
+    FilesError::Invalid { field: field.to_string(), reason: reason.into() }
+}
+
+fn io_error(context: &str, e: impl std::fmt::Display) -> FilesError {
+    FilesError::Io(format!("{context}: {e}"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+    Symlink,
+}
+
+/// One entry written or read, with the SHA-256 of a file's content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileSum {
+    /// Relative to where the upload went, or as named in the download.
+    pub path: String,
+    pub kind: Kind,
+    pub size: u64,
+    /// Hex; empty for a directory or link.
+    pub sha256: String,
+}
+
+/// A path in the workspace, relative to it: `field`'s value, relative or under [`WORKSPACE`],
+/// with no `..`.
+pub fn workspace_path(field: &str, path: &str) -> Result<PathBuf, FilesError> {
+    if path.contains('\0') {
+        return Err(invalid(field, "a path holds no NUL byte"));
+    }
+    let path = Path::new(path);
+    let relative = if path.is_absolute() {
+        path.strip_prefix(WORKSPACE)
+            .map_err(|_| invalid(field, format!("{} is outside the workspace ({WORKSPACE})", path.display())))?
+    } else {
+        path
+    };
+    relative_path(field, relative)
+}
+
+/// `path` as plain names, refusing anything that could climb out.
+fn relative_path(field: &str, path: &Path) -> Result<PathBuf, FilesError> {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(invalid(field, format!("{} climbs out with ..", path.display()))),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(invalid(field, format!("{} is absolute", path.display())));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn beneath(flags: OFlag) -> OpenHow {
+    OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+}
+
+/// What an `openat2` beneath the workspace refusing a path means to a caller.
+fn resolve_error(shown: &Path, e: Errno) -> FilesError {
+    match e {
+        Errno::ENOENT => FilesError::NotFound(shown.display().to_string()),
+        Errno::EXDEV | Errno::ELOOP => {
+            invalid("path", format!("{} leads out of the workspace through a symbolic link", shown.display()))
+        }
+        Errno::ENOTDIR => invalid("path", format!("a part of {} is not a directory", shown.display())),
+        e => io_error(&format!("opening {}", shown.display()), e),
+    }
+}
+
+/// The workspace's root directory, trusted: it is the driver's.
+fn open_root(root: &Path) -> Result<OwnedFd, FilesError> {
+    let file = File::open(root).map_err(|e| io_error(&format!("opening the workspace {}", root.display()), e))?;
+    Ok(file.into())
+}
+
+/// The directory `path` beneath `root`, made (with its parents) if `create`.
+fn open_dir(root: &OwnedFd, path: &Path, create: bool) -> Result<OwnedFd, FilesError> {
+    let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+    let mut dir = openat2(root, ".", beneath(flags)).map_err(|e| resolve_error(path, e))?;
+    for (i, name) in path.iter().enumerate() {
+        let so_far: PathBuf = path.iter().take(i + 1).collect();
+        if create {
+            match mkdirat(&dir, name, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(resolve_error(&so_far, e)),
+            }
+        }
+        dir = openat2(&dir, name, beneath(flags)).map_err(|e| resolve_error(&so_far, e))?;
+    }
+    Ok(dir)
+}
+
+/// An entry of an upload, checked.
+struct Checked {
+    path: PathBuf,
+    kind: Kind,
+    mode: u32,
+    size: u64,
+    link: Option<PathBuf>,
+}
+
+fn entry_kind(entry_type: tar::EntryType, name: &Path) -> Result<Kind, FilesError> {
+    match entry_type {
+        tar::EntryType::Regular | tar::EntryType::Continuous => Ok(Kind::File),
+        tar::EntryType::Directory => Ok(Kind::Directory),
+        tar::EntryType::Symlink => Ok(Kind::Symlink),
+        other => Err(invalid(
+            "archive",
+            format!("{} is a {other:?} entry: only files, directories and symbolic links are taken", name.display()),
+        )),
+    }
+}
+
+/// A link's target must stay in the workspace: relative, and never climbing above it from
+/// where the link is.
+fn check_link(link_at: &Path, target: &Path) -> Result<(), FilesError> {
+    let field = format!("archive entry {}", link_at.display());
+    if target.is_absolute() {
+        return Err(invalid(&field, format!("its target {} is absolute", target.display())));
+    }
+    let mut depth = link_at.parent().map_or(0, |p| p.iter().count());
+    for component in target.components() {
+        match component {
+            Component::ParentDir if depth == 0 => {
+                return Err(invalid(&field, format!("its target {} leads out of the workspace", target.display())));
+            }
+            Component::ParentDir => depth -= 1,
+            Component::Normal(_) => depth += 1,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Every entry of the archive, checked, before anything is written; `None` for the archive's
+/// own `./`.
+fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<Checked>>, FilesError> {
+    let mut checked = Vec::new();
+    let mut tar = tar::Archive::new(&mut *archive);
+    for entry in tar.entries().map_err(|e| invalid("archive", e.to_string()))? {
+        let entry = entry.map_err(|e| invalid("archive", e.to_string()))?;
+        if checked.len() == limits.max_entries {
+            return Err(FilesError::TooLarge(format!("the archive holds over {} entries", limits.max_entries)));
+        }
+        let name = entry.path().map_err(|e| invalid("archive", e.to_string()))?.into_owned();
+        let field = format!("archive entry {}", name.display());
+        let relative = relative_path(&field, &name)?;
+        if relative.as_os_str().is_empty() {
+            checked.push(None);
+            continue;
+        }
+        let header = entry.header();
+        let kind = entry_kind(header.entry_type(), &name)?;
+        let path = into.join(&relative);
+        let link = match kind {
+            Kind::Symlink => {
+                let target = entry.link_name().map_err(|e| invalid(&field, e.to_string()))?;
+                let target = target.ok_or_else(|| invalid(&field, "a symbolic link with no target"))?.into_owned();
+                check_link(&path, &target)?;
+                Some(target)
+            }
+            _ => None,
+        };
+        let mode = header.mode().map_err(|e| invalid(&field, e.to_string()))?;
+        checked.push(Some(Checked { path, kind, mode, size: entry.size(), link }));
+    }
+    Ok(checked)
+}
+
+/// A name for a file being written beside its final one.
+fn aside(name: &OsStr, n: usize) -> PathBuf {
+    let mut aside = format!(".berth-upload-{}-{n}-", std::process::id()).into_bytes();
+    aside.extend(name.as_bytes().iter().take(180));
+    PathBuf::from(OsStr::from_bytes(&aside))
+}
+
+/// Unpacks the tar stream in `archive` into `into` (relative to the workspace at `root`).
+pub fn unpack(root: &Path, into: &Path, archive: &mut File, limits: Limits) -> Result<Vec<FileSum>, FilesError> {
+    let entries = check(archive, into, limits)?;
+    archive.seek(SeekFrom::Start(0)).map_err(|e| io_error("rereading the archive", e))?;
+    let root = open_root(root)?;
+    open_dir(&root, into, true)?;
+    let mut sums = Vec::new();
+    let mut tar = tar::Archive::new(&mut *archive);
+    let contents = tar.entries().map_err(|e| io_error("rereading the archive", e))?;
+    // The second walk sees the entries the first one checked, in the same order.
+    for (n, (content, entry)) in contents.zip(entries).enumerate() {
+        let Some(entry) = entry else { continue };
+        let mut content = content.map_err(|e| io_error("rereading the archive", e))?;
+        let shown = entry.path.strip_prefix(into).unwrap_or(&entry.path).display().to_string();
+        let (parent, name) = match (entry.path.parent(), entry.path.file_name()) {
+            (Some(parent), Some(name)) => (parent, name),
+            _ => continue,
+        };
+        let dir = open_dir(&root, parent, true)?;
+        let mode = Mode::from_bits_truncate(entry.mode & 0o1777);
+        let sum = match entry.kind {
+            Kind::Directory => {
+                match mkdirat(&dir, name, mode) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(resolve_error(&entry.path, e)),
+                }
+                let made = openat2(&dir, name, beneath(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW))
+                    .map_err(|e| resolve_error(&entry.path, e))?;
+                fchmod(&made, mode).map_err(|e| io_error(&shown, e))?;
+                FileSum { path: shown, kind: Kind::Directory, size: 0, sha256: String::new() }
+            }
+            Kind::Symlink => {
+                let temp = aside(name, n);
+                let target = entry.link.as_deref().expect("a checked link has a target");
+                symlinkat(target, &dir, &temp).map_err(|e| io_error(&shown, e))?;
+                renameat(&dir, &temp, &dir, name).map_err(|e| {
+                    let _ = unlinkat(&dir, &temp, UnlinkatFlags::NoRemoveDir);
+                    resolve_error(&entry.path, e)
+                })?;
+                FileSum { path: shown, kind: Kind::Symlink, size: 0, sha256: String::new() }
+            }
+            Kind::File => {
+                let temp = aside(name, n);
+                let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW;
+                let fd = openat2(&dir, &temp, beneath(flags).mode(Mode::from_bits_truncate(0o600)))
+                    .map_err(|e| resolve_error(&entry.path, e))?;
+                let written = write_file(File::from(fd), &mut content, mode).and_then(|sum| {
+                    renameat(&dir, &temp, &dir, name).map_err(|e| resolve_error(&entry.path, e))?;
+                    Ok(sum)
+                });
+                let sha256 = written.inspect_err(|_| {
+                    let _ = unlinkat(&dir, &temp, UnlinkatFlags::NoRemoveDir);
+                })?;
+                FileSum { path: shown, kind: Kind::File, size: entry.size, sha256 }
+            }
+        };
+        sums.push(sum);
+    }
+    Ok(sums)
+}
+
+/// Writes a file's content, durably; its SHA-256.
+fn write_file(mut file: File, content: &mut impl Read, mode: Mode) -> Result<String, FilesError> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = content.read(&mut buf).map_err(|e| io_error("reading the archive", e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n]).map_err(|e| io_error("writing a file", e))?;
+    }
+    fchmod(&file, mode).map_err(|e| io_error("setting a file's mode", e))?;
+    file.sync_data().map_err(|e| io_error("writing a file", e))?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn kind_of(stat: &FileStat) -> Option<Kind> {
+    match SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) {
+        SFlag::S_IFREG => Some(Kind::File),
+        SFlag::S_IFDIR => Some(Kind::Directory),
+        SFlag::S_IFLNK => Some(Kind::Symlink),
+        _ => None,
+    }
+}
+
+fn header(kind: Kind, stat: &FileStat, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(match kind {
+        Kind::File => tar::EntryType::Regular,
+        Kind::Directory => tar::EntryType::Directory,
+        Kind::Symlink => tar::EntryType::Symlink,
+    });
+    header.set_mode(stat.st_mode & 0o7777);
+    header.set_size(size);
+    header.set_mtime(u64::try_from(stat.st_mtime).unwrap_or(0));
+    header
+}
+
+/// Packs `path` (relative to the workspace at `root`; empty: all of it) into a tar stream on
+/// `out`, named by its last component (the workspace's content at the top for the whole of
+/// it). Links are packed as links, never followed.
+pub fn pack(root: &Path, path: &Path, out: impl Write, limits: Limits) -> Result<Vec<FileSum>, FilesError> {
+    pack_all(root, path, out, limits).map_err(|e| match e {
+        // Named as asked, whichever part of it is missing.
+        FilesError::NotFound(_) => FilesError::NotFound(path.display().to_string()),
+        e => e,
+    })
+}
+
+fn pack_all(root: &Path, path: &Path, out: impl Write, limits: Limits) -> Result<Vec<FileSum>, FilesError> {
+    let root = open_root(root)?;
+    let mut builder = tar::Builder::new(out);
+    builder.follow_symlinks(false);
+    let mut sums = Vec::new();
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let dir = open_dir(&root, parent, false)?;
+            pack_entry(&dir, name, Path::new(name), &mut builder, &mut sums, limits)?;
+        }
+        _ => {
+            let dir = open_dir(&root, Path::new(""), false)?;
+            pack_children(dir, Path::new(""), &mut builder, &mut sums, limits)?;
+        }
+    }
+    builder
+        .into_inner()
+        .map_err(|e| io_error("writing the archive", e))?
+        .flush()
+        .map_err(|e| io_error("writing the archive", e))?;
+    Ok(sums)
+}
+
+fn pack_children<W: Write>(
+    dir: OwnedFd,
+    named: &Path,
+    builder: &mut tar::Builder<W>,
+    sums: &mut Vec<FileSum>,
+    limits: Limits,
+) -> Result<(), FilesError> {
+    let listing = nix::dir::Dir::from_fd(dir.try_clone().map_err(|e| io_error("listing", e))?)
+        .map_err(|e| io_error(&format!("listing {}", named.display()), e))?;
+    let mut names: Vec<Vec<u8>> = listing
+        .into_iter()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_bytes().to_vec())
+        .filter(|name| name != b"." && name != b"..")
+        .collect();
+    // In name order: the same tree packs the same way.
+    names.sort();
+    for name in names {
+        let name = OsStr::from_bytes(&name);
+        pack_entry(&dir, name, &named.join(name), builder, sums, limits)?;
+    }
+    Ok(())
+}
+
+fn pack_entry<W: Write>(
+    dir: &OwnedFd,
+    name: &OsStr,
+    named: &Path,
+    builder: &mut tar::Builder<W>,
+    sums: &mut Vec<FileSum>,
+    limits: Limits,
+) -> Result<(), FilesError> {
+    if sums.len() == limits.max_entries {
+        return Err(FilesError::TooLarge(format!("{} holds over {} entries", named.display(), limits.max_entries)));
+    }
+    let shown = named.display().to_string();
+    let stat = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|e| resolve_error(named, e))?;
+    let append = |e: io::Error| io_error("writing the archive", e);
+    match kind_of(&stat) {
+        Some(Kind::Symlink) => {
+            let target = readlinkat(dir, name).map_err(|e| io_error(&shown, e))?;
+            builder.append_link(&mut header(Kind::Symlink, &stat, 0), named, &target).map_err(append)?;
+            sums.push(FileSum { path: shown, kind: Kind::Symlink, size: 0, sha256: String::new() });
+        }
+        Some(Kind::Directory) => {
+            let fd = openat2(dir, name, beneath(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW))
+                .map_err(|e| resolve_error(named, e))?;
+            builder.append_data(&mut header(Kind::Directory, &stat, 0), named, io::empty()).map_err(append)?;
+            sums.push(FileSum { path: shown, kind: Kind::Directory, size: 0, sha256: String::new() });
+            pack_children(fd, named, builder, sums, limits)?;
+        }
+        Some(Kind::File) => {
+            let fd = openat2(dir, name, beneath(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK))
+                .map_err(|e| resolve_error(named, e))?;
+            // What was opened, not what the name showed a moment before.
+            let stat = fstat(fd.as_fd()).map_err(|e| io_error(&shown, e))?;
+            if kind_of(&stat) != Some(Kind::File) {
+                return Err(io_error(&shown, "it changed while it was read"));
+            }
+            let size = u64::try_from(stat.st_size).unwrap_or(0);
+            let mut hashing = Hashing { inner: File::from(fd).take(size), hasher: Sha256::new(), read: 0 };
+            builder.append_data(&mut header(Kind::File, &stat, size), named, &mut hashing).map_err(append)?;
+            if hashing.read != size {
+                return Err(io_error(&shown, "it shrank while it was read"));
+            }
+            sums.push(FileSum { path: shown, kind: Kind::File, size, sha256: hex::encode(hashing.hasher.finalize()) });
+        }
+        // A socket, a FIFO or a device: not a file to copy.
+        None => {}
+    }
+    Ok(())
+}
+
+/// A reader that hashes what it reads.
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+    read: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn archive(build: impl FnOnce(&mut tar::Builder<&mut File>)) -> File {
+        let mut file = tempfile::tempfile().unwrap();
+        {
+            let mut builder = tar::Builder::new(&mut file);
+            build(&mut builder);
+            builder.finish().unwrap();
+        }
+        file.seek(SeekFrom::Start(0)).unwrap();
+        file
+    }
+
+    fn file_entry(builder: &mut tar::Builder<&mut File>, path: &str, data: &[u8], mode: u32) {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_size(data.len() as u64);
+        header.set_mode(mode);
+        header.set_cksum();
+        builder.append_data(&mut header, path, data).unwrap();
+    }
+
+    fn link_entry(builder: &mut tar::Builder<&mut File>, path: &str, target: &str) {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        header.set_mode(0o777);
+        builder.append_link(&mut header, path, target).unwrap();
+    }
+
+    /// A raw header, for names the tar crate refuses to write.
+    fn raw_entry(builder: &mut tar::Builder<&mut File>, path: &[u8]) {
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..path.len()].copy_from_slice(path);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_size(1);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append(&header, &b"x"[..]).unwrap();
+    }
+
+    #[test]
+    fn a_tree_goes_in_and_comes_out_with_modes_links_and_checksums() {
+        let root = tempfile::tempdir().unwrap();
+        let mut tar = archive(|b| {
+            file_entry(b, "app/run.sh", b"#!/bin/sh\necho hi\n", 0o755);
+            file_entry(b, "app/data/config.json", b"{}", 0o600);
+            link_entry(b, "app/current", "data/config.json");
+        });
+        let sums = unpack(root.path(), Path::new("dest"), &mut tar, Limits::default()).unwrap();
+        let names: Vec<(&str, Kind)> = sums.iter().map(|s| (s.path.as_str(), s.kind)).collect();
+        assert_eq!(
+            names,
+            [("app/run.sh", Kind::File), ("app/data/config.json", Kind::File), ("app/current", Kind::Symlink)]
+        );
+        assert_eq!(sums[1].sha256, hex::encode(Sha256::digest(b"{}")));
+        let run = root.path().join("dest/app/run.sh");
+        assert_eq!(std::fs::metadata(&run).unwrap().permissions().mode() & 0o777, 0o755);
+        assert_eq!(std::fs::read_link(root.path().join("dest/app/current")).unwrap(), Path::new("data/config.json"));
+
+        let mut out = Vec::new();
+        let packed = pack(root.path(), Path::new("dest/app"), &mut out, Limits::default()).unwrap();
+        let listed: Vec<&str> = packed.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(listed, ["app", "app/current", "app/data", "app/data/config.json", "app/run.sh"]);
+        assert_eq!(packed[3].sha256, sums[1].sha256);
+        let mut back = tar::Archive::new(out.as_slice());
+        let entries: Vec<(String, u32)> = back
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.path().unwrap().display().to_string(), e.header().mode().unwrap() & 0o777))
+            .collect();
+        assert!(entries.contains(&("app/run.sh".to_string(), 0o755)), "{entries:?}");
+    }
+
+    #[test]
+    fn every_escape_is_refused_and_nothing_is_written() {
+        let outside = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let escapes: Vec<(&str, File)> = vec![
+            ("..", archive(|b| raw_entry(b, b"../escaped"))),
+            ("absolute", archive(|b| raw_entry(b, b"/tmp/escaped"))),
+            ("target", archive(|b| link_entry(b, "link", "../../etc"))),
+            ("absolute target", archive(|b| link_entry(b, "link", "/etc/passwd"))),
+        ];
+        for (what, mut tar) in escapes {
+            let ok_first = unpack(root.path(), Path::new(""), &mut tar, Limits::default());
+            assert!(matches!(ok_first, Err(FilesError::Invalid { .. })), "{what}: {ok_first:?}");
+        }
+        // A link already in the workspace that leads out is never followed, whatever it is.
+        std::os::unix::fs::symlink(outside.path(), root.path().join("out")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.path().join("etc")).unwrap();
+        for into in ["out", "out/deeper", "etc"] {
+            let mut tar = archive(|b| file_entry(b, "f", b"x", 0o644));
+            let refused = unpack(root.path(), Path::new(into), &mut tar, Limits::default());
+            assert!(matches!(refused, Err(FilesError::Invalid { .. })), "{into}: {refused:?}");
+        }
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "written outside");
+        let names: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "only the two links: {names:?}");
+        let mut out = Vec::new();
+        let refused = pack(root.path(), Path::new("out/secret"), &mut out, Limits::default());
+        assert!(matches!(refused, Err(FilesError::Invalid { .. })), "{refused:?}");
+        assert_eq!(
+            workspace_path("path", "/etc/passwd").unwrap_err(),
+            invalid("path", "/etc/passwd is outside the workspace (/workspace)")
+        );
+        assert!(workspace_path("path", "a/../../b").is_err());
+        assert_eq!(workspace_path("path", "/workspace/a/./b").unwrap(), Path::new("a/b"));
+    }
+
+    #[test]
+    fn a_bad_entry_late_in_an_archive_writes_nothing_before_it() {
+        let root = tempfile::tempdir().unwrap();
+        let mut tar = archive(|b| {
+            file_entry(b, "good", b"fine", 0o644);
+            link_entry(b, "bad", "../../x");
+        });
+        assert!(unpack(root.path(), Path::new(""), &mut tar, Limits::default()).is_err());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        let mut many = archive(|b| {
+            for i in 0..5 {
+                file_entry(b, &format!("f{i}"), b"x", 0o644);
+            }
+        });
+        let limits = Limits { max_entries: 4, ..Limits::default() };
+        assert!(matches!(unpack(root.path(), Path::new(""), &mut many, limits), Err(FilesError::TooLarge(_))));
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_file_replaced_in_place_is_whole_and_a_missing_path_is_not_found() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("f"), b"old content").unwrap();
+        let mut tar = archive(|b| file_entry(b, "f", b"new", 0o640));
+        unpack(root.path(), Path::new(""), &mut tar, Limits::default()).unwrap();
+        assert_eq!(std::fs::read(root.path().join("f")).unwrap(), b"new");
+        let left: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["f"], "nothing written aside is left");
+        let mut out = Vec::new();
+        assert_eq!(
+            pack(root.path(), Path::new("nope"), &mut out, Limits::default()),
+            Err(FilesError::NotFound("nope".into()))
+        );
+    }
+}

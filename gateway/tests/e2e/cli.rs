@@ -114,3 +114,49 @@ async fn create_fails_with_the_cause_when_the_command_cannot_be_started() {
     }
     assert!(table.contains("Stopped") && table.contains("Completed (exit 0)"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_runs_commands_reads_logs_and_copies_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let booting = ["sandbox", "create", "box", "--", "sh", "-c", "echo booted; echo careful >&2; exec sleep 3600"];
+    ok(&berth(&data, &booting).await);
+
+    // The exit status and both streams pass through.
+    let out = berth(&data, &["sandbox", "exec", "box", "--", "sh", "-c", "echo hi; echo there >&2; exit 3"]).await;
+    assert_eq!((out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()), (Some(3), &b"hi\n"[..], &b"there\n"[..]));
+
+    let mut logs = berth(&data, &["sandbox", "logs", "box"]).await;
+    for _ in 0..50 {
+        if !logs.stdout.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        logs = berth(&data, &["sandbox", "logs", "box"]).await;
+    }
+    assert_eq!((ok(&logs).as_str(), logs.stderr.as_slice()), ("booted\n", &b"careful\n"[..]));
+
+    // A tree out of the host and back, with its modes and its link.
+    let local = tempfile::tempdir().unwrap();
+    let tree = local.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(tree.join("sub/b.sh"), "#!/bin/sh\necho beta\n").unwrap();
+    std::fs::set_permissions(tree.join("sub/b.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::symlink("a.txt", tree.join("link")).unwrap();
+    ok(&berth(&data, &["sandbox", "cp", tree.to_str().unwrap(), "box:/workspace/in"]).await);
+    let ran = berth(&data, &["sandbox", "exec", "box", "--", "sh", "-c", "./in/tree/sub/b.sh; cat in/tree/link"]).await;
+    assert_eq!(ok(&ran), "beta\nalpha\n");
+
+    ok(&berth(&data, &["sandbox", "stop", "box"]).await);
+    assert_eq!(ok(&berth(&data, &["sandbox", "logs", "box", "--generation", "1"]).await), "booted\n");
+    let back = local.path().join("back");
+    ok(&berth(&data, &["sandbox", "cp", "box:in/tree", back.to_str().unwrap()]).await);
+    assert_eq!(std::fs::read_to_string(back.join("tree/sub/b.sh")).unwrap(), "#!/bin/sh\necho beta\n");
+    assert_eq!(std::fs::metadata(back.join("tree/sub/b.sh")).unwrap().permissions().mode() & 0o777, 0o750);
+    assert_eq!(std::fs::read_link(back.join("tree/link")).unwrap(), std::path::Path::new("a.txt"));
+    let refused = berth(&data, &["sandbox", "cp", "box:../../etc/passwd", back.to_str().unwrap()]).await;
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("path"));
+    ok(&berth(&data, &["sandbox", "delete", "box"]).await);
+}

@@ -5,7 +5,7 @@
 //! [`RuntimeState`] are the runtime's own clock.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -27,17 +27,17 @@ pub(crate) fn io(context: &str, e: std::io::Error) -> DriverError {
     DriverError::Unavailable(format!("{context}: {e}"))
 }
 
-/// [`Driver::logs`] of logs kept on this host, in `dir`.
-pub(crate) async fn read_logs(
-    dir: PathBuf,
-    generation: u64,
+/// [`Driver::logs`] of logs kept on this host, in `dir`. Read in place, not on a blocking
+/// thread: a read is at most a few hundred KiB of what was just written (in the page cache),
+/// and in the simulator a thread would make the run's order depend on the host's scheduler.
+pub(crate) fn read_logs(
+    dir: &Path,
+    log: &berth_logs::Log,
     from: u64,
     max: usize,
     over: bool,
 ) -> Result<berth_logs::Read, DriverError> {
-    tokio::task::spawn_blocking(move || berth_logs::read(&dir, generation, from, max, over))
-        .await
-        .map_err(|e| DriverError::Unavailable(format!("reading the logs: {e}")))?
+    berth_logs::read(dir, log, from, max, over)
         .map_err(|e| DriverError::Failed(format!("the sandbox's logs are unreadable: {e}")))
 }
 
@@ -213,13 +213,13 @@ pub trait Driver: Send + Sync + 'static {
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
 
-    /// Up to about `max` bytes of the main process's output in `generation`'s run, from `from`
-    /// (berth-logs). `over`: the run has ended, so what was written is all there is. The logs
-    /// outlive the run and go with the sandbox's delete.
+    /// Up to about `max` bytes of `log` (a generation's main process, or an exec) from `from`
+    /// (berth-logs). `over`: its command has ended, so what was written is all there is. The
+    /// logs outlive the run and go with the sandbox's delete.
     async fn logs(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        log: &berth_logs::Log,
         from: u64,
         max: usize,
         over: bool,

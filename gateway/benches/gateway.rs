@@ -92,7 +92,7 @@ impl Driver for NoopDriver {
     async fn logs(
         &self,
         _: &SandboxId,
-        _: u64,
+        _: &berth_drivers::logs::Log,
         from: u64,
         _: usize,
         _: bool,

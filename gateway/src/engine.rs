@@ -555,7 +555,7 @@ mod tests {
         async fn logs(
             &self,
             _: &SandboxId,
-            _: u64,
+            _: &berth_drivers::logs::Log,
             from: u64,
             _: usize,
             _: bool,

@@ -85,12 +85,12 @@ impl Driver for SimDriver {
     async fn logs(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        log: &berth_drivers::logs::Log,
         from: u64,
         max: usize,
         over: bool,
     ) -> Result<berth_drivers::logs::Read, DriverError> {
-        self.driver.logs(sandbox, generation, from, max, over).await
+        self.driver.logs(sandbox, log, from, max, over).await
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

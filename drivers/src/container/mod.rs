@@ -659,12 +659,12 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     async fn logs(
         &self,
         sandbox: &SandboxId,
-        generation: u64,
+        log: &berth_logs::Log,
         from: u64,
         max: usize,
         over: bool,
     ) -> Result<berth_logs::Read, DriverError> {
-        crate::read_logs(self.logs_dir(sandbox), generation, from, max, over).await
+        crate::read_logs(&self.logs_dir(sandbox), log, from, max, over)
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {

@@ -125,6 +125,8 @@ pub struct Execs {
     cap: usize,
     launcher: Arc<dyn Launcher>,
     started: Arc<dyn StartedLog>,
+    /// Where each exec's output is also kept (berth-logs), if anywhere.
+    logs: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Execs {
@@ -141,7 +143,26 @@ impl Default for Execs {
 
 impl Execs {
     pub fn new(cap: usize, launcher: Arc<dyn Launcher>, started: Arc<dyn StartedLog>) -> Self {
-        Self { entries: Arc::default(), changed: watch::Sender::new(()), cap, launcher, started }
+        Self { entries: Arc::default(), changed: watch::Sender::new(()), cap, launcher, started, logs: None }
+    }
+
+    /// Keeps each exec's output in `dir` too, where it outlives the run.
+    pub fn with_logs(self, dir: std::path::PathBuf) -> Self {
+        Self { logs: Some(dir), ..self }
+    }
+
+    /// The output of a new exec: in memory, and in its log when there is one to keep.
+    fn new_output(&self, generation: u64, id: &str) -> Output {
+        let output = Output::new(self.cap);
+        let Some(dir) = &self.logs else { return output };
+        let log = berth_logs::Log::Exec { generation, id: id.to_string() };
+        match berth_logs::Writer::open(dir, &log, self.cap as u64) {
+            Ok(writer) => output.with_log(writer),
+            Err(e) => {
+                eprintln!("berth-supervisor: cannot keep exec {id}'s output on disk: {e}; it is kept in memory only");
+                output
+            }
+        }
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Entry>>> {
@@ -174,8 +195,11 @@ impl Execs {
     /// (then it is lost). A follower from `follow_from` is in place before the command runs.
     pub fn run(&self, run: pb::RunExec, generation: u64, follow_from: Option<u64>) -> Option<Follower> {
         let (control, controls) = mpsc::unbounded_channel();
-        let entry =
-            Arc::new(Entry { output: Arc::new(Output::new(self.cap)), status: Mutex::new(Status::Running), control });
+        if let Some(known) = self.entry(&run.exec_id) {
+            return follow_from.map(|offset| known.output.follow(offset));
+        }
+        let output = Arc::new(self.new_output(generation, &run.exec_id));
+        let entry = Arc::new(Entry { output, status: Mutex::new(Status::Running), control });
         {
             let mut entries = self.entries();
             if let Some(known) = entries.get(&run.exec_id) {

@@ -94,7 +94,7 @@ impl Capture {
 
 /// Marks the generation's output complete.
 pub fn complete(writer: Writer, code: i32) {
-    if let Err(e) = writer.finish(code) {
+    if let Err(e) = writer.finish(Some(code)) {
         warn(&e);
     }
 }

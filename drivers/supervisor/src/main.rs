@@ -231,7 +231,8 @@ async fn main() -> ExitCode {
             log("no generation for the logs (BERTH_GENERATION, or a readable --generation-file): the output goes unlogged");
             return None;
         };
-        berth_logs::Writer::open(dir, generation, berth_logs::DEFAULT_CAP)
+        berth_logs::prune(dir, generation)
+            .and_then(|()| berth_logs::Writer::open(dir, &berth_logs::Log::Main { generation }, berth_logs::DEFAULT_CAP))
             .map_err(|e| log(format_args!("cannot open the logs in {}: {e}; the output goes unlogged", dir.display())))
             .ok()
     });
@@ -282,6 +283,12 @@ async fn main() -> ExitCode {
         std::sync::Arc::new(berth_supervisor::launch::Host),
         started,
     );
+    // Each exec's output goes beside the main process's: any gateway on the host reads it, and
+    // it outlives the run.
+    let execs = match &args.logs {
+        Some(dir) => execs.with_logs(dir.clone()),
+        None => execs,
+    };
     let run = Run { token, exit: exit_rx, failed_to_start: None, execs: execs.clone() };
     let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

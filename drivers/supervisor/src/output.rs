@@ -14,14 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-/// Which stream a chunk came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-    /// Everything a command run on a terminal wrote.
-    Tty,
-}
+/// Which stream a chunk came from: the one the logs on disk name.
+pub use berth_logs::Stream;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
@@ -56,6 +50,8 @@ struct Kept {
     next_follower: u64,
     /// A write waits for a follower.
     held_back: bool,
+    /// The same output on disk, in the same order (the offsets agree).
+    log: Option<berth_logs::Writer>,
 }
 
 impl Kept {
@@ -117,8 +113,15 @@ impl Output {
             followers: BTreeMap::new(),
             next_follower: 0,
             held_back: false,
+            log: None,
         };
         Self { cap, kept: Mutex::new(kept), changed: watch::Sender::new(()), progress: watch::Sender::new(()) }
+    }
+
+    /// Keeps the output in `log` as well.
+    pub fn with_log(self, log: berth_logs::Writer) -> Self {
+        self.lock().log = Some(log);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
@@ -140,6 +143,14 @@ impl Output {
                 k.held_back = !fits;
                 if fits {
                     let offset = k.end;
+                    if let Some(log) = k.log.as_mut()
+                        && let Err(e) = log.append(stream, data)
+                    {
+                        eprintln!(
+                            "berth-supervisor: cannot keep an exec's output on disk: {e}; it is kept in memory only"
+                        );
+                        k.log = None;
+                    }
                     k.chunks.push_back(Chunk { stream, offset, data: data.to_vec() });
                     k.end += data.len() as u64;
                     k.kept += data.len();
@@ -170,7 +181,14 @@ impl Output {
 
     /// No more output will come.
     pub fn complete(&self) {
-        self.lock().complete = true;
+        let log = {
+            let mut k = self.lock();
+            k.complete = true;
+            k.log.take()
+        };
+        if let Some(Err(e)) = log.map(|log| log.finish(None)) {
+            eprintln!("berth-supervisor: cannot mark an exec's output complete on disk: {e}");
+        }
         self.changed.send_replace(());
     }
 

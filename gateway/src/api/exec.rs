@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use berth_core::exec::{self, Exec, ExecId};
+use berth_drivers::logs::Read;
 use berth_proto::v1 as pb;
 use berth_proto::v1::exec_input::Input;
 use berth_proto::v1::exec_output::Output;
@@ -24,6 +25,9 @@ use super::convert;
 use crate::engine::{Engine, execs::run_message};
 use crate::error::ApiError;
 use crate::sessions::{OutputEvent, READ_WINDOW};
+
+/// The most one read of an exec's output on disk takes.
+const READ_MAX: usize = 256 * 1024;
 
 /// How long a stream waits for its exec's session before it looks at the exec again.
 const SESSION_WAIT: Duration = Duration::from_millis(500);
@@ -75,19 +79,45 @@ async fn follow(
         sessions.borrow_and_update();
         let session = engine.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed());
         let Some(session) = session else {
-            // No session here: its run may be reconnecting, or over (then the exec is ending).
-            match engine.store().exec(&exec.sandbox, &exec.id).await {
-                // Its run went without this gateway reading the rest (it is served through
-                // another gateway): what was not read is told as a gap, never left out quietly.
-                Ok(Some(current)) if current.state.is_terminal() => {
+            // No session here: its run is served through another gateway, reconnecting, or over.
+            // What its supervisor kept on disk is read meanwhile (any gateway on the sandbox's
+            // host can), at the same offsets as the session's.
+            let current = match engine.store().exec(&exec.sandbox, &exec.id).await {
+                Ok(Some(current)) => current,
+                Ok(None) => break final_state(&engine, &exec).await,
+                Err(e) => break Err(ApiError::from(e).into()),
+            };
+            let over = current.state.is_terminal();
+            let sent = match engine.read_exec_output(&exec, offset, READ_MAX, over).await {
+                Ok(Read::Data(chunks)) => {
+                    let mut sent = Ok(());
+                    for c in chunks {
+                        offset = c.offset + c.data.len() as u64;
+                        sent = tx.send(output(Output::Chunk(super::logs::chunk(c)))).await;
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
+                    Some(sent)
+                }
+                Ok(Read::Gap { from, to }) => {
+                    offset = to;
+                    Some(tx.send(output(Output::Gap(pb::OutputGap { from, to }))).await)
+                }
+                // Nothing more to read of an exec that ended: what was not kept anywhere this
+                // gateway can read is told as a gap, never left out quietly.
+                _ if over => {
                     if let Some(total) = current.output_bytes.filter(|total| *total > offset) {
                         let _ = tx.send(output(Output::Gap(pb::OutputGap { from: offset, to: total }))).await;
                     }
                     break Ok(current);
                 }
-                Ok(None) => break final_state(&engine, &exec).await,
-                Ok(Some(_)) => {}
-                Err(e) => break Err(ApiError::from(e).into()),
+                _ => None,
+            };
+            match sent {
+                Some(Ok(())) => continue,
+                Some(Err(_)) => return,
+                None => {}
             }
             tokio::select! {
                 _ = sessions.changed() => {}

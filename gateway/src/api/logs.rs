@@ -38,10 +38,12 @@ fn output(o: Output) -> Result<pb::LogsOutput, Status> {
     Ok(pb::LogsOutput { output: Some(o) })
 }
 
-fn chunk(c: logs::Chunk) -> pb::OutputChunk {
+/// A chunk of output on disk, as the API sends one.
+pub(crate) fn chunk(c: logs::Chunk) -> pb::OutputChunk {
     let stream = match c.stream {
         logs::Stream::Stdout => pb::OutputStream::Stdout,
         logs::Stream::Stderr => pb::OutputStream::Stderr,
+        logs::Stream::Tty => pb::OutputStream::Tty,
     };
     pb::OutputChunk { stream: stream.into(), offset: c.offset, data: c.data }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
 use berth_core::identity::RuntimeIdentity;
 use berth_core::{Kind, PhaseKind, Sandbox, SandboxId, Timestamp, Write};
+use berth_drivers::logs::{Log, Read};
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
 use tracing::warn;
@@ -50,6 +51,13 @@ impl Engine {
     /// (seeds 559 and 657 with `--execs`).
     pub fn resume_every(&self) -> Duration {
         SWEEP_EVERY
+    }
+
+    /// Up to about `max` bytes of `exec`'s output from `from`, as its supervisor kept it on the
+    /// sandbox's host. `over`: the exec has ended.
+    pub async fn read_exec_output(&self, exec: &Exec, from: u64, max: usize, over: bool) -> Result<Read, ApiError> {
+        let log = Log::Exec { generation: exec.generation, id: exec.id.to_string() };
+        Ok(self.inner.driver.logs(&exec.sandbox, &log, from, max, over).await?)
     }
 
     /// A fresh exec id: 64 random bits.

@@ -1,7 +1,7 @@
 //! Which run's logs a read is of (DESIGN 8.2), and reading them through the driver.
 
 use berth_core::{Kind, PhaseKind, SandboxId};
-use berth_drivers::logs::{KEPT_GENERATIONS, Read};
+use berth_drivers::logs::{KEPT_GENERATIONS, Log, Read};
 
 use super::Engine;
 use crate::error::ApiError;
@@ -42,6 +42,7 @@ impl Engine {
     }
 
     pub async fn read_logs(&self, of: &LogsOf, from: u64, max: usize) -> Result<Read, ApiError> {
-        Ok(self.inner.driver.logs(&of.sandbox, of.generation, from, max, of.over).await?)
+        let log = Log::Main { generation: of.generation };
+        Ok(self.inner.driver.logs(&of.sandbox, &log, from, max, of.over).await?)
     }
 }

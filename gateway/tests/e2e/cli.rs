@@ -125,7 +125,10 @@ async fn the_cli_runs_commands_reads_logs_and_copies_files() {
 
     // The exit status and both streams pass through.
     let out = berth(&data, &["sandbox", "exec", "box", "--", "sh", "-c", "echo hi; echo there >&2; exit 3"]).await;
-    assert_eq!((out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()), (Some(3), &b"hi\n"[..], &b"there\n"[..]));
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()),
+        (Some(3), &b"hi\n"[..], &b"there\n"[..])
+    );
 
     let mut logs = berth(&data, &["sandbox", "logs", "box"]).await;
     for _ in 0..50 {

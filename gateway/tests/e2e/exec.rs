@@ -207,12 +207,19 @@ async fn a_stop_cancels_a_running_exec_and_a_killed_run_loses_it(runtime: Runtim
     let data = DataDir::new();
     let gateway = target.gateway(&data, &[]).await;
     let (mut sandboxes, mut execs, id) = a_ready(&target, &gateway, "box").await;
-    let (stream, _tx) = open(&mut execs, start("box", &["sleep", "600"])).await.unwrap();
+    let mut stopped = start("box", &["sh", "-c", "echo before the stop; exec sleep 600"]);
+    stopped.exec_id = "stopped".into();
+    let (stream, _tx) = open(&mut execs, stopped).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     lifecycle(&mut sandboxes, "stop", "box").await.unwrap();
     let read = read_all(stream, 0, Duration::from_secs(30)).await;
     assert_eq!(read.state(), pb::ExecState::Cancelled, "{runtime:?}: {:?}", read.end);
     wait_phase(&mut sandboxes, "box", pb::Phase::Stopped).await;
+    // Its output outlives its run: an attach once it is Stopped reads it whole.
+    let request = pb::AttachExecRequest { sandbox: "box".into(), exec_id: "stopped".into(), offset: 0 };
+    let again = read_all(execs.attach_exec(request).await.unwrap().into_inner(), 0, Duration::from_secs(30)).await;
+    assert_eq!((again.all.as_slice(), again.gaps.as_slice()), (&b"before the stop\n"[..], &[][..]), "{runtime:?}");
+    assert_eq!(again.state(), pb::ExecState::Cancelled);
     let refused = open(&mut execs, start("box", &["true"])).await.expect_err("refused");
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(refused.message().contains("while it is Stopped"), "{refused}");
@@ -406,6 +413,42 @@ async fn several_gateways_an_exec_made_through_one_is_read_whole_through_another
     let read = read_all(stream, 0, Duration::from_secs(60)).await;
     assert_eq!((read.all.as_slice(), read.exit_code(), read.gaps.as_slice()), (&b"one\ntwo\n"[..], Some(5), &[][..]));
     let mut sandboxes = second.sandboxes().await;
+    lifecycle(&mut sandboxes, "delete", "box").await.unwrap();
+    wait_gone(&mut sandboxes, "box").await;
+}
+
+/// Two gateways on PostgreSQL, both alive: an exec read through each at once gets the same bytes
+/// and the same exit, though only one holds the run's session (the other reads what the
+/// supervisor keeps on the host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_gateways_an_exec_is_read_whole_through_either_while_both_live() {
+    let Some(url) = crate::pg::fresh_schema("exec_both_gateways").await else { return };
+    let data = DataDir::new();
+    let args = |name: &'static str| ["--store", url.as_str(), "--name", name];
+    let (one, two) = (args("g1"), args("g2"));
+    let (first, second) = tokio::join!(Gateway::start(&data, &one), Gateway::start(&data, &two));
+    let mut sandboxes = first.sandboxes().await;
+    create(&mut sandboxes, "box", &["sleep", "3600"], &[]).await;
+    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    let mut execs = first.execs().await;
+    let mut slow = start("box", &["sh", "-c", "echo one; sleep 2; echo two >&2; exit 5"]);
+    slow.exec_id = "both".into();
+    let (stream, _tx) = open(&mut execs, slow).await.unwrap();
+    let attach = |mut execs: Execs| async move {
+        let request = pb::AttachExecRequest { sandbox: "box".into(), exec_id: "both".into(), offset: 0 };
+        read_all(execs.attach_exec(request).await.unwrap().into_inner(), 0, Duration::from_secs(60)).await
+    };
+    let (made, via_first, via_second) = tokio::join!(
+        read_all(stream, 0, Duration::from_secs(60)),
+        attach(first.execs().await),
+        attach(second.execs().await)
+    );
+    for read in [made, via_first, via_second] {
+        assert_eq!(
+            (read.all.as_slice(), read.exit_code(), read.gaps.as_slice()),
+            (&b"one\ntwo\n"[..], Some(5), &[][..])
+        );
+    }
     lifecycle(&mut sandboxes, "delete", "box").await.unwrap();
     wait_gone(&mut sandboxes, "box").await;
 }

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::SandboxId;
-use berth_drivers::container::{ContainerSpec, Engine, EngineError, EventStream, Inspection, sandbox_of_container};
+use berth_core::{SandboxId, Timestamp};
+use berth_drivers::container::{
+    ContainerSpec, Engine, EngineError, EventStream, Inspection, Start, sandbox_of_container,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -74,8 +76,18 @@ impl Engine for SimEngine {
         self.done(Call::Create(Box::new(spec.clone()))).await
     }
 
-    async fn start(&self, container: &str) -> Result<(), EngineError> {
-        self.done(Call::Start(sandbox(container)?)).await
+    async fn now(&self) -> Result<Timestamp, EngineError> {
+        match self.call(Call::Now).await? {
+            Answer::Now(now) => Ok(now),
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn start(&self, container: &str) -> Result<Start, EngineError> {
+        match self.call(Call::Start(sandbox(container)?)).await? {
+            Answer::Started(start) => Ok(start),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn stop(&self, container: &str, _grace: Duration) -> Result<(), EngineError> {

@@ -22,7 +22,8 @@ use std::time::Duration;
 use berth_core::identity::{IdentityKey, verify_token};
 use berth_core::{SandboxId, Timestamp};
 use berth_drivers::container::{
-    ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Status, container_name, sandbox_of_container,
+    ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Start, Status, container_name,
+    sandbox_of_container,
 };
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -215,6 +216,8 @@ pub enum Call {
     RemoveVolume(String),
     ListVolumes,
     Events,
+    /// The runtime's clock.
+    Now,
     /// A supervisor exited (it was rejected): its run ends.
     SupervisorExited(SandboxId, u64),
 }
@@ -233,6 +236,7 @@ impl Call {
             Call::RemoveVolume(_) => "remove volume".into(),
             Call::ListVolumes => "list volumes".into(),
             Call::Events => "events".into(),
+            Call::Now => "now".into(),
             Call::SupervisorExited(id, generation) => format!("supervisor of {} {generation} exits", runtime.name(id)),
         }
     }
@@ -240,6 +244,8 @@ impl Call {
 
 pub enum Answer {
     Done,
+    Started(Start),
+    Now(Timestamp),
     Inspection(Option<Inspection>),
     Sandboxes(Vec<SandboxId>),
     Volumes(Vec<String>),
@@ -351,7 +357,7 @@ impl Runtime {
         };
         let answer = match request.call {
             Call::Create(spec) => self.create(*spec).into(),
-            Call::Start(id) => self.start(&id).await.into(),
+            Call::Start(id) => self.start(&id).await.map_or_else(Answer::Failed, Answer::Started),
             Call::Stop(id) => self.stop(&id).await.into(),
             Call::Remove(id) => {
                 self.remove(&id, EndCause::Deleted).await;
@@ -371,6 +377,7 @@ impl Runtime {
             }
             Call::ListVolumes => Answer::Volumes(lock(&self.world.runtime).volumes.iter().cloned().collect()),
             Call::Events => Answer::Events(self.subscribe()),
+            Call::Now => Answer::Now(self.world.runtime_time()),
             Call::SupervisorExited(..) => return,
         };
         if let Some(effect) = effect {
@@ -427,7 +434,7 @@ impl Runtime {
         Ok(())
     }
 
-    async fn start(self: &Arc<Self>, id: &SandboxId) -> Result<(), EngineError> {
+    async fn start(self: &Arc<Self>, id: &SandboxId) -> Result<Start, EngineError> {
         let serialize = self.sandbox_lock(id);
         let _guard = serialize.lock().await;
         self.start_run(id, false).await
@@ -436,15 +443,17 @@ impl Runtime {
     /// The multi-step start (the caller holds the container's lock): until its last step,
     /// every look shows what was there before. An engine asked to start a running container
     /// does nothing (Docker's 304).
-    async fn start_run(self: &Arc<Self>, id: &SandboxId, out_of_band: bool) -> Result<(), EngineError> {
+    async fn start_run(self: &Arc<Self>, id: &SandboxId, out_of_band: bool) -> Result<Start, EngineError> {
         // Read apart from the match: a guard in the scrutinee would be held through its arms, and
         // `refused` takes the same lock.
         let status = lock(&self.world.runtime).containers.get(id).map(|c| c.inspection().status);
         match status {
             None => {
-                return self.refused(id, EngineError::NotFound(format!("No such container: {}", container_name(id))));
+                let refused =
+                    self.refused(id, EngineError::NotFound(format!("No such container: {}", container_name(id))));
+                return refused.map(|()| Start::Began);
             }
-            Some(Status::Running) => return Ok(()),
+            Some(Status::Running) => return Ok(Start::WasRunning),
             Some(_) => {}
         }
         self.world.event("runtime", "start begins", self.name(id));
@@ -452,7 +461,8 @@ impl Runtime {
         let token_file = lock(&self.world.runtime).containers.get(id).map(Container::token_file);
         let Some(token_file) = token_file else {
             return self
-                .refused(id, EngineError::NotFound(format!("{} was removed as it started", container_name(id))));
+                .refused(id, EngineError::NotFound(format!("{} was removed as it started", container_name(id))))
+                .map(|()| Start::Began);
         };
         // The supervisor reads its token as it starts.
         let token = token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string());
@@ -495,7 +505,7 @@ impl Runtime {
                 self.end_run(id, None, 2, EndCause::SupervisorExit);
             }
         }
-        Ok(())
+        Ok(Start::Began)
     }
 
     /// Ends the live run (of `generation`, if given) and reports it.

@@ -33,7 +33,7 @@ const FOUND_WITH_THREE_GATEWAYS: [(u64, &str); 1] = [
 ];
 
 /// `(seed, gateways, what it caught)`, with the exec workload.
-const FOUND_WITH_EXECS: [(u64, usize, &str); 4] = [
+const FOUND_WITH_EXECS: [(u64, usize, &str); 5] = [
     // A container restarted out of band (the same generation, a new supervisor) was handed its
     // open execs again and ran them a second time (the fix: the supervisor keeps the ids its
     // generation started where a restart finds them, and reports such an exec lost).
@@ -47,6 +47,12 @@ const FOUND_WITH_EXECS: [(u64, usize, &str); 4] = [
     // every session hands its run its open execs every two seconds, not only with several).
     (559, 1, "E3: exec x25 of sb-1b96d00e33f3d95bdfb4c46048cbe6c1 is still Admitted after the quiet phase"),
     (657, 1, "E3: exec x28 of sb-750879cee97b7466bc1f8589aa72bbce is still Admitted after the quiet phase"),
+    // A `docker restart` out of band, still starting as a Start of the next generation installed
+    // its identity: the engine's start found the container running (a 304) with the older
+    // generation's token read, the driver took that run for the new generation's, and the new
+    // generation was blamed for its end (the fix: a run already going that began before the
+    // install is stopped and the container started again).
+    (3226, 1, "I1: sb0 went Starting -> Error (ContainerExited) at generation 3, but its run of that generation never started"),
 ];
 
 #[test]

@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 
 use super::{
     ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE,
-    Status, of_store,
+    Start, Status, of_store,
 };
 
 pub struct DockerEngine {
@@ -141,11 +141,16 @@ impl Engine for DockerEngine {
         self.docker.create_container(Some(options), body).await.map(|_| ()).map_err(error)
     }
 
-    async fn start(&self, container: &str) -> Result<(), EngineError> {
+    async fn now(&self) -> Result<Timestamp, EngineError> {
+        Ok(super::host_clock())
+    }
+
+    async fn start(&self, container: &str) -> Result<Start, EngineError> {
         match self.docker.start_container(container, None::<StartContainerOptions>).await {
+            Ok(()) => Ok(Start::Began),
             // 304: already running.
-            Err(BollardError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
-            other => other.map_err(error),
+            Err(BollardError::DockerResponseServerError { status_code: 304, .. }) => Ok(Start::WasRunning),
+            Err(e) => Err(error(e)),
         }
     }
 

@@ -109,6 +109,21 @@ pub enum Status {
     Other,
 }
 
+/// This host's clock, which a local daemon's start times are read on.
+pub(crate) fn host_clock() -> Timestamp {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// What an engine's start did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    Began,
+    /// The container was running already (Docker's and Podman's 304): its run is not this
+    /// start's.
+    WasRunning,
+}
+
 /// What an engine shows of one container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inspection {
@@ -179,7 +194,9 @@ pub trait Engine: Send + Sync + 'static {
     /// The store whose containers this engine sees and labels, when it is bound to one.
     fn store(&self) -> Option<&str>;
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
-    async fn start(&self, container: &str) -> Result<(), EngineError>;
+    async fn start(&self, container: &str) -> Result<Start, EngineError>;
+    /// The runtime's clock, the one its start times are read on.
+    async fn now(&self) -> Result<Timestamp, EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.
     async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
     /// Removes the container, forcibly; absence is success.
@@ -547,16 +564,17 @@ impl<E: Engine> ContainerDriver<E> {
                 // gateway that dies in between leaves a run the next one adopts, never one it
                 // takes for an older generation's and stops.
                 self.install(launch)?;
+                let installed_at = self.engine.now().await?;
                 if crash == Some(CrashPoint::BeforeRuntimeStart) {
                     return Err(crashed(CrashPoint::BeforeRuntimeStart));
                 }
-                match self.engine.start(&name).await {
+                match self.start_anew(id, installed_at).await {
                     // Removed since it was inspected: make it again.
                     Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
                         Ok(()) => {
                             previous = None;
                             begin(previous)?;
-                            self.engine.start(&name).await
+                            self.start_anew(id, installed_at).await
                         }
                         Err(e) => Err(e),
                     },
@@ -586,6 +604,30 @@ impl<E: Engine> ContainerDriver<E> {
             RuntimeState::Exited(marker) => StartReply::Exited(marker),
             _ => StartReply::Running { started_at },
         })
+    }
+
+    /// Starts the container so that what runs read the identity installed at `installed_at`
+    /// (the runtime's clock). One already running was begun by somebody else (a `docker start`
+    /// or `docker restart` out of band racing this start): begun before the install, it read an
+    /// older generation's token, and taking it for this generation's run would blame this
+    /// generation for its end (seed 3226 with `--execs`), so it is stopped and the container
+    /// started again; begun after, it is this generation's, and stays.
+    async fn start_anew(&self, sandbox: &SandboxId, installed_at: Timestamp) -> Result<(), EngineError> {
+        let name = container_name(sandbox);
+        for _ in 0..3 {
+            if self.engine.start(&name).await? == Start::Began {
+                return Ok(());
+            }
+            let began = self.engine.inspect(&name).await?.and_then(|i| i.started_at);
+            if began.is_some_and(|at| at >= installed_at) {
+                return Ok(());
+            }
+            self.stop_locked(sandbox, REPLACE_GRACE, None).await.map_err(|e| match e {
+                DriverError::Unavailable(m) => EngineError::Unreachable(m),
+                DriverError::Failed(m) => EngineError::Refused(m),
+            })?;
+        }
+        Err(EngineError::Unreachable(format!("{name} kept being started outside Berth as it was started")))
     }
 
     async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
     ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE,
-    Status, of_store,
+    Start, Status, of_store,
 };
 
 pub struct PodmanEngine {
@@ -122,11 +122,16 @@ impl Engine for PodmanEngine {
         self.podman.containers().create(&opts).await.map(|_| ()).map_err(error)
     }
 
-    async fn start(&self, container: &str) -> Result<(), EngineError> {
+    async fn now(&self) -> Result<Timestamp, EngineError> {
+        Ok(super::host_clock())
+    }
+
+    async fn start(&self, container: &str) -> Result<Start, EngineError> {
         match self.podman.containers().get(container).start(None).await.map_err(error) {
+            Ok(()) => Ok(Start::Began),
             // 304: already running.
-            Err(EngineError::Unreachable(m)) if m.contains("304") => Ok(()),
-            other => other,
+            Err(EngineError::Unreachable(m)) if m.contains("304") => Ok(Start::WasRunning),
+            Err(e) => Err(e),
         }
     }
 

@@ -52,7 +52,11 @@ const FOUND_WITH_EXECS: [(u64, usize, &str); 5] = [
     // generation's token read, the driver took that run for the new generation's, and the new
     // generation was blamed for its end (the fix: a run already going that began before the
     // install is stopped and the container started again).
-    (3226, 1, "I1: sb0 went Starting -> Error (ContainerExited) at generation 3, but its run of that generation never started"),
+    (
+        3226,
+        1,
+        "I1: sb0 went Starting -> Error (ContainerExited) at generation 3, but its run of that generation never started",
+    ),
 ];
 
 #[test]

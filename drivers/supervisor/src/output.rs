@@ -14,15 +14,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-/// Which stream a chunk came from: the one the logs on disk name.
-pub use berth_logs::Stream;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chunk {
-    pub stream: Stream,
-    pub offset: u64,
-    pub data: Vec<u8>,
-}
+/// A chunk of output, and the stream it came from: as the logs on disk keep them, at the same
+/// offsets.
+pub use berth_logs::{Chunk, Stream};
 
 /// What a read from an offset found.
 #[derive(Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use berth_proto::v1 as pb;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
-use crate::conformance::{Runtime, clean_up, create_in, target};
+use crate::conformance::{Runtime, Target, clean_up, create_in, target};
 use crate::exec::{run, start};
 use crate::harness::*;
 
@@ -127,15 +127,20 @@ fn sha(data: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(data))
 }
 
+/// A gateway on `target` with a Ready sandbox "box", and clients of it.
+async fn a_ready_box(target: &Target, data: &DataDir) -> (Gateway, Sandboxes, FilesService, Execs) {
+    let gateway = target.gateway(data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    create_in(target, &mut sandboxes, "box", &["sleep", "3600"]).await;
+    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    let (files, execs) = (files(&gateway).await, gateway.execs().await);
+    (gateway, sandboxes, files, execs)
+}
+
 async fn a_tree_goes_in_and_out_while_it_runs_and_while_it_is_stopped(runtime: Runtime) {
     let Some(target) = target(runtime, "files").await else { return };
     let data = DataDir::new();
-    let gateway = target.gateway(&data, &[]).await;
-    let mut sandboxes = gateway.sandboxes().await;
-    let mut files = files(&gateway).await;
-    let mut execs = gateway.execs().await;
-    create_in(&target, &mut sandboxes, "box", &["sleep", "3600"]).await;
-    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    let (_gateway, mut sandboxes, mut files, mut execs) = a_ready_box(&target, &data).await;
 
     let written = upload(&mut files, "box", "/workspace/data", tree()).await.unwrap();
     let sums: Vec<(&str, u64, &str)> = written.iter().map(|f| (f.path.as_str(), f.size, f.sha256.as_str())).collect();
@@ -188,12 +193,7 @@ async fn a_tree_goes_in_and_out_while_it_runs_and_while_it_is_stopped(runtime: R
 async fn every_escape_is_refused_and_nothing_is_written_outside(runtime: Runtime) {
     let Some(target) = target(runtime, "filesesc").await else { return };
     let data = DataDir::new();
-    let gateway = target.gateway(&data, &[]).await;
-    let mut sandboxes = gateway.sandboxes().await;
-    let mut files = files(&gateway).await;
-    let mut execs = gateway.execs().await;
-    create_in(&target, &mut sandboxes, "box", &["sleep", "3600"]).await;
-    wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
+    let (_gateway, mut sandboxes, mut files, mut execs) = a_ready_box(&target, &data).await;
     // Links the sandbox makes to the host's root and to a directory outside its workspace.
     let outside = tempfile::tempdir().unwrap();
     let outside_path = outside.path().display().to_string();

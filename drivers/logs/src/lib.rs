@@ -150,6 +150,17 @@ pub fn generations(dir: &Path) -> io::Result<Vec<u64>> {
     Ok(generations)
 }
 
+/// Removes all of `log`'s output.
+pub fn remove(dir: &Path, log: &Log) -> io::Result<()> {
+    let prefix = log.prefix();
+    for (p, start) in segments(dir)? {
+        if p == prefix {
+            remove_file(&dir.join(segment_name(&p, start)))?;
+        }
+    }
+    remove_file(&dir.join(end_name(&prefix)))
+}
+
 /// Removes the output (main and execs') of generations [`KEPT_GENERATIONS`] or more older than
 /// `generation`: the newest run's first act on the logs.
 pub fn prune(dir: &Path, generation: u64) -> io::Result<()> {
@@ -164,7 +175,7 @@ pub fn prune(dir: &Path, generation: u64) -> io::Result<()> {
         let prefix =
             name.strip_suffix(".end").or_else(|| name.strip_suffix(".log").and_then(|n| Some(n.rsplit_once('-')?.0)));
         if prefix.and_then(generation_of).is_some_and(|g| g + KEPT_GENERATIONS <= generation) {
-            remove(&dir.join(name))?;
+            remove_file(&dir.join(name))?;
         }
     }
     Ok(())
@@ -309,7 +320,7 @@ impl Writer {
     pub fn open(dir: &Path, log: &Log, cap: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let prefix = log.prefix();
-        remove(&dir.join(end_name(&prefix)))?;
+        remove_file(&dir.join(end_name(&prefix)))?;
         let starts: Vec<u64> = segments(dir)?.into_iter().filter(|(p, _)| *p == prefix).map(|(_, s)| s).collect();
         let mut writer = match starts.last() {
             None => {
@@ -356,7 +367,7 @@ impl Writer {
         self.starts.push(self.end);
         self.written = 0;
         while self.starts.len() > 1 && self.end - self.starts[0] > self.cap.saturating_sub(self.segment_size()) {
-            remove(&self.dir.join(segment_name(&self.prefix, self.starts.remove(0))))?;
+            remove_file(&self.dir.join(segment_name(&self.prefix, self.starts.remove(0))))?;
         }
         Ok(())
     }
@@ -386,7 +397,7 @@ fn create(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-fn remove(path: &Path) -> io::Result<()> {
+fn remove_file(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -522,5 +533,20 @@ mod tests {
         assert_eq!(read(dir.path(), &exec, 4, 100, false).unwrap(), Read::End { offset: 4, exit_code: None });
         assert_eq!(read(dir.path(), &main(1), 4, 100, false).unwrap(), Read::Wait);
         assert_eq!(generations(dir.path()).unwrap(), [1]);
+    }
+
+    #[test]
+    fn a_removed_log_is_gone_and_the_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let exec = Log::Exec { generation: 1, id: "a".into() };
+        let mut w = Writer::open(dir.path(), &exec, 40).unwrap();
+        for _ in 0..10 {
+            w.append(Stream::Stdout, b"0123456789").unwrap();
+        }
+        w.finish(None).unwrap();
+        Writer::open(dir.path(), &main(1), DEFAULT_CAP).unwrap().finish(Some(0)).unwrap();
+        remove(dir.path(), &exec).unwrap();
+        assert_eq!(read(dir.path(), &exec, 0, 100, false).unwrap(), Read::Wait);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "the main log's segment and end stay");
     }
 }

@@ -6,7 +6,7 @@
 //! A timeout or a cancel signals everything the command started (TERM, then KILL after
 //! [`KILL_AFTER`]); what starts commands is a [`Launcher`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ pub const KILL_AFTER: Duration = Duration::from_secs(2);
 const DRAIN_FOR: Duration = Duration::from_millis(500);
 /// Each exec's output kept, at most (DESIGN 8.1).
 pub const DEFAULT_OUTPUT_CAP: usize = 8 << 20;
+/// How many execs' output a run keeps on disk at most.
+const LOGGED_EXECS: usize = 1_000;
 const READ_BUFFER: usize = 64 << 10;
 
 /// How an exec ended.
@@ -127,6 +129,9 @@ pub struct Execs {
     started: Arc<dyn StartedLog>,
     /// Where each exec's output is also kept (berth-logs), if anywhere.
     logs: Option<std::path::PathBuf>,
+    /// The execs whose output is kept there, oldest first, and how many at most.
+    logged: Arc<Mutex<VecDeque<(String, berth_logs::Log)>>>,
+    logged_cap: usize,
 }
 
 impl std::fmt::Debug for Execs {
@@ -143,12 +148,43 @@ impl Default for Execs {
 
 impl Execs {
     pub fn new(cap: usize, launcher: Arc<dyn Launcher>, started: Arc<dyn StartedLog>) -> Self {
-        Self { entries: Arc::default(), changed: watch::Sender::new(()), cap, launcher, started, logs: None }
+        let logged = Arc::default();
+        Self {
+            entries: Arc::default(),
+            changed: watch::Sender::new(()),
+            cap,
+            launcher,
+            started,
+            logs: None,
+            logged,
+            logged_cap: LOGGED_EXECS,
+        }
     }
 
     /// Keeps each exec's output in `dir` too, where it outlives the run.
     pub fn with_logs(self, dir: std::path::PathBuf) -> Self {
         Self { logs: Some(dir), ..self }
+    }
+
+    /// Counts `log` among those kept in `dir`; past [`LOGGED_EXECS`], the oldest of an exec that
+    /// ended goes (a reader of it is told the gap). Many execs in one long run must not make
+    /// every read of the directory slow, nor fill the host.
+    fn keep_logged(&self, dir: &std::path::Path, id: &str, log: berth_logs::Log) {
+        let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+        logged.push_back((id.to_string(), log));
+        if logged.len() <= self.logged_cap {
+            return;
+        }
+        let ended = |id: &str| {
+            self.entry(id).is_none_or(|e| e.status.lock().unwrap_or_else(PoisonError::into_inner).rank() == 2)
+        };
+        // The one just opened is not a candidate, though its exec is not registered yet.
+        if let Some(oldest) = logged.iter().take(logged.len() - 1).position(|(id, _)| ended(id)) {
+            let (_, log) = logged.remove(oldest).expect("found at that position");
+            if let Err(e) = berth_logs::remove(dir, &log) {
+                eprintln!("berth-supervisor: cannot remove an old exec's output: {e}");
+            }
+        }
     }
 
     /// The output of a new exec: in memory, and in its log when there is one to keep.
@@ -157,7 +193,10 @@ impl Execs {
         let Some(dir) = &self.logs else { return output };
         let log = berth_logs::Log::Exec { generation, id: id.to_string() };
         match berth_logs::Writer::open(dir, &log, self.cap as u64) {
-            Ok(writer) => output.with_log(writer),
+            Ok(writer) => {
+                self.keep_logged(dir, id, log);
+                output.with_log(writer)
+            }
             Err(e) => {
                 eprintln!("berth-supervisor: cannot keep exec {id}'s output on disk: {e}; it is kept in memory only");
                 output
@@ -381,4 +420,41 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
         (None, Err(e)) => (End::Exited(1), format!("cannot wait for the command: {e}")),
     };
     execs.finish(&entry, end, message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn true_exec(id: &str) -> pb::RunExec {
+        pb::RunExec { exec_id: id.into(), argv: vec!["true".into()], ..Default::default() }
+    }
+
+    async fn ended(execs: &Execs, id: &str) {
+        let mut changed = execs.changed();
+        while !execs.statuses().iter().any(|(i, s)| i == id && s.rank() == 2) {
+            changed.changed().await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_the_oldest_ended_execs_output_goes_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let execs = Execs { logged_cap: 3, ..Execs::default().with_logs(dir.path().to_path_buf()) };
+        for i in 0..5 {
+            let id = format!("e{i}");
+            execs.run(true_exec(&id), 1, None);
+            ended(&execs, &id).await;
+        }
+        let read = |id: &str| {
+            let log = berth_logs::Log::Exec { generation: 1, id: id.into() };
+            berth_logs::read(dir.path(), &log, 0, 10, false).unwrap()
+        };
+        for gone in ["e0", "e1"] {
+            assert_eq!(read(gone), berth_logs::Read::Wait, "{gone} is still kept");
+        }
+        for kept in ["e2", "e3", "e4"] {
+            assert_eq!(read(kept), berth_logs::Read::End { offset: 0, exit_code: None }, "{kept}");
+        }
+    }
 }

@@ -79,9 +79,8 @@ pub fn derive_token(key: &IdentityKey, identity: &RuntimeIdentity) -> RuntimeTok
     RuntimeToken(format!("{TOKEN_PREFIX}.{}.{}.{tag}", identity.sandbox, identity.generation))
 }
 
-/// Checks that `token` was derived with `key` and says whose it is. The comparison of the MAC is
-/// constant-time. It does not say whether the generation is current: the merge decides that.
-pub fn verify_token(key: &IdentityKey, token: &str) -> Result<RuntimeIdentity, Error> {
+/// The identity `token` claims and its MAC, unchecked.
+fn parse(token: &str) -> Result<(RuntimeIdentity, Vec<u8>), Error> {
     // Parse from the right: the sandbox id is the only part that may contain dots.
     let mut parts = token.rsplitn(3, '.');
     let (Some(tag), Some(generation), Some(rest)) = (parts.next(), parts.next(), parts.next()) else {
@@ -95,14 +94,35 @@ pub fn verify_token(key: &IdentityKey, token: &str) -> Result<RuntimeIdentity, E
     if sandbox.is_empty() || generation == 0 {
         return Err(Error::MalformedToken);
     }
-    let identity = RuntimeIdentity { sandbox: SandboxId::new(sandbox), generation };
+    Ok((RuntimeIdentity { sandbox: SandboxId::new(sandbox), generation }, tag))
+}
+
+/// Checks that `token` was derived with `key` and says whose it is. The comparison of the MAC is
+/// constant-time. It does not say whether the generation is current: the merge decides that.
+pub fn verify_token(key: &IdentityKey, token: &str) -> Result<RuntimeIdentity, Error> {
+    let (identity, tag) = parse(token)?;
     mac(key, &identity).verify_slice(&tag).map_err(|_| Error::BadToken)?;
     Ok(identity)
+}
+
+/// Whose run `token` says it is, unverified: what a supervisor, which holds no key, knows of its
+/// own run from the token it was given (the gateway verifies it).
+pub fn claimed(token: &str) -> Option<RuntimeIdentity> {
+    parse(token).ok().map(|(identity, _)| identity)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_claims_its_identity_whoever_made_it() {
+        let identity = RuntimeIdentity { sandbox: SandboxId::new("sb.with.dots"), generation: 7 };
+        let token = derive_token(&key(1), &identity);
+        assert_eq!(claimed(token.expose()), Some(identity.clone()));
+        assert_eq!(claimed("berth1.x.0.00"), None, "generation 0 is no run's");
+        assert_eq!(claimed("not a token"), None);
+    }
 
     fn key(b: u8) -> IdentityKey {
         IdentityKey::from_bytes([b; 32])

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::{SandboxId, Timestamp};
+use berth_core::SandboxId;
 use berth_drivers::container::{
     ContainerSpec, Engine, EngineError, EventStream, Inspection, Start, sandbox_of_container,
 };
@@ -74,13 +74,6 @@ impl Engine for SimEngine {
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
         self.done(Call::Create(Box::new(spec.clone()))).await
-    }
-
-    async fn now(&self) -> Result<Timestamp, EngineError> {
-        match self.call(Call::Now).await? {
-            Answer::Now(now) => Ok(now),
-            _ => Err(unexpected()),
-        }
     }
 
     async fn start(&self, container: &str) -> Result<Start, EngineError> {

@@ -111,10 +111,10 @@ impl Container {
         }
     }
 
-    /// Where the supervisor's `--token-file` is on the host, through the container's binds.
-    fn token_file(&self) -> Option<PathBuf> {
+    /// Where the file the supervisor's `flag` names is on the host, through the container's binds.
+    fn host_file(&self, flag: &str) -> Option<PathBuf> {
         let args = &self.spec.command;
-        let inside = args.iter().position(|a| a == "--token-file").and_then(|i| args.get(i + 1))?;
+        let inside = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
         self.spec.binds.iter().find_map(|bind| {
             let rest = Path::new(inside).strip_prefix(&bind.target).ok()?;
             Some(bind.source.join(rest))
@@ -216,8 +216,6 @@ pub enum Call {
     RemoveVolume(String),
     ListVolumes,
     Events,
-    /// The runtime's clock.
-    Now,
     /// A supervisor exited (it was rejected): its run ends.
     SupervisorExited(SandboxId, u64),
 }
@@ -236,7 +234,6 @@ impl Call {
             Call::RemoveVolume(_) => "remove volume".into(),
             Call::ListVolumes => "list volumes".into(),
             Call::Events => "events".into(),
-            Call::Now => "now".into(),
             Call::SupervisorExited(id, generation) => format!("supervisor of {} {generation} exits", runtime.name(id)),
         }
     }
@@ -245,7 +242,6 @@ impl Call {
 pub enum Answer {
     Done,
     Started(Start),
-    Now(Timestamp),
     Inspection(Option<Inspection>),
     Sandboxes(Vec<SandboxId>),
     Volumes(Vec<String>),
@@ -377,7 +373,6 @@ impl Runtime {
             }
             Call::ListVolumes => Answer::Volumes(lock(&self.world.runtime).volumes.iter().cloned().collect()),
             Call::Events => Answer::Events(self.subscribe()),
-            Call::Now => Answer::Now(self.world.runtime_time()),
             Call::SupervisorExited(..) => return,
         };
         if let Some(effect) = effect {
@@ -458,7 +453,11 @@ impl Runtime {
         }
         self.world.event("runtime", "start begins", self.name(id));
         tokio::time::sleep(self.between(self.world.scenario.start_duration)).await;
-        let token_file = lock(&self.world.runtime).containers.get(id).map(Container::token_file);
+        let files = lock(&self.world.runtime)
+            .containers
+            .get(id)
+            .map(|c| (c.host_file("--token-file"), c.host_file("--began-file")));
+        let (token_file, began_file) = files.unzip();
         let Some(token_file) = token_file else {
             return self
                 .refused(id, EngineError::NotFound(format!("{} was removed as it started", container_name(id))))
@@ -467,6 +466,10 @@ impl Runtime {
         // The supervisor reads its token as it starts.
         let token = token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string());
         let generation = token.as_deref().and_then(|t| verify_token(&self.key, t).ok()).map(|i| i.generation);
+        // Then records the generation it began as, as berth-supervisor's `--began-file` does.
+        if let (Some(path), Some(generation)) = (began_file.flatten(), generation) {
+            let _ = std::fs::write(path, generation.to_string());
+        }
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);
         let name = self.name(id);

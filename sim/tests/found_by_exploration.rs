@@ -33,7 +33,7 @@ const FOUND_WITH_THREE_GATEWAYS: [(u64, &str); 1] = [
 ];
 
 /// `(seed, gateways, what it caught)`, with the exec workload.
-const FOUND_WITH_EXECS: [(u64, usize, &str); 5] = [
+const FOUND_WITH_EXECS: [(u64, usize, &str); 6] = [
     // A container restarted out of band (the same generation, a new supervisor) was handed its
     // open execs again and ran them a second time (the fix: the supervisor keeps the ids its
     // generation started where a restart finds them, and reports such an exec lost).
@@ -50,13 +50,17 @@ const FOUND_WITH_EXECS: [(u64, usize, &str); 5] = [
     // A `docker restart` out of band, still starting as a Start of the next generation installed
     // its identity: the engine's start found the container running (a 304) with the older
     // generation's token read, the driver took that run for the new generation's, and the new
-    // generation was blamed for its end (the fix: a run already going that began before the
-    // install is stopped and the container started again).
+    // generation was blamed for its end (the fix: a run the driver did not begin is kept only if
+    // its supervisor's began file names the new generation; else it is stopped and the
+    // container started again).
     (
         3226,
         1,
         "I1: sb0 went Starting -> Error (ContainerExited) at generation 3, but its run of that generation never started",
     ),
+    // The first cut of that fix judged such a run by its start time against the install's, and
+    // stopped the run of an earlier attempt of the same start whose reply was lost.
+    (628, 1, "D1: sb5 was stopped at generation 1 while its intent is Running (Ready)"),
 ];
 
 #[test]

@@ -29,14 +29,14 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
             Bug::EventBypassesFence => (2, Invariant::I1),
-            Bug::DeleteWithoutRetry => (28, Invariant::I3),
+            Bug::DeleteWithoutRetry => (31, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
-            Bug::EffectWithoutRecheck => (0, Invariant::D1),
+            Bug::EffectWithoutRecheck => (3, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (18, Invariant::I1),
+            Bug::FenceFromRecordedExit => (6, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (71, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (47, Invariant::E1),
+            Bug::TenureFromAnswer => (34, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (18, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
         };

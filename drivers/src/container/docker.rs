@@ -141,10 +141,6 @@ impl Engine for DockerEngine {
         self.docker.create_container(Some(options), body).await.map(|_| ()).map_err(error)
     }
 
-    async fn now(&self) -> Result<Timestamp, EngineError> {
-        Ok(super::host_clock())
-    }
-
     async fn start(&self, container: &str) -> Result<Start, EngineError> {
         match self.docker.start_container(container, None::<StartContainerOptions>).await {
             Ok(()) => Ok(Start::Began),

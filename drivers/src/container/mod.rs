@@ -60,6 +60,10 @@ pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(10);
+/// Where a run's supervisor says which generation it began as (`--began-file`), in the logs'
+/// host directory, and how long a start waits for it to say so of a run it did not begin.
+const BEGAN_FILE: &str = "began";
+const BEGAN_WAIT: Duration = Duration::from_secs(2);
 
 pub fn container_name(sandbox: &SandboxId) -> String {
     format!("{CONTAINER_PREFIX}{sandbox}")
@@ -107,12 +111,6 @@ pub enum Status {
     Exited,
     /// Being removed, or a state Berth does not use (paused, restarting).
     Other,
-}
-
-/// This host's clock, which a local daemon's start times are read on.
-pub(crate) fn host_clock() -> Timestamp {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX))
 }
 
 /// What an engine's start did.
@@ -195,8 +193,6 @@ pub trait Engine: Send + Sync + 'static {
     fn store(&self) -> Option<&str>;
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
     async fn start(&self, container: &str) -> Result<Start, EngineError>;
-    /// The runtime's clock, the one its start times are read on.
-    async fn now(&self) -> Result<Timestamp, EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.
     async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
     /// Removes the container, forcibly; absence is success.
@@ -367,8 +363,8 @@ impl<E: Engine> ContainerDriver<E> {
             "/run/berth/execs".into(),
             "--logs".into(),
             "/run/berth/logs".into(),
-            "--generation-file".into(),
-            "/run/berth/state/generation".into(),
+            "--began-file".into(),
+            format!("/run/berth/logs/{BEGAN_FILE}"),
             // What the runtime keeps of the container's output (`docker logs`) stays the same.
             "--echo-output".into(),
             "--".into(),
@@ -429,7 +425,6 @@ impl<E: Engine> ContainerDriver<E> {
         env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
         let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
         write_private(&dir.join("env"), &env)?;
-        write_private(&dir.join("generation"), launch.generation.to_string().as_bytes())?;
         write_private(&dir.join("token"), launch.token.expose().as_bytes())
     }
 
@@ -564,17 +559,16 @@ impl<E: Engine> ContainerDriver<E> {
                 // gateway that dies in between leaves a run the next one adopts, never one it
                 // takes for an older generation's and stops.
                 self.install(launch)?;
-                let installed_at = self.engine.now().await?;
                 if crash == Some(CrashPoint::BeforeRuntimeStart) {
                     return Err(crashed(CrashPoint::BeforeRuntimeStart));
                 }
-                match self.start_anew(id, installed_at).await {
+                match self.start_anew(id, generation).await {
                     // Removed since it was inspected: make it again.
                     Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
                         Ok(()) => {
                             previous = None;
                             begin(previous)?;
-                            self.start_anew(id, installed_at).await
+                            self.start_anew(id, generation).await
                         }
                         Err(e) => Err(e),
                     },
@@ -606,20 +600,19 @@ impl<E: Engine> ContainerDriver<E> {
         })
     }
 
-    /// Starts the container so that what runs read the identity installed at `installed_at`
-    /// (the runtime's clock). One already running was begun by somebody else (a `docker start`
-    /// or `docker restart` out of band racing this start): begun before the install, it read an
-    /// older generation's token, and taking it for this generation's run would blame this
-    /// generation for its end (seed 3226 with `--execs`), so it is stopped and the container
-    /// started again; begun after, it is this generation's, and stays.
-    async fn start_anew(&self, sandbox: &SandboxId, installed_at: Timestamp) -> Result<(), EngineError> {
+    /// Starts the container so that what runs is `generation`'s run. One already running was
+    /// begun by somebody else (a `docker start` or `docker restart` out of band racing this
+    /// start, or an earlier attempt of this start whose reply was lost): it is this generation's
+    /// only if its supervisor read this generation's token, which its began file says. One that
+    /// read an older token, taken for this generation's, would have this generation blamed for
+    /// its end (seed 3226 with `--execs`): it is stopped, and the container started again.
+    async fn start_anew(&self, sandbox: &SandboxId, generation: u64) -> Result<(), EngineError> {
         let name = container_name(sandbox);
         for _ in 0..3 {
             if self.engine.start(&name).await? == Start::Began {
                 return Ok(());
             }
-            let began = self.engine.inspect(&name).await?.and_then(|i| i.started_at);
-            if began.is_some_and(|at| at >= installed_at) {
+            if self.began_as(sandbox, generation).await {
                 return Ok(());
             }
             self.stop_locked(sandbox, REPLACE_GRACE, None).await.map_err(|e| match e {
@@ -628,6 +621,33 @@ impl<E: Engine> ContainerDriver<E> {
             })?;
         }
         Err(EngineError::Unreachable(format!("{name} kept being started outside Berth as it was started")))
+    }
+
+    /// Whether the running container's supervisor says it began as `generation`'s, within
+    /// [`BEGAN_WAIT`] (it writes that as it starts, just after it read its token).
+    async fn began_as(&self, sandbox: &SandboxId, generation: u64) -> bool {
+        let path = self.logs_dir(sandbox).join(BEGAN_FILE);
+        let deadline = tokio::time::Instant::now() + BEGAN_WAIT;
+        loop {
+            // The sandbox can write there: never through a link, a number at most.
+            let began = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .open(&path)
+                .ok()
+                .and_then(|file| {
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut std::io::Read::take(file, 32), &mut text).ok()?;
+                    text.trim().parse::<u64>().ok()
+                });
+            if began == Some(generation) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

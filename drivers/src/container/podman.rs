@@ -122,10 +122,6 @@ impl Engine for PodmanEngine {
         self.podman.containers().create(&opts).await.map(|_| ()).map_err(error)
     }
 
-    async fn now(&self) -> Result<Timestamp, EngineError> {
-        Ok(super::host_clock())
-    }
-
     async fn start(&self, container: &str) -> Result<Start, EngineError> {
         match self.podman.containers().get(container).start(None).await.map_err(error) {
             Ok(()) => Ok(Start::Began),

@@ -34,9 +34,10 @@ struct Args {
     /// Where to record the command's exit code and finish time for the driver.
     #[arg(long)]
     exit_file: Option<PathBuf>,
-    /// Where to record, before anything else, that this run began: its generation
-    /// (`BERTH_GENERATION`). The process driver's proof that a run it lost track of (its gateway
-    /// died as it spawned it, and the run died since without recording an exit) did begin.
+    /// Where to record, once it has its token and before anything else, that this run began: the
+    /// generation its token names. The process driver's proof that a run it lost track of (its
+    /// gateway died as it spawned it, and the run died since without recording an exit) did
+    /// begin; a container driver's word on which generation a run it did not start is.
     #[arg(long)]
     began_file: Option<PathBuf>,
     /// The runtime token of this run.
@@ -51,18 +52,12 @@ struct Args {
     exec_log: Option<PathBuf>,
     /// Where to keep the command's output, per generation (DESIGN 8.2): outside the workspace,
     /// where the driver's host reads it while the run goes on and after it is over.
-    #[arg(long, requires = "generation_source")]
+    #[arg(long)]
     logs: Option<PathBuf>,
     /// Also pass the command's output on to the supervisor's own stdout and stderr (which a
     /// container runtime keeps).
     #[arg(long, requires = "logs")]
     echo_output: bool,
-    /// This run's generation.
-    #[arg(long, env = "BERTH_GENERATION", group = "generation_source")]
-    generation: Option<u64>,
-    /// A file holding this run's generation (container drivers rewrite it before every start).
-    #[arg(long, group = "generation_source")]
-    generation_file: Option<PathBuf>,
     /// A JSON object of environment variables for the command (the spec's and the providers'),
     /// read at start.
     #[arg(long)]
@@ -189,9 +184,6 @@ async fn stop(child: &mut tokio::process::Child) -> i32 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(path) = &args.began_file {
-        write_record(path, &std::env::var("BERTH_GENERATION").unwrap_or_default(), "the run's beginning");
-    }
     // The driver's record first: it must exist by the time anyone learns of the exit.
     let record = |code: i32| {
         if let Some(path) = &args.exit_file {
@@ -222,17 +214,19 @@ async fn main() -> ExitCode {
             }
         },
     };
+    // The gateway checks the token; the run only needs to know whose it says it is.
+    let Some(generation) = berth_core::identity::claimed(&token).map(|identity| identity.generation) else {
+        log("the runtime token is malformed");
+        return ExitCode::from(2);
+    };
+    if let Some(path) = &args.began_file {
+        write_record(path, &generation.to_string(), "the run's beginning");
+    }
     let logs = args.logs.as_ref().and_then(|dir| {
-        let generation = args.generation.or_else(|| {
-            let path = args.generation_file.as_ref()?;
-            std::fs::read_to_string(path).ok()?.trim().parse().ok()
-        });
-        let Some(generation) = generation else {
-            log("no generation for the logs (BERTH_GENERATION, or a readable --generation-file): the output goes unlogged");
-            return None;
-        };
         berth_logs::prune(dir, generation)
-            .and_then(|()| berth_logs::Writer::open(dir, &berth_logs::Log::Main { generation }, berth_logs::DEFAULT_CAP))
+            .and_then(|()| {
+                berth_logs::Writer::open(dir, &berth_logs::Log::Main { generation }, berth_logs::DEFAULT_CAP)
+            })
             .map_err(|e| log(format_args!("cannot open the logs in {}: {e}; the output goes unlogged", dir.display())))
             .ok()
     });

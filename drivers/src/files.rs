@@ -8,12 +8,13 @@
 //! checked whole before anything is written (a bad entry writes nothing), and each file is
 //! written aside and renamed into place, so a reader sees it whole or not at all.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::rc::Rc;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2, readlinkat, renameat};
@@ -24,6 +25,9 @@ use sha2::{Digest, Sha256};
 /// Where a workspace is mounted in a container; in a path given to the files API, the
 /// workspace on every driver.
 pub const WORKSPACE: &str = "/workspace";
+
+/// How deep a download walks.
+const MAX_DEPTH: usize = 256;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -129,7 +133,8 @@ fn resolve_error(shown: &Path, e: Errno) -> FilesError {
 
 /// The workspace's root directory, trusted: it is the driver's.
 fn open_root(root: &Path) -> Result<OwnedFd, FilesError> {
-    let file = File::open(root).map_err(|e| io_error(&format!("opening the workspace {}", root.display()), e))?;
+    // Its place on the host is no client's business.
+    let file = File::open(root).map_err(|e| io_error("opening the workspace", e))?;
     Ok(file.into())
 }
 
@@ -196,6 +201,10 @@ fn check_link(link_at: &Path, target: &Path) -> Result<(), FilesError> {
 /// own `./`.
 fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<Checked>>, FilesError> {
     let mut checked = Vec::new();
+    // What the archive makes of each path so far: a later entry may not go through a file or a
+    // link it made (a link to `.` would let a lexically harmless target climb out), nor make
+    // the same path something else.
+    let mut made: std::collections::BTreeMap<PathBuf, Kind> = std::collections::BTreeMap::new();
     let mut tar = tar::Archive::new(&mut *archive);
     for entry in tar.entries().map_err(|e| invalid("archive", e.to_string()))? {
         let entry = entry.map_err(|e| invalid("archive", e.to_string()))?;
@@ -211,6 +220,21 @@ fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<C
         }
         let header = entry.header();
         let kind = entry_kind(header.entry_type(), &name)?;
+        if let Some(long) = relative.iter().find(|c| c.len() > 255) {
+            return Err(invalid(&field, format!("{} is longer than a name may be (255 bytes)", long.display())));
+        }
+        for ancestor in relative.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            if let Some(other) = made.get(ancestor).filter(|k| **k != Kind::Directory) {
+                let other = if *other == Kind::File { "a file" } else { "a symbolic link" };
+                return Err(invalid(
+                    &field,
+                    format!("it goes through {}, which the archive makes {other}", ancestor.display()),
+                ));
+            }
+        }
+        if let Some(other) = made.insert(relative.clone(), kind).filter(|k| *k != kind) {
+            return Err(invalid(&field, format!("the archive makes it a {other:?} and a {kind:?}")));
+        }
         let path = into.join(&relative);
         let link = match kind {
             Kind::Symlink => {
@@ -227,9 +251,11 @@ fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<C
     Ok(checked)
 }
 
-/// A name for a file being written beside its final one.
+/// A name for a file being written beside its final one, apart from every other upload's.
 fn aside(name: &OsStr, n: usize) -> PathBuf {
-    let mut aside = format!(".berth-upload-{}-{n}-", std::process::id()).into_bytes();
+    static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let upload = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut aside = format!(".berth-upload-{}-{upload}-{n}-", std::process::id()).into_bytes();
     aside.extend(name.as_bytes().iter().take(180));
     PathBuf::from(OsStr::from_bytes(&aside))
 }
@@ -241,6 +267,9 @@ pub fn unpack(root: &Path, into: &Path, archive: &mut File, limits: Limits) -> R
     let root = open_root(root)?;
     open_dir(&root, into, true)?;
     let mut sums = Vec::new();
+    // Set once everything is in them: a directory without write permission still takes its
+    // entries.
+    let mut modes = Vec::new();
     let mut tar = tar::Archive::new(&mut *archive);
     let contents = tar.entries().map_err(|e| io_error("rereading the archive", e))?;
     // The second walk sees the entries the first one checked, in the same order.
@@ -256,13 +285,11 @@ pub fn unpack(root: &Path, into: &Path, archive: &mut File, limits: Limits) -> R
         let mode = Mode::from_bits_truncate(entry.mode & 0o1777);
         let sum = match entry.kind {
             Kind::Directory => {
-                match mkdirat(&dir, name, mode) {
+                match mkdirat(&dir, name, Mode::from_bits_truncate(0o700)) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(resolve_error(&entry.path, e)),
                 }
-                let made = openat2(&dir, name, beneath(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW))
-                    .map_err(|e| resolve_error(&entry.path, e))?;
-                fchmod(&made, mode).map_err(|e| io_error(&shown, e))?;
+                modes.push((entry.path.clone(), mode));
                 FileSum { path: shown, kind: Kind::Directory, size: 0, sha256: String::new() }
             }
             Kind::Symlink => {
@@ -291,6 +318,11 @@ pub fn unpack(root: &Path, into: &Path, archive: &mut File, limits: Limits) -> R
             }
         };
         sums.push(sum);
+    }
+    // Deepest first: a parent made read-only does not stop its child's mode being set.
+    for (path, mode) in modes.into_iter().rev() {
+        let made = open_dir(&root, &path, false)?;
+        fchmod(&made, mode).map_err(|e| io_error(&path.display().to_string(), e))?;
     }
     Ok(sums)
 }
@@ -347,99 +379,118 @@ pub fn pack(root: &Path, path: &Path, out: impl Write, limits: Limits) -> Result
 
 fn pack_all(root: &Path, path: &Path, out: impl Write, limits: Limits) -> Result<Vec<FileSum>, FilesError> {
     let root = open_root(root)?;
-    let mut builder = tar::Builder::new(out);
-    builder.follow_symlinks(false);
-    let mut sums = Vec::new();
+    let mut packer = Packer { builder: tar::Builder::new(out), sums: Vec::new(), limits };
+    packer.builder.follow_symlinks(false);
+    // The walk's own stack, not the thread's: a tree the sandbox made as deep as it liked
+    // cannot overflow it. Each entry: its directory, its name there, its name in the archive.
+    let mut pending: Vec<(Rc<OwnedFd>, OsString, PathBuf)> = Vec::new();
     match (path.parent(), path.file_name()) {
         (Some(parent), Some(name)) => {
-            let dir = open_dir(&root, parent, false)?;
-            pack_entry(&dir, name, Path::new(name), &mut builder, &mut sums, limits)?;
+            pending.push((Rc::new(open_dir(&root, parent, false)?), name.to_os_string(), PathBuf::from(name)));
         }
-        _ => {
-            let dir = open_dir(&root, Path::new(""), false)?;
-            pack_children(dir, Path::new(""), &mut builder, &mut sums, limits)?;
+        _ => packer.children(Rc::new(open_dir(&root, Path::new(""), false)?), Path::new(""), &mut pending)?,
+    }
+    while let Some((dir, name, named)) = pending.pop() {
+        if let Some(opened) = packer.entry(&dir, &name, &named)? {
+            packer.children(Rc::new(opened), &named, &mut pending)?;
         }
     }
-    builder
-        .into_inner()
-        .map_err(|e| io_error("writing the archive", e))?
-        .flush()
-        .map_err(|e| io_error("writing the archive", e))?;
-    Ok(sums)
+    let mut out = packer.builder.into_inner().map_err(|e| io_error("writing the archive", e))?;
+    out.flush().map_err(|e| io_error("writing the archive", e))?;
+    Ok(packer.sums)
 }
 
-fn pack_children<W: Write>(
-    dir: OwnedFd,
-    named: &Path,
-    builder: &mut tar::Builder<W>,
-    sums: &mut Vec<FileSum>,
+struct Packer<W: Write> {
+    builder: tar::Builder<W>,
+    sums: Vec<FileSum>,
     limits: Limits,
-) -> Result<(), FilesError> {
-    let listing = nix::dir::Dir::from_fd(dir.try_clone().map_err(|e| io_error("listing", e))?)
-        .map_err(|e| io_error(&format!("listing {}", named.display()), e))?;
-    let mut names: Vec<Vec<u8>> = listing
-        .into_iter()
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name().to_bytes().to_vec())
-        .filter(|name| name != b"." && name != b"..")
-        .collect();
-    // In name order: the same tree packs the same way.
-    names.sort();
-    for name in names {
-        let name = OsStr::from_bytes(&name);
-        pack_entry(&dir, name, &named.join(name), builder, sums, limits)?;
-    }
-    Ok(())
 }
 
-fn pack_entry<W: Write>(
-    dir: &OwnedFd,
-    name: &OsStr,
-    named: &Path,
-    builder: &mut tar::Builder<W>,
-    sums: &mut Vec<FileSum>,
-    limits: Limits,
-) -> Result<(), FilesError> {
-    if sums.len() == limits.max_entries {
-        return Err(FilesError::TooLarge(format!("{} holds over {} entries", named.display(), limits.max_entries)));
+impl<W: Write> Packer<W> {
+    fn too_many(&self, named: &Path) -> FilesError {
+        FilesError::TooLarge(format!("{} holds over {} entries", named.display(), self.limits.max_entries))
     }
-    let shown = named.display().to_string();
-    let stat = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-        .map_err(|e| resolve_error(named, e))?;
-    let append = |e: io::Error| io_error("writing the archive", e);
-    match kind_of(&stat) {
-        Some(Kind::Symlink) => {
-            let target = readlinkat(dir, name).map_err(|e| io_error(&shown, e))?;
-            builder.append_link(&mut header(Kind::Symlink, &stat, 0), named, &target).map_err(append)?;
-            sums.push(FileSum { path: shown, kind: Kind::Symlink, size: 0, sha256: String::new() });
+
+    /// Puts the entries of `dir` (named `named` in the archive) on `pending`, to be packed in
+    /// name order: the same tree packs the same way.
+    fn children(
+        &self,
+        dir: Rc<OwnedFd>,
+        named: &Path,
+        pending: &mut Vec<(Rc<OwnedFd>, OsString, PathBuf)>,
+    ) -> Result<(), FilesError> {
+        if named.components().count() >= MAX_DEPTH {
+            return Err(FilesError::TooLarge(format!("{} is deeper than {MAX_DEPTH} levels", named.display())));
         }
-        Some(Kind::Directory) => {
-            let fd = openat2(dir, name, beneath(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW))
-                .map_err(|e| resolve_error(named, e))?;
-            builder.append_data(&mut header(Kind::Directory, &stat, 0), named, io::empty()).map_err(append)?;
-            sums.push(FileSum { path: shown, kind: Kind::Directory, size: 0, sha256: String::new() });
-            pack_children(fd, named, builder, sums, limits)?;
-        }
-        Some(Kind::File) => {
-            let fd = openat2(dir, name, beneath(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK))
-                .map_err(|e| resolve_error(named, e))?;
-            // What was opened, not what the name showed a moment before.
-            let stat = fstat(fd.as_fd()).map_err(|e| io_error(&shown, e))?;
-            if kind_of(&stat) != Some(Kind::File) {
-                return Err(io_error(&shown, "it changed while it was read"));
+        let listing = nix::dir::Dir::from_fd(dir.try_clone().map_err(|e| io_error("listing", e))?)
+            .map_err(|e| io_error(&format!("listing {}", named.display()), e))?;
+        let mut names: Vec<OsString> = Vec::new();
+        for entry in listing {
+            let entry = entry.map_err(|e| io_error(&format!("listing {}", named.display()), e))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
             }
-            let size = u64::try_from(stat.st_size).unwrap_or(0);
-            let mut hashing = Hashing { inner: File::from(fd).take(size), hasher: Sha256::new(), read: 0 };
-            builder.append_data(&mut header(Kind::File, &stat, size), named, &mut hashing).map_err(append)?;
-            if hashing.read != size {
-                return Err(io_error(&shown, "it shrank while it was read"));
+            // Held in memory only up to what may be packed.
+            if self.sums.len() + pending.len() + names.len() >= self.limits.max_entries {
+                return Err(self.too_many(named));
             }
-            sums.push(FileSum { path: shown, kind: Kind::File, size, sha256: hex::encode(hashing.hasher.finalize()) });
+            names.push(OsStr::from_bytes(name).to_os_string());
         }
-        // A socket, a FIFO or a device: not a file to copy.
-        None => {}
+        names.sort();
+        // Popped from the end: the first name goes on last.
+        for name in names.into_iter().rev() {
+            let in_archive = named.join(&name);
+            pending.push((dir.clone(), name, in_archive));
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Packs one entry; a directory's opened descriptor, for its children.
+    fn entry(&mut self, dir: &OwnedFd, name: &OsStr, named: &Path) -> Result<Option<OwnedFd>, FilesError> {
+        if self.sums.len() == self.limits.max_entries {
+            return Err(self.too_many(named));
+        }
+        let shown = named.display().to_string();
+        let stat = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| resolve_error(named, e))?;
+        let append = |e: io::Error| io_error("writing the archive", e);
+        match kind_of(&stat) {
+            Some(Kind::Symlink) => {
+                let target = readlinkat(dir, name).map_err(|e| io_error(&shown, e))?;
+                self.builder.append_link(&mut header(Kind::Symlink, &stat, 0), named, &target).map_err(append)?;
+                self.sums.push(FileSum { path: shown, kind: Kind::Symlink, size: 0, sha256: String::new() });
+                Ok(None)
+            }
+            Some(Kind::Directory) => {
+                let fd = openat2(dir, name, beneath(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_NOFOLLOW))
+                    .map_err(|e| resolve_error(named, e))?;
+                self.builder.append_data(&mut header(Kind::Directory, &stat, 0), named, io::empty()).map_err(append)?;
+                self.sums.push(FileSum { path: shown, kind: Kind::Directory, size: 0, sha256: String::new() });
+                Ok(Some(fd))
+            }
+            Some(Kind::File) => {
+                let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+                let fd = openat2(dir, name, beneath(flags)).map_err(|e| resolve_error(named, e))?;
+                // What was opened, not what the name showed a moment before.
+                let stat = fstat(fd.as_fd()).map_err(|e| io_error(&shown, e))?;
+                if kind_of(&stat) != Some(Kind::File) {
+                    return Err(io_error(&shown, "it changed while it was read"));
+                }
+                let size = u64::try_from(stat.st_size).unwrap_or(0);
+                let mut hashing = Hashing { inner: File::from(fd).take(size), hasher: Sha256::new(), read: 0 };
+                self.builder.append_data(&mut header(Kind::File, &stat, size), named, &mut hashing).map_err(append)?;
+                if hashing.read != size {
+                    return Err(io_error(&shown, "it shrank while it was read"));
+                }
+                let sha256 = hex::encode(hashing.hasher.finalize());
+                self.sums.push(FileSum { path: shown, kind: Kind::File, size, sha256 });
+                Ok(None)
+            }
+            // A socket, a FIFO or a device: not a file to copy.
+            None => Ok(None),
+        }
+    }
 }
 
 /// A reader that hashes what it reads.
@@ -589,6 +640,67 @@ mod tests {
         let limits = Limits { max_entries: 4, ..Limits::default() };
         assert!(matches!(unpack(root.path(), Path::new(""), &mut many, limits), Err(FilesError::TooLarge(_))));
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn entries_that_only_together_would_escape_or_clash_are_refused_before_a_write() {
+        let root = tempfile::tempdir().unwrap();
+        let together: Vec<(&str, File)> = vec![
+            // `d` -> `.`, then `d/l` -> `../x`: each harmless alone, out of the workspace together.
+            (
+                "link through a link",
+                archive(|b| {
+                    link_entry(b, "d", ".");
+                    link_entry(b, "d/l", "../x");
+                }),
+            ),
+            (
+                "through a file",
+                archive(|b| {
+                    file_entry(b, "a", b"x", 0o644);
+                    file_entry(b, "a/b", b"x", 0o644);
+                }),
+            ),
+            (
+                "a file and a directory",
+                archive(|b| {
+                    file_entry(b, "same", b"x", 0o644);
+                    let mut header = tar::Header::new_gnu();
+                    header.set_entry_type(tar::EntryType::Directory);
+                    header.set_size(0);
+                    header.set_mode(0o755);
+                    b.append_data(&mut header, "same", io::empty()).unwrap();
+                }),
+            ),
+            ("a long name", archive(|b| file_entry(b, &"n".repeat(300), b"x", 0o644))),
+        ];
+        for (what, mut tar) in together {
+            let refused = unpack(root.path(), Path::new(""), &mut tar, Limits::default());
+            assert!(matches!(refused, Err(FilesError::Invalid { .. })), "{what}: {refused:?}");
+            assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "{what}: written before the refusal");
+        }
+    }
+
+    #[test]
+    fn a_read_only_directory_still_takes_its_entries_and_too_deep_a_tree_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let mut tar = archive(|b| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_size(0);
+            header.set_mode(0o555);
+            b.append_data(&mut header, "ro", io::empty()).unwrap();
+            file_entry(b, "ro/inside", b"x", 0o644);
+        });
+        unpack(root.path(), Path::new(""), &mut tar, Limits::default()).unwrap();
+        assert_eq!(std::fs::read(root.path().join("ro/inside")).unwrap(), b"x");
+        assert_eq!(std::fs::metadata(root.path().join("ro")).unwrap().permissions().mode() & 0o777, 0o555);
+        std::fs::set_permissions(root.path().join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
+
+        let deep: PathBuf = (0..MAX_DEPTH + 1).map(|_| "d").collect();
+        std::fs::create_dir_all(root.path().join(&deep)).unwrap();
+        let refused = pack(root.path(), Path::new(""), io::sink(), Limits::default());
+        assert!(matches!(refused, Err(FilesError::TooLarge(_))), "{refused:?}");
     }
 
     #[test]

@@ -183,7 +183,8 @@ pub fn prune(dir: &Path, generation: u64) -> io::Result<()> {
 
 /// Opens a file the run may have put there: never through a symbolic link, only a regular file.
 fn open_untrusted(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK).open(path)?;
+    let flags = nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY;
+    let file = OpenOptions::new().read(true).custom_flags(flags).open(path)?;
     if !file.metadata()?.is_file() {
         return Err(io::Error::new(ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
     }
@@ -199,16 +200,18 @@ fn next_header(reader: &mut impl io::Read) -> io::Result<Option<(Stream, u32)>> 
         Err(e) => return Err(e),
     }
     let len = u32::from_le_bytes([header[1], header[2], header[3], header[4]]);
-    Ok(Stream::of(header[0]).filter(|_| len <= MAX_RECORD).map(|stream| (stream, len)))
+    // The writer never writes an empty record: one is malformed (and would cost a reader
+    // without giving it a byte).
+    Ok(Stream::of(header[0]).filter(|_| (1..=MAX_RECORD).contains(&len)).map(|stream| (stream, len)))
 }
 
 /// Walks a segment's complete records: `visit(stream, offset, len, reader)` for each, the reader
-/// at the record's data; a visit that returns `false` stops the walk. The offset after the last
-/// complete record, and the file length it ends at.
+/// at the record's data, returning how many of its bytes it read, or `None` to stop the walk.
+/// The offset after the last complete record, and the file length it ends at.
 fn walk(
     file: File,
     start: u64,
-    mut visit: impl FnMut(Stream, u64, u32, &mut BufReader<File>) -> io::Result<bool>,
+    mut visit: impl FnMut(Stream, u64, u32, &mut BufReader<File>) -> io::Result<Option<u64>>,
 ) -> io::Result<(u64, u64)> {
     let size = file.metadata()?.len();
     let mut reader = BufReader::new(file);
@@ -217,11 +220,9 @@ fn walk(
         if at + HEADER + u64::from(len) > size {
             break; // Still being written, or cut short by a crash.
         }
-        let before = reader.stream_position()?;
-        if !visit(stream, offset, len, &mut reader)? {
-            break;
-        }
-        reader.seek(SeekFrom::Start(before + u64::from(len)))?;
+        let Some(read) = visit(stream, offset, len, &mut reader)? else { break };
+        // Past the rest of the record, keeping what is buffered.
+        reader.seek_relative(i64::from(len) - i64::try_from(read).unwrap_or(i64::MAX))?;
         offset += u64::from(len);
         at += HEADER + u64::from(len);
     }
@@ -260,19 +261,20 @@ fn read_once(dir: &Path, prefix: &str, from: u64, max: usize, over: bool) -> io:
         (end, _) = walk(file, start, |stream, offset, len, reader| {
             let record_end = offset + u64::from(len);
             if taken >= max {
-                return Ok(false);
+                return Ok(None);
             }
             if record_end <= from {
-                return Ok(true);
+                return Ok(Some(0));
             }
             let skip = from.saturating_sub(offset);
             reader.seek_relative(i64::try_from(skip).unwrap_or(i64::MAX))?;
-            let want = (u64::from(len) - skip).min((max - taken) as u64);
+            let want = (u64::from(len) - skip).min(max.saturating_sub(taken).max(1) as u64);
             let mut data = vec![0; usize::try_from(want).unwrap_or(usize::MAX)];
             reader.read_exact(&mut data)?;
-            taken += data.len();
+            // Headers count too: records of a byte each cost what they are.
+            taken += HEADER as usize + data.len();
             chunks.push(Chunk { stream, offset: offset + skip, data });
-            Ok(true)
+            Ok(Some(skip + want))
         })?;
         if taken >= max {
             break;
@@ -329,7 +331,7 @@ impl Writer {
             }
             Some(&last) => {
                 let path = dir.join(segment_name(&prefix, last));
-                let (end, written) = walk(open_untrusted(&path)?, last, |_, _, _, _| Ok(true))?;
+                let (end, written) = walk(open_untrusted(&path)?, last, |_, _, _, _| Ok(Some(0)))?;
                 // A record cut short by a crash is dropped: what follows starts clean.
                 let file = OpenOptions::new().write(true).custom_flags(nix::libc::O_NOFOLLOW).open(&path)?;
                 file.set_len(written)?;
@@ -511,6 +513,9 @@ mod tests {
         let mut w = Writer::open(dir.path(), &main(1), DEFAULT_CAP).unwrap();
         w.append(Stream::Stdout, b"ok").unwrap();
         let mut f = OpenOptions::new().append(true).open(dir.path().join(segment_name("g1", 0))).unwrap();
+        // Empty records (a flood of them would cost a reader without giving it a byte), an
+        // unknown stream, a length past any record's.
+        f.write_all(&[1, 0, 0, 0, 0].repeat(1000)).unwrap();
         f.write_all(&[7, 1, 0, 0, 0, b'x', 1, 0xff, 0xff, 0xff, 0xff]).unwrap();
         assert_eq!(data(read(dir.path(), &main(1), 0, 100, true).unwrap()), vec![(Stream::Stdout, 0, b"ok".to_vec())]);
         assert_eq!(read(dir.path(), &main(1), 2, 100, true).unwrap(), Read::End { offset: 2, exit_code: None });

@@ -133,6 +133,9 @@ impl Engine for DockerEngine {
                 mounts: Some(mounts),
                 network_mode: Some("none".into()),
                 init: Some(true),
+                // The host opens what the sandbox leaves in its workspace and logs directory:
+                // never a device node it made.
+                cap_drop: Some(vec![super::NO_DEVICE_NODES.into()]),
                 ..Default::default()
             }),
             ..Default::default()

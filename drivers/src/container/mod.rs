@@ -60,6 +60,8 @@ pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(10);
+/// The capability every sandbox goes without: making device nodes.
+pub(crate) const NO_DEVICE_NODES: &str = "MKNOD";
 /// Where a run's supervisor says which generation it began as (`--began-file`), in the logs'
 /// host directory, and how long a start waits for it to say so of a run it did not begin.
 const BEGAN_FILE: &str = "began";
@@ -624,7 +626,10 @@ impl<E: Engine> ContainerDriver<E> {
     }
 
     /// Whether the running container's supervisor says it began as `generation`'s, within
-    /// [`BEGAN_WAIT`] (it writes that as it starts, just after it read its token).
+    /// [`BEGAN_WAIT`] (it writes that as it starts, just after it read its token). The file is
+    /// not cleared before a start: a run of an earlier attempt of this start may have written it
+    /// already. The sandbox's own command could write it too, but a lie there harms only that
+    /// sandbox (its run, kept under the wrong generation, is rejected and ends).
     async fn began_as(&self, sandbox: &SandboxId, generation: u64) -> bool {
         let path = self.logs_dir(sandbox).join(BEGAN_FILE);
         let deadline = tokio::time::Instant::now() + BEGAN_WAIT;
@@ -632,7 +637,7 @@ impl<E: Engine> ContainerDriver<E> {
             // The sandbox can write there: never through a link, a number at most.
             let began = std::fs::OpenOptions::new()
                 .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
                 .open(&path)
                 .ok()
                 .and_then(|file| {

@@ -117,6 +117,9 @@ impl Engine for PodmanEngine {
             .work_dir(&spec.workdir)
             .net_namespace(Namespace { nsmode: Some("none".into()), value: None })
             .init(true)
+            // The host opens what the sandbox leaves in its workspace and logs directory: never
+            // a device node it made.
+            .drop_capabilities([super::NO_DEVICE_NODES])
             .stop_timeout(spec.stop_grace.as_secs().max(1))
             .build();
         self.podman.containers().create(&opts).await.map(|_| ()).map_err(error)

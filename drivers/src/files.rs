@@ -211,6 +211,11 @@ fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<C
         if checked.len() == limits.max_entries {
             return Err(FilesError::TooLarge(format!("the archive holds over {} entries", limits.max_entries)));
         }
+        // A pax global header (`git archive` writes one, with the commit) is no file.
+        if entry.header().entry_type() == tar::EntryType::XGlobalHeader {
+            checked.push(None);
+            continue;
+        }
         let name = entry.path().map_err(|e| invalid("archive", e.to_string()))?.into_owned();
         let field = format!("archive entry {}", name.display());
         let relative = relative_path(&field, &name)?;
@@ -679,6 +684,23 @@ mod tests {
             assert!(matches!(refused, Err(FilesError::Invalid { .. })), "{what}: {refused:?}");
             assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "{what}: written before the refusal");
         }
+    }
+
+    #[test]
+    fn a_pax_global_header_as_git_archive_writes_is_skipped() {
+        let root = tempfile::tempdir().unwrap();
+        let mut tar = archive(|b| {
+            let comment = b"52 comment=0123456789012345678901234567890123456789\n";
+            let mut header = tar::Header::new_ustar();
+            header.set_entry_type(tar::EntryType::XGlobalHeader);
+            header.set_size(comment.len() as u64);
+            header.set_mode(0o644);
+            b.append_data(&mut header, "pax_global_header", &comment[..]).unwrap();
+            file_entry(b, "repo/README", b"hi", 0o644);
+        });
+        let sums = unpack(root.path(), Path::new(""), &mut tar, Limits::default()).unwrap();
+        assert_eq!(sums.iter().map(|s| s.path.as_str()).collect::<Vec<_>>(), ["repo/README"]);
+        assert!(!root.path().join("pax_global_header").exists());
     }
 
     #[test]

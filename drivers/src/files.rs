@@ -197,9 +197,34 @@ fn check_link(link_at: &Path, target: &Path) -> Result<(), FilesError> {
     Ok(())
 }
 
+/// The most a long name or a pax header may hold: the tar reader takes one whole into memory.
+const MAX_EXTENSION: u64 = 64 * 1024;
+
+/// Refuses long names and pax headers too large to hold, before any is read whole.
+fn check_extensions(archive: &mut File) -> Result<(), FilesError> {
+    let mut tar = tar::Archive::new(&mut *archive);
+    for entry in tar.entries().map_err(|e| invalid("archive", e.to_string()))?.raw(true) {
+        let entry = entry.map_err(|e| invalid("archive", e.to_string()))?;
+        let kind = entry.header().entry_type();
+        let extension = kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions();
+        if extension && entry.size() > MAX_EXTENSION {
+            return Err(FilesError::TooLarge(format!(
+                "the archive holds a {kind:?} header of {} bytes (at most {MAX_EXTENSION})",
+                entry.size()
+            )));
+        }
+    }
+    archive.seek(SeekFrom::Start(0)).map_err(|e| io_error("rereading the archive", e))?;
+    Ok(())
+}
+
 /// Every entry of the archive, checked, before anything is written; `None` for the archive's
 /// own `./`.
 fn check(archive: &mut File, into: &Path, limits: Limits) -> Result<Vec<Option<Checked>>, FilesError> {
+    check_extensions(archive)?;
     let mut checked = Vec::new();
     // What the archive makes of each path so far: a later entry may not go through a file or a
     // link it made (a link to `.` would let a lexically harmless target climb out), nor make
@@ -684,6 +709,23 @@ mod tests {
             assert!(matches!(refused, Err(FilesError::Invalid { .. })), "{what}: {refused:?}");
             assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "{what}: written before the refusal");
         }
+    }
+
+    #[test]
+    fn a_long_name_too_large_to_hold_is_refused_before_it_is_read() {
+        let root = tempfile::tempdir().unwrap();
+        let mut tar = archive(|b| {
+            let name = vec![b'n'; 100 * 1024];
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::GNULongName);
+            header.set_size(name.len() as u64);
+            header.set_mode(0o644);
+            b.append_data(&mut header, "././@LongLink", name.as_slice()).unwrap();
+            file_entry(b, "short", b"x", 0o644);
+        });
+        let refused = unpack(root.path(), Path::new(""), &mut tar, Limits::default());
+        assert!(matches!(refused, Err(FilesError::TooLarge(_))), "{refused:?}");
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
     }
 
     #[test]

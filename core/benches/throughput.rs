@@ -24,6 +24,7 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
             command: vec!["sleep".into(), "infinity".into()],
             env: [("HOME".to_string(), "/workspace".to_string())].into(),
             labels: [("team".to_string(), "platform".to_string())].into(),
+            ..SandboxSpec::default()
         },
         providers: ["openai".to_string()].into(),
         intent,
@@ -33,6 +34,9 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
         exit_fence: ExitFence { marker: Some(fence), settled: true },
         run,
         last_exit: Some(fence),
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: t(1),
         updated_at: t(2),
     }
@@ -101,6 +105,7 @@ fn decisions() -> Vec<(Request, Reads)> {
                 sandbox: Some(sandbox(i, phase, intent, run)),
                 providers: BTreeMap::from([("anthropic".to_string(), provider.clone())]),
                 users: vec![],
+                lifetime_limits: Default::default(),
             };
             (Request::new(command, None), reads)
         })

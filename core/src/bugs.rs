@@ -49,10 +49,13 @@ pub enum Bug {
     /// E2: the gateway hands an exec to its sandbox's current session whatever generation that
     /// session's run is, so an exec admitted for one run runs in the next.
     ExecNotFenced,
+    /// T1: an expiry takes the deadline its timer was set for as still the record's, so a
+    /// renew that committed after the timer was set does not save the sandbox.
+    ExpiryIgnoresRenew,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 12] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -64,6 +67,7 @@ impl Bug {
         Bug::TenureFromAnswer,
         Bug::ExecRetryRunsTwice,
         Bug::ExecNotFenced,
+        Bug::ExpiryIgnoresRenew,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +83,7 @@ impl Bug {
             Bug::TenureFromAnswer => "tenure-from-answer",
             Bug::ExecRetryRunsTwice => "exec-retry-runs-twice",
             Bug::ExecNotFenced => "exec-not-fenced",
+            Bug::ExpiryIgnoresRenew => "expiry-ignores-renew",
         }
     }
 
@@ -97,7 +102,8 @@ impl Bug {
             | Bug::FenceFromRecordedExit
             | Bug::SweepSkipsLastPage
             | Bug::ExecRetryRunsTwice
-            | Bug::ExecNotFenced => 1,
+            | Bug::ExecNotFenced
+            | Bug::ExpiryIgnoresRenew => 1,
         }
     }
 

@@ -11,21 +11,63 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
+use crate::lifetime::{self, OnExpiry, Renewal};
 use crate::record::{
     ExitFence, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp,
 };
+use crate::restart::{self, Restarts};
 use crate::validate;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    CreateSandbox { id: SandboxId, name: String, spec: SandboxSpec, providers: BTreeSet<String> },
-    StopSandbox { name: String },
-    StartSandbox { name: String },
-    DeleteSandbox { name: String },
-    AttachProvider { sandbox: String, provider: String },
-    DetachProvider { sandbox: String, provider: String },
-    CreateProvider { name: String, kind: String, credentials: BTreeMap<String, Secret> },
-    DeleteProvider { name: String },
+    /// `deadline`: an absolute deadline; without one, the spec's TTL (if any) sets it.
+    CreateSandbox {
+        id: SandboxId,
+        name: String,
+        spec: SandboxSpec,
+        providers: BTreeSet<String>,
+        deadline: Option<Timestamp>,
+    },
+    StopSandbox {
+        name: String,
+    },
+    StartSandbox {
+        name: String,
+    },
+    DeleteSandbox {
+        name: String,
+    },
+    /// Sets a new deadline (DESIGN 9.1).
+    RenewSandbox {
+        name: String,
+        renewal: Renewal,
+    },
+    /// Server-owned, by the reconcile lease holder: `deadline` has passed. A no-op unless the
+    /// record still has that deadline.
+    ExpireSandbox {
+        name: String,
+        deadline: Timestamp,
+    },
+    /// Server-owned, by the reconcile lease holder: the restart the policy scheduled is due.
+    RestartSandbox {
+        name: String,
+    },
+    AttachProvider {
+        sandbox: String,
+        provider: String,
+    },
+    DetachProvider {
+        sandbox: String,
+        provider: String,
+    },
+    CreateProvider {
+        name: String,
+        kind: String,
+        credentials: BTreeMap<String, Secret>,
+    },
+    DeleteProvider {
+        name: String,
+    },
 }
 
 /// A command and the version the client expects its record to have, if it said one.
@@ -44,6 +86,8 @@ pub struct Reads {
     pub providers: BTreeMap<String, Provider>,
     /// For a provider delete: every sandbox that references it.
     pub users: Vec<Sandbox>,
+    /// The gateway's bounds on lifetimes (configuration, not a read, but an input all the same).
+    pub lifetime_limits: lifetime::Limits,
 }
 
 impl Request {
@@ -57,7 +101,10 @@ impl Request {
             Command::CreateSandbox { name, .. }
             | Command::StopSandbox { name }
             | Command::StartSandbox { name }
-            | Command::DeleteSandbox { name } => Some(name),
+            | Command::DeleteSandbox { name }
+            | Command::RenewSandbox { name, .. }
+            | Command::ExpireSandbox { name, .. }
+            | Command::RestartSandbox { name } => Some(name),
             Command::AttachProvider { sandbox, .. } | Command::DetachProvider { sandbox, .. } => Some(sandbox),
             Command::CreateProvider { .. } | Command::DeleteProvider { .. } => None,
         }
@@ -100,6 +147,9 @@ impl Request {
             | Command::StopSandbox { name }
             | Command::StartSandbox { name }
             | Command::DeleteSandbox { name }
+            | Command::RenewSandbox { name, .. }
+            | Command::ExpireSandbox { name, .. }
+            | Command::RestartSandbox { name }
             | Command::CreateProvider { name, .. }
             | Command::DeleteProvider { name } => validate::dns_label("name", name),
             Command::AttachProvider { sandbox, provider } | Command::DetachProvider { sandbox, provider } => {
@@ -132,8 +182,8 @@ impl Request {
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
     request.validate_names()?;
     match &request.command {
-        Command::CreateSandbox { id, name, spec, providers } => {
-            create_sandbox(request, reads, id, name, spec, providers, now)
+        Command::CreateSandbox { id, name, spec, providers, deadline } => {
+            create_sandbox(request, reads, Created { id, name, spec, providers, deadline: *deadline }, now)
         }
         Command::StopSandbox { .. } => {
             let sandbox = existing(request, reads)?;
@@ -141,8 +191,20 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         }
         Command::StartSandbox { .. } => {
             let sandbox = existing(request, reads)?;
-            start(sandbox, now)
+            start(sandbox, &reads.lifetime_limits, now)
         }
+        Command::RenewSandbox { renewal, .. } => {
+            let sandbox = existing(request, reads)?;
+            renew(sandbox, *renewal, &reads.lifetime_limits, now)
+        }
+        Command::ExpireSandbox { deadline, .. } => match &reads.sandbox {
+            Some(sandbox) => expire(sandbox, *deadline, now),
+            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+        },
+        Command::RestartSandbox { .. } => match &reads.sandbox {
+            Some(sandbox) => Ok(restart(sandbox, now)),
+            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+        },
         Command::DeleteSandbox { .. } => {
             let sandbox = existing(request, reads)?;
             delete(sandbox, now)
@@ -183,17 +245,25 @@ fn commit(before: &Sandbox, next: Sandbox, extra: Vec<Write>, effects: Vec<Effec
     Decision { writes, effects, outcome: Outcome::Sandbox(next) }
 }
 
-fn create_sandbox(
-    request: &Request,
-    reads: &Reads,
-    id: &SandboxId,
-    name: &str,
-    spec: &SandboxSpec,
-    providers: &BTreeSet<String>,
-    now: Timestamp,
-) -> Result<Decision, Error> {
+/// What a create names.
+struct Created<'a> {
+    id: &'a SandboxId,
+    name: &'a str,
+    spec: &'a SandboxSpec,
+    providers: &'a BTreeSet<String>,
+    deadline: Option<Timestamp>,
+}
+
+fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: Timestamp) -> Result<Decision, Error> {
+    let Created { id, name, spec, providers, deadline } = created;
     validate::spec(spec)?;
     validate::provider_names("providers", providers)?;
+    if let Some(ttl) = spec.lifetime.ttl {
+        lifetime::validate_ttl("spec.lifetime.ttl_ms", ttl, &reads.lifetime_limits)?;
+    }
+    restart::validate(&spec.restart)?;
+    let renewal = deadline.map_or(Renewal::SpecTtl, Renewal::Deadline);
+    let deadline = lifetime::deadline(renewal, &spec.lifetime, now, &reads.lifetime_limits, "deadline_unix_ms")?;
     request.check_create_version()?;
     if reads.sandbox.is_some() {
         return Err(Error::AlreadyExists { kind: Kind::Sandbox, name: name.to_string() });
@@ -212,6 +282,9 @@ fn create_sandbox(
         exit_fence: ExitFence { marker: None, settled: true },
         run: Run::Pending,
         last_exit: None,
+        deadline,
+        expired_at: None,
+        restarts: Restarts::default(),
         created_at: now,
         updated_at: now,
     };
@@ -225,26 +298,34 @@ fn create_sandbox(
 }
 
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    Ok(match stopping(sandbox)? {
+        Some((next, effects)) => commit(sandbox, next, vec![], effects, now),
+        None => Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]),
+    })
+}
+
+/// What a stop changes, if anything: `None` when the sandbox is already stopped or stopping.
+fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> {
+    let mut next = sandbox.clone();
+    next.restarts.next_at = None;
     if sandbox.completed() {
         // Nothing runs, but the intent is still Running: a stop says it should stay stopped.
-        let mut next = sandbox.clone();
         next.intent = Intent::Stopped;
-        return Ok(commit(sandbox, next, vec![], vec![], now));
+        return Ok(Some((next, vec![])));
     }
     match sandbox.phase.kind() {
-        PhaseKind::Stopping | PhaseKind::Stopped => Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![])),
+        PhaseKind::Stopping | PhaseKind::Stopped => Ok(None),
         PhaseKind::Deleting => Err(wrong_phase(sandbox, "stop")),
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
-            let mut next = sandbox.clone();
             next.phase = Phase::Stopping;
             next.intent = Intent::Stopped;
             let effect = Effect::Stop { sandbox: sandbox.id.clone(), generation: sandbox.generation };
-            Ok(commit(sandbox, next, vec![], vec![effect], now))
+            Ok(Some((next, vec![effect])))
         }
     }
 }
 
-fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+fn start(sandbox: &Sandbox, limits: &lifetime::Limits, now: Timestamp) -> Result<Decision, Error> {
     match sandbox.phase.kind() {
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
             Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]))
@@ -252,44 +333,121 @@ fn start(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
         PhaseKind::Stopped | PhaseKind::Error => {
-            // The fence never settles the new generation by itself: a run alive, or started
-            // later, need not be the new generation's. A start of the old generation may still
-            // be in flight somewhere, and the runtime may restart the container out of band
-            // (`docker restart`) at any time, even after a run was seen to end by a stop: that
-            // run starts after the recorded exit, and its exit (when the driver stops it to make
-            // room, or its stale supervisor is rejected) must not count as the new generation's
-            // (defect 3 of issue 13). Unsettled, only what carries the generation tells the runs
-            // apart: the driver's start reply, or the new generation's supervisor.
-            #[cfg_attr(not(feature = "bugs"), expect(unused_mut))]
-            let mut settled = false;
-            #[cfg(feature = "bugs")]
-            if crate::bugs::on(crate::bugs::Bug::FenceFromRecordedExit) {
-                settled = true;
-            }
-            let mut next = sandbox.clone();
-            next.generation += 1;
-            next.exit_fence = ExitFence { marker: sandbox.last_exit, settled };
-            next.run = Run::Pending;
-            next.phase = Phase::Starting;
-            next.intent = Intent::Running;
-            let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
-            #[cfg(feature = "bugs")]
-            crate::bugs::leave_rotation_out(sandbox, &mut next);
+            // A start renews a TTL; an absolute deadline that has passed must be renewed first.
+            let deadline = match lifetime::deadline(
+                Renewal::SpecTtl,
+                &sandbox.spec.lifetime,
+                now,
+                limits,
+                "spec.lifetime.ttl_ms",
+            )? {
+                Some(renewed) => Some(renewed),
+                None if sandbox.deadline.is_some_and(|d| d <= now) => {
+                    return Err(Error::Expired { sandbox: sandbox.name.clone() });
+                }
+                None => sandbox.deadline,
+            };
+            let (mut next, effect) = new_generation(sandbox);
+            next.deadline = deadline;
+            next.expired_at = None;
+            next.restarts = Restarts::default();
             Ok(commit(sandbox, next, vec![], vec![effect], now))
         }
     }
 }
 
+/// The scheduled restart of a policy (DESIGN 9.2), if it is still due: a new generation,
+/// written as a Start writes one.
+fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
+    if !restart::due(sandbox, now) {
+        return Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]);
+    }
+    let (mut next, effect) = new_generation(sandbox);
+    next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
+    commit(sandbox, next, vec![], vec![effect], now)
+}
+
+/// DESIGN 9.1: the lease holder's expiry of `deadline`, if the record still has it and it has
+/// passed; as the spec says, a stop or a delete.
+fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Decision, Error> {
+    if !lifetime::due(sandbox, deadline, now) {
+        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+    }
+    let (mut next, effects) = match sandbox.spec.lifetime.on_expiry {
+        OnExpiry::Stop => stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![])),
+        OnExpiry::Delete => deleting(sandbox),
+    };
+    next.expired_at = Some(now);
+    next.restarts.next_at = None;
+    Ok(commit(sandbox, next, vec![], effects, now))
+}
+
+fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &lifetime::Limits, now: Timestamp) -> Result<Decision, Error> {
+    if sandbox.is(PhaseKind::Deleting) {
+        return Err(wrong_phase(sandbox, "renew"));
+    }
+    let field = match renewal {
+        Renewal::SpecTtl => "spec.lifetime.ttl_ms",
+        Renewal::Ttl(_) => "ttl_ms",
+        Renewal::Deadline(_) => "deadline_unix_ms",
+    };
+    let Some(deadline) = lifetime::deadline(renewal, &sandbox.spec.lifetime, now, limits, field)? else {
+        return Err(Error::invalid(
+            "ttl_ms",
+            format!("sandbox '{}' has no TTL in its spec: give a ttl_ms or a deadline_unix_ms", sandbox.name),
+        ));
+    };
+    let mut next = sandbox.clone();
+    next.deadline = Some(deadline);
+    next.expired_at = None;
+    Ok(commit(sandbox, next, vec![], vec![], now))
+}
+
+/// The record of the next generation, and the effect that starts it: what a Start and a
+/// policy's restart both write.
+fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
+    // The fence never settles the new generation by itself: a run alive, or started
+    // later, need not be the new generation's. A start of the old generation may still
+    // be in flight somewhere, and the runtime may restart the container out of band
+    // (`docker restart`) at any time, even after a run was seen to end by a stop: that
+    // run starts after the recorded exit, and its exit (when the driver stops it to make
+    // room, or its stale supervisor is rejected) must not count as the new generation's
+    // (defect 3 of issue 13). Unsettled, only what carries the generation tells the runs
+    // apart: the driver's start reply, or the new generation's supervisor.
+    #[cfg_attr(not(feature = "bugs"), expect(unused_mut))]
+    let mut settled = false;
+    #[cfg(feature = "bugs")]
+    if crate::bugs::on(crate::bugs::Bug::FenceFromRecordedExit) {
+        settled = true;
+    }
+    let mut next = sandbox.clone();
+    next.generation += 1;
+    next.exit_fence = ExitFence { marker: sandbox.last_exit, settled };
+    next.run = Run::Pending;
+    next.phase = Phase::Starting;
+    next.intent = Intent::Running;
+    let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
+    #[cfg(feature = "bugs")]
+    crate::bugs::leave_rotation_out(sandbox, &mut next);
+    (next, effect)
+}
+
 fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
-    let effect = Effect::Delete { sandbox: sandbox.id.clone() };
     if sandbox.is(PhaseKind::Deleting) {
         // Repeating a delete re-drives the runtime: Deleting is never stuck.
+        let effect = Effect::Delete { sandbox: sandbox.id.clone() };
         return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![effect]));
     }
+    let (next, effects) = deleting(sandbox);
+    Ok(commit(sandbox, next, vec![], effects, now))
+}
+
+fn deleting(sandbox: &Sandbox) -> (Sandbox, Vec<Effect>) {
     let mut next = sandbox.clone();
     next.phase = Phase::Deleting;
     next.intent = Intent::Deleted;
-    Ok(commit(sandbox, next, vec![], vec![effect], now))
+    next.restarts.next_at = None;
+    (next, vec![Effect::Delete { sandbox: sandbox.id.clone() }])
 }
 
 fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {

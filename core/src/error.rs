@@ -52,6 +52,9 @@ pub enum Error {
     #[error("cannot {action} sandbox '{sandbox}' while it is {phase}")]
     WrongPhase { sandbox: String, action: &'static str, phase: PhaseKind },
 
+    #[error("sandbox '{sandbox}' is past its deadline: renew it before starting it")]
+    Expired { sandbox: String },
+
     #[error("provider '{provider}' does not exist (field {field})")]
     UnknownProvider { provider: String, field: &'static str },
 
@@ -87,6 +90,7 @@ impl Error {
             Error::NotFound { .. } => Code::NotFound,
             Error::AlreadyExists { .. } => Code::AlreadyExists,
             Error::WrongPhase { .. }
+            | Error::Expired { .. }
             | Error::UnknownProvider { .. }
             | Error::ProviderAttached { .. }
             | Error::CredentialCollision { .. } => Code::FailedPrecondition,

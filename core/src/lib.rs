@@ -12,6 +12,10 @@
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
 //! - [`exec`]: execs, their admission, reports and end (8.1)
+//! - [`lifetime`]: deadlines, renews and expiry (9.1)
+//! - [`restart`]: restart policies and their backoff (9.2)
+//! - [`timers`]: when each timed rule of a record next falls due
+//! - [`lease`]: how long a reconcile lease holder may rely on its grant
 //! - [`error`]: typed errors with their status class (3.7)
 
 #[cfg(feature = "bugs")]
@@ -22,10 +26,14 @@ pub mod decision;
 pub mod error;
 pub mod exec;
 pub mod identity;
+pub mod lease;
+pub mod lifetime;
 pub mod observation;
 pub mod record;
 pub mod recovery;
+pub mod restart;
 pub mod start_gate;
+pub mod timers;
 pub mod validate;
 
 pub use command::{Command, Reads, Request, decide};

@@ -465,7 +465,7 @@ impl Merge<'_> {
     }
 
     fn finish(self, now: Timestamp) -> Decision {
-        let Merge { before, next, mut effects, remove } = self;
+        let Merge { before, mut next, mut effects, remove } = self;
         effects.dedup();
         if remove {
             return Decision {
@@ -474,6 +474,7 @@ impl Merge<'_> {
                 outcome: Outcome::Removed,
             };
         }
+        crate::restart::schedule(before, &mut next, now);
         if next == *before {
             return Decision::unchanged(Outcome::Sandbox(next), effects);
         }

@@ -8,6 +8,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::lifetime::Lifetime;
+use crate::restart::{RestartPolicy, Restarts};
+
 /// A point in time, in nanoseconds since the Unix epoch.
 ///
 /// Two clocks use this type and are never compared with each other: the gateway's wall clock
@@ -62,6 +65,11 @@ pub struct SandboxSpec {
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
+    /// Records written before lifetimes and restart policies existed read back with none.
+    #[serde(default)]
+    pub lifetime: Lifetime,
+    #[serde(default)]
+    pub restart: RestartPolicy,
 }
 
 /// What the sandbox should be doing. Changed only by API commands, never by observations.
@@ -209,6 +217,14 @@ pub struct Sandbox {
     pub run: Run,
     /// The newest exit the runtime reported for this sandbox, whichever run it ended.
     pub last_exit: Option<ExitMarker>,
+    /// When its lifetime ends, on the store's clock (DESIGN 9.1).
+    #[serde(default)]
+    pub deadline: Option<Timestamp>,
+    /// When an expiry of the deadline was committed; cleared by a renew or a start.
+    #[serde(default)]
+    pub expired_at: Option<Timestamp>,
+    #[serde(default)]
+    pub restarts: Restarts,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }

@@ -75,6 +75,9 @@ mod tests {
             exit_fence: ExitFence { marker: None, settled: true },
             run,
             last_exit: None,
+            deadline: None,
+            expired_at: None,
+            restarts: Default::default(),
             created_at: Timestamp::default(),
             updated_at: Timestamp::from_unix_nanos(1_000),
         }

@@ -54,6 +54,9 @@ fn record(kind: PhaseKind) -> Sandbox {
         exit_fence: ExitFence { marker: Some(marker(100)), settled: true },
         run,
         last_exit: Some(marker(500)),
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: Timestamp::from_unix_millis(1),
         updated_at: Timestamp::from_unix_millis(2),
     }
@@ -75,6 +78,7 @@ fn reads(sandbox: Option<Sandbox>) -> Reads {
         sandbox,
         providers: [("p1".to_string(), provider("p1", "P1_KEY")), ("p2".to_string(), provider("p2", "P2_KEY"))].into(),
         users: vec![],
+        lifetime_limits: Default::default(),
     }
 }
 
@@ -111,6 +115,7 @@ fn create_row() {
         name: name.into(),
         spec: spec(),
         providers: providers.iter().map(|p| p.to_string()).collect(),
+        deadline: None,
     };
     let d = decide(&Request::new(create("fresh", &["p1"]), None), &reads(None), NOW).unwrap();
     let Write::CreateSandbox(created) = &d.writes[0] else { panic!("{:?}", d.writes) };
@@ -408,6 +413,7 @@ fn phase_change_names_only_phases_a_decision_writes() {
                 name: "new".into(),
                 spec: spec(),
                 providers: Default::default(),
+                deadline: None,
             },
             None,
         ),

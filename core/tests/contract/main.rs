@@ -5,4 +5,5 @@ mod execs;
 mod merge_rules;
 mod model;
 mod reports;
+mod timed_rules;
 mod world;

@@ -35,6 +35,9 @@ fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         exit_fence: ExitFence { marker: Some(fence()), settled: true },
         run,
         last_exit: Some(fence()),
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: t(0),
         updated_at: t(0),
     }

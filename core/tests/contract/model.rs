@@ -366,6 +366,7 @@ impl System {
                     name: NAMES[sandbox].into(),
                     spec: crate::world::spec(),
                     providers: provider.map(|p| PROVIDERS[p].to_string()).into_iter().collect(),
+                    deadline: None,
                 };
                 self.command(command, NAMES[sandbox], false, Version::None);
             }

@@ -128,7 +128,7 @@ impl Store {
             .provider_users()
             .map(|p| self.sandboxes.values().filter(|s| s.providers.contains(p)).cloned().collect())
             .unwrap_or_default();
-        Reads { sandbox, providers, users }
+        Reads { sandbox, providers, users, ..Reads::default() }
     }
 
     /// One read-decide-write of `request` by another client, landing in between.
@@ -257,6 +257,7 @@ impl World {
                 name: name.into(),
                 spec: spec(),
                 providers: providers.iter().map(|p| p.to_string()).collect(),
+                deadline: None,
             },
             None,
         )

@@ -94,7 +94,9 @@ impl Bug {
     pub fn gateways(self) -> usize {
         match self {
             Bug::DeleteWithoutRetry => 2,
-            Bug::EffectWithoutRecheck | Bug::TenureFromAnswer => 3,
+            // A renew through another gateway reaches the lease holder's timers only at its
+            // next scan: that is when a timer set for the old deadline fires.
+            Bug::EffectWithoutRecheck | Bug::TenureFromAnswer | Bug::ExpiryIgnoresRenew => 3,
             Bug::PollBypassesFence
             | Bug::EventBypassesFence
             | Bug::RotationOutsideStart
@@ -102,9 +104,13 @@ impl Bug {
             | Bug::FenceFromRecordedExit
             | Bug::SweepSkipsLastPage
             | Bug::ExecRetryRunsTwice
-            | Bug::ExecNotFenced
-            | Bug::ExpiryIgnoresRenew => 1,
+            | Bug::ExecNotFenced => 1,
         }
+    }
+
+    /// Whether the race needs the lifetime workload.
+    pub fn lifetimes(self) -> bool {
+        matches!(self, Bug::ExpiryIgnoresRenew)
     }
 
     /// Whether the race needs the exec workload.

@@ -16,7 +16,6 @@ use async_trait::async_trait;
 use berth_core::identity::IdentityKey;
 use berth_core::{Command, Request, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
-use berth_gateway::clock::SystemClock;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::reconcile::{ReconcileSettings, sweep};
 use berth_gateway::store::Store;
@@ -110,7 +109,7 @@ mod pg;
 
 /// A gateway's engine on `store`; gateways sharing a store share one runtime too.
 fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>) -> Engine {
-    Engine::new(store, driver, Arc::new(SystemClock), IdentityKey::from_bytes([7; 32]), EngineSettings::default(), 1)
+    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), 1)
 }
 
 fn engine(dir: &std::path::Path) -> Engine {
@@ -306,6 +305,7 @@ async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
             name: format!("s{i:05}"),
             spec: spec.clone(),
             providers: Default::default(),
+            deadline: None,
         };
         engine.execute(&Request::new(command, None)).await.unwrap();
     }

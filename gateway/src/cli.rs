@@ -92,6 +92,91 @@ struct Wait {
 }
 
 #[derive(Args)]
+struct LifetimeArgs {
+    /// The sandbox's deadline is this long after its create, and after every renew and start.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// An absolute deadline instead, RFC 3339 (`2026-12-01T18:00:00Z`).
+    #[arg(long, value_parser = humantime::parse_rfc3339_weak, conflicts_with = "ttl")]
+    deadline: Option<std::time::SystemTime>,
+    /// What the deadline does when it passes.
+    #[arg(long, value_enum, default_value_t = OnExpiryArg::Stop)]
+    on_expiry: OnExpiryArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnExpiryArg {
+    Stop,
+    Delete,
+}
+
+#[derive(Args)]
+struct RestartArgs {
+    /// Start a new generation when the run ends by itself: never, on a failure, or always.
+    #[arg(long, value_enum, default_value_t = RestartArg::Never)]
+    restart: RestartArg,
+    /// The most restarts since the last create or start; then it stays ended with the count.
+    #[arg(long, requires = "restart")]
+    max_restarts: Option<u32>,
+    /// The wait before the first restart; it doubles with each one. [default: 1s]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    restart_backoff: Option<Duration>,
+    /// The longest wait between restarts. [default: 5m]
+    #[arg(long, value_parser = humantime::parse_duration)]
+    restart_max_backoff: Option<Duration>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RestartArg {
+    Never,
+    OnFailure,
+    Always,
+}
+
+fn wire_millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn unix_millis(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => wire_millis(d),
+        Err(e) => -wire_millis(e.duration()),
+    }
+}
+
+fn show_time(unix_ms: Option<i64>) -> String {
+    let Some(ms) = unix_ms.and_then(|ms| u64::try_from(ms).ok()) else { return String::new() };
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+impl LifetimeArgs {
+    fn wire(&self) -> pb::Lifetime {
+        pb::Lifetime {
+            ttl_ms: self.ttl.map(wire_millis),
+            on_expiry: match self.on_expiry {
+                OnExpiryArg::Stop => pb::OnExpiry::Stop,
+                OnExpiryArg::Delete => pb::OnExpiry::Delete,
+            } as i32,
+        }
+    }
+}
+
+impl RestartArgs {
+    fn wire(&self) -> pb::RestartPolicy {
+        pb::RestartPolicy {
+            mode: match self.restart {
+                RestartArg::Never => pb::RestartMode::Never,
+                RestartArg::OnFailure => pb::RestartMode::OnFailure,
+                RestartArg::Always => pb::RestartMode::Always,
+            } as i32,
+            max_restarts: self.max_restarts,
+            backoff_ms: self.restart_backoff.map(wire_millis),
+            max_backoff_ms: self.restart_max_backoff.map(wire_millis),
+        }
+    }
+}
+
+#[derive(Args)]
 struct Versioned {
     /// Fail with ABORTED unless the record still has this resource version.
     #[arg(long)]
@@ -120,10 +205,27 @@ enum SandboxCmd {
         #[arg(long = "provider", short)]
         providers: Vec<String>,
         #[command(flatten)]
+        lifetime: LifetimeArgs,
+        #[command(flatten)]
+        restart: RestartArgs,
+        #[command(flatten)]
         wait: Wait,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Give a sandbox a new deadline: its TTL (or --ttl) from now, or --deadline. An expired,
+    /// stopped sandbox stays stopped until started.
+    Renew {
+        name: String,
+        /// The new deadline is this long from now (default: the sandbox's TTL).
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "deadline")]
+        ttl: Option<Duration>,
+        /// The new deadline, RFC 3339 (`2026-12-01T18:00:00Z`).
+        #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+        deadline: Option<std::time::SystemTime>,
+        #[command(flatten)]
+        version: Versioned,
     },
     /// Show one sandbox.
     Get { name: String },
@@ -306,7 +408,23 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "failure": s.failure.as_ref().map(|f| json!({"reason": f.reason, "exit_code": f.exit_code, "message": f.message})),
         "completed": s.completed,
         "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
-        "spec": {"image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels},
+        "deadline_unix_ms": s.deadline_unix_ms, "expired_at_unix_ms": s.expired_at_unix_ms,
+        "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
+        "spec": {
+            "image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels,
+            "lifetime": spec.lifetime.map(|l| json!({
+                "ttl_ms": l.ttl_ms,
+                "on_expiry": if l.on_expiry == pb::OnExpiry::Delete as i32 { "delete" } else { "stop" },
+            })),
+            "restart": spec.restart.map(|r| json!({
+                "mode": pb::RestartMode::try_from(r.mode).map_or("never", |m| match m {
+                    pb::RestartMode::OnFailure => "on-failure",
+                    pb::RestartMode::Always => "always",
+                    pb::RestartMode::Never | pb::RestartMode::Unspecified => "never",
+                }),
+                "max_restarts": r.max_restarts, "backoff_ms": r.backoff_ms, "max_backoff_ms": r.max_backoff_ms,
+            })),
+        },
         "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
     })
 }
@@ -338,6 +456,7 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
             None => f.reason.clone(),
         },
         None if s.completed => "Completed (exit 0)".to_string(),
+        None if s.expired_at_unix_ms.is_some() => "Expired".to_string(),
         None => String::new(),
     };
     vec![
@@ -347,11 +466,14 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
         s.generation.to_string(),
         s.resource_version.to_string(),
         s.providers.join(","),
+        show_time(s.deadline_unix_ms),
+        s.restart_count.to_string(),
         reason,
     ]
 }
 
-const SANDBOX_HEADER: [&str; 7] = ["NAME", "PHASE", "INTENT", "GENERATION", "VERSION", "PROVIDERS", "REASON"];
+const SANDBOX_HEADER: [&str; 9] =
+    ["NAME", "PHASE", "INTENT", "GENERATION", "VERSION", "PROVIDERS", "DEADLINE", "RESTARTS", "REASON"];
 
 /// What a lifecycle command waits for.
 #[derive(Clone, Copy)]
@@ -469,7 +591,7 @@ impl Client {
                     pb::ReadLogsRequest { sandbox: name, generation: generation.unwrap_or(0), offset, follow };
                 return print_logs(self.logs.read_logs(request).await?.into_inner()).await;
             }
-            SandboxCmd::Create { name, image, env, labels, providers, wait, command } => {
+            SandboxCmd::Create { name, image, env, labels, providers, lifetime, restart, wait, command } => {
                 let request = pb::CreateSandboxRequest {
                     name,
                     spec: Some(pb::SandboxSpec {
@@ -477,12 +599,26 @@ impl Client {
                         command,
                         env: env.into_iter().collect(),
                         labels: labels.into_iter().collect(),
+                        lifetime: Some(lifetime.wire()),
+                        restart: Some(restart.wire()),
                     }),
                     providers,
                     expected_resource_version: None,
+                    deadline_unix_ms: lifetime.deadline.map(unix_millis),
                 };
                 let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Renew { name, ttl, deadline, version } => {
+                let request = pb::RenewSandboxRequest {
+                    name,
+                    ttl_ms: ttl.map(wire_millis),
+                    deadline_unix_ms: deadline.map(unix_millis),
+                    expected_resource_version: version.expected_version,
+                };
+                let reply = self.sandboxes.renew_sandbox(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
             }
             SandboxCmd::Get { name } => {
                 let reply = self.sandboxes.get_sandbox(pb::GetSandboxRequest { name }).await?.into_inner();

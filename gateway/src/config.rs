@@ -144,6 +144,9 @@ pub struct Flags {
     /// The most one upload's tar stream may hold, in bytes. [default: 1073741824 (1 GiB)]
     #[arg(long, env = "BERTH_MAX_UPLOAD_BYTES")]
     pub max_upload_bytes: Option<u64>,
+    /// The longest TTL a sandbox may have, and how far ahead its deadline may be. [default: 30d]
+    #[arg(long, env = "BERTH_MAX_TTL", value_parser = duration)]
+    pub max_ttl: Option<Duration>,
     /// Supervisors' heartbeat interval. [default: 5s]
     #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
     pub heartbeat: Option<Duration>,
@@ -174,6 +177,7 @@ struct File {
     redrive_after: Option<String>,
     stop_grace: Option<String>,
     max_upload_bytes: Option<u64>,
+    max_ttl: Option<String>,
     heartbeat: Option<String>,
     log: Option<String>,
     log_format: Option<LogFormat>,
@@ -197,6 +201,7 @@ pub struct Config {
     pub redrive_after: Duration,
     pub stop_grace: Duration,
     pub max_upload_bytes: u64,
+    pub max_ttl: Duration,
     pub heartbeat: Duration,
     pub log: String,
     pub log_format: LogFormat,
@@ -286,6 +291,10 @@ impl Config {
                 .max_upload_bytes
                 .or(file.max_upload_bytes)
                 .unwrap_or(berth_drivers::files::Limits::default().max_bytes),
+            max_ttl: flags
+                .max_ttl
+                .or(from_file("max_ttl", file.max_ttl)?)
+                .unwrap_or(berth_core::lifetime::Limits::default().max_ttl),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),

@@ -23,7 +23,6 @@ use rand_core::{RngCore, SeedableRng};
 use tokio::sync::broadcast;
 use tracing::{debug, info, warn};
 
-use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::record_locks::{RecordKey, RecordLocks};
 use crate::sessions::Sessions;
@@ -43,6 +42,8 @@ pub struct EngineSettings {
     pub effect_retries: Vec<Duration>,
     /// What an upload or a download may hold.
     pub files: berth_drivers::files::Limits,
+    /// The longest TTL and furthest deadline a sandbox may have.
+    pub lifetime: berth_core::lifetime::Limits,
 }
 
 impl Default for EngineSettings {
@@ -52,6 +53,7 @@ impl Default for EngineSettings {
             stop_grace: Duration::from_secs(10),
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
             files: berth_drivers::files::Limits::default(),
+            lifetime: berth_core::lifetime::Limits::default(),
         }
     }
 }
@@ -72,7 +74,6 @@ struct Queue {
 struct Inner {
     store: Arc<dyn Store>,
     driver: Arc<dyn Driver>,
-    clock: Arc<dyn Clock>,
     key: IdentityKey,
     settings: EngineSettings,
     rng: Mutex<ChaCha8Rng>,
@@ -103,7 +104,6 @@ impl Engine {
     pub fn new(
         store: Arc<dyn Store>,
         driver: Arc<dyn Driver>,
-        clock: Arc<dyn Clock>,
         key: IdentityKey,
         settings: EngineSettings,
         seed: u64,
@@ -113,7 +113,6 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 driver,
-                clock,
                 key,
                 settings,
                 rng: Mutex::new(ChaCha8Rng::seed_from_u64(seed)),
@@ -135,8 +134,13 @@ impl Engine {
         &self.inner.driver
     }
 
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.inner.clock
+    /// Now, on the store's clock: every decision is taken at this time (DESIGN 9.1).
+    pub fn now(&self) -> berth_core::Timestamp {
+        self.inner.store.now()
+    }
+
+    pub fn settings(&self) -> &EngineSettings {
+        &self.inner.settings
     }
 
     pub fn key(&self) -> &IdentityKey {
@@ -163,7 +167,7 @@ impl Engine {
         let mut retry = Retry::for_request(self.inner.settings.retry, request);
         loop {
             let reads = self.read(request).await?;
-            let decision = decide(request, &reads, self.inner.clock.now())?;
+            let decision = decide(request, &reads, self.now())?;
             match self.commit(&decision, reads.sandbox.as_ref(), command_name(request)).await {
                 Ok(()) => return Ok(decision.outcome),
                 Err(CommitError::Conflict(c)) => {
@@ -196,7 +200,7 @@ impl Engine {
         }
         let mut retry = Retry::new(self.inner.settings.retry, Kind::Sandbox, id.as_str());
         loop {
-            let decision = merge(current.as_ref(), id, observation, self.inner.clock.now())?;
+            let decision = merge(current.as_ref(), id, observation, self.now())?;
             match self.commit(&decision, current.as_ref(), observation.source_name()).await {
                 Ok(()) => return Ok(decision),
                 Err(CommitError::Conflict(c)) => {
@@ -241,7 +245,7 @@ impl Engine {
             Some(p) => store.sandboxes_using(p).await?,
             None => Vec::new(),
         };
-        Ok(Reads { sandbox, providers, users })
+        Ok(Reads { sandbox, providers, users, lifetime_limits: self.inner.settings.lifetime })
     }
 
     /// Commits a decision, logs its phase change, tells watchers, and queues its effects.
@@ -435,6 +439,9 @@ fn written_records(request: &Request) -> BTreeSet<RecordKey> {
         Command::StopSandbox { .. }
         | Command::StartSandbox { .. }
         | Command::DeleteSandbox { .. }
+        | Command::RenewSandbox { .. }
+        | Command::ExpireSandbox { .. }
+        | Command::RestartSandbox { .. }
         | Command::DetachProvider { .. } => {}
     }
     keys
@@ -447,6 +454,9 @@ fn command_name(request: &Request) -> &'static str {
         Command::StopSandbox { .. } => "StopSandbox",
         Command::StartSandbox { .. } => "StartSandbox",
         Command::DeleteSandbox { .. } => "DeleteSandbox",
+        Command::RenewSandbox { .. } => "RenewSandbox",
+        Command::ExpireSandbox { .. } => "ExpireSandbox",
+        Command::RestartSandbox { .. } => "RestartSandbox",
         Command::AttachProvider { .. } => "AttachProvider",
         Command::DetachProvider { .. } => "DetachProvider",
         Command::CreateProvider { .. } => "CreateProvider",
@@ -464,7 +474,6 @@ mod tests {
     use berth_drivers::{ListPage, WatchStream};
 
     use super::*;
-    use crate::clock::SystemClock;
     use crate::store::memory::MemoryStore;
     use crate::store::{Lease, Page, PageRequest, StoreError};
 
@@ -476,6 +485,9 @@ mod tests {
     impl Store for Yielding {
         fn identity(&self) -> &str {
             self.0.identity()
+        }
+        fn now(&self) -> Timestamp {
+            self.0.now()
         }
         async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
             tokio::task::yield_now().await;
@@ -581,6 +593,9 @@ mod tests {
             exit_fence: berth_core::ExitFence { marker: None, settled: true },
             run: berth_core::Run::Started { at: Some(Timestamp(1)) },
             last_exit: None,
+            deadline: None,
+            expired_at: None,
+            restarts: Default::default(),
             created_at: Timestamp(1),
             updated_at: Timestamp(1),
         }
@@ -609,14 +624,7 @@ mod tests {
             retry: RetryPolicy { max_conflicts: 0, ..RetryPolicy::default() },
             ..EngineSettings::default()
         };
-        let engine = Engine::new(
-            store,
-            Arc::new(NoRuntime),
-            Arc::new(SystemClock),
-            IdentityKey::from_bytes([7; 32]),
-            settings,
-            1,
-        );
+        let engine = Engine::new(store, Arc::new(NoRuntime), IdentityKey::from_bytes([7; 32]), settings, 1);
         let mut writers = Vec::new();
         for w in 0..16 {
             let engine = engine.clone();

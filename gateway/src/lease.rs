@@ -9,7 +9,8 @@
 //! (a start of the committed generation, a stop, a delete), and every report it merges goes
 //! through the same conditional write as anyone else's. It also stops on its own, whether or
 //! not the store answers, once nine tenths of the lease's time-to-live have passed since it last
-//! asked for it, on its own clock: before the store would let another gateway in.
+//! asked for it, on its own clock: before the store would let another gateway in. Those rules
+//! are berth-core's ([`berth_core::lease`]); this is the tokio code that keeps them.
 
 use std::time::Duration;
 
@@ -18,8 +19,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use berth_core::lease::{next_ask, reliable, relied_until};
+
 use crate::engine::Engine;
 use crate::reconcile::{self, ReconcileSettings};
+use crate::timers;
 
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
@@ -52,7 +56,8 @@ impl Tenure {
         };
         let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
         let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
-        Self { term, until, tasks: vec![recovery, watch, poll] }
+        let timers = tokio::spawn(timers::timers_loop(engine.clone(), settings.clone()));
+        Self { term, until, tasks: vec![recovery, watch, poll, timers] }
     }
 
     fn end(self) {
@@ -71,10 +76,8 @@ pub async fn lead(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let LeaseSettings { holder, ttl } = lease;
-    // How long a grant is relied on, from the moment it was asked for: the store counts the
-    // time-to-live from when it granted, which is later; the tenth kept back covers clocks that
-    // run at slightly different rates.
-    let relied_on = ttl - ttl / 10;
+    // The core's rules take times as offsets on this gateway's monotonic clock.
+    let origin = Instant::now();
     let mut tenure: Option<Tenure> = None;
     let mut last_seen: Option<String> = None;
     while !*shutdown.borrow() {
@@ -98,11 +101,11 @@ pub async fn lead(
             }
         };
         let Some(reply) = reply else { break };
-        #[cfg(feature = "bugs")]
-        let asked = if berth_core::bugs::on(berth_core::bugs::Bug::TenureFromAnswer) { Instant::now() } else { asked };
+        let (asked_at, answered_at) = (asked - origin, Instant::now() - origin);
+        let until = origin + relied_until(asked_at, answered_at, ttl);
         match reply {
-            Ok(lease) if lease.held_by(&holder) && Instant::now() < asked + relied_on => match &mut tenure {
-                Some(t) if t.term == lease.term => t.until = asked + relied_on,
+            Ok(lease) if lease.held_by(&holder) && reliable(asked_at, answered_at, ttl) => match &mut tenure {
+                Some(t) if t.term == lease.term => t.until = until,
                 _ => {
                     if let Some(t) = tenure.take() {
                         t.end();
@@ -112,7 +115,7 @@ pub async fn lead(
                         term = lease.term,
                         "took the reconcile lease: recovery and the reconcile loops start"
                     );
-                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, asked + relied_on));
+                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, until));
                 }
             },
             Ok(lease) if lease.held_by(&holder) => {
@@ -133,11 +136,7 @@ pub async fn lead(
             }
             Err(e) => warn!(holder, error = %e, "cannot renew the reconcile lease"),
         }
-        // Ask again a third of the way in, or sooner if the tenure ends before that.
-        let mut next = Instant::now() + ttl / 3;
-        if let Some(t) = &tenure {
-            next = next.min(t.until);
-        }
+        let next = origin + next_ask(Instant::now() - origin, ttl, tenure.as_ref().map(|t| t.until - origin));
         // Biased, as every select the simulator runs: an unbiased one starts from a branch
         // tokio draws from an OS-seeded generator (DESIGN 5: no ambient randomness).
         tokio::select! {

@@ -13,3 +13,4 @@ pub mod server;
 pub mod sessions;
 pub mod store;
 pub mod tcp;
+pub mod timers;

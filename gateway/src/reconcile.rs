@@ -119,7 +119,7 @@ pub async fn poll_loop(engine: Engine, settings: ReconcileSettings) {
 /// then everything the runtime lists, then absence for what it did not list.
 pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
     let mut stats = SweepStats::default();
-    let now = engine.clock().now();
+    let now = engine.now();
     let mut records = BTreeMap::new();
     let mut page = PageRequest { after: None, limit: settings.page_size };
     loop {

@@ -17,7 +17,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
-use crate::clock::SystemClock;
 use crate::config::{Config, DriverKind, StoreLocation};
 use crate::engine::{Engine, EngineSettings};
 use crate::lease::{self, LeaseSettings};
@@ -208,8 +207,13 @@ pub async fn run(config: Config) -> Result<(), String> {
     let driver = driver(&config, &socket_dir, store.identity()).await?;
     let files =
         berth_drivers::files::Limits { max_bytes: config.max_upload_bytes, ..berth_drivers::files::Limits::default() };
-    let settings = EngineSettings { stop_grace: config.stop_grace, files, ..EngineSettings::default() };
-    let engine = Engine::new(store, driver, Arc::new(SystemClock), key, settings, seed()?);
+    let settings = EngineSettings {
+        stop_grace: config.stop_grace,
+        files,
+        lifetime: berth_core::lifetime::Limits { max_ttl: config.max_ttl },
+        ..EngineSettings::default()
+    };
+    let engine = Engine::new(store, driver, key, settings, seed()?);
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;

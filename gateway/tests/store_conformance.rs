@@ -90,6 +90,7 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
             command: vec!["sleep".into(), "infinity".into()],
             env: [("GREETING".to_string(), "hello".to_string())].into(),
             labels: BTreeMap::new(),
+            ..SandboxSpec::default()
         },
         providers: BTreeSet::new(),
         intent: Intent::Running,
@@ -99,6 +100,9 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
         exit_fence: ExitFence { marker: None, settled: true },
         run: Run::Pending,
         last_exit: None,
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: Timestamp::from_unix_millis(1),
         updated_at: Timestamp::from_unix_millis(1),
     }

@@ -11,7 +11,9 @@ use berth_core::exec::{Exec, ExecId};
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
-use crate::invariants::{Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness};
+use crate::invariants::{
+    Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, t1_deadlines,
+};
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
 use crate::world::{Commit, Seen, World, lock};
@@ -106,7 +108,24 @@ impl TracingStore {
             );
         }
         if let (Some(b), Some(a)) = (before, after) {
+            if a.expired_at.is_some() && b.expired_at.is_none() {
+                world.event(
+                    self.actor.clone(),
+                    "expired",
+                    format!("{name}: deadline {:?}", b.deadline.map(|d| d.unix_millis())),
+                );
+            }
+            if a.restarts.count > b.restarts.count {
+                world.event(
+                    self.actor.clone(),
+                    "policy restart",
+                    format!("{name}: restart {} as generation {}", a.restarts.count, a.generation),
+                );
+            }
             self.check_failure(b, a);
+            if let Some(problem) = t1_deadlines::expired_early(b, a, world.store.now()) {
+                world.violate(Invariant::T1, problem);
+            }
         }
     }
 
@@ -148,6 +167,9 @@ impl TracingStore {
 impl Store for TracingStore {
     fn identity(&self) -> &str {
         self.world.store.identity()
+    }
+    fn now(&self) -> berth_core::Timestamp {
+        self.world.store.now()
     }
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         self.call(self.world.store.sandbox(id)).await
@@ -258,6 +280,12 @@ pub async fn all_records(world: &World) -> Vec<Sandbox> {
 }
 
 /// I7 and I8, once the quiet phase is over: each record, then what the runtime host holds.
+/// How soon after its deadline a sandbox is expired once faults stop: the holder's next scan,
+/// a lease taken over from a holder that died, and the stop itself.
+fn expiry_bound(scenario: &crate::scenario::Scenario) -> std::time::Duration {
+    scenario.poll_interval * 2 + crate::gateway::LEASE_TTL * 2 + std::time::Duration::from_secs(5)
+}
+
 pub async fn check_converged(world: &World) {
     let records = all_records(world).await;
     let runtime = lock(&world.runtime);
@@ -267,6 +295,9 @@ pub async fn check_converged(world: &World) {
         }
         for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
             world.violate(Invariant::I8, problem);
+        }
+        if let Some(problem) = t1_deadlines::still_alive(s, world.store.now(), expiry_bound(&world.scenario)) {
+            world.violate(Invariant::T1, problem);
         }
     }
     for problem in i7_delete_completes::left_behind(&records, &held(world, &runtime), &runtime) {

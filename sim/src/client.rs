@@ -19,6 +19,7 @@ use crate::invariants::{Invariant, i3_server_owned, i7_delete_completes, i10_no_
 use crate::net;
 use crate::scenario::Draw;
 use crate::world::{Op, Outcome, Seen, World, lock, now};
+use berth_gateway::clock::Clock;
 
 /// How long a client waits for any reply.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -221,16 +222,73 @@ impl Client {
     async fn create(&mut self, name: &str, providers: Vec<String>) -> Option<pb::Sandbox> {
         self.world.event(self.actor.clone(), "call", format!("create {name} {providers:?}"));
         let called = World::micros();
+        let (lifetime, restart) = self.policies(name);
         let request = pb::CreateSandboxRequest {
             name: name.to_string(),
-            spec: Some(pb::SandboxSpec { image: "sim".into(), command: vec!["work".into()], ..Default::default() }),
+            spec: Some(pb::SandboxSpec {
+                image: "sim".into(),
+                command: vec!["work".into()],
+                lifetime,
+                restart,
+                ..Default::default()
+            }),
             providers,
             expected_resource_version: None,
+            deadline_unix_ms: None,
         };
         let mut c = self.sandboxes();
         let result = self.timed(c.create_sandbox(request)).await.map(|r| r.sandbox);
         self.record(name, "create", None, called, &result);
         result.ok().flatten()
+    }
+
+    /// The lifetime and restart policy the sandbox `name` of the fleet is created with in the
+    /// lifetime workload: drawn from the seed and the name, so every create of it asks the same.
+    /// Backoffs are short: each policy must have brought its sandbox back within the quiet phase.
+    fn policies(&self, name: &str) -> (Option<pb::Lifetime>, Option<pb::RestartPolicy>) {
+        let index = name.strip_prefix("sb").and_then(|i| i.parse::<u64>().ok());
+        let (true, Some(index)) = (self.world.scenario.lifetimes, index) else { return (None, None) };
+        let mut d = Draw::new(self.world.scenario.seed, 300 + index);
+        let millis = |d: Duration| d.as_millis() as i64;
+        let lifetime = d.chance(0.6).then(|| pb::Lifetime {
+            ttl_ms: Some(millis(d.millis(3_000, 25_000))),
+            on_expiry: if d.chance(0.5) { pb::OnExpiry::Stop } else { pb::OnExpiry::Delete } as i32,
+        });
+        let mode = d.pick(&[pb::RestartMode::Never, pb::RestartMode::OnFailure, pb::RestartMode::Always]);
+        let restart = (mode != pb::RestartMode::Never).then(|| pb::RestartPolicy {
+            mode: mode as i32,
+            max_restarts: d.chance(0.3).then(|| 1 + d.below(5) as u32),
+            backoff_ms: Some(millis(d.millis(100, 800))),
+            max_backoff_ms: Some(millis(d.millis(1_000, 3_000))),
+        });
+        (lifetime, restart)
+    }
+
+    /// T1's race: a renew sent just before the sandbox's deadline, when its expiry is about to
+    /// be taken, now and then with the version the client read.
+    async fn renew_near_deadline(&mut self, name: &str) {
+        let Some(s) = self.get(name).await else { return };
+        let Some(deadline) = s.deadline_unix_ms else { return };
+        let now = crate::gateway::SimClock.now().unix_millis();
+        let early = self.draw.below(600) as i64;
+        if let Ok(wait) = u64::try_from(deadline - now - early)
+            && wait < 6_000
+        {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+        }
+        let expected = self.draw.chance(0.2).then_some(s.resource_version);
+        let ttl_ms = self.draw.chance(0.3).then(|| self.draw.millis(2_000, 20_000).as_millis() as i64);
+        self.world.event(self.actor.clone(), "call", format!("renew {name} ttl {ttl_ms:?}"));
+        let called = World::micros();
+        let request = pb::RenewSandboxRequest {
+            name: name.to_string(),
+            ttl_ms,
+            deadline_unix_ms: None,
+            expected_resource_version: expected,
+        };
+        let mut c = self.sandboxes();
+        let result = self.timed(c.renew_sandbox(request)).await.map(|r| r.sandbox);
+        self.record(name, "renew", expected, called, &result);
     }
 
     async fn attach(&mut self, attach: bool, name: &str, provider: &str, expected: Option<u64>) {
@@ -370,7 +428,11 @@ impl Client {
                 let _ = self.provider(create, &provider).await;
             }
             64..=71 => {
-                self.get(&name).await;
+                if self.world.scenario.lifetimes && self.draw.chance(0.6) {
+                    self.renew_near_deadline(&name).await;
+                } else {
+                    self.get(&name).await;
+                }
             }
             72..=83 => self.stop_start_wait(&name).await,
             84..=89 => self.delete_then_delete_provider().await,
@@ -391,6 +453,10 @@ impl Client {
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
+                // Its restart policy brings it back by itself.
+                if s.next_restart_unix_ms.is_some() {
+                    continue;
+                }
                 let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
                 match (intent, seen(&s).phase) {
                     // Error, or a command that completed (exit 0) while its intent is Running.

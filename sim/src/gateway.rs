@@ -82,7 +82,6 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     let engine = Engine::new(
         store,
         SimDriver::new(world.clone(), name.clone(), driver),
-        Arc::new(SimClock),
         IdentityKey::from_bytes(IDENTITY_KEY),
         settings,
         seed,

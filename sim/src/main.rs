@@ -37,6 +37,9 @@ struct Phases {
     /// Run the exec workload too (E1-E4).
     #[arg(long)]
     execs: bool,
+    /// Give sandboxes deadlines and restart policies, and renew them (T1).
+    #[arg(long)]
+    lifetimes: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -102,6 +105,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
     Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase)
         .with_gateways(phases.gateways)
         .with_execs(phases.execs)
+        .with_lifetimes(phases.lifetimes)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -118,6 +122,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.execs {
         command += " --execs";
+    }
+    if phases.lifetimes {
+        command += " --lifetimes";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -242,6 +249,7 @@ fn main() -> std::process::ExitCode {
                     bug: Some(bug),
                     gateways: gateways.max(bug.gateways()),
                     execs: bug.execs(),
+                    lifetimes: bug.lifetimes(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

@@ -128,6 +128,9 @@ pub struct Scenario {
     /// The exec workload runs too (`--execs`): a client running, retrying, attaching to and
     /// cancelling execs, checked by E1-E4.
     pub execs: bool,
+    /// The lifetime workload runs too (`--lifetimes`): sandboxes with deadlines and restart
+    /// policies, renews racing expiries, checked by T1 and by I8 under each policy.
+    pub lifetimes: bool,
 }
 
 impl Scenario {
@@ -189,7 +192,13 @@ impl Scenario {
             faults,
             script: Vec::new(),
             execs: false,
+            lifetimes: false,
         }
+    }
+
+    pub fn with_lifetimes(mut self, lifetimes: bool) -> Self {
+        self.lifetimes = lifetimes;
+        self
     }
 
     pub fn with_execs(mut self, execs: bool) -> Self {

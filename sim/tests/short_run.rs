@@ -39,6 +39,7 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::ExecRetryRunsTwice => (18, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
+            Bug::ExpiryIgnoresRenew => (0, Invariant::T1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -55,7 +56,9 @@ fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {
 }
 
 fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outcome {
-    let outcome = run(Scenario::standard(seed).with_gateways(bug.gateways()).with_execs(bug.execs()), Some(bug));
+    let scenario =
+        Scenario::standard(seed).with_gateways(bug.gateways()).with_execs(bug.execs()).with_lifetimes(bug.lifetimes());
+    let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);
     outcome

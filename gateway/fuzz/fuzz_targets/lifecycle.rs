@@ -99,7 +99,7 @@ fuzz_target!(|steps: Vec<Step>| {
         let generation = |g: u8| before.as_ref().map_or(1, |s| s.generation).saturating_sub(u64::from(g % 3));
         let result = match step {
             Step::Create => {
-                let c = Command::CreateSandbox { id: id.clone(), name: "box".into(), spec: spec.clone(), providers: Default::default() };
+                let c = Command::CreateSandbox { id: id.clone(), name: "box".into(), spec: spec.clone(), providers: Default::default(), deadline: None };
                 decide(&Request::new(c, None), &Reads { sandbox: before.clone(), ..Reads::default() }, now)
             }
             Step::Stop(v) | Step::Start(v) | Step::Delete(v) => {

@@ -46,6 +46,9 @@ fn populated(request: &Request) -> Reads {
             exit_fence: Default::default(),
             run: berth_core::Run::Started { at: None },
             last_exit: None,
+            deadline: None,
+            expired_at: None,
+            restarts: Default::default(),
             created_at: Timestamp::default(),
             updated_at: Timestamp::default(),
         });
@@ -70,12 +73,15 @@ fuzz_target!(|input: (u8, &[u8])| {
         0 => {
             if let Ok(r) = pb::CreateSandboxRequest::decode(bytes)
                 && let Some(spec) = r.spec
+                // A spec the wire refuses (a negative duration) is refused before the core.
+                && let Ok(spec) = convert::spec_from_wire(spec)
             {
                 let command = Command::CreateSandbox {
                     id: SandboxId::new("sb-new"),
                     name: r.name,
-                    spec: convert::spec_from_wire(spec),
+                    spec,
                     providers: r.providers.into_iter().collect(),
+                    deadline: r.deadline_unix_ms.map(convert::unix_millis),
                 };
                 check(Request::new(command, r.expected_resource_version));
             }

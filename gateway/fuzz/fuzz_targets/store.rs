@@ -38,6 +38,9 @@ fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
         exit_fence: Default::default(),
         run: Run::Pending,
         last_exit: None,
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: Timestamp::default(),
         updated_at: Timestamp::default(),
     }

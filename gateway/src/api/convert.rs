@@ -1,10 +1,89 @@
 //! Between the wire and berth-core. Secrets go one way only: in.
 
-use berth_core::{Failure, Intent, Phase, Provider, Sandbox, SandboxSpec, Secret};
+use std::time::Duration;
+
+use berth_core::lifetime::{Lifetime, OnExpiry};
+use berth_core::restart::{RestartMode, RestartPolicy};
+use berth_core::{Failure, Intent, Phase, Provider, Sandbox, SandboxSpec, Secret, Timestamp};
 use berth_proto::v1 as pb;
 
-pub fn spec_from_wire(spec: pb::SandboxSpec) -> SandboxSpec {
-    SandboxSpec { image: spec.image, command: spec.command, env: spec.env, labels: spec.labels }
+/// A spec from the wire. The core checks what a spec may hold; here only what the wire's types
+/// can say and the core's cannot (a negative duration).
+pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::Error> {
+    let lifetime = spec.lifetime.unwrap_or_default();
+    let on_expiry = match pb::OnExpiry::try_from(lifetime.on_expiry) {
+        Ok(pb::OnExpiry::Unspecified | pb::OnExpiry::Stop) => OnExpiry::Stop,
+        Ok(pb::OnExpiry::Delete) => OnExpiry::Delete,
+        Err(_) => return Err(invalid("spec.lifetime.on_expiry", format!("unknown value {}", lifetime.on_expiry))),
+    };
+    let restart = spec.restart.unwrap_or_default();
+    let mode = match pb::RestartMode::try_from(restart.mode) {
+        Ok(pb::RestartMode::Unspecified | pb::RestartMode::Never) => RestartMode::Never,
+        Ok(pb::RestartMode::OnFailure) => RestartMode::OnFailure,
+        Ok(pb::RestartMode::Always) => RestartMode::Always,
+        Err(_) => return Err(invalid("spec.restart.mode", format!("unknown value {}", restart.mode))),
+    };
+    let defaults = RestartPolicy::default();
+    Ok(SandboxSpec {
+        image: spec.image,
+        command: spec.command,
+        env: spec.env,
+        labels: spec.labels,
+        lifetime: Lifetime {
+            ttl: lifetime.ttl_ms.map(|ms| millis("spec.lifetime.ttl_ms", ms)).transpose()?,
+            on_expiry,
+        },
+        restart: RestartPolicy {
+            mode,
+            max_restarts: restart.max_restarts,
+            backoff: restart.backoff_ms.map_or(Ok(defaults.backoff), |ms| millis("spec.restart.backoff_ms", ms))?,
+            max_backoff: restart
+                .max_backoff_ms
+                .map_or(Ok(defaults.max_backoff), |ms| millis("spec.restart.max_backoff_ms", ms))?,
+        },
+    })
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> berth_core::Error {
+    berth_core::Error::Invalid { field: field.to_string(), reason: reason.into() }
+}
+
+/// A duration in milliseconds from the wire: negative is refused here, zero and too long by
+/// the core's rules.
+pub fn millis(field: &str, ms: i64) -> Result<Duration, berth_core::Error> {
+    u64::try_from(ms).map(Duration::from_millis).map_err(|_| invalid(field, "must be positive"))
+}
+
+/// A point in time in Unix milliseconds from the wire.
+pub fn unix_millis(ms: i64) -> Timestamp {
+    Timestamp::from_unix_millis(ms)
+}
+
+fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
+    let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    pb::SandboxSpec {
+        image: spec.image.clone(),
+        command: spec.command.clone(),
+        env: spec.env.clone(),
+        labels: spec.labels.clone(),
+        lifetime: Some(pb::Lifetime {
+            ttl_ms: spec.lifetime.ttl.map(millis),
+            on_expiry: match spec.lifetime.on_expiry {
+                OnExpiry::Stop => pb::OnExpiry::Stop,
+                OnExpiry::Delete => pb::OnExpiry::Delete,
+            } as i32,
+        }),
+        restart: Some(pb::RestartPolicy {
+            mode: match spec.restart.mode {
+                RestartMode::Never => pb::RestartMode::Never,
+                RestartMode::OnFailure => pb::RestartMode::OnFailure,
+                RestartMode::Always => pb::RestartMode::Always,
+            } as i32,
+            max_restarts: spec.restart.max_restarts,
+            backoff_ms: Some(millis(spec.restart.backoff)),
+            max_backoff_ms: Some(millis(spec.restart.max_backoff)),
+        }),
+    }
 }
 
 pub fn phase(phase: &Phase) -> pb::Phase {
@@ -35,12 +114,7 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
     pb::Sandbox {
         id: s.id.to_string(),
         name: s.name.clone(),
-        spec: Some(pb::SandboxSpec {
-            image: s.spec.image.clone(),
-            command: s.spec.command.clone(),
-            env: s.spec.env.clone(),
-            labels: s.spec.labels.clone(),
-        }),
+        spec: Some(spec_to_wire(&s.spec)),
         providers: s.providers.iter().cloned().collect(),
         intent: intent(s.intent) as i32,
         phase: phase(&s.phase) as i32,
@@ -53,6 +127,10 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         created_at_unix_ms: s.created_at.unix_millis(),
         updated_at_unix_ms: s.updated_at.unix_millis(),
         completed: s.completed(),
+        deadline_unix_ms: s.deadline.map(Timestamp::unix_millis),
+        expired_at_unix_ms: s.expired_at.map(Timestamp::unix_millis),
+        restart_count: s.restarts.count,
+        next_restart_unix_ms: berth_core::restart::scheduled(s).map(Timestamp::unix_millis),
     }
 }
 

@@ -58,7 +58,7 @@ async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
     match engine.exec_ended(&last.sandbox, &last.id).await {
         Ok(exec) => Ok(exec),
         Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
-            Ok(exec::settle(last, None, engine.clock().now()).map_or_else(|| last.clone(), |(_, e)| e))
+            Ok(exec::settle(last, None, engine.now()).map_or_else(|| last.clone(), |(_, e)| e))
         }
         Err(e) => Err(e.into()),
     }

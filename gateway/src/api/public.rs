@@ -3,6 +3,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use berth_core::lifetime::Renewal;
 use berth_core::{Command, Outcome, Request as CoreRequest, validate};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_server::Providers;
@@ -90,8 +91,9 @@ impl Sandboxes for SandboxApi {
         let command = Command::CreateSandbox {
             id: self.engine.new_sandbox_id(),
             name: r.name,
-            spec: convert::spec_from_wire(spec),
+            spec: convert::spec_from_wire(spec).map_err(core_invalid)?,
             providers: r.providers.into_iter().collect(),
+            deadline: r.deadline_unix_ms.map(convert::unix_millis),
         };
         self.lifecycle(command, r.expected_resource_version).await
     }
@@ -189,6 +191,20 @@ impl Sandboxes for SandboxApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn renew_sandbox(
+        &self,
+        request: Request<pb::RenewSandboxRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        let renewal = match (r.ttl_ms, r.deadline_unix_ms) {
+            (Some(_), Some(_)) => return Err(invalid("ttl_ms", "give a ttl_ms or a deadline_unix_ms, not both")),
+            (Some(ms), None) => Renewal::Ttl(convert::millis("ttl_ms", ms).map_err(core_invalid)?),
+            (None, Some(ms)) => Renewal::Deadline(convert::unix_millis(ms)),
+            (None, None) => Renewal::SpecTtl,
+        };
+        self.lifecycle(Command::RenewSandbox { name: r.name, renewal }, r.expected_resource_version).await
     }
 
     async fn stop_sandbox(&self, request: Request<pb::LifecycleRequest>) -> Result<Response<pb::SandboxReply>, Status> {

@@ -76,7 +76,7 @@ impl Engine {
                 Some(s) => store.exec(&s.id, id).await?,
                 None => None,
             };
-            let admission = exec::admit(name, id, spec, sandbox.as_ref(), existing.as_ref(), self.inner.clock.now())?;
+            let admission = exec::admit(name, id, spec, sandbox.as_ref(), existing.as_ref(), self.now())?;
             if !admission.is_new() {
                 return Ok(admission.exec);
             }
@@ -106,7 +106,7 @@ impl Engine {
         loop {
             let Some(current) = store.exec(sandbox, id).await? else { return Ok(None) };
             let record = store.sandbox(sandbox).await?;
-            let Some((write, next)) = change(&current, record.as_ref(), self.inner.clock.now()) else {
+            let Some((write, next)) = change(&current, record.as_ref(), self.now()) else {
                 return Ok(Some(current));
             };
             match store.commit(&[write]).await {

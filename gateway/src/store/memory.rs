@@ -137,6 +137,10 @@ impl Store for MemoryStore {
         &self.identity
     }
 
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         Ok(self.lock().sandboxes.get(id).cloned())
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
-use berth_core::{Conflict, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Provider, Sandbox, SandboxId, Timestamp, Write};
 
 mod codec;
 pub mod memory;
@@ -75,6 +75,10 @@ pub trait Store: Send + Sync + 'static {
     /// store. It binds a data directory and the runtime's resources to the records they belong
     /// to, so that a gateway on another store never mistakes them for its own orphans.
     fn identity(&self) -> &str;
+    /// Now, on the store's clock: the one clock every gateway sharing the store agrees on, by
+    /// which deadlines, restart backoffs and record times are kept (DESIGN 9.1). Read without a
+    /// round trip: a networked store keeps its offset from the local clock.
+    fn now(&self) -> Timestamp;
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError>;
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError>;
     /// Sandboxes ordered by name whose labels hold every pair of `selector`.

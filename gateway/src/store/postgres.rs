@@ -19,11 +19,12 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -31,6 +32,7 @@ use tokio_postgres::{NoTls, Row};
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
+use crate::clock::{Clock, SystemClock};
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `berth_schema.version` from `i` to `i + 1`.
 /// Append only: a released step is never edited, since databases already past it never rerun it.
@@ -116,6 +118,9 @@ pub struct PostgresStore {
     /// `user@host:port/database`, for messages: never the password.
     target: String,
     identity: String,
+    /// The database's clock minus the local one, in nanoseconds: measured at connect and at
+    /// every lease renewal, to within half a round trip.
+    clock_offset: AtomicI64,
 }
 
 impl PostgresStore {
@@ -139,9 +144,10 @@ impl PostgresStore {
             .recycle_timeout(Some(TIMEOUT))
             .build()
             .map_err(|e| StoreError::Unavailable(format!("postgres {target}: {e}")))?;
-        let mut store = Self { pool, target, identity: String::new() };
+        let mut store = Self { pool, target, identity: String::new(), clock_offset: AtomicI64::new(0) };
         store.migrate().await?;
         store.identity = store.identify().await?;
+        store.measure_clock(&store.client().await?).await?;
         Ok(store)
     }
 
@@ -159,6 +165,21 @@ impl PostgresStore {
             .map_err(|e| self.error(&e))?;
         let row = client.query_one("SELECT id FROM store_identity", &[]).await.map_err(|e| self.error(&e))?;
         row.try_get(0).map_err(|e| self.error(&e))
+    }
+
+    /// Sets `clock_offset` from one reading of the database's clock, taken as the midpoint of
+    /// the round trip.
+    async fn measure_clock(&self, client: &Object) -> Result<(), StoreError> {
+        let asked = SystemClock.now().unix_nanos();
+        let row = client
+            .query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint", &[])
+            .await
+            .map_err(|e| self.error(&e))?;
+        let answered = SystemClock.now().unix_nanos();
+        let micros: i64 = row.try_get(0).map_err(|e| self.error(&e))?;
+        let local = asked + (answered - asked) / 2;
+        self.clock_offset.store(micros.saturating_mul(1000).saturating_sub(local), Ordering::Relaxed);
+        Ok(())
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
@@ -493,6 +514,11 @@ impl Store for PostgresStore {
         &self.identity
     }
 
+    fn now(&self) -> Timestamp {
+        let offset = self.clock_offset.load(Ordering::Relaxed);
+        Timestamp::from_unix_nanos(SystemClock.now().unix_nanos().saturating_add(offset))
+    }
+
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         self.read_one("SELECT id, version, record FROM sandboxes WHERE id = $1", id.as_str()).await
     }
@@ -637,6 +663,8 @@ impl Store for PostgresStore {
         let term: i64 = row.try_get(1).map_err(|e| self.error(&e))?;
         let term =
             u64::try_from(term).map_err(|_| StoreError::Corrupt(format!("the lease has a negative term {term}")))?;
+        // The clocks drift apart slowly; every renewal measures again.
+        self.measure_clock(&client).await?;
         Ok(Lease { holder, term })
     }
 

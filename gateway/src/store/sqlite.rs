@@ -26,12 +26,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
+use crate::clock::Clock;
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `PRAGMA user_version` from `i` to `i + 1`.
 /// Append only: a released step is never edited, since databases already past it never rerun it.
@@ -482,6 +483,11 @@ fn acquire_lease(conn: &mut Connection, holder: &str, ttl: Duration) -> Result<L
 impl Store for SqliteStore {
     fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// The host's clock, which SQLite's `now` reads too.
+    fn now(&self) -> Timestamp {
+        crate::clock::SystemClock.now()
     }
 
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {

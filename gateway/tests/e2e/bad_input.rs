@@ -16,7 +16,13 @@ fn expect<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, ment
 }
 
 fn create_request(name: &str, spec: pb::SandboxSpec, providers: Vec<String>) -> pb::CreateSandboxRequest {
-    pb::CreateSandboxRequest { name: name.into(), spec: Some(spec), providers, expected_resource_version: None }
+    pb::CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(spec),
+        providers,
+        expected_resource_version: None,
+        deadline_unix_ms: None,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -299,8 +299,13 @@ async fn create_with(
     let mut s = spec(command);
     s.image = image_for(target).to_string();
     let providers = providers.iter().map(|p| p.to_string()).collect();
-    let request =
-        pb::CreateSandboxRequest { name: name.into(), spec: Some(s), providers, expected_resource_version: None };
+    let request = pb::CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(s),
+        providers,
+        expected_resource_version: None,
+        deadline_unix_ms: None,
+    };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }
 

@@ -225,6 +225,7 @@ pub async fn create(sandboxes: &mut Sandboxes, name: &str, command: &[&str], pro
         spec: Some(spec(command)),
         providers: providers.iter().map(|p| p.to_string()).collect(),
         expected_resource_version: None,
+        deadline_unix_ms: None,
     };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }

@@ -23,6 +23,7 @@ pub mod i6_one_generation;
 pub mod i7_delete_completes;
 pub mod i8_liveness;
 pub mod l1_one_holder;
+pub mod t1_deadlines;
 
 /// An invariant's id, as DESIGN names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -43,6 +44,7 @@ pub enum Invariant {
     E2,
     E3,
     E4,
+    T1,
 }
 
 /// DESIGN's name, exactly: the trace and the CLI print it.
@@ -72,6 +74,9 @@ pub(crate) fn sandbox(
         exit_fence: berth_core::ExitFence::default(),
         run: berth_core::Run::Pending,
         last_exit: None,
+        deadline: None,
+        expired_at: None,
+        restarts: Default::default(),
         created_at: berth_core::Timestamp::default(),
         updated_at: berth_core::Timestamp::default(),
     }
@@ -96,9 +101,10 @@ mod tests {
             Invariant::I10,
             Invariant::D1,
             Invariant::L1,
+            Invariant::T1,
         ];
         let names: Vec<String> = all.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1"]);
+        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1"]);
         assert_eq!(serde_json::to_string(&Invariant::I10).unwrap(), "\"I10\"");
     }
 }

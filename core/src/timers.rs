@@ -16,13 +16,13 @@ pub enum Timer {
     Restart,
 }
 
-/// The next timed rule of `sandbox` and when it falls due. An expiry comes first when both are
-/// due: a sandbox past its deadline is not restarted.
-pub fn next(sandbox: &Sandbox) -> Option<(Timestamp, Timer)> {
+/// The next timed rule of `sandbox` as of `now`, and when it falls due. An expiry comes first
+/// once both are due: a sandbox past its deadline is not restarted.
+pub fn next(sandbox: &Sandbox, now: Timestamp) -> Option<(Timestamp, Timer)> {
     let expiry = lifetime::pending(sandbox).map(|deadline| (deadline, Timer::Expire { deadline }));
     let restart = restart::scheduled(sandbox).map(|at| (at, Timer::Restart));
     match (expiry, restart) {
-        (Some(e), Some(r)) if r.0 < e.0 => Some(r),
+        (Some(e), Some(r)) if r.0 < e.0 && now < e.0 => Some(r),
         (Some(e), _) => Some(e),
         (None, r) => r,
     }

@@ -28,10 +28,10 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// Puts `sandbox`'s next timer in place of what was kept for it.
-    pub fn update(&mut self, sandbox: &Sandbox) {
+    /// Puts `sandbox`'s next timer as of `now` in place of what was kept for it.
+    pub fn update(&mut self, sandbox: &Sandbox, now: Timestamp) {
         self.remove(&sandbox.id);
-        if let Some((at, timer)) = timers::next(sandbox) {
+        if let Some((at, timer)) = timers::next(sandbox, now) {
             self.by_time.insert((at, sandbox.id.clone()));
             self.by_id.insert(sandbox.id.clone(), (at, timer, sandbox.name.clone()));
         }
@@ -73,8 +73,9 @@ impl Schedule {
         let mut page = PageRequest { after: None, limit: page_size };
         loop {
             let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
+            let now = engine.now();
             for sandbox in &batch.items {
-                schedule.update(sandbox);
+                schedule.update(sandbox, now);
             }
             match batch.next {
                 Some(next) => page.after = Some(next),
@@ -95,7 +96,15 @@ impl Schedule {
                     if after.expired_at.is_some() && matches!(timer, Timer::Expire { .. }) {
                         info!(sandbox = %name, id = %id, on_expiry = ?after.spec.lifetime.on_expiry, "the sandbox's deadline passed: expired");
                     }
-                    self.update(&after);
+                    let now = engine.now();
+                    match timers::next(&after, now) {
+                        // Decided nothing and due again at once: a rule and its timer disagree.
+                        // Left to the next scan rather than spun on.
+                        Some((at, again)) if again == timer && at <= now => {
+                            warn!(sandbox = %name, ?timer, "a due timer decided nothing; left to the next scan");
+                        }
+                        _ => self.update(&after, now),
+                    }
                 }
                 // Gone, or the name is another sandbox's now: its own changes schedule it.
                 Ok(_) => {}
@@ -113,9 +122,11 @@ impl Schedule {
 pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
     let mut changes = engine.subscribe();
     let mut schedule = Schedule::default();
-    let mut scan_due = true;
+    // Kept across wake-ups: timers firing often must not put the next scan off for ever.
+    let mut next_scan = tokio::time::Instant::now();
     loop {
-        if scan_due {
+        if tokio::time::Instant::now() >= next_scan {
+            next_scan = tokio::time::Instant::now() + settings.poll_interval;
             match Schedule::scan(&engine, settings.page_size).await {
                 Ok(fresh) => {
                     debug!(timers = fresh.len(), "timers scanned");
@@ -123,7 +134,6 @@ pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
                 }
                 Err(e) => warn!(error = %e, "cannot scan the records for their timers; retrying"),
             }
-            scan_due = false;
         }
         schedule.fire_due(&engine).await;
         // Store-clock time to wait, slept on the local one: a timer fires at most a clock
@@ -132,7 +142,7 @@ pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
             let nanos = at.unix_nanos().saturating_sub(engine.now().unix_nanos());
             Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)).min(settings.poll_interval)
         });
-        let rescan = tokio::time::sleep(settings.poll_interval);
+        let rescan = tokio::time::sleep_until(next_scan);
         tokio::pin!(rescan);
         let sleep = tokio::time::sleep(wait);
         tokio::pin!(sleep);
@@ -143,8 +153,9 @@ pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
                 change = changes.recv() => match change {
                     Ok(change) => match change.sandbox {
                         Some(sandbox) => {
-                            let earlier = timers::next(&sandbox).is_some_and(|(at, _)| schedule.next_at().is_none_or(|n| at < n));
-                            schedule.update(&sandbox);
+                            let now = engine.now();
+                            let earlier = timers::next(&sandbox, now).is_some_and(|(at, _)| schedule.next_at().is_none_or(|n| at < n));
+                            schedule.update(&sandbox, now);
                             if earlier {
                                 break;
                             }
@@ -152,16 +163,13 @@ pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
                         None => schedule.remove(&change.id),
                     },
                     Err(RecvError::Lagged(_)) => {
-                        scan_due = true;
+                        next_scan = tokio::time::Instant::now();
                         break;
                     }
                     Err(RecvError::Closed) => return,
                 },
                 () = &mut sleep => break,
-                () = &mut rescan => {
-                    scan_due = true;
-                    break;
-                }
+                () = &mut rescan => break,
             }
         }
     }
@@ -195,12 +203,12 @@ mod tests {
     #[test]
     fn the_schedule_keeps_one_timer_per_sandbox_in_time_order() {
         let mut schedule = Schedule::default();
-        schedule.update(&with_deadline("b", Some(20)));
-        schedule.update(&with_deadline("a", Some(30)));
-        schedule.update(&with_deadline("c", None));
+        schedule.update(&with_deadline("b", Some(20)), Timestamp(0));
+        schedule.update(&with_deadline("a", Some(30)), Timestamp(0));
+        schedule.update(&with_deadline("c", None), Timestamp(0));
         assert_eq!(ids(&schedule), ["b", "a"]);
         // Renewed: moved, not added.
-        schedule.update(&with_deadline("b", Some(40)));
+        schedule.update(&with_deadline("b", Some(40)), Timestamp(0));
         assert_eq!(ids(&schedule), ["a", "b"]);
         assert_eq!(schedule.next_at(), Some(Timestamp(30)));
         assert_eq!(schedule.pop_due(Timestamp(29)), None);

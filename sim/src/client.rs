@@ -278,6 +278,10 @@ impl Client {
         }
         let expected = self.draw.chance(0.2).then_some(s.resource_version);
         let ttl_ms = self.draw.chance(0.3).then(|| self.draw.millis(2_000, 20_000).as_millis() as i64);
+        self.renew(name, ttl_ms, expected).await;
+    }
+
+    async fn renew(&mut self, name: &str, ttl_ms: Option<i64>, expected: Option<u64>) {
         self.world.event(self.actor.clone(), "call", format!("renew {name} ttl {ttl_ms:?}"));
         let called = World::micros();
         let request = pb::RenewSandboxRequest {
@@ -453,9 +457,20 @@ impl Client {
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
-                // Its restart policy brings it back by itself.
-                if s.next_restart_unix_ms.is_some() {
+                // Its restart policy brings it back by itself; an expired one stays expired.
+                if s.next_restart_unix_ms.is_some() || s.expired_at_unix_ms.is_some() {
                     continue;
+                }
+                // A deadline still ahead is moved past the end of the run, as a user keeping a
+                // sandbox renews it: it is not to expire while the run checks convergence. One
+                // already passed is left for T1 to see expired.
+                let now_ms = crate::gateway::SimClock.now().unix_millis();
+                let end_ms = now_ms + (self.world.scenario.total().saturating_sub(now())).as_millis() as i64;
+                if let Some(deadline) = s.deadline_unix_ms
+                    && deadline > now_ms
+                    && deadline < end_ms + 10_000
+                {
+                    self.renew(&s.name, Some(end_ms - now_ms + 60_000), None).await;
                 }
                 let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
                 match (intent, seen(&s).phase) {

@@ -147,7 +147,7 @@ fn an_expiry_stops_or_deletes_once_its_deadline_has_passed_and_not_before() {
     assert_eq!(d.effects, [Effect::Stop { sandbox: s.id.clone(), generation: 1 }]);
     let again = run(&mut store, expire(at(60)), at(62)).unwrap();
     assert!(again.writes.is_empty(), "an expired deadline expires once");
-    assert_eq!(timers::next(&s), None, "nothing more is due");
+    assert_eq!(timers::next(&s, T0), None, "nothing more is due");
 
     let mut store = created(ttl_spec(60, OnExpiry::Delete), None);
     let d = run(&mut store, expire(at(60)), at(60)).unwrap();
@@ -186,7 +186,7 @@ fn a_renew_that_commits_first_leaves_nothing_to_expire() {
     let fresh = decide(&request, &store.reads(&request), at(61)).unwrap();
     assert!(fresh.writes.is_empty() && fresh.effects.is_empty(), "{fresh:?}");
     assert_eq!(record(&store).phase, Phase::Ready);
-    assert_eq!(timers::next(&record(&store)), Some((at(119), Timer::Expire { deadline: at(119) })));
+    assert_eq!(timers::next(&record(&store), at(61)), Some((at(119), Timer::Expire { deadline: at(119) })));
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn a_failure_schedules_the_restart_its_policy_asks_for_with_a_doubling_backoff()
     ready(&mut store);
     let s = main_exits(&mut store, 3, at(10));
     assert_eq!(s.restarts, Restarts { count: 0, next_at: Some(at(12)) });
-    assert_eq!(timers::next(&s), Some((at(12), Timer::Restart)));
+    assert_eq!(timers::next(&s, at(10)), Some((at(12), Timer::Restart)));
 
     let early = run(&mut store, restart(), at(11)).unwrap();
     assert!(early.writes.is_empty(), "not yet due");
@@ -266,7 +266,7 @@ fn a_failure_schedules_the_restart_its_policy_asks_for_with_a_doubling_backoff()
         (PhaseKind::Error, Restarts { count: 2, next_at: None }),
         "the maximum reached: it stays in Error with the count"
     );
-    assert_eq!(timers::next(&s), None);
+    assert_eq!(timers::next(&s, T0), None);
 
     // A user's start resets the count.
     run(&mut store, Command::StartSandbox { name: "box".into() }, at(40)).unwrap();
@@ -319,11 +319,11 @@ fn a_users_stop_cancels_a_scheduled_restart_and_an_expiry_comes_before_it() {
     let mut store = created(spec, None);
     ready(&mut store);
     let s = main_exits(&mut store, 1, at(10));
-    assert_eq!(timers::next(&s), Some((at(11), Timer::Expire { deadline: at(11) })), "the expiry is due first");
+    assert_eq!(timers::next(&s, at(10)), Some((at(11), Timer::Expire { deadline: at(11) })), "the expiry is due first");
     assert!(run(&mut store, restart(), at(12)).unwrap().writes.is_empty(), "no restart past the deadline");
     run(&mut store, expire(at(11)), at(12)).unwrap();
     let s = record(&store);
-    assert_eq!((s.intent, s.restarts.next_at, timers::next(&s)), (Intent::Stopped, None, None));
+    assert_eq!((s.intent, s.restarts.next_at, timers::next(&s, T0)), (Intent::Stopped, None, None));
 }
 
 #[test]
@@ -342,4 +342,20 @@ fn an_exit_marker_of_the_run_is_the_next_generations_fence() {
     assert!(record(&store).completed());
     run(&mut store, restart(), at(5)).unwrap();
     assert_eq!(record(&store).exit_fence.marker, Some(exit));
+}
+
+/// A restart due before the deadline comes first; once the deadline has passed too (a holder
+/// that was away), the expiry does, and the restart is never taken.
+#[test]
+fn a_restart_before_the_deadline_comes_first_until_the_deadline_passes() {
+    let spec = berth_core::SandboxSpec {
+        lifetime: Lifetime { ttl: Some(Duration::from_secs(20)), on_expiry: OnExpiry::Stop },
+        ..restart_spec(RestartMode::Always, None)
+    };
+    let mut store = created(spec, None);
+    ready(&mut store);
+    let s = main_exits(&mut store, 1, at(10));
+    assert_eq!(timers::next(&s, at(10)), Some((at(12), Timer::Restart)));
+    assert_eq!(timers::next(&s, at(21)), Some((at(20), Timer::Expire { deadline: at(20) })));
+    assert!(run(&mut store, restart(), at(21)).unwrap().writes.is_empty());
 }

@@ -281,7 +281,7 @@ impl Target {
     }
 }
 
-fn image_for(target: &Target) -> &'static str {
+pub(crate) fn image_for(target: &Target) -> &'static str {
     if target.runtime == Runtime::Process { "host" } else { IMAGE }
 }
 

@@ -12,6 +12,7 @@ mod harness;
 mod history;
 mod identity;
 mod lifecycle;
+mod lifetimes;
 mod logs;
 mod main_process;
 #[path = "../support/postgres.rs"]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use berth_core::identity::IdentityKey;
+use berth_core::lifetime::{Lifetime, OnExpiry};
 use berth_core::{Command, Request, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 use berth_gateway::engine::{Engine, EngineSettings};
@@ -21,6 +22,7 @@ use berth_gateway::reconcile::{ReconcileSettings, sweep};
 use berth_gateway::store::Store;
 use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
+use berth_gateway::timers::Schedule;
 use berth_proto::v1 as pb;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use tonic::metadata::MetadataValue;
@@ -320,6 +322,41 @@ async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
     (started.elapsed(), stats.records)
 }
 
+/// The lease holder's timers over `sandboxes` records on SQLite, every one with a deadline and
+/// `due` of them past it: how long building the schedule from every record takes, and how long
+/// expiring the due ones (a stop each, through the CAS) then takes.
+async fn expiry_sweep_time(sandboxes: usize, due: usize) -> (Duration, Duration, usize, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path());
+    for i in 0..sandboxes {
+        let ttl = if i < due { Duration::from_millis(1) } else { Duration::from_secs(3600) };
+        let spec = SandboxSpec {
+            image: "i".into(),
+            command: vec!["true".into()],
+            lifetime: Lifetime { ttl: Some(ttl), on_expiry: OnExpiry::Stop },
+            ..Default::default()
+        };
+        let command = Command::CreateSandbox {
+            id: engine.new_sandbox_id(),
+            name: format!("s{i:05}"),
+            spec,
+            providers: Default::default(),
+            deadline: None,
+        };
+        engine.execute(&Request::new(command, None)).await.unwrap();
+    }
+    while engine.busy() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    let mut schedule = Schedule::scan(&engine, ReconcileSettings::default().page_size).await.unwrap();
+    let scanned = started.elapsed();
+    let scheduled = schedule.len();
+    let started = Instant::now();
+    let fired = schedule.fire_due(&engine).await;
+    (scanned, started.elapsed(), scheduled, fired)
+}
+
 /// Seconds from SIGKILL of the lease holder (one of two gateway processes on PostgreSQL) to the
 /// other's first reconcile sweep.
 async fn takeover(url: &str) -> Duration {
@@ -462,5 +499,16 @@ fn main() {
         let (took, records) = runtime.block_on(sweep_time(n));
         println!("{records:>10} {:>14?} {:>16?}", took, took / records as u32);
         figure(&format!("reconcile sweep, {records} sandboxes"), took.as_secs_f64() * 1e3, "ms");
+    }
+    println!();
+    println!("expiry sweep: the lease holder's timers (SQLite, every sandbox with a deadline)");
+    println!("{:>10} {:>14} {:>8} {:>16}", "sandboxes", "schedule scan", "due", "expiring them");
+    let fleets = if quick { vec![(20, 2)] } else { vec![(1_000, 10), (10_000, 100)] };
+    for (n, due) in fleets {
+        let (scan, fire, scheduled, fired) = runtime.block_on(expiry_sweep_time(n, due));
+        assert_eq!((scheduled, fired), (n, due), "every deadline scheduled, the due ones expired");
+        println!("{scheduled:>10} {:>14?} {fired:>8} {:>16?}", scan, fire);
+        figure(&format!("expiry sweep schedule scan, {n} sandboxes"), scan.as_secs_f64() * 1e3, "ms");
+        figure(&format!("expiring {due} due sandboxes of {n}"), fire.as_secs_f64() * 1e3, "ms");
     }
 }

@@ -105,8 +105,8 @@ async fn always_comes_back_after_its_runs_die(runtime: Runtime) {
     let back = |s: Option<&pb::Sandbox>| s.is_some_and(|s| phase(s) == pb::Phase::Ready && s.generation == 2);
     let (s, seen) = wait_for(&mut sandboxes, "always", Duration::from_secs(30), back).await;
     let s = s.unwrap();
+    // The watch may open after the Error was already replaced: the count says there was one.
     assert_eq!(s.restart_count, 1, "{runtime:?}: {seen:?}");
-    assert!(seen.contains(&pb::Phase::Error), "{runtime:?}: the run's end was seen first: {seen:?}");
     let (failed, _) = wait_phase(&mut sandboxes, "never", pb::Phase::Error).await;
     assert_eq!((failed.restart_count, failed.next_restart_unix_ms), (0, None), "{runtime:?}");
 

@@ -19,9 +19,9 @@ use berth_core::{Command, Request, RuntimeState, SandboxId, SandboxSpec, StartRe
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::reconcile::{ReconcileSettings, sweep};
-use berth_gateway::store::Store;
 use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
+use berth_gateway::store::{PageRequest, Store};
 use berth_gateway::timers::Schedule;
 use berth_proto::v1 as pb;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
@@ -323,7 +323,7 @@ async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
 }
 
 /// The lease holder's timers over `sandboxes` records on SQLite, every one with a deadline and
-/// `due` of them past it: how long building the schedule from every record takes, and how long
+/// `due` of them past it: how long reading every record and scheduling them takes, and how long
 /// expiring the due ones (a stop each, through the CAS) then takes.
 async fn expiry_sweep_time(sandboxes: usize, due: usize) -> (Duration, Duration, usize, usize) {
     let dir = tempfile::tempdir().unwrap();
@@ -348,8 +348,19 @@ async fn expiry_sweep_time(sandboxes: usize, due: usize) -> (Duration, Duration,
     while engine.busy() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // What the holder's sweep reads anyway, then the schedule made of it.
     let started = Instant::now();
-    let mut schedule = Schedule::scan(&engine, ReconcileSettings::default().page_size).await.unwrap();
+    let mut records = Vec::new();
+    let mut page = PageRequest { after: None, limit: ReconcileSettings::default().page_size };
+    loop {
+        let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await.unwrap();
+        records.extend(batch.items);
+        match batch.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+    }
+    let mut schedule = Schedule::of(&records, engine.now());
     let scanned = started.elapsed();
     let scheduled = schedule.len();
     let started = Instant::now();

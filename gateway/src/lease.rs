@@ -44,19 +44,21 @@ struct Tenure {
 
 impl Tenure {
     fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64, until: Instant) -> Self {
+        let (feed, records) = tokio::sync::mpsc::channel(1);
         let recovery = {
             let engine = engine.clone();
             let page_size = settings.page_size;
+            let feed = feed.clone();
             tokio::spawn(async move {
-                match reconcile::recover(&engine, page_size).await {
+                match reconcile::recover(&engine, page_size, &feed).await {
                     Ok(redriven) => info!(redriven, "recovery re-drove the unfinished transitions"),
                     Err(e) => warn!(error = %e, "recovery could not read the records; the poll sweep re-drives them"),
                 }
             })
         };
         let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
-        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
-        let timers = tokio::spawn(timers::timers_loop(engine.clone(), settings.clone()));
+        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone(), feed));
+        let timers = tokio::spawn(timers::timers_loop(engine.clone(), records));
         Self { term, until, tasks: vec![recovery, watch, poll, timers] }
     }
 

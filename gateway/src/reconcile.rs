@@ -49,12 +49,15 @@ pub struct SweepStats {
     pub redriven: usize,
 }
 
-/// Re-drives every unconfirmed transition, once, at gateway start-up.
-pub async fn recover(engine: &Engine, page_size: usize) -> Result<usize, ApiError> {
+/// Re-drives every unconfirmed transition, once, at gateway start-up, and feeds every record
+/// to `timers`.
+pub async fn recover(engine: &Engine, page_size: usize, timers: &RecordFeed) -> Result<usize, ApiError> {
     let mut redriven = 0;
     let mut page = PageRequest { after: None, limit: page_size };
+    let mut records = Vec::new();
     loop {
         let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
+        records.extend(batch.items.iter().cloned());
         for sandbox in &batch.items {
             if let Some(effect) = recovery::unfinished(sandbox) {
                 info!(sandbox = %sandbox.name, id = %sandbox.id, generation = sandbox.generation, phase = %sandbox.phase, ?effect, "recovery re-drives an unfinished transition");
@@ -64,7 +67,10 @@ pub async fn recover(engine: &Engine, page_size: usize) -> Result<usize, ApiErro
         }
         match batch.next {
             Some(next) => page.after = Some(next),
-            None => return Ok(redriven),
+            None => {
+                let _ = timers.send(records).await;
+                return Ok(redriven);
+            }
         }
     }
 }
@@ -104,11 +110,15 @@ pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
     }
 }
 
-/// Sweeps forever, every `poll_interval`.
-pub async fn poll_loop(engine: Engine, settings: ReconcileSettings) {
+/// Where a sweep hands every record it read: the lease holder's timers, which build their
+/// schedule from them rather than reading every record again.
+pub type RecordFeed = tokio::sync::mpsc::Sender<Vec<berth_core::Sandbox>>;
+
+/// Sweeps forever, every `poll_interval`, feeding what each read to `timers`.
+pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, timers: RecordFeed) {
     loop {
         tokio::time::sleep(settings.poll_interval).await;
-        match sweep(&engine, &settings).await {
+        match sweep_feeding(&engine, &settings, Some(&timers)).await {
             Ok(stats) => debug!(?stats, "reconcile sweep"),
             Err(e) => warn!(error = %e, "reconcile sweep failed; the next one retries"),
         }
@@ -118,6 +128,14 @@ pub async fn poll_loop(engine: Engine, settings: ReconcileSettings) {
 /// One sweep: records first (their versions fence what the runtime then says of absence),
 /// then everything the runtime lists, then absence for what it did not list.
 pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
+    sweep_feeding(engine, settings, None).await
+}
+
+async fn sweep_feeding(
+    engine: &Engine,
+    settings: &ReconcileSettings,
+    timers: Option<&RecordFeed>,
+) -> Result<SweepStats, ApiError> {
     let mut stats = SweepStats::default();
     let now = engine.now();
     let mut records = BTreeMap::new();
@@ -137,6 +155,10 @@ pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<Swee
         }
     }
     stats.records = records.len();
+    // A timer loop still busy with the last batch gets the next one.
+    if let Some(feed) = timers {
+        let _ = feed.try_send(records.values().cloned().collect());
+    }
 
     let mut listed = BTreeSet::new();
     let mut after: Option<SandboxId> = None;

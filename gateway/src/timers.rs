@@ -1,11 +1,12 @@
 //! The timed rules (DESIGN 9.1, 9.2), carried out by the reconcile lease holder: deadlines'
 //! expiries and policies' restarts, each at the time berth-core says it falls due.
 //!
-//! The holder keeps a schedule of every record's next timer: built by a scan of all records
-//! (at the start of its tenure and every poll interval after, which picks up what other
-//! gateways wrote), and kept current between scans by the changes this gateway commits. At a
-//! timer's time it runs the command the timer names, decided afresh on the stored record on the
-//! store's clock, so a timer gone stale (a renew, a user's stop, a delete) decides nothing.
+//! The holder keeps a schedule of every record's next timer: built afresh from every record the
+//! recovery pass and each reconcile sweep read (so what other gateways wrote is picked up within
+//! a poll interval, and no record is read twice for it), and kept current in between by the
+//! changes this gateway commits. At a timer's time it runs the command the timer names, decided
+//! afresh on the stored record on the store's clock, so a timer gone stale (a renew, a user's
+//! stop, a delete) decides nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -13,12 +14,10 @@ use std::time::Duration;
 use berth_core::timers::{self, Timer};
 use berth_core::{Outcome, Request, Sandbox, SandboxId, Timestamp};
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::engine::Engine;
-use crate::error::ApiError;
-use crate::reconcile::ReconcileSettings;
-use crate::store::PageRequest;
 
 /// Every record's next timer, in time order.
 #[derive(Default)]
@@ -67,21 +66,13 @@ impl Schedule {
         Some((id, name, timer))
     }
 
-    /// Builds the schedule afresh from every record (paged).
-    pub async fn scan(engine: &Engine, page_size: usize) -> Result<Self, ApiError> {
+    /// The schedule of `records`, as of `now`.
+    pub fn of(records: &[Sandbox], now: Timestamp) -> Self {
         let mut schedule = Self::default();
-        let mut page = PageRequest { after: None, limit: page_size };
-        loop {
-            let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
-            let now = engine.now();
-            for sandbox in &batch.items {
-                schedule.update(sandbox, now);
-            }
-            match batch.next {
-                Some(next) => page.after = Some(next),
-                None => return Ok(schedule),
-            }
+        for sandbox in records {
+            schedule.update(sandbox, now);
         }
+        schedule
     }
 
     /// Runs every timer due at the store's `now`, rescheduling each sandbox from what its
@@ -99,18 +90,18 @@ impl Schedule {
                     let now = engine.now();
                     match timers::next(&after, now) {
                         // Decided nothing and due again at once: a rule and its timer disagree.
-                        // Left to the next scan rather than spun on.
+                        // Left to the next sweep rather than spun on.
                         Some((at, again)) if again == timer && at <= now => {
-                            warn!(sandbox = %name, ?timer, "a due timer decided nothing; left to the next scan");
+                            warn!(sandbox = %name, ?timer, "a due timer decided nothing; left to the next sweep");
                         }
                         _ => self.update(&after, now),
                     }
                 }
                 // Gone, or the name is another sandbox's now: its own changes schedule it.
                 Ok(_) => {}
-                // The next scan schedules it again.
+                // The next sweep schedules it again.
                 Err(e) => {
-                    warn!(sandbox = %name, ?timer, error = %e, "a timed rule could not be carried out; retried after the next scan")
+                    warn!(sandbox = %name, ?timer, error = %e, "a timed rule could not be carried out; retried after the next sweep")
                 }
             }
         }
@@ -118,43 +109,42 @@ impl Schedule {
     }
 }
 
-/// The lease holder's timer loop: runs until its tenure ends (the task is aborted).
-pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
+/// How long the loop sleeps with nothing scheduled before it looks again.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// The lease holder's timer loop: schedules from every batch of `records` the recovery pass and
+/// the sweeps read, until its tenure ends (the task is aborted).
+pub async fn timers_loop(engine: Engine, mut records: mpsc::Receiver<Vec<Sandbox>>) {
     let mut changes = engine.subscribe();
     let mut schedule = Schedule::default();
-    // Kept across wake-ups: timers firing often must not put the next scan off for ever.
-    let mut next_scan = tokio::time::Instant::now();
     loop {
-        if tokio::time::Instant::now() >= next_scan {
-            next_scan = tokio::time::Instant::now() + settings.poll_interval;
-            match Schedule::scan(&engine, settings.page_size).await {
-                Ok(fresh) => {
-                    debug!(timers = fresh.len(), "timers scanned");
-                    schedule = fresh;
-                }
-                Err(e) => warn!(error = %e, "cannot scan the records for their timers; retrying"),
-            }
-        }
         schedule.fire_due(&engine).await;
         // Store-clock time to wait, slept on the local one: a timer fires at most a clock
         // drift late, and its command checks the store's clock again.
-        let wait = schedule.next_at().map_or(settings.poll_interval, |at| {
+        let wait = schedule.next_at().map_or(IDLE, |at| {
             let nanos = at.unix_nanos().saturating_sub(engine.now().unix_nanos());
-            Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)).min(settings.poll_interval)
+            Duration::from_nanos(u64::try_from(nanos).unwrap_or(0))
         });
-        let rescan = tokio::time::sleep_until(next_scan);
-        tokio::pin!(rescan);
         let sleep = tokio::time::sleep(wait);
         tokio::pin!(sleep);
         // Biased, as every select the simulator runs (DESIGN 5: no ambient randomness).
         loop {
             tokio::select! {
                 biased;
+                batch = records.recv() => match batch {
+                    Some(batch) => {
+                        schedule = Schedule::of(&batch, engine.now());
+                        debug!(timers = schedule.len(), "timers scheduled from a sweep");
+                        break;
+                    }
+                    None => return,
+                },
                 change = changes.recv() => match change {
                     Ok(change) => match change.sandbox {
                         Some(sandbox) => {
                             let now = engine.now();
-                            let earlier = timers::next(&sandbox, now).is_some_and(|(at, _)| schedule.next_at().is_none_or(|n| at < n));
+                            let earlier = timers::next(&sandbox, now)
+                                .is_some_and(|(at, _)| schedule.next_at().is_none_or(|n| at < n));
                             schedule.update(&sandbox, now);
                             if earlier {
                                 break;
@@ -162,14 +152,11 @@ pub async fn timers_loop(engine: Engine, settings: ReconcileSettings) {
                         }
                         None => schedule.remove(&change.id),
                     },
-                    Err(RecvError::Lagged(_)) => {
-                        next_scan = tokio::time::Instant::now();
-                        break;
-                    }
+                    // Missed changes: the next sweep's batch brings them.
+                    Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => return,
                 },
                 () = &mut sleep => break,
-                () = &mut rescan => break,
             }
         }
     }

@@ -37,6 +37,7 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: t(1),
         updated_at: t(2),
     }
@@ -105,7 +106,7 @@ fn decisions() -> Vec<(Request, Reads)> {
                 sandbox: Some(sandbox(i, phase, intent, run)),
                 providers: BTreeMap::from([("anthropic".to_string(), provider.clone())]),
                 users: vec![],
-                lifetime_limits: Default::default(),
+                limits: Default::default(),
             };
             (Request::new(command, None), reads)
         })

@@ -52,10 +52,13 @@ pub enum Bug {
     /// T1: an expiry takes the deadline its timer was set for as still the record's, so a
     /// renew that committed after the timer was set does not save the sandbox.
     ExpiryIgnoresRenew,
+    /// P1: a claim whose write conflicts is written again over whatever won, instead of being
+    /// decided again: two claims racing for one pool member both get it.
+    ClaimWithoutCas,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 12] = [
+    pub const ALL: [Bug; 13] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -68,6 +71,7 @@ impl Bug {
         Bug::ExecRetryRunsTwice,
         Bug::ExecNotFenced,
         Bug::ExpiryIgnoresRenew,
+        Bug::ClaimWithoutCas,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +88,7 @@ impl Bug {
             Bug::ExecRetryRunsTwice => "exec-retry-runs-twice",
             Bug::ExecNotFenced => "exec-not-fenced",
             Bug::ExpiryIgnoresRenew => "expiry-ignores-renew",
+            Bug::ClaimWithoutCas => "claim-without-cas",
         }
     }
 
@@ -96,7 +101,9 @@ impl Bug {
             Bug::DeleteWithoutRetry => 2,
             // A renew through another gateway reaches the lease holder's timers only at its
             // next scan: that is when a timer set for the old deadline fires.
-            Bug::EffectWithoutRecheck | Bug::TenureFromAnswer | Bug::ExpiryIgnoresRenew => 3,
+            // Claims through one gateway take turns on their template; racing ones come
+            // through others.
+            Bug::EffectWithoutRecheck | Bug::TenureFromAnswer | Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas => 3,
             Bug::PollBypassesFence
             | Bug::EventBypassesFence
             | Bug::RotationOutsideStart
@@ -110,7 +117,7 @@ impl Bug {
 
     /// Whether the race needs the lifetime workload.
     pub fn lifetimes(self) -> bool {
-        matches!(self, Bug::ExpiryIgnoresRenew)
+        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas)
     }
 
     /// Whether the race needs the exec workload.

@@ -16,6 +16,7 @@ use crate::record::{
     ExitFence, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp,
 };
 use crate::restart::{self, Restarts};
+use crate::template::{self, Template};
 use crate::validate;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +69,31 @@ pub enum Command {
     DeleteProvider {
         name: String,
     },
+    /// DESIGN 9.4: a named spec and the size of its warm pool.
+    CreateTemplate {
+        name: String,
+        spec: SandboxSpec,
+        min_ready: u32,
+    },
+    SetPool {
+        template: String,
+        min_ready: u32,
+    },
+    DeleteTemplate {
+        name: String,
+    },
+    /// Server-owned, by the reconcile lease holder: one new member if the pool is short.
+    FillPool {
+        template: String,
+        id: SandboxId,
+        name: String,
+    },
+    /// One Ready member of the template's pool, with these labels and providers added.
+    ClaimSandbox {
+        template: String,
+        labels: BTreeMap<String, String>,
+        providers: BTreeSet<String>,
+    },
 }
 
 /// A command and the version the client expects its record to have, if it said one.
@@ -86,8 +112,12 @@ pub struct Reads {
     pub providers: BTreeMap<String, Provider>,
     /// For a provider delete: every sandbox that references it.
     pub users: Vec<Sandbox>,
-    /// The gateway's bounds on lifetimes (configuration, not a read, but an input all the same).
-    pub lifetime_limits: lifetime::Limits,
+    /// The gateway's bounds (configuration, not a read, but an input all the same).
+    pub limits: validate::Limits,
+    /// The template named by [`Request::template_name`].
+    pub template: Option<Template>,
+    /// For a fill or a claim: the template's pool members not yet claimed.
+    pub members: Vec<Sandbox>,
 }
 
 impl Request {
@@ -106,8 +136,30 @@ impl Request {
             | Command::ExpireSandbox { name, .. }
             | Command::RestartSandbox { name } => Some(name),
             Command::AttachProvider { sandbox, .. } | Command::DetachProvider { sandbox, .. } => Some(sandbox),
-            Command::CreateProvider { .. } | Command::DeleteProvider { .. } => None,
+            Command::CreateProvider { .. }
+            | Command::DeleteProvider { .. }
+            | Command::CreateTemplate { .. }
+            | Command::SetPool { .. }
+            | Command::DeleteTemplate { .. }
+            | Command::FillPool { .. }
+            | Command::ClaimSandbox { .. } => None,
         }
+    }
+
+    /// The template to read, by name.
+    pub fn template_name(&self) -> Option<&str> {
+        match &self.command {
+            Command::CreateTemplate { name, .. } | Command::DeleteTemplate { name } => Some(name),
+            Command::SetPool { template, .. }
+            | Command::FillPool { template, .. }
+            | Command::ClaimSandbox { template, .. } => Some(template),
+            _ => None,
+        }
+    }
+
+    /// Whether the template's pool members are to be read too.
+    pub fn reads_members(&self) -> bool {
+        matches!(self.command, Command::FillPool { .. } | Command::ClaimSandbox { .. })
     }
 
     /// The providers to read, once the sandbox has been read.
@@ -120,6 +172,7 @@ impl Request {
                 names
             }
             Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => [name.clone()].into(),
+            Command::ClaimSandbox { providers, .. } => providers.clone(),
             _ => BTreeSet::new(),
         }
     }
@@ -136,6 +189,9 @@ impl Request {
     pub fn subject(&self) -> (Kind, &str) {
         match &self.command {
             Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => (Kind::Provider, name),
+            Command::CreateTemplate { .. } | Command::SetPool { .. } | Command::DeleteTemplate { .. } => {
+                (Kind::Template, self.template_name().unwrap_or_default())
+            }
             _ => (Kind::Sandbox, self.sandbox_name().unwrap_or_default()),
         }
     }
@@ -151,7 +207,14 @@ impl Request {
             | Command::ExpireSandbox { name, .. }
             | Command::RestartSandbox { name }
             | Command::CreateProvider { name, .. }
-            | Command::DeleteProvider { name } => validate::dns_label("name", name),
+            | Command::DeleteProvider { name }
+            | Command::FillPool { name, .. } => validate::dns_label("name", name),
+            Command::CreateTemplate { name, .. } | Command::DeleteTemplate { name } => {
+                template::validate_name("name", name)
+            }
+            Command::SetPool { template, .. } | Command::ClaimSandbox { template, .. } => {
+                template::validate_name("template", template)
+            }
             Command::AttachProvider { sandbox, provider } | Command::DetachProvider { sandbox, provider } => {
                 validate::dns_label("sandbox", sandbox)?;
                 validate::dns_label("provider", provider)
@@ -159,7 +222,7 @@ impl Request {
         }
     }
 
-    fn check_version(&self, current: u64) -> Result<(), Error> {
+    pub(crate) fn check_version(&self, current: u64) -> Result<(), Error> {
         match self.expected_version {
             Some(expected) if expected != current => {
                 let (kind, name) = self.subject();
@@ -170,7 +233,7 @@ impl Request {
     }
 
     /// Creates take no version but "must not exist", which 0 also says.
-    fn check_create_version(&self) -> Result<(), Error> {
+    pub(crate) fn check_create_version(&self) -> Result<(), Error> {
         match self.expected_version {
             None | Some(0) => Ok(()),
             Some(_) => Err(Error::invalid("expected_resource_version", "must be empty or 0 when creating")),
@@ -191,11 +254,11 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         }
         Command::StartSandbox { .. } => {
             let sandbox = existing(request, reads)?;
-            start(sandbox, &reads.lifetime_limits, now)
+            start(sandbox, &reads.limits, now)
         }
         Command::RenewSandbox { renewal, .. } => {
             let sandbox = existing(request, reads)?;
-            renew(sandbox, *renewal, &reads.lifetime_limits, now)
+            renew(sandbox, *renewal, &reads.limits, now)
         }
         Command::ExpireSandbox { deadline, .. } => match &reads.sandbox {
             Some(sandbox) => expire(sandbox, *deadline, now),
@@ -221,6 +284,22 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             create_provider(request, reads, name, kind, credentials, now)
         }
         Command::DeleteProvider { name } => delete_provider(request, reads, name),
+        Command::CreateTemplate { name, spec, min_ready } => {
+            request.check_create_version()?;
+            template::create(reads, name, spec, *min_ready, now)
+        }
+        Command::SetPool { template, min_ready } => template::set_pool(request, reads, template, *min_ready, now),
+        Command::DeleteTemplate { name } => template::delete(request, reads, name),
+        Command::FillPool { id, name, .. } => template::fill(reads, id, name, now),
+        Command::ClaimSandbox { template, labels, providers } => {
+            if request.expected_version.is_some() {
+                return Err(Error::invalid(
+                    "expected_resource_version",
+                    "a claim takes whichever member is Ready: it names no version",
+                ));
+            }
+            template::claim(reads, template, labels, providers, now)
+        }
     }
 }
 
@@ -259,11 +338,11 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     validate::spec(spec)?;
     validate::provider_names("providers", providers)?;
     if let Some(ttl) = spec.lifetime.ttl {
-        lifetime::validate_ttl("spec.lifetime.ttl_ms", ttl, &reads.lifetime_limits)?;
+        lifetime::validate_ttl("spec.lifetime.ttl_ms", ttl, &reads.limits)?;
     }
     restart::validate(&spec.restart)?;
     let renewal = deadline.map_or(Renewal::SpecTtl, Renewal::Deadline);
-    let deadline = lifetime::deadline(renewal, &spec.lifetime, now, &reads.lifetime_limits, "deadline_unix_ms")?;
+    let deadline = lifetime::deadline(renewal, &spec.lifetime, now, &reads.limits, "deadline_unix_ms")?;
     request.check_create_version()?;
     if reads.sandbox.is_some() {
         return Err(Error::AlreadyExists { kind: Kind::Sandbox, name: name.to_string() });
@@ -285,6 +364,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         deadline,
         expired_at: None,
         restarts: Restarts::default(),
+        template: None,
         created_at: now,
         updated_at: now,
     };
@@ -325,7 +405,7 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
     }
 }
 
-fn start(sandbox: &Sandbox, limits: &lifetime::Limits, now: Timestamp) -> Result<Decision, Error> {
+fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     match sandbox.phase.kind() {
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
             Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]))
@@ -382,7 +462,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
     Ok(commit(sandbox, next, vec![], effects, now))
 }
 
-fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &lifetime::Limits, now: Timestamp) -> Result<Decision, Error> {
+fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
         return Err(wrong_phase(sandbox, "renew"));
     }
@@ -537,7 +617,7 @@ fn delete_provider(request: &Request, reads: &Reads, name: &str) -> Result<Decis
     })
 }
 
-fn resolve_providers<'a>(
+pub(crate) fn resolve_providers<'a>(
     names: &BTreeSet<String>,
     reads: &'a Reads,
     field: &'static str,
@@ -549,7 +629,7 @@ fn resolve_providers<'a>(
 }
 
 /// Every credential becomes an environment variable, so no two sources may name the same one.
-fn check_credentials(spec: &SandboxSpec, providers: &[&Provider]) -> Result<(), Error> {
+pub(crate) fn check_credentials(spec: &SandboxSpec, providers: &[&Provider]) -> Result<(), Error> {
     let mut owners: BTreeMap<&str, String> = spec.env.keys().map(|k| (k.as_str(), "spec.env".to_string())).collect();
     for provider in providers {
         for key in provider.credentials.keys() {

@@ -6,6 +6,7 @@
 
 use crate::exec::{Exec, ExecId};
 use crate::record::{Phase, PhaseKind, Provider, Sandbox, SandboxId, Timestamp};
+use crate::template::Template;
 
 /// One conditional write. A transaction is a list of them, all applied or none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +39,15 @@ pub enum Write {
         id: SandboxId,
         expected: u64,
     },
+    CreateTemplate(Template),
+    UpdateTemplate {
+        record: Template,
+        expected: u64,
+    },
+    RemoveTemplate {
+        name: String,
+        expected: u64,
+    },
     /// Create-if-absent. An exec is removed with its sandbox.
     CreateExec(Exec),
     UpdateExec {
@@ -55,19 +65,25 @@ impl Write {
             Write::CreateProvider(p) | Write::UpdateProvider { record: p, .. } => Key::Provider(p.name.clone()),
             Write::RemoveProvider { name, .. } => Key::Provider(name.clone()),
             Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => Key::Exec(e.sandbox.clone(), e.id.clone()),
+            Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } => Key::Template(t.name.clone()),
+            Write::RemoveTemplate { name, .. } => Key::Template(name.clone()),
         }
     }
 
     /// The version the record must have for the write to apply; `None` means it must not exist.
     pub fn expected(&self) -> Option<u64> {
         match self {
-            Write::CreateSandbox(_) | Write::CreateProvider(_) | Write::CreateExec(_) => None,
+            Write::CreateSandbox(_) | Write::CreateProvider(_) | Write::CreateExec(_) | Write::CreateTemplate(_) => {
+                None
+            }
             Write::UpdateSandbox { expected, .. }
             | Write::RemoveSandbox { expected, .. }
             | Write::UpdateProvider { expected, .. }
             | Write::RemoveProvider { expected, .. }
             | Write::CheckSandbox { expected, .. }
-            | Write::UpdateExec { expected, .. } => Some(*expected),
+            | Write::UpdateExec { expected, .. }
+            | Write::UpdateTemplate { expected, .. }
+            | Write::RemoveTemplate { expected, .. } => Some(*expected),
         }
     }
 }
@@ -77,6 +93,7 @@ pub enum Key {
     Sandbox(SandboxId),
     Provider(String),
     Exec(SandboxId, ExecId),
+    Template(String),
 }
 
 /// What a store reports when a condition of a transaction does not hold.
@@ -119,6 +136,7 @@ impl Effect {
 pub enum Outcome {
     Sandbox(Sandbox),
     Provider(Provider),
+    Template(crate::template::Template),
     /// The record is gone (or, for an observation, there was none).
     Removed,
 }
@@ -142,7 +160,7 @@ impl Decision {
         let new = match &self.outcome {
             Outcome::Sandbox(s) => Some(s.phase.kind()),
             Outcome::Removed => None,
-            Outcome::Provider(_) => return None,
+            Outcome::Provider(_) | Outcome::Template(_) => return None,
         };
         (old != new && !self.writes.is_empty()).then_some((old, new))
     }

@@ -26,6 +26,7 @@ pub enum Kind {
     Sandbox,
     Provider,
     Exec,
+    Template,
 }
 
 impl fmt::Display for Kind {
@@ -34,6 +35,7 @@ impl fmt::Display for Kind {
             Kind::Sandbox => "sandbox",
             Kind::Provider => "provider",
             Kind::Exec => "exec",
+            Kind::Template => "template",
         })
     }
 }
@@ -54,6 +56,11 @@ pub enum Error {
 
     #[error("sandbox '{sandbox}' is past its deadline: renew it before starting it")]
     Expired { sandbox: String },
+
+    #[error(
+        "the pool of template '{template}' has no Ready sandbox to claim now; retry shortly (it refills), or ask to wait"
+    )]
+    PoolEmpty { template: String },
 
     #[error("provider '{provider}' does not exist (field {field})")]
     UnknownProvider { provider: String, field: &'static str },
@@ -100,6 +107,8 @@ impl Error {
             // Exhausting the server-owned retry is transient for the caller; the simulator treats
             // any occurrence as a bug (I3).
             Error::Contention { .. } => Code::Unavailable,
+            // Transient: the pool refills.
+            Error::PoolEmpty { .. } => Code::Unavailable,
         }
     }
 

@@ -14,6 +14,7 @@
 //! - [`exec`]: execs, their admission, reports and end (8.1)
 //! - [`lifetime`]: deadlines, renews and expiry (9.1)
 //! - [`restart`]: restart policies and their backoff (9.2)
+//! - [`template`]: templates, warm pools and claims (9.4)
 //! - [`timers`]: when each timed rule of a record next falls due
 //! - [`lease`]: how long a reconcile lease holder may rely on its grant
 //! - [`error`]: typed errors with their status class (3.7)
@@ -33,6 +34,7 @@ pub mod record;
 pub mod recovery;
 pub mod restart;
 pub mod start_gate;
+pub mod template;
 pub mod timers;
 pub mod validate;
 

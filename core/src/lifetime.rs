@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 use crate::record::{Intent, PhaseKind, Sandbox, Timestamp};
+use crate::validate::Limits;
 
 /// What a sandbox's deadline does when it passes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -40,18 +41,6 @@ pub enum Renewal {
     SpecTtl,
     Ttl(Duration),
     Deadline(Timestamp),
-}
-
-/// The longest TTL, and the furthest deadline, the gateway accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    pub max_ttl: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self { max_ttl: Duration::from_secs(30 * 24 * 3600) }
-    }
 }
 
 /// A TTL is positive and at most the configured maximum.
@@ -154,7 +143,7 @@ mod tests {
 
     #[test]
     fn a_ttl_or_deadline_out_of_bounds_names_its_field() {
-        let limits = Limits { max_ttl: Duration::from_secs(100) };
+        let limits = Limits { max_ttl: Duration::from_secs(100), ..Limits::default() };
         let zero = deadline(Renewal::Ttl(Duration::ZERO), &Lifetime::default(), NOW, &limits, "ttl_ms").unwrap_err();
         assert_eq!(zero.to_string(), "invalid ttl_ms: must be positive");
         let long = deadline(Renewal::Ttl(Duration::from_secs(101)), &Lifetime::default(), NOW, &limits, "ttl_ms");

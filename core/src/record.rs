@@ -225,6 +225,9 @@ pub struct Sandbox {
     pub expired_at: Option<Timestamp>,
     #[serde(default)]
     pub restarts: Restarts,
+    /// The template it was made from, for a pool member (kept once claimed).
+    #[serde(default)]
+    pub template: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }

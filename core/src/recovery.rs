@@ -78,6 +78,7 @@ mod tests {
             deadline: None,
             expired_at: None,
             restarts: Default::default(),
+            template: None,
             created_at: Timestamp::default(),
             updated_at: Timestamp::from_unix_nanos(1_000),
         }

@@ -6,6 +6,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::error::Error;
 use crate::record::{SandboxSpec, Secret};
 
+/// What the gateway's configuration bounds: an input to the rules like any other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The longest TTL, and the furthest deadline, a sandbox may have.
+    pub max_ttl: core::time::Duration,
+    /// The most Ready sandboxes one template's pool may keep.
+    pub max_pool: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_ttl: core::time::Duration::from_secs(30 * 24 * 3600), max_pool: 100 }
+    }
+}
+
 /// Most providers one sandbox can reference.
 pub const MAX_PROVIDERS: usize = 32;
 /// Most credentials one provider can hold.
@@ -17,6 +32,8 @@ pub const MAX_ARG_BYTES: usize = 16 * 1024;
 pub const MAX_ENV_NAME_BYTES: usize = 256;
 pub const MAX_VALUE_BYTES: usize = 32 * 1024;
 pub const MAX_LABELS: usize = 64;
+/// Labels Berth sets itself (a pool member's); a spec or a claim cannot set them.
+pub const RESERVED_LABEL_PREFIX: &str = "berth.";
 /// Environment names the runtime sets itself; a spec or provider cannot set them.
 pub const RESERVED_ENV_PREFIX: &str = "BERTH_";
 
@@ -99,6 +116,19 @@ pub fn label(key: &str, value: &str) -> Result<(), Error> {
     label_part(&format!("spec.labels[{key}]"), value, true)
 }
 
+/// A label a user sets (in a spec, or at a claim), named `field`: a valid one, not Berth's own.
+pub fn user_label(field: &str, key: &str, value: &str) -> Result<(), Error> {
+    label_part(field, key, false)?;
+    label_part(&format!("{field}[{key}]"), value, true)?;
+    if key.starts_with(RESERVED_LABEL_PREFIX) {
+        return Err(Error::invalid(
+            format!("{field}[{key}]"),
+            format!("labels starting with {RESERVED_LABEL_PREFIX} are set by Berth"),
+        ));
+    }
+    Ok(())
+}
+
 /// The whole sandbox spec.
 pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
     if spec.image.trim().is_empty() {
@@ -132,7 +162,7 @@ pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
         return Err(Error::invalid("spec.labels", format!("at most {MAX_LABELS} labels, got {}", spec.labels.len())));
     }
     for (key, value) in &spec.labels {
-        label(key, value)?;
+        user_label("spec.labels", key, value)?;
     }
     let size = spec.image.len()
         + spec.command.iter().map(String::len).sum::<usize>()

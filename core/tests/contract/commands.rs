@@ -57,6 +57,7 @@ fn record(kind: PhaseKind) -> Sandbox {
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: Timestamp::from_unix_millis(1),
         updated_at: Timestamp::from_unix_millis(2),
     }
@@ -78,7 +79,7 @@ fn reads(sandbox: Option<Sandbox>) -> Reads {
         sandbox,
         providers: [("p1".to_string(), provider("p1", "P1_KEY")), ("p2".to_string(), provider("p2", "P2_KEY"))].into(),
         users: vec![],
-        lifetime_limits: Default::default(),
+        ..Reads::default()
     }
 }
 

@@ -4,6 +4,7 @@ mod commands;
 mod execs;
 mod merge_rules;
 mod model;
+mod pools;
 mod reports;
 mod timed_rules;
 mod world;

@@ -38,6 +38,7 @@ fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: t(0),
         updated_at: t(0),
     }

@@ -65,6 +65,7 @@ pub struct Store {
     pub sandboxes: BTreeMap<SandboxId, Sandbox>,
     pub providers: BTreeMap<String, Provider>,
     pub execs: BTreeMap<(SandboxId, ExecId), Exec>,
+    pub templates: BTreeMap<String, berth_core::template::Template>,
 }
 
 impl Store {
@@ -77,6 +78,7 @@ impl Store {
             Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
+            Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
         }
     }
 
@@ -111,6 +113,12 @@ impl Store {
                 Write::RemoveProvider { name, .. } => {
                     self.providers.remove(&name);
                 }
+                Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } => {
+                    self.templates.insert(t.name.clone(), t);
+                }
+                Write::RemoveTemplate { name, .. } => {
+                    self.templates.remove(&name);
+                }
             }
         }
         Ok(())
@@ -128,7 +136,14 @@ impl Store {
             .provider_users()
             .map(|p| self.sandboxes.values().filter(|s| s.providers.contains(p)).cloned().collect())
             .unwrap_or_default();
-        Reads { sandbox, providers, users, ..Reads::default() }
+        let template = request.template_name().and_then(|n| self.templates.get(n)).cloned();
+        let members = match (request.reads_members(), &template) {
+            (true, Some(t)) => {
+                self.sandboxes.values().filter(|s| berth_core::template::is_member(s, &t.name)).cloned().collect()
+            }
+            _ => Vec::new(),
+        };
+        Reads { sandbox, providers, users, template, members, ..Reads::default() }
     }
 
     /// One read-decide-write of `request` by another client, landing in between.

@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "berth/v1/exec.proto",
         "berth/v1/logs.proto",
         "berth/v1/files.proto",
+        "berth/v1/templates.proto",
         "berth/v1/supervisor.proto",
     ];
     for f in files {

@@ -106,7 +106,7 @@ fn decisions() -> Vec<(Request, Reads)> {
                 sandbox: Some(sandbox(i, phase, intent, run)),
                 providers: BTreeMap::from([("anthropic".to_string(), provider.clone())]),
                 users: vec![],
-                limits: Default::default(),
+                ..Reads::default()
             };
             (Request::new(command, None), reads)
         })

@@ -192,3 +192,29 @@ pub(crate) fn unfinished_start(sandbox: &Sandbox) -> Option<Effect> {
     (on(Bug::RotationOutsideStart) && pending)
         .then(|| Effect::Start { sandbox: sandbox.id.clone(), generation: sandbox.generation + 1 })
 }
+
+/// P1: a claim's write that met a newer version of its member is made again over it, as if
+/// written without a condition, rather than decided again.
+pub fn claim_over(
+    command: &Command,
+    decision: &crate::decision::Decision,
+    conflict: &crate::decision::Conflict,
+) -> Option<crate::decision::Decision> {
+    use crate::decision::{Key, Outcome, Write};
+    let (true, Command::ClaimSandbox { .. }, Key::Sandbox(id), Some(current)) =
+        (on(Bug::ClaimWithoutCas), command, &conflict.key, conflict.current)
+    else {
+        return None;
+    };
+    let mut over = decision.clone();
+    for write in &mut over.writes {
+        if let Write::UpdateSandbox { record, expected } = write
+            && record.id == *id
+        {
+            *expected = current;
+            record.resource_version = current + 1;
+            over.outcome = Outcome::Sandbox(record.clone());
+        }
+    }
+    Some(over)
+}

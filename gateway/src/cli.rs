@@ -14,6 +14,7 @@ use berth_proto::v1::files_client::FilesClient;
 use berth_proto::v1::logs_client::LogsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::templates_client::TemplatesClient;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -24,6 +25,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::config::default_data_dir;
 use crate::server::{API_TOKEN_FILE, DEFAULT_NAME, address_file};
+
+mod templates;
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "Drive a Berth gateway: sandboxes and providers")]
@@ -61,6 +64,12 @@ enum Top {
     /// Inspect, attach to and cancel execs.
     #[command(subcommand)]
     Exec(ExecCmd),
+    /// Create, inspect and delete templates: named specs with a warm pool.
+    #[command(subcommand)]
+    Template(templates::TemplateCmd),
+    /// Size and inspect templates' warm pools.
+    #[command(subcommand)]
+    Pool(templates::PoolCmd),
 }
 
 #[derive(Subcommand)]
@@ -91,14 +100,43 @@ struct Wait {
     timeout: Duration,
 }
 
+/// What a sandbox runs, and its policies: for a sandbox or a template.
+#[derive(Args)]
+struct SpecArgs {
+    /// The image to run (the process driver runs COMMAND on this host and ignores it).
+    #[arg(long, default_value = "host")]
+    image: String,
+    /// An environment variable, KEY=VALUE (repeatable).
+    #[arg(long = "env", short, value_parser = pair)]
+    env: Vec<(String, String)>,
+    /// A label, KEY=VALUE (repeatable).
+    #[arg(long = "label", short, value_parser = pair)]
+    labels: Vec<(String, String)>,
+    #[command(flatten)]
+    lifetime: LifetimeArgs,
+    #[command(flatten)]
+    restart: RestartArgs,
+}
+
+impl SpecArgs {
+    fn wire(self, command: Vec<String>) -> pb::SandboxSpec {
+        pb::SandboxSpec {
+            image: self.image,
+            command,
+            env: self.env.into_iter().collect(),
+            labels: self.labels.into_iter().collect(),
+            lifetime: Some(self.lifetime.wire()),
+            restart: Some(self.restart.wire()),
+        }
+    }
+}
+
 #[derive(Args)]
 struct LifetimeArgs {
-    /// The sandbox's deadline is this long after its create, and after every renew and start.
+    /// The deadline is this long after the create (a pool member's: after its claim), and
+    /// after every renew and start.
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Option<Duration>,
-    /// An absolute deadline instead, RFC 3339 (`2026-12-01T18:00:00Z`).
-    #[arg(long, value_parser = humantime::parse_rfc3339_weak, conflicts_with = "ttl")]
-    deadline: Option<std::time::SystemTime>,
     /// What the deadline does when it passes.
     #[arg(long, value_enum, default_value_t = OnExpiryArg::Stop)]
     on_expiry: OnExpiryArg,
@@ -192,27 +230,33 @@ enum SandboxCmd {
     /// Create a sandbox running COMMAND and wait until it is Ready.
     Create {
         name: String,
-        /// The image to run (the process driver runs COMMAND on this host and ignores it).
-        #[arg(long, default_value = "host")]
-        image: String,
-        /// An environment variable, KEY=VALUE (repeatable).
-        #[arg(long = "env", short, value_parser = pair)]
-        env: Vec<(String, String)>,
-        /// A label, KEY=VALUE (repeatable).
-        #[arg(long = "label", short, value_parser = pair)]
-        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        spec: SpecArgs,
         /// A provider to attach (repeatable).
         #[arg(long = "provider", short)]
         providers: Vec<String>,
-        #[command(flatten)]
-        lifetime: LifetimeArgs,
-        #[command(flatten)]
-        restart: RestartArgs,
+        /// An absolute deadline instead of a TTL, RFC 3339 (`2026-12-01T18:00:00Z`).
+        #[arg(long, value_parser = humantime::parse_rfc3339_weak, conflicts_with = "ttl")]
+        deadline: Option<std::time::SystemTime>,
         #[command(flatten)]
         wait: Wait,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Take a Ready sandbox from a template's warm pool (never one another claim got), with
+    /// labels and providers added; prints it.
+    Claim {
+        template: String,
+        /// A label to add, KEY=VALUE (repeatable).
+        #[arg(long = "label", short, value_parser = pair)]
+        labels: Vec<(String, String)>,
+        /// A provider to attach: its credentials reach execs at once (repeatable).
+        #[arg(long = "provider", short)]
+        providers: Vec<String>,
+        /// Wait this long for a Ready member if the pool has none (default: fail at once).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
     },
     /// Give a sandbox a new deadline: its TTL (or --ttl) from now, or --deadline. An expired,
     /// stopped sandbox stays stopped until started.
@@ -367,6 +411,7 @@ struct Client {
     execs: ExecsClient<Authed>,
     logs: LogsClient<Authed>,
     files: FilesClient<Authed>,
+    templates: TemplatesClient<Authed>,
     output: Output,
 }
 
@@ -401,6 +446,24 @@ fn intent_name(intent: i32) -> &'static str {
     })
 }
 
+fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
+    json!({
+        "image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels,
+        "lifetime": spec.lifetime.map(|l| json!({
+            "ttl_ms": l.ttl_ms,
+            "on_expiry": if l.on_expiry == pb::OnExpiry::Delete as i32 { "delete" } else { "stop" },
+        })),
+        "restart": spec.restart.map(|r| json!({
+            "mode": pb::RestartMode::try_from(r.mode).map_or("never", |m| match m {
+                pb::RestartMode::OnFailure => "on-failure",
+                pb::RestartMode::Always => "always",
+                pb::RestartMode::Never | pb::RestartMode::Unspecified => "never",
+            }),
+            "max_restarts": r.max_restarts, "backoff_ms": r.backoff_ms, "max_backoff_ms": r.max_backoff_ms,
+        })),
+    })
+}
+
 fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
     let spec = s.spec.clone().unwrap_or_default();
     json!({
@@ -410,21 +473,8 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
         "deadline_unix_ms": s.deadline_unix_ms, "expired_at_unix_ms": s.expired_at_unix_ms,
         "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
-        "spec": {
-            "image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels,
-            "lifetime": spec.lifetime.map(|l| json!({
-                "ttl_ms": l.ttl_ms,
-                "on_expiry": if l.on_expiry == pb::OnExpiry::Delete as i32 { "delete" } else { "stop" },
-            })),
-            "restart": spec.restart.map(|r| json!({
-                "mode": pb::RestartMode::try_from(r.mode).map_or("never", |m| match m {
-                    pb::RestartMode::OnFailure => "on-failure",
-                    pb::RestartMode::Always => "always",
-                    pb::RestartMode::Never | pb::RestartMode::Unspecified => "never",
-                }),
-                "max_restarts": r.max_restarts, "backoff_ms": r.backoff_ms, "max_backoff_ms": r.max_backoff_ms,
-            })),
-        },
+        "template": (!s.template.is_empty()).then_some(&s.template), "pool_member": s.pool_member,
+        "spec": spec_json(&spec),
         "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
     })
 }
@@ -586,25 +636,29 @@ impl Client {
                 return self.exec(start).await;
             }
             SandboxCmd::Cp { src, dst } => return self.cp(&src, &dst).await,
+            SandboxCmd::Claim { template, labels, providers, wait } => {
+                let request = pb::ClaimSandboxRequest {
+                    template,
+                    labels: labels.into_iter().collect(),
+                    providers,
+                    wait_ms: wait.map(|w| u32::try_from(w.as_millis()).unwrap_or(u32::MAX)),
+                };
+                let reply = self.templates.claim_sandbox(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
+            }
             SandboxCmd::Logs { name, follow, generation, offset } => {
                 let request =
                     pb::ReadLogsRequest { sandbox: name, generation: generation.unwrap_or(0), offset, follow };
                 return print_logs(self.logs.read_logs(request).await?.into_inner()).await;
             }
-            SandboxCmd::Create { name, image, env, labels, providers, lifetime, restart, wait, command } => {
+            SandboxCmd::Create { name, spec, providers, deadline, wait, command } => {
                 let request = pb::CreateSandboxRequest {
                     name,
-                    spec: Some(pb::SandboxSpec {
-                        image,
-                        command,
-                        env: env.into_iter().collect(),
-                        labels: labels.into_iter().collect(),
-                        lifetime: Some(lifetime.wire()),
-                        restart: Some(restart.wire()),
-                    }),
+                    spec: Some(spec.wire(command)),
                     providers,
                     expected_resource_version: None,
-                    deadline_unix_ms: lifetime.deadline.map(unix_millis),
+                    deadline_unix_ms: deadline.map(unix_millis),
                 };
                 let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
@@ -1090,7 +1144,8 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
         providers: ProvidersClient::with_interceptor(channel.clone(), auth.clone()),
         execs: ExecsClient::with_interceptor(channel.clone(), auth.clone()),
         logs: LogsClient::with_interceptor(channel.clone(), auth.clone()),
-        files: FilesClient::with_interceptor(channel, auth),
+        files: FilesClient::with_interceptor(channel.clone(), auth.clone()),
+        templates: TemplatesClient::with_interceptor(channel, auth),
         output: cli.output,
     })
 }
@@ -1103,6 +1158,8 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
             Top::Sandbox(c) => client.sandbox(c).await,
             Top::Provider(c) => client.provider(c).await.map(|()| 0),
             Top::Exec(c) => client.exec_command(c).await,
+            Top::Template(c) => client.template(c).await.map(|()| 0),
+            Top::Pool(c) => client.pool(c).await.map(|()| 0),
         }
     }
     .await;

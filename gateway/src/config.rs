@@ -147,6 +147,9 @@ pub struct Flags {
     /// The longest TTL a sandbox may have, and how far ahead its deadline may be. [default: 30d]
     #[arg(long, env = "BERTH_MAX_TTL", value_parser = duration)]
     pub max_ttl: Option<Duration>,
+    /// The most Ready sandboxes one template's warm pool may keep. [default: 100]
+    #[arg(long, env = "BERTH_MAX_POOL")]
+    pub max_pool: Option<u32>,
     /// Supervisors' heartbeat interval. [default: 5s]
     #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
     pub heartbeat: Option<Duration>,
@@ -178,6 +181,7 @@ struct File {
     stop_grace: Option<String>,
     max_upload_bytes: Option<u64>,
     max_ttl: Option<String>,
+    max_pool: Option<u32>,
     heartbeat: Option<String>,
     log: Option<String>,
     log_format: Option<LogFormat>,
@@ -202,6 +206,7 @@ pub struct Config {
     pub stop_grace: Duration,
     pub max_upload_bytes: u64,
     pub max_ttl: Duration,
+    pub max_pool: u32,
     pub heartbeat: Duration,
     pub log: String,
     pub log_format: LogFormat,
@@ -294,7 +299,8 @@ impl Config {
             max_ttl: flags
                 .max_ttl
                 .or(from_file("max_ttl", file.max_ttl)?)
-                .unwrap_or(berth_core::lifetime::Limits::default().max_ttl),
+                .unwrap_or(berth_core::validate::Limits::default().max_ttl),
+            max_pool: flags.max_pool.or(file.max_pool).unwrap_or(berth_core::validate::Limits::default().max_pool),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),

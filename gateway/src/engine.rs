@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token};
+use berth_core::template::POOL_LABEL;
 use berth_core::{
     Conflict, Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, Write, decide, merge,
     recovery,
@@ -26,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::error::ApiError;
 use crate::record_locks::{RecordKey, RecordLocks};
 use crate::sessions::Sessions;
-use crate::store::{CommitError, Store};
+use crate::store::{CommitError, PageRequest, Store};
 
 pub mod execs;
 pub mod files;
@@ -42,8 +43,8 @@ pub struct EngineSettings {
     pub effect_retries: Vec<Duration>,
     /// What an upload or a download may hold.
     pub files: berth_drivers::files::Limits,
-    /// The longest TTL and furthest deadline a sandbox may have.
-    pub lifetime: berth_core::lifetime::Limits,
+    /// The longest TTL a sandbox may have, the largest pool a template may keep.
+    pub limits: berth_core::validate::Limits,
 }
 
 impl Default for EngineSettings {
@@ -53,7 +54,7 @@ impl Default for EngineSettings {
             stop_grace: Duration::from_secs(10),
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
             files: berth_drivers::files::Limits::default(),
-            lifetime: berth_core::lifetime::Limits::default(),
+            limits: berth_core::validate::Limits::default(),
         }
     }
 }
@@ -88,6 +89,8 @@ struct Inner {
     sessions: Sessions,
     /// Told of every exec write made here.
     exec_changes: tokio::sync::watch::Sender<()>,
+    /// Rung when a pool here wants refilling now (a claim took a member, or found none).
+    refill: tokio::sync::Notify,
 }
 
 #[derive(Clone)]
@@ -122,6 +125,7 @@ impl Engine {
                 shutdown: tokio::sync::watch::channel(false).0,
                 sessions: Sessions::default(),
                 exec_changes: tokio::sync::watch::channel(()).0,
+                refill: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -171,6 +175,18 @@ impl Engine {
             match self.commit(&decision, reads.sandbox.as_ref(), command_name(request)).await {
                 Ok(()) => return Ok(decision.outcome),
                 Err(CommitError::Conflict(c)) => {
+                    #[cfg(feature = "bugs")]
+                    if let Some(over) = berth_core::bugs::claim_over(&request.command, &decision, &c) {
+                        self.commit(&over, None, command_name(request)).await.map_err(|e| match e {
+                            CommitError::Conflict(c) => ApiError::from(berth_core::Error::Contention {
+                                kind: Kind::Sandbox,
+                                name: format!("{:?}", c.key),
+                                attempts: 2,
+                            }),
+                            CommitError::Store(e) => e.into(),
+                        })?;
+                        return Ok(over.outcome);
+                    }
                     self.wait_after_conflict(&mut retry, &c, command_name(request)).await?
                 }
                 Err(CommitError::Store(e)) => return Err(e.into()),
@@ -245,7 +261,24 @@ impl Engine {
             Some(p) => store.sandboxes_using(p).await?,
             None => Vec::new(),
         };
-        Ok(Reads { sandbox, providers, users, lifetime_limits: self.inner.settings.lifetime })
+        let template = match request.template_name() {
+            Some(name) => store.template(name).await?,
+            None => None,
+        };
+        let mut members = Vec::new();
+        if let (true, Some(t)) = (request.reads_members(), &template) {
+            let selector = BTreeMap::from([(POOL_LABEL.to_string(), t.name.clone())]);
+            let mut page = PageRequest { after: None, limit: 500 };
+            loop {
+                let batch = store.list_sandboxes(&page, &selector).await?;
+                members.extend(batch.items);
+                match batch.next {
+                    Some(next) => page.after = Some(next),
+                    None => break,
+                }
+            }
+        }
+        Ok(Reads { sandbox, providers, users, limits: self.inner.settings.limits, template, members })
     }
 
     /// Commits a decision, logs its phase change, tells watchers, and queues its effects.
@@ -307,6 +340,16 @@ impl Engine {
                 tokio::spawn(self.clone().drain(id));
             }
         }
+    }
+
+    /// Asks this gateway's pool loop, if it holds the lease, to refill now.
+    pub fn want_refill(&self) {
+        self.inner.refill.notify_one();
+    }
+
+    /// Resolves when a refill is wanted.
+    pub async fn refill_wanted(&self) {
+        self.inner.refill.notified().await;
     }
 
     /// Asks every long-lived stream (supervisor sessions, watches) to end.
@@ -436,6 +479,20 @@ fn written_records(request: &Request) -> BTreeSet<RecordKey> {
         Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => {
             keys.insert(RecordKey::Provider(name.clone()));
         }
+        // Claims and fills of one template take turns here; those of other gateways conflict.
+        Command::CreateTemplate { name: template, .. }
+        | Command::SetPool { template, .. }
+        | Command::DeleteTemplate { name: template } => {
+            keys.insert(RecordKey::Template(template.clone()));
+        }
+        Command::FillPool { template, name, .. } => {
+            keys.insert(RecordKey::Template(template.clone()));
+            keys.insert(RecordKey::Sandbox(name.clone()));
+        }
+        Command::ClaimSandbox { template, providers, .. } => {
+            keys.insert(RecordKey::Template(template.clone()));
+            keys.extend(providers.iter().cloned().map(RecordKey::Provider));
+        }
         Command::StopSandbox { .. }
         | Command::StartSandbox { .. }
         | Command::DeleteSandbox { .. }
@@ -461,6 +518,11 @@ fn command_name(request: &Request) -> &'static str {
         Command::DetachProvider { .. } => "DetachProvider",
         Command::CreateProvider { .. } => "CreateProvider",
         Command::DeleteProvider { .. } => "DeleteProvider",
+        Command::CreateTemplate { .. } => "CreateTemplate",
+        Command::SetPool { .. } => "SetPool",
+        Command::DeleteTemplate { .. } => "DeleteTemplate",
+        Command::FillPool { .. } => "FillPool",
+        Command::ClaimSandbox { .. } => "ClaimSandbox",
     }
 }
 
@@ -514,6 +576,12 @@ mod tests {
         }
         async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
             self.0.list_providers(page).await
+        }
+        async fn template(&self, name: &str) -> Result<Option<berth_core::template::Template>, StoreError> {
+            self.0.template(name).await
+        }
+        async fn list_templates(&self, page: &PageRequest) -> Result<Page<berth_core::template::Template>, StoreError> {
+            self.0.list_templates(page).await
         }
         async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
             tokio::task::yield_now().await;
@@ -596,6 +664,7 @@ mod tests {
             deadline: None,
             expired_at: None,
             restarts: Default::default(),
+            template: None,
             created_at: Timestamp(1),
             updated_at: Timestamp(1),
         }

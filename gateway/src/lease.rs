@@ -23,7 +23,7 @@ use berth_core::lease::{next_ask, reliable, relied_until};
 
 use crate::engine::Engine;
 use crate::reconcile::{self, ReconcileSettings};
-use crate::timers;
+use crate::{pools, timers};
 
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
@@ -44,22 +44,25 @@ struct Tenure {
 
 impl Tenure {
     fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64, until: Instant) -> Self {
-        let (feed, records) = tokio::sync::mpsc::channel(1);
+        let (timers_feed, timers_records) = tokio::sync::mpsc::channel(1);
+        let (pools_feed, pools_records) = tokio::sync::mpsc::channel(1);
+        let feeds = vec![timers_feed, pools_feed];
         let recovery = {
             let engine = engine.clone();
             let page_size = settings.page_size;
-            let feed = feed.clone();
+            let feeds = feeds.clone();
             tokio::spawn(async move {
-                match reconcile::recover(&engine, page_size, &feed).await {
+                match reconcile::recover(&engine, page_size, &feeds).await {
                     Ok(redriven) => info!(redriven, "recovery re-drove the unfinished transitions"),
                     Err(e) => warn!(error = %e, "recovery could not read the records; the poll sweep re-drives them"),
                 }
             })
         };
         let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
-        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone(), feed));
-        let timers = tokio::spawn(timers::timers_loop(engine.clone(), records));
-        Self { term, until, tasks: vec![recovery, watch, poll, timers] }
+        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone(), feeds));
+        let timers = tokio::spawn(timers::timers_loop(engine.clone(), timers_records));
+        let pools = tokio::spawn(pools::pools_loop(engine.clone(), pools_records));
+        Self { term, until, tasks: vec![recovery, watch, poll, timers, pools] }
     }
 
     fn end(self) {

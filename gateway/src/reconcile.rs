@@ -50,8 +50,8 @@ pub struct SweepStats {
 }
 
 /// Re-drives every unconfirmed transition, once, at gateway start-up, and feeds every record
-/// to `timers`.
-pub async fn recover(engine: &Engine, page_size: usize, timers: &RecordFeed) -> Result<usize, ApiError> {
+/// to `feeds`.
+pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) -> Result<usize, ApiError> {
     let mut redriven = 0;
     let mut page = PageRequest { after: None, limit: page_size };
     let mut records = Vec::new();
@@ -68,7 +68,9 @@ pub async fn recover(engine: &Engine, page_size: usize, timers: &RecordFeed) -> 
         match batch.next {
             Some(next) => page.after = Some(next),
             None => {
-                let _ = timers.send(records).await;
+                for feed in feeds {
+                    let _ = feed.send(records.clone()).await;
+                }
                 return Ok(redriven);
             }
         }
@@ -110,15 +112,15 @@ pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
     }
 }
 
-/// Where a sweep hands every record it read: the lease holder's timers, which build their
-/// schedule from them rather than reading every record again.
+/// Where a sweep hands every record it read: the lease holder's timers and pools, which work
+/// from them rather than reading every record again.
 pub type RecordFeed = tokio::sync::mpsc::Sender<Vec<berth_core::Sandbox>>;
 
-/// Sweeps forever, every `poll_interval`, feeding what each read to `timers`.
-pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, timers: RecordFeed) {
+/// Sweeps forever, every `poll_interval`, feeding what each read to `feeds`.
+pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, feeds: Vec<RecordFeed>) {
     loop {
         tokio::time::sleep(settings.poll_interval).await;
-        match sweep_feeding(&engine, &settings, Some(&timers)).await {
+        match sweep_feeding(&engine, &settings, &feeds).await {
             Ok(stats) => debug!(?stats, "reconcile sweep"),
             Err(e) => warn!(error = %e, "reconcile sweep failed; the next one retries"),
         }
@@ -128,13 +130,13 @@ pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, timers: Reco
 /// One sweep: records first (their versions fence what the runtime then says of absence),
 /// then everything the runtime lists, then absence for what it did not list.
 pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
-    sweep_feeding(engine, settings, None).await
+    sweep_feeding(engine, settings, &[]).await
 }
 
 async fn sweep_feeding(
     engine: &Engine,
     settings: &ReconcileSettings,
-    timers: Option<&RecordFeed>,
+    feeds: &[RecordFeed],
 ) -> Result<SweepStats, ApiError> {
     let mut stats = SweepStats::default();
     let now = engine.now();
@@ -155,8 +157,8 @@ async fn sweep_feeding(
         }
     }
     stats.records = records.len();
-    // A timer loop still busy with the last batch gets the next one.
-    if let Some(feed) = timers {
+    // A loop still busy with the last batch gets the next one.
+    for feed in feeds {
         let _ = feed.try_send(records.values().cloned().collect());
     }
 

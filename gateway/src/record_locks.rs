@@ -21,6 +21,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 pub enum RecordKey {
     Sandbox(String),
     Provider(String),
+    Template(String),
 }
 
 #[derive(Default)]

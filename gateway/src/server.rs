@@ -210,7 +210,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let settings = EngineSettings {
         stop_grace: config.stop_grace,
         files,
-        lifetime: berth_core::lifetime::Limits { max_ttl: config.max_ttl },
+        limits: berth_core::validate::Limits { max_ttl: config.max_ttl, max_pool: config.max_pool },
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);

@@ -103,6 +103,7 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: Timestamp::from_unix_millis(1),
         updated_at: Timestamp::from_unix_millis(1),
     }

@@ -8,11 +8,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::template::Template;
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
 
 use crate::invariants::{
-    Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, t1_deadlines,
+    Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, p1_pools, t1_deadlines,
 };
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
@@ -193,6 +194,12 @@ impl Store for TracingStore {
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError> {
         self.call(self.world.store.list_providers(page)).await
     }
+    async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
+        self.call(self.world.store.template(name)).await
+    }
+    async fn list_templates(&self, page: &PageRequest) -> Result<Page<Template>, StoreError> {
+        self.call(self.world.store.list_templates(page)).await
+    }
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
         self.call(self.world.store.exec(sandbox, id)).await
     }
@@ -288,6 +295,8 @@ fn expiry_bound(scenario: &crate::scenario::Scenario) -> std::time::Duration {
 
 pub async fn check_converged(world: &World) {
     let records = all_records(world).await;
+    let page = PageRequest { after: None, limit: 1000 };
+    let templates = world.store.list_templates(&page).await.map(|p| p.items).unwrap_or_default();
     let runtime = lock(&world.runtime);
     for s in &records {
         if let Some(problem) = i7_delete_completes::deleted_still_there(s) {
@@ -302,5 +311,10 @@ pub async fn check_converged(world: &World) {
     }
     for problem in i7_delete_completes::left_behind(&records, &held(world, &runtime), &runtime) {
         world.violate(Invariant::I7, problem);
+    }
+    for template in &templates {
+        if let Some(problem) = p1_pools::not_refilled(template, &records) {
+            world.violate(Invariant::P1, problem);
+        }
     }
 }

@@ -10,6 +10,7 @@ use berth_core::{Intent, PhaseKind};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::templates_client::TemplatesClient;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -37,6 +38,10 @@ impl tonic::service::Interceptor for Bearer {
 
 type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
+type Templates = TemplatesClient<InterceptedService<Channel, Bearer>>;
+
+/// The template of the lifetime workload's warm pool.
+pub const POOL: &str = "pool";
 
 pub fn sandbox_name(i: usize) -> String {
     format!("sb{i}")
@@ -71,15 +76,19 @@ struct Client {
     draw: Draw,
     /// A connection to each gateway; the client talks to one and moves to the next when it
     /// stops answering.
-    gateways: Vec<(Sandboxes, Providers)>,
+    gateways: Vec<(Sandboxes, Providers, Templates)>,
     at: usize,
     r2_runs: usize,
 }
 
 /// The clients of gateway `g`, over a new channel.
-fn connect(g: usize) -> (Sandboxes, Providers) {
+fn connect(g: usize) -> (Sandboxes, Providers, Templates) {
     let channel = net::channel(g);
-    (SandboxesClient::with_interceptor(channel.clone(), Bearer), ProvidersClient::with_interceptor(channel, Bearer))
+    (
+        SandboxesClient::with_interceptor(channel.clone(), Bearer),
+        ProvidersClient::with_interceptor(channel.clone(), Bearer),
+        TemplatesClient::with_interceptor(channel, Bearer),
+    )
 }
 
 enum Versioned {
@@ -264,6 +273,108 @@ impl Client {
         (lifetime, restart)
     }
 
+    /// The warm pool of the lifetime workload: its size drawn from the seed.
+    async fn make_pool(&mut self) {
+        let min_ready = 1 + self.draw.below(3) as u32;
+        self.world.event(self.actor.clone(), "call", format!("create template {POOL} with a pool of {min_ready}"));
+        let spec = pb::SandboxSpec { image: "sim".into(), command: vec!["work".into()], ..Default::default() };
+        let request = pb::CreateTemplateRequest {
+            name: POOL.into(),
+            spec: Some(spec),
+            min_ready,
+            expected_resource_version: None,
+        };
+        let mut c = self.gateways[self.at].2.clone();
+        let reply = self.timed(c.create_template(request)).await;
+        if let Err(Some(status)) = &reply {
+            self.check_reply("create template", "create template", None, status);
+        }
+    }
+
+    /// One claim through gateway `g`: what it got, checked against every claim before (P1).
+    async fn claim_via(&self, g: usize, wait_ms: Option<u32>) -> Option<pb::Sandbox> {
+        let mut c = self.gateways[g].2.clone();
+        let request = pb::ClaimSandboxRequest {
+            template: POOL.into(),
+            labels: [("claimer".to_string(), format!("c{}", self.index))].into(),
+            providers: vec![],
+            wait_ms,
+        };
+        let result = match tokio::time::timeout(CALL_TIMEOUT, c.claim_sandbox(request)).await {
+            Ok(Ok(r)) => Ok(r.into_inner().sandbox),
+            Ok(Err(status)) => Err(Some(status)),
+            Err(_) => Err(None),
+        };
+        let detail = match &result {
+            Ok(Some(s)) => format!("claim via {} -> {} v{}", net::gateway_host(g), s.name, s.resource_version),
+            Ok(None) => "claim -> nothing".to_string(),
+            Err(Some(status)) => format!("claim via {} -> {:?}", net::gateway_host(g), status.code()),
+            Err(None) => format!("claim via {} -> no answer", net::gateway_host(g)),
+        };
+        self.world.event(self.actor.clone(), "reply", detail);
+        match result {
+            Ok(Some(s)) => {
+                let claimer = format!("{} via {}", self.actor, net::gateway_host(g));
+                let problem = lock(&self.world.claims).claimed(&s.id, &s.name, &claimer);
+                if let Some(problem) = problem {
+                    self.world.violate(Invariant::P1, problem);
+                }
+                Some(s)
+            }
+            // An empty pool is UNAVAILABLE, as an unreachable gateway is: neither is a bug.
+            Err(Some(status)) => {
+                self.check_reply("claim", "claim", None, &status);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// P1's races: claims racing claims (two at one instant, through two gateways when there
+    /// are several) and deletes of the members they race for; each claimed sandbox is deleted
+    /// again a moment later, as a finished agent's is.
+    async fn claims(&mut self) {
+        self.world.event(self.actor.clone(), "call", format!("claim from {POOL}"));
+        let other = (self.at + 1) % self.gateways.len();
+        let wait_ms = self.draw.chance(0.5).then(|| self.draw.below(2_000) as u32);
+        let got = match self.draw.below(3) {
+            0 => {
+                let (a, b) = tokio::join!(self.claim_via(self.at, wait_ms), self.claim_via(other, wait_ms));
+                vec![a, b]
+            }
+            1 => {
+                // A delete of a member racing the claim that may take it.
+                let mut t = self.gateways[other].2.clone();
+                let members =
+                    tokio::time::timeout(CALL_TIMEOUT, t.get_template(pb::GetTemplateRequest { name: POOL.into() }))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .and_then(|r| r.into_inner().template)
+                        .and_then(|t| t.pool)
+                        .map(|p| p.member_names)
+                        .unwrap_or_default();
+                let victim = members.first().cloned();
+                let mut s = self.gateways[other].0.clone();
+                let delete = async {
+                    if let Some(name) = victim {
+                        let request = pb::LifecycleRequest { name, expected_resource_version: None };
+                        let _ = tokio::time::timeout(CALL_TIMEOUT, s.delete_sandbox(request)).await;
+                    }
+                };
+                let (claimed, ()) = tokio::join!(self.claim_via(self.at, wait_ms), delete);
+                vec![claimed]
+            }
+            _ => vec![self.claim_via(self.at, wait_ms).await],
+        };
+        tokio::time::sleep(self.draw.millis(0, 2_000)).await;
+        for s in got.into_iter().flatten() {
+            if self.draw.chance(0.8) {
+                self.lifecycle("delete", &s.name, None).await;
+            }
+        }
+    }
+
     /// T1's race: a renew sent just before the sandbox's deadline, when its expiry is about to
     /// be taken, now and then with the version the client read.
     async fn renew_near_deadline(&mut self, name: &str) {
@@ -440,7 +551,13 @@ impl Client {
             }
             72..=83 => self.stop_start_wait(&name).await,
             84..=89 => self.delete_then_delete_provider().await,
-            _ => self.bump(&name).await,
+            _ => {
+                if self.world.scenario.lifetimes && self.draw.chance(0.6) {
+                    self.claims().await;
+                } else {
+                    self.bump(&name).await;
+                }
+            }
         }
     }
 
@@ -457,8 +574,9 @@ impl Client {
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
-                // Its restart policy brings it back by itself; an expired one stays expired.
-                if s.next_restart_unix_ms.is_some() || s.expired_at_unix_ms.is_some() {
+                // Its restart policy brings it back by itself; an expired one stays expired; a
+                // pool's member is its pool's to replace.
+                if s.next_restart_unix_ms.is_some() || s.expired_at_unix_ms.is_some() || s.pool_member {
                     continue;
                 }
                 // A deadline still ahead is moved past the end of the run, as a user keeping a
@@ -497,6 +615,9 @@ pub async fn client(world: Arc<World>, index: usize) -> turmoil::Result {
     if index == 0 {
         for p in 0..world.scenario.providers {
             let _ = c.provider(true, &provider_name(p)).await;
+        }
+        if world.scenario.lifetimes {
+            c.make_pool().await;
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -149,6 +149,8 @@ pub struct World {
     crash_requests: Mutex<Vec<usize>>,
     /// What the runs' execs did (E1, E4).
     pub execs: Mutex<crate::execs::Ledger>,
+    /// Which sandbox each claim got (P1).
+    pub claims: Mutex<crate::invariants::p1_pools::Claims>,
 }
 
 impl World {
@@ -171,6 +173,7 @@ impl World {
             shutdowns: Mutex::default(),
             crash_requests: Mutex::default(),
             execs: Mutex::default(),
+            claims: Mutex::default(),
             scenario,
         })
     }

@@ -49,6 +49,7 @@ fn populated(request: &Request) -> Reads {
             deadline: None,
             expired_at: None,
             restarts: Default::default(),
+            template: None,
             created_at: Timestamp::default(),
             updated_at: Timestamp::default(),
         });

@@ -41,6 +41,7 @@ fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: Timestamp::default(),
         updated_at: Timestamp::default(),
     }

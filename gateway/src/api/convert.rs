@@ -59,7 +59,7 @@ pub fn unix_millis(ms: i64) -> Timestamp {
     Timestamp::from_unix_millis(ms)
 }
 
-fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
+pub fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
     let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     pb::SandboxSpec {
         image: spec.image.clone(),
@@ -131,6 +131,8 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         expired_at_unix_ms: s.expired_at.map(Timestamp::unix_millis),
         restart_count: s.restarts.count,
         next_restart_unix_ms: berth_core::restart::scheduled(s).map(Timestamp::unix_millis),
+        template: s.template.clone().unwrap_or_default(),
+        pool_member: s.template.as_deref().is_some_and(|t| berth_core::template::is_member(s, t)),
     }
 }
 

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
-use crate::engine::{Engine, execs::run_message};
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::sessions::{OutputEvent, READ_WINDOW};
 
@@ -127,7 +127,10 @@ async fn follow(
             continue;
         };
         // The run learns of the exec as its output is asked for (a no-op if it knows it).
-        let run = pb::RunExec { window, ..run_message(&exec) };
+        let run = match engine.exec_run(&exec).await {
+            Ok(run) => pb::RunExec { window, ..run },
+            Err(e) => break Err(e.into()),
+        };
         let Some((subscription, mut events)) = session.run_and_read(run, offset).await else {
             // The connection went as it was asked: the next session is waited for above.
             continue;
@@ -198,8 +201,11 @@ async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::Ex
         };
         let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else { continue };
         if told.as_ref().is_none_or(|t| !std::sync::Arc::ptr_eq(t, &session)) {
-            session.send(ToSupervisor::RunExec(run_message(&exec))).await;
-            told = Some(session.clone());
+            // Unreadable now: the run is told with the next input (or knows it already).
+            if let Ok(run) = engine.exec_run(&exec).await {
+                session.send(ToSupervisor::RunExec(run)).await;
+                told = Some(session.clone());
+            }
         }
         session.send(m).await;
     }

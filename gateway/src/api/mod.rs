@@ -8,6 +8,7 @@ pub mod files;
 pub mod logs;
 pub mod public;
 pub mod supervisor;
+pub mod templates;
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use berth_proto::v1::logs_server::LogsServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
 use berth_proto::v1::supervisor_server::SupervisorServer;
+use berth_proto::v1::templates_server::TemplatesServer;
 use tonic::service::Routes;
 
 use crate::engine::Engine;
@@ -30,6 +32,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     health.set_serving::<ExecsServer<exec::ExecApi>>().await;
     health.set_serving::<LogsServer<logs::LogsApi>>().await;
     health.set_serving::<FilesServer<files::FilesApi>>().await;
+    health.set_serving::<TemplatesServer<templates::TemplateApi>>().await;
     health.set_serving::<SupervisorServer<supervisor::SupervisorApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
@@ -40,7 +43,8 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     let providers_auth = auth.clone();
     let execs_auth = auth.clone();
     let logs_auth = auth.clone();
-    let files_auth = auth;
+    let files_auth = auth.clone();
+    let templates_auth = auth;
     let mut routes = Routes::builder();
     routes
         .add_service(SandboxesServer::with_interceptor(public::SandboxApi::new(engine.clone()), move |r| {
@@ -52,6 +56,9 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         .add_service(ExecsServer::with_interceptor(exec::ExecApi::new(engine.clone()), move |r| execs_auth.check(r)))
         .add_service(LogsServer::with_interceptor(logs::LogsApi::new(engine.clone()), move |r| logs_auth.check(r)))
         .add_service(FilesServer::with_interceptor(files::FilesApi::new(engine.clone()), move |r| files_auth.check(r)))
+        .add_service(TemplatesServer::with_interceptor(templates::TemplateApi::new(engine.clone()), move |r| {
+            templates_auth.check(r)
+        }))
         .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
         .add_service(health_service)
         .add_service(reflection);

@@ -24,11 +24,11 @@ const WATCH_RESYNC: Duration = Duration::from_secs(2);
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
-fn invalid(field: &str, reason: &str) -> Status {
+pub(super) fn invalid(field: &str, reason: &str) -> Status {
     Status::invalid_argument(format!("invalid {field}: {reason}"))
 }
 
-fn core_invalid(e: berth_core::Error) -> Status {
+pub(super) fn core_invalid(e: berth_core::Error) -> Status {
     ApiError::from(e).into()
 }
 
@@ -53,11 +53,11 @@ pub(super) fn page_of(
 }
 
 /// A page of records named by DNS labels (sandboxes, providers).
-fn page(size: u32, token: String) -> Result<PageRequest, Status> {
+pub(super) fn page(size: u32, token: String) -> Result<PageRequest, Status> {
     page_of(size, token, validate::dns_label)
 }
 
-fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {
+pub(super) fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {
     match outcome {
         Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(&s)) })),
         other => Err(Status::internal(format!("a sandbox command returned {other:?}"))),

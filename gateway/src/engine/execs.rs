@@ -2,6 +2,7 @@
 //! each a conditional write re-decided after a conflict, and carrying execs to the supervisor
 //! session of the run they were admitted for.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
@@ -23,12 +24,14 @@ const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// gateway, whose writes this one is not told of.
 const REREAD: Duration = Duration::from_millis(500);
 
-/// The message that has a supervisor run `exec` (or, cancelled first, only report it so).
-pub fn run_message(exec: &Exec) -> pb::RunExec {
+/// The message that has a supervisor run `exec` (or, cancelled first, only report it so), in
+/// `env`: the sandbox's environment under the exec's own.
+fn run_message(exec: &Exec, mut env: BTreeMap<String, String>) -> pb::RunExec {
+    env.extend(exec.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     pb::RunExec {
         exec_id: exec.id.to_string(),
         argv: exec.spec.argv.clone(),
-        env: exec.spec.env.clone(),
+        env,
         cwd: exec.spec.cwd.clone(),
         tty: exec.spec.tty,
         stdin: exec.spec.stdin,
@@ -40,6 +43,22 @@ pub fn run_message(exec: &Exec) -> pb::RunExec {
 }
 
 impl Engine {
+    /// What a supervisor is told to run `exec` with: the sandbox's spec environment and the
+    /// credentials of the providers attached now (so a provider attached at a claim reaches
+    /// execs at once; the main process gets it at its next start), under the exec's own.
+    pub async fn exec_run(&self, exec: &Exec) -> Result<pb::RunExec, ApiError> {
+        let mut env = BTreeMap::new();
+        if let Some(sandbox) = self.inner.store.sandbox(&exec.sandbox).await? {
+            env.extend(sandbox.spec.env.clone());
+            for name in &sandbox.providers {
+                if let Some(p) = self.inner.store.provider(name).await? {
+                    env.extend(p.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
+                }
+            }
+        }
+        Ok(run_message(exec, env))
+    }
+
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
     }
@@ -171,7 +190,7 @@ impl Engine {
             if open.generation != session.generation {
                 continue;
             }
-            if !session.send(ToSupervisor::RunExec(run_message(&open))).await {
+            if !session.send(ToSupervisor::RunExec(self.exec_run(&open).await?)).await {
                 break;
             }
             if open.cancel_requested {

@@ -3,6 +3,7 @@
 //! either, and a damaged row is reported the same way.
 
 use berth_core::exec::Exec;
+use berth_core::template::Template;
 use berth_core::{Provider, Sandbox};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -34,6 +35,19 @@ impl Record for Sandbox {
 
 impl Record for Provider {
     const TABLE: &'static str = "providers";
+    fn key(&self) -> &str {
+        &self.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Record for Template {
+    const TABLE: &'static str = "templates";
     fn key(&self) -> &str {
         &self.name
     }

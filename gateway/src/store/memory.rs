@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 
 use super::{CommitError, Lease, Page, PageRequest, Store, StoreError, selects};
@@ -20,6 +21,7 @@ struct Tables {
     /// name → id, for uniqueness and by-name reads.
     names: BTreeMap<String, SandboxId>,
     providers: BTreeMap<String, Provider>,
+    templates: BTreeMap<String, Template>,
     execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
@@ -64,6 +66,7 @@ impl Tables {
             Key::Sandbox(id) => self.sandboxes.get(id).map(|s| s.resource_version),
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
+            Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
         }
     }
 
@@ -113,6 +116,12 @@ impl Tables {
             }
             Write::RemoveProvider { name, .. } => {
                 self.providers.remove(name);
+            }
+            Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } => {
+                self.templates.insert(t.name.clone(), t.clone());
+            }
+            Write::RemoveTemplate { name, .. } => {
+                self.templates.remove(name);
             }
         }
     }
@@ -182,6 +191,15 @@ impl Store for MemoryStore {
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
         let t = self.lock();
         Ok(page(t.providers.iter().map(|(n, p)| (n.clone(), p.clone())), request))
+    }
+
+    async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
+        Ok(self.lock().templates.get(name).cloned())
+    }
+
+    async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
+        let t = self.lock();
+        Ok(page(t.templates.iter().map(|(n, t)| (n.clone(), t.clone())), request))
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::template::Template;
 use berth_core::{Conflict, Provider, Sandbox, SandboxId, Timestamp, Write};
 
 mod codec;
@@ -91,6 +92,8 @@ pub trait Store: Send + Sync + 'static {
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError>;
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError>;
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError>;
+    async fn template(&self, name: &str) -> Result<Option<Template>, StoreError>;
+    async fn list_templates(&self, page: &PageRequest) -> Result<Page<Template>, StoreError>;
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError>;
     /// A sandbox's execs, ordered by id.
     async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError>;

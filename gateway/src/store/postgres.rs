@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
@@ -90,6 +91,13 @@ CREATE TABLE execs (
     PRIMARY KEY (sandbox_id, id)
 );
 CREATE INDEX execs_open ON execs (sandbox_id, id) WHERE open;
+"#,
+    r#"
+CREATE TABLE templates (
+    name    TEXT   COLLATE "C" NOT NULL PRIMARY KEY,
+    version BIGINT NOT NULL,
+    record  TEXT   NOT NULL
+);
 "#,
 ];
 
@@ -257,6 +265,24 @@ impl PostgresStore {
         Ok(codec::page(self.read_all(sql, &args).await?, limit))
     }
 
+    async fn read_named<T: Record>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        self.read_one(&format!("SELECT name, version, record FROM {} WHERE name = $1", T::TABLE), name).await
+    }
+
+    async fn page_named<T: Record>(&self, request: &PageRequest) -> Result<Page<T>, StoreError> {
+        match &request.after {
+            Some(after) => {
+                let sql =
+                    format!("SELECT name, version, record FROM {} WHERE name > $1 ORDER BY name LIMIT $2", T::TABLE);
+                self.read_page(&sql, &[after], request.limit).await
+            }
+            None => {
+                let sql = format!("SELECT name, version, record FROM {} ORDER BY name LIMIT $1", T::TABLE);
+                self.read_page(&sql, &[], request.limit).await
+            }
+        }
+    }
+
     /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
     async fn try_commit(&self, client: &mut Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
         let tx = client.transaction().await.map_err(|e| self.error(&e))?;
@@ -353,6 +379,7 @@ async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
     let (sql, args): (&str, Vec<&str>) = match key {
         Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", vec![id.as_str()]),
         Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", vec![name.as_str()]),
+        Key::Template(name) => ("SELECT version FROM templates WHERE name = $1", vec![name.as_str()]),
         Key::Exec(sandbox, id) => {
             ("SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2", vec![sandbox.as_str(), id.as_str()])
         }
@@ -367,6 +394,7 @@ async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
     let version = match key {
         Key::Sandbox(_) => from_sql_version::<Sandbox>(name, version)?,
         Key::Provider(_) => from_sql_version::<Provider>(name, version)?,
+        Key::Template(_) => from_sql_version::<Template>(name, version)?,
         Key::Exec(..) => from_sql_version::<Exec>(name, version)?,
     };
     Ok(Some(version))
@@ -402,6 +430,25 @@ async fn execute(tx: &Transaction<'_>, sql: &str, args: &[&(dyn ToSql + Sync)]) 
     Ok(tx.execute(&statement, args).await?)
 }
 
+// The tables of records keyed by their name (providers, templates): one shape, one set of
+// statements.
+
+async fn insert_named<T: Record>(tx: &Transaction<'_>, record: &T) -> TxResult<u64> {
+    let sql = format!("INSERT INTO {} (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", T::TABLE);
+    execute(tx, &sql, &[&record.key(), &to_sql_version(record.version())?, &encode(record)?]).await
+}
+
+async fn update_named<T: Record>(tx: &Transaction<'_>, record: &T, expected: u64) -> TxResult<u64> {
+    let sql = format!("UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4", T::TABLE);
+    let version = to_sql_version(record.version())?;
+    execute(tx, &sql, &[&record.key(), &version, &encode(record)?, &to_sql_version(expected)?]).await
+}
+
+async fn remove_named<T: Record>(tx: &Transaction<'_>, name: &str, expected: u64) -> TxResult<u64> {
+    let sql = format!("DELETE FROM {} WHERE name = $1 AND version = $2", T::TABLE);
+    execute(tx, &sql, &[&name, &to_sql_version(expected)?]).await
+}
+
 /// Applies one write whose condition was checked; a conflict here comes from an earlier write
 /// of the same transaction, or from another transaction that committed meanwhile.
 async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
@@ -427,19 +474,12 @@ async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>
             let sql = "DELETE FROM sandboxes WHERE id = $1 AND version = $2";
             execute(tx, sql, &[&id.as_str(), &to_sql_version(*expected)?]).await?
         }
-        Write::CreateProvider(p) => {
-            let sql = "INSERT INTO providers (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
-            execute(tx, sql, &[&p.name, &to_sql_version(p.resource_version)?, &encode(p)?]).await?
-        }
-        Write::UpdateProvider { record: p, expected } => {
-            let sql = "UPDATE providers SET version = $2, record = $3 WHERE name = $1 AND version = $4";
-            let version = to_sql_version(p.resource_version)?;
-            execute(tx, sql, &[&p.name, &version, &encode(p)?, &to_sql_version(*expected)?]).await?
-        }
-        Write::RemoveProvider { name, expected } => {
-            let sql = "DELETE FROM providers WHERE name = $1 AND version = $2";
-            execute(tx, sql, &[&name, &to_sql_version(*expected)?]).await?
-        }
+        Write::CreateProvider(p) => insert_named(tx, p).await?,
+        Write::UpdateProvider { record: p, expected } => update_named(tx, p, *expected).await?,
+        Write::RemoveProvider { name, expected } => remove_named::<Provider>(tx, name, *expected).await?,
+        Write::CreateTemplate(t) => insert_named(tx, t).await?,
+        Write::UpdateTemplate { record: t, expected } => update_named(tx, t, *expected).await?,
+        Write::RemoveTemplate { name, expected } => remove_named::<Template>(tx, name, *expected).await?,
         // Locked until the commit: a write to the sandbox committed after the check makes this
         // select no row (READ COMMITTED re-reads a locked row), and none can land after it.
         Write::CheckSandbox { id, expected } => {
@@ -562,20 +602,19 @@ impl Store for PostgresStore {
     }
 
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
-        self.read_one("SELECT name, version, record FROM providers WHERE name = $1", name).await
+        self.read_named(name).await
     }
 
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
-        match &request.after {
-            Some(after) => {
-                let sql = "SELECT name, version, record FROM providers WHERE name > $1 ORDER BY name LIMIT $2";
-                self.read_page(sql, &[after], request.limit).await
-            }
-            None => {
-                let sql = "SELECT name, version, record FROM providers ORDER BY name LIMIT $1";
-                self.read_page(sql, &[], request.limit).await
-            }
-        }
+        self.page_named(request).await
+    }
+
+    async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
+        self.read_named(name).await
+    }
+
+    async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
+        self.page_named(request).await
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
@@ -90,6 +91,13 @@ CREATE TABLE execs (
     PRIMARY KEY (sandbox_id, id)
 ) STRICT;
 CREATE INDEX execs_open ON execs (sandbox_id, id) WHERE open = 1;
+"#,
+    r#"
+CREATE TABLE templates (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    version INTEGER NOT NULL,
+    record  TEXT    NOT NULL
+) STRICT;
 "#,
 ];
 
@@ -300,6 +308,9 @@ fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError
         Key::Provider(name) => read("SELECT version FROM providers WHERE name = ?1", name)?
             .map(|v| from_sql_version::<Provider>(name, v))
             .transpose(),
+        Key::Template(name) => read("SELECT version FROM templates WHERE name = ?1", name)?
+            .map(|v| from_sql_version::<Template>(name, v))
+            .transpose(),
         Key::Exec(sandbox, id) => tx
             .prepare_cached("SELECT version FROM execs WHERE sandbox_id = ?1 AND id = ?2")?
             .query_row([sandbox.as_str(), id.as_str()], |row| row.get(0))
@@ -360,15 +371,12 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreE
         Write::RemoveSandbox { id, expected } => tx
             .prepare_cached("DELETE FROM sandboxes WHERE id = ?1 AND version = ?2")?
             .execute(params![id.as_str(), to_sql_version(*expected)?])?,
-        Write::CreateProvider(p) => tx
-            .prepare_cached("INSERT INTO providers (name, version, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING")?
-            .execute(params![p.name, to_sql_version(p.resource_version)?, encode(p)?])?,
-        Write::UpdateProvider { record: p, expected } => tx
-            .prepare_cached("UPDATE providers SET version = ?2, record = ?3 WHERE name = ?1 AND version = ?4")?
-            .execute(params![p.name, to_sql_version(p.resource_version)?, encode(p)?, to_sql_version(*expected)?])?,
-        Write::RemoveProvider { name, expected } => tx
-            .prepare_cached("DELETE FROM providers WHERE name = ?1 AND version = ?2")?
-            .execute(params![name, to_sql_version(*expected)?])?,
+        Write::CreateProvider(p) => insert_named(tx, p)?,
+        Write::UpdateProvider { record: p, expected } => update_named(tx, p, *expected)?,
+        Write::RemoveProvider { name, expected } => remove_named::<Provider>(tx, name, *expected)?,
+        Write::CreateTemplate(t) => insert_named(tx, t)?,
+        Write::UpdateTemplate { record: t, expected } => update_named(tx, t, *expected)?,
+        Write::RemoveTemplate { name, expected } => remove_named::<Template>(tx, name, *expected)?,
         // The write lock, held since the checks, keeps the sandbox as it was checked.
         Write::CheckSandbox { .. } => 1,
         Write::CreateExec(e) => tx
@@ -403,6 +411,50 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreE
         index(tx, s)?;
     }
     Ok(None)
+}
+
+// The tables of records keyed by their name (providers, templates): one shape, one set of
+// statements.
+
+fn insert_named<T: Record>(tx: &Transaction<'_>, record: &T) -> Result<usize, StoreError> {
+    let sql = format!("INSERT INTO {} (name, version, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING", T::TABLE);
+    Ok(tx.prepare_cached(&sql)?.execute(params![record.key(), to_sql_version(record.version())?, encode(record)?])?)
+}
+
+fn update_named<T: Record>(tx: &Transaction<'_>, record: &T, expected: u64) -> Result<usize, StoreError> {
+    let sql = format!("UPDATE {} SET version = ?2, record = ?3 WHERE name = ?1 AND version = ?4", T::TABLE);
+    Ok(tx.prepare_cached(&sql)?.execute(params![
+        record.key(),
+        to_sql_version(record.version())?,
+        encode(record)?,
+        to_sql_version(expected)?
+    ])?)
+}
+
+fn remove_named<T: Record>(tx: &Transaction<'_>, name: &str, expected: u64) -> Result<usize, StoreError> {
+    let sql = format!("DELETE FROM {} WHERE name = ?1 AND version = ?2", T::TABLE);
+    Ok(tx.prepare_cached(&sql)?.execute(params![name, to_sql_version(expected)?])?)
+}
+
+fn read_named<T: Record>(conn: &Connection, name: &str) -> Result<Option<T>, StoreError> {
+    read_one(conn, &format!("SELECT name, version, record FROM {} WHERE name = ?1", T::TABLE), name)
+}
+
+fn page_named<T: Record>(conn: &Connection, request: &PageRequest) -> Result<Page<T>, StoreError> {
+    match &request.after {
+        Some(after) => read_page(
+            conn,
+            &format!("SELECT name, version, record FROM {} WHERE name > ? ORDER BY name LIMIT ?", T::TABLE),
+            vec![Value::Text(after.clone())],
+            request.limit,
+        ),
+        None => read_page(
+            conn,
+            &format!("SELECT name, version, record FROM {} ORDER BY name LIMIT ?", T::TABLE),
+            Vec::new(),
+            request.limit,
+        ),
+    }
 }
 
 /// Why a conditional statement changed no row.
@@ -540,26 +592,22 @@ impl Store for SqliteStore {
 
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
         let name = name.to_owned();
-        self.run(move |conn| read_one(conn, "SELECT name, version, record FROM providers WHERE name = ?1", &name)).await
+        self.run(move |conn| read_named(conn, &name)).await
     }
 
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
         let request = request.clone();
-        self.run(move |conn| match request.after {
-            Some(after) => read_page(
-                conn,
-                "SELECT name, version, record FROM providers WHERE name > ? ORDER BY name LIMIT ?",
-                vec![Value::Text(after)],
-                request.limit,
-            ),
-            None => read_page(
-                conn,
-                "SELECT name, version, record FROM providers ORDER BY name LIMIT ?",
-                Vec::new(),
-                request.limit,
-            ),
-        })
-        .await
+        self.run(move |conn| page_named(conn, &request)).await
+    }
+
+    async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
+        let name = name.to_owned();
+        self.run(move |conn| read_named(conn, &name)).await
+    }
+
+    async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
+        let request = request.clone();
+        self.run(move |conn| page_named(conn, &request)).await
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {

@@ -20,6 +20,7 @@ pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
 pub type LogsService = berth_proto::v1::logs_client::LogsClient<InterceptedService<Channel, Bearer>>;
+pub type Templates = berth_proto::v1::templates_client::TemplatesClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(pub String);
@@ -153,6 +154,13 @@ impl Gateway {
 
     pub async fn execs(&self) -> Execs {
         ExecsClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub async fn templates(&self) -> Templates {
+        berth_proto::v1::templates_client::TemplatesClient::with_interceptor(
+            self.channel().await,
+            Bearer(self.token.clone()),
+        )
     }
 
     pub async fn logs(&self) -> LogsService {

@@ -17,6 +17,7 @@ mod logs;
 mod main_process;
 #[path = "../support/postgres.rs"]
 mod pg;
+mod pools;
 mod postgres;
 mod providers;
 mod several;

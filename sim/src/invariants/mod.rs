@@ -23,6 +23,7 @@ pub mod i6_one_generation;
 pub mod i7_delete_completes;
 pub mod i8_liveness;
 pub mod l1_one_holder;
+pub mod p1_pools;
 pub mod t1_deadlines;
 
 /// An invariant's id, as DESIGN names it.
@@ -45,6 +46,7 @@ pub enum Invariant {
     E3,
     E4,
     T1,
+    P1,
 }
 
 /// DESIGN's name, exactly: the trace and the CLI print it.
@@ -77,6 +79,7 @@ pub(crate) fn sandbox(
         deadline: None,
         expired_at: None,
         restarts: Default::default(),
+        template: None,
         created_at: berth_core::Timestamp::default(),
         updated_at: berth_core::Timestamp::default(),
     }
@@ -102,9 +105,10 @@ mod tests {
             Invariant::D1,
             Invariant::L1,
             Invariant::T1,
+            Invariant::P1,
         ];
         let names: Vec<String> = all.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1"]);
+        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1", "P1"]);
         assert_eq!(serde_json::to_string(&Invariant::I10).unwrap(), "\"I10\"");
     }
 }

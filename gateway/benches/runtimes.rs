@@ -1,7 +1,7 @@
 //! Start-to-Ready through the gateway beside the runtime's own start of the same container,
 //! median of 20, and execs through Berth beside the runtime's own `exec` of the same container:
-//! `true`'s round trip (p50, p99 of 100), one exec streaming 1 GiB, and 64 at once; for Docker
-//! and Podman. Needs the daemons and a static supervisor, named as the
+//! `true`'s round trip (p50, p99 of 100), one exec streaming 1 GiB, and 64 at once; then a
+//! warm pool's claims beside create-to-Ready (p50, p99 of 20); for Docker and Podman. Needs the daemons and a static supervisor, named as the
 //! tests name them (`BERTH_TEST_DOCKER_SOCKET`, `BERTH_TEST_PODMAN_SOCKET`,
 //! `BERTH_TEST_STATIC_SUPERVISOR`; `ci/bench` sets them up). Asserts nothing.
 
@@ -141,6 +141,70 @@ async fn measure_execs(kind: DriverKind, socket: &str, gateway: &mut support::Ga
     println!("figure: {at_once} concurrent exec true, {name} exec alone = {:.3} ms", ms(alone));
 }
 
+/// A warm pool's claims (each with the pool full again first) beside create-to-Ready, both
+/// through the gateway on this runtime (SQLite).
+async fn measure_claims(kind: DriverKind, gateway: &mut support::Gateway) {
+    const SIZE: u32 = 4;
+    let spec =
+        || pb::SandboxSpec { image: IMAGE.into(), command: vec!["sleep".into(), "3600".into()], ..Default::default() };
+    let templates = &mut gateway.templates;
+    let request =
+        pb::CreateTemplateRequest { name: "bench".into(), spec: Some(spec()), min_ready: SIZE, ..Default::default() };
+    templates.create_template(request).await.unwrap();
+    let full = |templates: &mut support::Templates| {
+        let mut templates = templates.clone();
+        async move {
+            loop {
+                let t = templates.get_template(pb::GetTemplateRequest { name: "bench".into() }).await.unwrap();
+                let pool = t.into_inner().template.unwrap().pool.unwrap();
+                if pool.ready == SIZE && pool.members == SIZE {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut claims = Vec::new();
+    let mut claimed = Vec::new();
+    for _ in 0..runs() {
+        full(templates).await;
+        let started = Instant::now();
+        let request = pb::ClaimSandboxRequest { template: "bench".into(), ..Default::default() };
+        let s = templates.claim_sandbox(request).await.unwrap().into_inner().sandbox.unwrap();
+        claims.push(started.elapsed());
+        claimed.push(s.name);
+    }
+    let request = pb::SetPoolRequest { template: "bench".into(), min_ready: 0, expected_resource_version: None };
+    templates.set_pool(request).await.unwrap();
+    let client = &mut gateway.sandboxes;
+    let mut creates = Vec::new();
+    for i in 0..runs() {
+        let name = format!("cold{i}");
+        let started = Instant::now();
+        let request = pb::CreateSandboxRequest { name: name.clone(), spec: Some(spec()), ..Default::default() };
+        client.create_sandbox(request).await.unwrap();
+        wait_phase(client, &name, pb::Phase::Ready).await;
+        creates.push(started.elapsed());
+        claimed.push(name);
+    }
+    for name in claimed {
+        client.delete_sandbox(pb::LifecycleRequest { name, expected_resource_version: None }).await.unwrap();
+    }
+    let delete = pb::DeleteTemplateRequest { name: "bench".into(), expected_resource_version: None };
+    gateway.templates.delete_template(delete).await.unwrap();
+    let name = engine_name(kind);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (claim50, claim99) = (quantile(claims.clone(), 50), quantile(claims, 99));
+    let (create50, create99) = (quantile(creates.clone(), 50), quantile(creates, 99));
+    println!(
+        "{name:<8} claim from a warm pool p50 {claim50:?} p99 {claim99:?}; create-to-Ready p50 {create50:?} p99 {create99:?}"
+    );
+    println!("figure: claim from a warm pool p50, {name} = {:.3} ms", ms(claim50));
+    println!("figure: claim from a warm pool p99, {name} = {:.3} ms", ms(claim99));
+    println!("figure: create-to-Ready p50, {name} = {:.3} ms", ms(create50));
+    println!("figure: create-to-Ready p99, {name} = {:.3} ms", ms(create99));
+}
+
 /// Median Start-to-Ready through a gateway, then the runtime's own start of that container.
 async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor: &Path) -> (Duration, Duration) {
     let mut gateway = support::gateway(kind, socket, engine.owner(), supervisor).await;
@@ -157,6 +221,7 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
     wait_phase(client, "bench", pb::Phase::Ready).await;
     let container = container_name(&berth_core::SandboxId::new(&created.id));
     measure_execs(kind, socket, &mut gateway, &container).await;
+    measure_claims(kind, &mut gateway).await;
     let client = &mut gateway.sandboxes;
     let lifecycle = || pb::LifecycleRequest { name: "bench".into(), expected_resource_version: None };
     let mut through_gateway = Vec::new();

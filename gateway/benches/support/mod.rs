@@ -8,6 +8,7 @@ use berth_gateway::config::{Config, DriverKind, Flags};
 use berth_proto::v1 as pb;
 use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::templates_client::TemplatesClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -25,12 +26,14 @@ impl tonic::service::Interceptor for Bearer {
 
 pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
+pub type Templates = TemplatesClient<InterceptedService<Channel, Bearer>>;
 
 /// A gateway serving from a temporary data directory until dropped.
 pub struct Gateway {
     _data: tempfile::TempDir,
     pub sandboxes: Sandboxes,
     pub execs: Execs,
+    pub templates: Templates,
     task: tokio::task::JoinHandle<Result<(), String>>,
 }
 
@@ -74,7 +77,8 @@ pub async fn gateway(kind: DriverKind, socket: &str, owner: &str, supervisor: &P
     Gateway {
         _data: data,
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), bearer.clone()),
-        execs: ExecsClient::with_interceptor(channel, bearer),
+        execs: ExecsClient::with_interceptor(channel.clone(), bearer.clone()),
+        templates: TemplatesClient::with_interceptor(channel, bearer),
         task,
     }
 }

@@ -163,3 +163,70 @@ async fn the_cli_runs_commands_reads_logs_and_copies_files() {
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("path"));
     ok(&berth(&data, &["sandbox", "delete", "box"]).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+
+    let created = json(
+        &berth(
+            &data,
+            &[
+                "-o",
+                "json",
+                "sandbox",
+                "create",
+                "job",
+                "--ttl",
+                "10m",
+                "--on-expiry",
+                "delete",
+                "--restart",
+                "on-failure",
+            ]
+            .into_iter()
+            .chain(["--max-restarts", "3", "--restart-backoff", "500ms", "--", "sleep", "3600"])
+            .collect::<Vec<_>>(),
+        )
+        .await,
+    );
+    assert_eq!(created["spec"]["lifetime"], serde_json::json!({"ttl_ms": 600_000, "on_expiry": "delete"}));
+    assert_eq!(created["spec"]["restart"]["mode"], "on-failure");
+    assert_eq!(
+        (created["spec"]["restart"]["max_restarts"].as_u64(), created["restart_count"].as_u64()),
+        (Some(3), Some(0))
+    );
+    let deadline = created["deadline_unix_ms"].as_i64().unwrap();
+    assert_eq!(deadline - created["created_at_unix_ms"].as_i64().unwrap(), 600_000);
+    let renewed = json(&berth(&data, &["-o", "json", "sandbox", "renew", "job", "--ttl", "1h"]).await);
+    assert!(renewed["deadline_unix_ms"].as_i64().unwrap() > deadline + 3_000_000, "{renewed}");
+    let table = ok(&berth(&data, &["sandbox", "list"]).await);
+    assert!(table.contains("DEADLINE") && table.contains("RESTARTS"), "{table}");
+
+    let template = json(
+        &berth(&data, &["-o", "json", "template", "create", "agents", "--min-ready", "2", "--", "sleep", "3600"]).await,
+    );
+    assert_eq!(template["pool"]["min_ready"], 2);
+    let mut pool = serde_json::Value::Null;
+    for _ in 0..100 {
+        pool = json(&berth(&data, &["-o", "json", "pool", "get", "agents"]).await);
+        if pool["ready"] == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(pool["ready"], 2, "{pool}");
+    let claimed = json(&berth(&data, &["-o", "json", "sandbox", "claim", "agents", "--label", "run=r1"]).await);
+    assert_eq!(
+        (claimed["phase"].as_str(), claimed["template"].as_str(), claimed["pool_member"].as_bool()),
+        (Some("Ready"), Some("agents"), Some(false))
+    );
+    assert_eq!(claimed["spec"]["labels"]["run"], "r1");
+    let listed = ok(&berth(&data, &["template", "list"]).await);
+    assert!(listed.starts_with("NAME") && listed.contains("agents"), "{listed}");
+    ok(&berth(&data, &["pool", "set", "agents", "--min-ready", "0"]).await);
+    ok(&berth(&data, &["template", "delete", "agents"]).await);
+    let gone = berth(&data, &["template", "get", "agents"]).await;
+    assert!(!gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("NotFound"));
+}

@@ -70,7 +70,7 @@ fn populated(request: &Request) -> Reads {
 
 fuzz_target!(|input: (u8, &[u8])| {
     let (which, bytes) = input;
-    match which % 9 {
+    match which % 12 {
         0 => {
             if let Ok(r) = pb::CreateSandboxRequest::decode(bytes)
                 && let Some(spec) = r.spec
@@ -89,7 +89,7 @@ fuzz_target!(|input: (u8, &[u8])| {
         }
         1..=3 => {
             if let Ok(r) = pb::LifecycleRequest::decode(bytes) {
-                let command = match which % 9 {
+                let command = match which % 12 {
                     1 => Command::StopSandbox { name: r.name },
                     2 => Command::StartSandbox { name: r.name },
                     _ => Command::DeleteSandbox { name: r.name },
@@ -99,7 +99,7 @@ fuzz_target!(|input: (u8, &[u8])| {
         }
         4 | 5 => {
             if let Ok(r) = pb::AttachRequest::decode(bytes) {
-                let command = if which % 9 == 4 {
+                let command = if which % 12 == 4 {
                     Command::AttachProvider { sandbox: r.sandbox, provider: r.provider }
                 } else {
                     Command::DetachProvider { sandbox: r.sandbox, provider: r.provider }
@@ -116,6 +116,38 @@ fuzz_target!(|input: (u8, &[u8])| {
         7 => {
             if let Ok(r) = pb::DeleteProviderRequest::decode(bytes) {
                 check(Request::new(Command::DeleteProvider { name: r.name }, r.expected_resource_version));
+            }
+        }
+        8 => {
+            if let Ok(r) = pb::RenewSandboxRequest::decode(bytes) {
+                let renewal = match (r.ttl_ms, r.deadline_unix_ms) {
+                    (Some(ms), _) => match convert::millis("ttl_ms", ms) {
+                        Ok(ttl) => berth_core::lifetime::Renewal::Ttl(ttl),
+                        Err(_) => return,
+                    },
+                    (None, Some(ms)) => berth_core::lifetime::Renewal::Deadline(convert::unix_millis(ms)),
+                    (None, None) => berth_core::lifetime::Renewal::SpecTtl,
+                };
+                check(Request::new(Command::RenewSandbox { name: r.name, renewal }, r.expected_resource_version));
+            }
+        }
+        9 => {
+            if let Ok(r) = pb::CreateTemplateRequest::decode(bytes)
+                && let Some(spec) = r.spec
+                && let Ok(spec) = convert::spec_from_wire(spec)
+            {
+                let command = Command::CreateTemplate { name: r.name, spec, min_ready: r.min_ready };
+                check(Request::new(command, r.expected_resource_version));
+            }
+        }
+        10 => {
+            if let Ok(r) = pb::ClaimSandboxRequest::decode(bytes) {
+                let command = Command::ClaimSandbox {
+                    template: r.template,
+                    labels: r.labels,
+                    providers: r.providers.into_iter().collect(),
+                };
+                check(Request::new(command, None));
             }
         }
         _ => {

@@ -29,18 +29,18 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
             Bug::EventBypassesFence => (2, Invariant::I1),
-            Bug::DeleteWithoutRetry => (31, Invariant::I3),
+            Bug::DeleteWithoutRetry => (2, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
-            Bug::EffectWithoutRecheck => (3, Invariant::D1),
+            Bug::EffectWithoutRecheck => (0, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (6, Invariant::I1),
+            Bug::FenceFromRecordedExit => (18, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (34, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (18, Invariant::E1),
+            Bug::TenureFromAnswer => (93, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (253, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
             Bug::ExpiryIgnoresRenew => (0, Invariant::T1),
-            Bug::ClaimWithoutCas => (0, Invariant::P1),
+            Bug::ClaimWithoutCas => (2, Invariant::P1),
         };
         caught_at(bug, seed, invariant);
     }

@@ -349,25 +349,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     }
     let attached = resolve_providers(providers, reads, "providers")?;
     check_credentials(spec, &attached)?;
-    let record = Sandbox {
-        id: id.clone(),
-        name: name.to_string(),
-        spec: spec.clone(),
-        providers: providers.clone(),
-        intent: Intent::Running,
-        phase: Phase::Provisioning,
-        resource_version: 1,
-        generation: 1,
-        exit_fence: ExitFence { marker: None, settled: true },
-        run: Run::Pending,
-        last_exit: None,
-        deadline,
-        expired_at: None,
-        restarts: Restarts::default(),
-        template: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let record = Sandbox { providers: providers.clone(), deadline, ..first_record(id, name, spec.clone(), now) };
     let mut writes = vec![Write::CreateSandbox(record.clone())];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));
     Ok(Decision {
@@ -375,6 +357,29 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],
         outcome: Outcome::Sandbox(record),
     })
+}
+
+/// A new sandbox's first record: generation 1, about to be provisioned, nothing run yet.
+pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: Timestamp) -> Sandbox {
+    Sandbox {
+        id: id.clone(),
+        name: name.to_string(),
+        spec,
+        providers: BTreeSet::new(),
+        intent: Intent::Running,
+        phase: Phase::Provisioning,
+        resource_version: 1,
+        generation: 1,
+        exit_fence: ExitFence { marker: None, settled: true },
+        run: Run::Pending,
+        last_exit: None,
+        deadline: None,
+        expired_at: None,
+        restarts: Restarts::default(),
+        template: None,
+        created_at: now,
+        updated_at: now,
+    }
 }
 
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {

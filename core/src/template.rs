@@ -16,12 +16,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Reads, Request, check_credentials, resolve_providers};
+use crate::command::{Reads, Request, check_credentials, first_record, resolve_providers};
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::lifetime::{self, Renewal};
-use crate::record::{ExitFence, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, SandboxSpec, Timestamp};
-use crate::restart::{self, Restarts};
+use crate::record::{Intent, PhaseKind, Sandbox, SandboxId, SandboxSpec, Timestamp};
+use crate::restart;
 use crate::validate;
 
 /// The label that marks a sandbox as a member of a template's pool not yet claimed; its value is
@@ -165,25 +165,7 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     let mut spec = template.spec.clone();
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());
     // The deadline starts at the claim: a member waiting in the pool does not age.
-    let member = Sandbox {
-        id: id.clone(),
-        name: name.to_string(),
-        spec,
-        providers: BTreeSet::new(),
-        intent: Intent::Running,
-        phase: Phase::Provisioning,
-        resource_version: 1,
-        generation: 1,
-        exit_fence: ExitFence { marker: None, settled: true },
-        run: Run::Pending,
-        last_exit: None,
-        deadline: None,
-        expired_at: None,
-        restarts: Restarts::default(),
-        template: Some(template.name.clone()),
-        created_at: now,
-        updated_at: now,
-    };
+    let member = Sandbox { template: Some(template.name.clone()), ..first_record(id, name, spec, now) };
     let (bump, _) = update_template(template, Template { made: template.made + 1, ..template.clone() }, now);
     Ok(Decision {
         writes: vec![Write::CreateSandbox(member.clone()), bump],

@@ -60,7 +60,7 @@ pub async fn refill(engine: &Engine, records: &[Sandbox]) -> Result<Refill, ApiE
             None => Some(Gone::Orphan),
             Some(_) if spent(member) => Some(Gone::Spent),
             Some(t) => {
-                if !(member.phase.kind() == PhaseKind::Deleting) {
+                if member.phase.kind() != PhaseKind::Deleting {
                     live.entry(t.name.as_str()).or_default().push(member);
                 }
                 None

@@ -157,7 +157,7 @@ impl Client {
                 match self.output {
                     Output::Json => println!("{:#}", template_json(&t)["pool"]),
                     Output::Table => {
-                        self.print_templates(&[t.clone()]);
+                        self.print_templates(std::slice::from_ref(&t));
                         for member in t.pool.unwrap_or_default().member_names {
                             println!("  {member}");
                         }

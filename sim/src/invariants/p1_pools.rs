@@ -16,10 +16,8 @@ impl Claims {
     /// Records that `claimer` got sandbox `id` (named `name`); the problem if another claim
     /// got it already.
     pub fn claimed(&mut self, id: &str, name: &str, claimer: &str) -> Option<String> {
-        match self.by_id.insert(id.to_string(), claimer.to_string()) {
-            Some(first) => Some(format!("{name} ({id}) was claimed by {first} and again by {claimer}")),
-            None => None,
-        }
+        let first = self.by_id.insert(id.to_string(), claimer.to_string());
+        first.map(|first| format!("{name} ({id}) was claimed by {first} and again by {claimer}"))
     }
 }
 

@@ -79,6 +79,7 @@ conformance!(
     execs_are_created_once_and_written_by_version,
     exec_pages_and_open_execs,
     an_exec_admission_never_commits_after_a_sandbox_write_it_did_not_see,
+    templates_are_written_by_version_and_paged,
 );
 
 fn sandbox(id: &str, name: &str) -> Sandbox {
@@ -774,9 +775,10 @@ mod sqlite_only {
         let path = dir.path().join("berth.db");
         open(&path).commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
         let current = user_version(&path);
-        // Schema version 2 had neither identities (migration 3) nor execs (migration 4).
+        // Schema version 2 had neither identities (migration 3), execs (migration 4) nor
+        // templates (migration 5).
         let raw = rusqlite::Connection::open(&path).unwrap();
-        raw.execute_batch("DROP TABLE store_identity; DROP TABLE execs").unwrap();
+        raw.execute_batch("DROP TABLE store_identity; DROP TABLE execs; DROP TABLE templates").unwrap();
         raw.pragma_update(None, "user_version", 2).unwrap();
         drop(raw);
         let store = open(&path);
@@ -1022,4 +1024,54 @@ async fn an_exec_admission_never_commits_after_a_sandbox_write_it_did_not_see(st
         task.await.unwrap();
     }
     assert_eq!(all().await.len(), at_stop.len(), "admissions landed after the stop committed");
+}
+
+/// Templates (DESIGN 9.4): created once, written and removed by version, read back whole
+/// (spec and pool size), paged by name; a fill's two writes (member and template) all or none.
+async fn templates_are_written_by_version_and_paged(store: Shared) {
+    use berth_core::template::Template;
+    let template = |name: &str| Template {
+        name: name.into(),
+        spec: sandbox("x", "x").spec,
+        min_ready: 2,
+        made: 0,
+        resource_version: 1,
+        created_at: Timestamp::from_unix_millis(1),
+        updated_at: Timestamp::from_unix_millis(1),
+    };
+    let key = |name: &str| Key::Template(name.into());
+    let web = template("web");
+    store.commit(&[Write::CreateTemplate(web.clone())]).await.unwrap();
+    assert_eq!(store.commit(&[Write::CreateTemplate(template("web"))]).await, conflict(key("web"), None, Some(1)));
+    assert_eq!(store.template("web").await.unwrap(), Some(web.clone()));
+
+    let grown = Template { min_ready: 5, made: 1, resource_version: 2, ..web.clone() };
+    // A fill: the member and the template's bump together, or neither.
+    let member = sandbox("sb-m", "web-00000001");
+    let stale = Template { resource_version: 2, ..web.clone() };
+    store.commit(&[Write::UpdateTemplate { record: grown.clone(), expected: 1 }]).await.unwrap();
+    assert_eq!(
+        store
+            .commit(&[Write::CreateSandbox(member.clone()), Write::UpdateTemplate { record: stale, expected: 1 }])
+            .await,
+        conflict(key("web"), Some(1), Some(2))
+    );
+    assert_eq!(read(&store, "sb-m").await, None, "nothing of a failed fill is written");
+    assert_eq!(store.template("web").await.unwrap(), Some(grown.clone()));
+
+    for name in ["api", "zeta"] {
+        store.commit(&[Write::CreateTemplate(template(name))]).await.unwrap();
+    }
+    let first = store.list_templates(&PageRequest { after: None, limit: 2 }).await.unwrap();
+    let names: Vec<&str> = first.items.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!((names, first.next.as_deref()), (vec!["api", "web"], Some("web")));
+    let rest = store.list_templates(&PageRequest { after: first.next, limit: 2 }).await.unwrap();
+    assert_eq!((rest.items.len(), rest.next), (1, None));
+
+    assert_eq!(
+        store.commit(&[Write::RemoveTemplate { name: "web".into(), expected: 1 }]).await,
+        conflict(key("web"), Some(1), Some(2))
+    );
+    store.commit(&[Write::RemoveTemplate { name: "web".into(), expected: 2 }]).await.unwrap();
+    assert_eq!(store.template("web").await.unwrap(), None);
 }

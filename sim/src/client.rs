@@ -574,9 +574,11 @@ impl Client {
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
-                // Its restart policy brings it back by itself; an expired one stays expired; a
-                // pool's member is its pool's to replace.
-                if s.next_restart_unix_ms.is_some() || s.expired_at_unix_ms.is_some() || s.pool_member {
+                // Its restart policy brings it back by itself; an expired one stays expired (unless
+                // it failed since, as any stopped sandbox can); a pool's member is its pool's to
+                // replace.
+                let expired = s.expired_at_unix_ms.is_some() && seen(&s).phase != PhaseKind::Error;
+                if s.next_restart_unix_ms.is_some() || expired || s.pool_member {
                     continue;
                 }
                 // A deadline still ahead is moved past the end of the run, as a user keeping a

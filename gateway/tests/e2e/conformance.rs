@@ -186,6 +186,20 @@ impl Target {
         }
     }
 
+    /// Waits until the sandbox's workspace file reads `want`; panics after 10 s (the workspace
+    /// lost what its runs wrote).
+    pub(crate) async fn wait_workspace_file(&self, data: &DataDir, id: &str, file: &str, want: &str) {
+        let mut last = None;
+        for _ in 0..500 {
+            last = self.workspace_file(data, id, file);
+            if last.as_deref() == Some(want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{:?}: {file} reads {last:?}, not {want:?}", self.runtime);
+    }
+
     /// What identifies the run that is up now: the supervisor's pid, or the container's start.
     fn run_identity(&self, data: &DataDir, id: &str) -> Option<String> {
         match self.runtime {
@@ -368,6 +382,9 @@ async fn fifty_cycles_keep_the_workspace_with_polls_inside_starts(runtime: Runti
     let mut sandboxes = gateway.sandboxes().await;
     let id = create_in(&target, &mut sandboxes, "cycler", COUNTING).await.id;
     wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
+    // Ready is the supervisor's connection; the workload counts its start a moment later, and a
+    // stop at once could end it before it does.
+    target.wait_workspace_file(&data, &id, "starts", "1").await;
     for cycle in 1..=50u64 {
         lifecycle(&mut sandboxes, "stop", "cycler").await.unwrap();
         let (_, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Stopped).await;
@@ -376,14 +393,7 @@ async fn fifty_cycles_keep_the_workspace_with_polls_inside_starts(runtime: Runti
         let (ready, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
         assert!(!seen.contains(&pb::Phase::Error), "{runtime:?} cycle {cycle}: {seen:?}");
         assert_eq!(ready.generation, cycle + 1);
-        // Ready is the supervisor's connection; the workload counts its start a moment later.
-        let counted = (cycle + 1).to_string();
-        let mut waited = Duration::ZERO;
-        while target.workspace_file(&data, &id, "starts").as_deref() != Some(counted.as_str()) {
-            assert!(waited < Duration::from_secs(10), "{runtime:?} cycle {cycle}: the workspace lost its count");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            waited += Duration::from_millis(20);
-        }
+        target.wait_workspace_file(&data, &id, "starts", &(cycle + 1).to_string()).await;
     }
     assert_eq!(
         target.workspace_file(&data, &id, "starts").as_deref(),

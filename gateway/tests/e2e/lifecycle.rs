@@ -50,6 +50,9 @@ async fn fifty_stop_start_cycles_never_error_and_keep_the_workspace() {
     let mut sandboxes = gateway.sandboxes().await;
     let id = create(&mut sandboxes, "cycler", COUNTING, &[]).await.id;
     wait_phase(&mut sandboxes, "cycler", pb::Phase::Ready).await;
+    // Ready means the supervisor is connected, not that the command has counted its start yet:
+    // stopped at once, it may be killed before it does (as each cycle below waits too).
+    assert_eq!(workspace_file_once(&data.path, &id, "starts", "1").await.as_deref(), Some("1"));
     for cycle in 1..=50 {
         lifecycle(&mut sandboxes, "stop", "cycler").await.unwrap();
         let (_, seen) = wait_phase(&mut sandboxes, "cycler", pb::Phase::Stopped).await;

@@ -99,6 +99,8 @@ async fn always_comes_back_after_its_runs_die(runtime: Runtime) {
     let never = create_policy(&target, &mut sandboxes, "never", COUNTING, None, None).await.id;
     wait_phase(&mut sandboxes, "always", pb::Phase::Ready).await;
     wait_phase(&mut sandboxes, "never", pb::Phase::Ready).await;
+    // Each run counts itself once it is under way; killed before that, it would not.
+    target.wait_workspace_file(&data, &id, "starts", "1").await;
 
     target.kill_out_of_band(&id);
     target.kill_out_of_band(&never);
@@ -112,6 +114,7 @@ async fn always_comes_back_after_its_runs_die(runtime: Runtime) {
 
     // Every run dies while the gateway is down: the gateway finds them ended when it is back,
     // and the policy starts the next generation.
+    target.wait_workspace_file(&data, &id, "starts", "2").await;
     gateway.kill9();
     drop(gateway);
     target.kill_out_of_band(&id);
@@ -120,16 +123,8 @@ async fn always_comes_back_after_its_runs_die(runtime: Runtime) {
     let back = |s: Option<&pb::Sandbox>| s.is_some_and(|s| phase(s) == pb::Phase::Ready && s.generation == 3);
     let (s, seen) = wait_for(&mut sandboxes, "always", Duration::from_secs(30), back).await;
     assert_eq!(s.unwrap().restart_count, 2, "{runtime:?}: {seen:?}");
-    // Ready means the supervisor is connected, not that the command has written yet.
-    let mut starts = None;
-    for _ in 0..100 {
-        starts = target.workspace_file(&data, &id, "starts");
-        if starts.as_deref() == Some("3") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(starts.as_deref(), Some("3"), "{runtime:?}: three runs, one workspace");
+    // Three runs, one workspace.
+    target.wait_workspace_file(&data, &id, "starts", "3").await;
     let never_now = get(&mut sandboxes, "never").await.unwrap();
     assert_eq!((phase(&never_now), never_now.generation), (pb::Phase::Error, 1), "{runtime:?}");
 

@@ -36,6 +36,8 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
         last_exit: Some(fence),
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: t(1),

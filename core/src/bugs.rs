@@ -55,10 +55,13 @@ pub enum Bug {
     /// P1: a claim whose write conflicts is written again over whatever won, instead of being
     /// decided again: two claims racing for one pool member both get it.
     ClaimWithoutCas,
+    /// T1 (idle): an idle expiry counts only the record's last activity, not the execs still
+    /// open, so a sandbox is stopped under an exec that runs longer than its idle timeout.
+    IdleIgnoresExecs,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 14] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -72,6 +75,7 @@ impl Bug {
         Bug::ExecNotFenced,
         Bug::ExpiryIgnoresRenew,
         Bug::ClaimWithoutCas,
+        Bug::IdleIgnoresExecs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +93,7 @@ impl Bug {
             Bug::ExecNotFenced => "exec-not-fenced",
             Bug::ExpiryIgnoresRenew => "expiry-ignores-renew",
             Bug::ClaimWithoutCas => "claim-without-cas",
+            Bug::IdleIgnoresExecs => "idle-ignores-execs",
         }
     }
 
@@ -111,18 +116,19 @@ impl Bug {
             | Bug::FenceFromRecordedExit
             | Bug::SweepSkipsLastPage
             | Bug::ExecRetryRunsTwice
-            | Bug::ExecNotFenced => 1,
+            | Bug::ExecNotFenced
+            | Bug::IdleIgnoresExecs => 1,
         }
     }
 
     /// Whether the race needs the lifetime workload.
     pub fn lifetimes(self) -> bool {
-        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas)
+        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas | Bug::IdleIgnoresExecs)
     }
 
     /// Whether the race needs the exec workload.
     pub fn execs(self) -> bool {
-        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced)
+        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced | Bug::IdleIgnoresExecs)
     }
 }
 

@@ -49,6 +49,18 @@ pub enum Command {
         name: String,
         deadline: Timestamp,
     },
+    /// Server-owned, by the reconcile lease holder: the idle timeout counted from `since` has
+    /// passed. A no-op unless the record's last activity is still `since` and no exec is open.
+    ExpireIdle {
+        name: String,
+        since: Timestamp,
+    },
+    /// Server-owned: activity on the sandbox `id` named `name` (an attach or logs-follow
+    /// stream), which restarts its idle clock.
+    TouchSandbox {
+        name: String,
+        id: SandboxId,
+    },
     /// Server-owned, by the reconcile lease holder: the restart the policy scheduled is due.
     RestartSandbox {
         name: String,
@@ -118,6 +130,8 @@ pub struct Reads {
     pub template: Option<Template>,
     /// For a fill or a claim: the template's pool members not yet claimed.
     pub members: Vec<Sandbox>,
+    /// For an idle expiry: how many of the sandbox's execs are not yet ended.
+    pub open_execs: usize,
 }
 
 impl Request {
@@ -134,6 +148,8 @@ impl Request {
             | Command::DeleteSandbox { name }
             | Command::RenewSandbox { name, .. }
             | Command::ExpireSandbox { name, .. }
+            | Command::ExpireIdle { name, .. }
+            | Command::TouchSandbox { name, .. }
             | Command::RestartSandbox { name } => Some(name),
             Command::AttachProvider { sandbox, .. } | Command::DetachProvider { sandbox, .. } => Some(sandbox),
             Command::CreateProvider { .. }
@@ -155,6 +171,11 @@ impl Request {
             | Command::ClaimSandbox { template, .. } => Some(template),
             _ => None,
         }
+    }
+
+    /// Whether the sandbox's open execs are to be counted too.
+    pub fn reads_open_execs(&self) -> bool {
+        matches!(self.command, Command::ExpireIdle { .. })
     }
 
     /// Whether the template's pool members are to be read too.
@@ -205,6 +226,8 @@ impl Request {
             | Command::DeleteSandbox { name }
             | Command::RenewSandbox { name, .. }
             | Command::ExpireSandbox { name, .. }
+            | Command::ExpireIdle { name, .. }
+            | Command::TouchSandbox { name, .. }
             | Command::RestartSandbox { name }
             | Command::CreateProvider { name, .. }
             | Command::DeleteProvider { name }
@@ -263,6 +286,14 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         Command::ExpireSandbox { deadline, .. } => match &reads.sandbox {
             Some(sandbox) => expire(sandbox, *deadline, now),
             None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+        },
+        Command::ExpireIdle { since, .. } => match &reads.sandbox {
+            Some(sandbox) => expire_idle(sandbox, *since, reads.open_execs, now),
+            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+        },
+        Command::TouchSandbox { id, .. } => match &reads.sandbox {
+            Some(sandbox) if sandbox.id == *id => Ok(touch(sandbox, now)),
+            _ => Ok(Decision::unchanged(Outcome::Removed, vec![])),
         },
         Command::RestartSandbox { .. } => match &reads.sandbox {
             Some(sandbox) => Ok(restart(sandbox, now)),
@@ -337,9 +368,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     let Created { id, name, spec, providers, deadline } = created;
     validate::spec(spec)?;
     validate::provider_names("providers", providers)?;
-    if let Some(ttl) = spec.lifetime.ttl {
-        lifetime::validate_ttl("spec.lifetime.ttl_ms", ttl, &reads.limits)?;
-    }
+    lifetime::validate(&spec.lifetime, &reads.limits)?;
     restart::validate(&spec.restart)?;
     let renewal = deadline.map_or(Renewal::SpecTtl, Renewal::Deadline);
     let deadline = lifetime::deadline(renewal, &spec.lifetime, now, &reads.limits, "deadline_unix_ms")?;
@@ -349,7 +378,12 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     }
     let attached = resolve_providers(providers, reads, "providers")?;
     check_credentials(spec, &attached)?;
-    let record = Sandbox { providers: providers.clone(), deadline, ..first_record(id, name, spec.clone(), now) };
+    let record = Sandbox {
+        providers: providers.clone(),
+        deadline,
+        active_at: lifetime::clock_from(&spec.lifetime, now),
+        ..first_record(id, name, spec.clone(), now)
+    };
     let mut writes = vec![Write::CreateSandbox(record.clone())];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));
     Ok(Decision {
@@ -375,6 +409,8 @@ pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: T
         last_exit: None,
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Restarts::default(),
         template: None,
         created_at: now,
@@ -435,6 +471,8 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
             let (mut next, effect) = new_generation(sandbox);
             next.deadline = deadline;
             next.expired_at = None;
+            next.active_at = lifetime::clock_from(&sandbox.spec.lifetime, now);
+            next.idle_expired_at = None;
             next.restarts = Restarts::default();
             Ok(commit(sandbox, next, vec![], vec![effect], now))
         }
@@ -458,13 +496,38 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
     if !lifetime::due(sandbox, deadline, now) {
         return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
     }
+    let (mut next, effects) = expiring(sandbox)?;
+    next.expired_at = Some(now);
+    Ok(commit(sandbox, next, vec![], effects, now))
+}
+
+/// DESIGN 9.1: the lease holder's idle expiry counting from `since`, if the sandbox has been
+/// idle that long since and no exec is open; as the spec says, a stop or a delete.
+fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> Result<Decision, Error> {
+    if !lifetime::idle_due(sandbox, since, open_execs, now) {
+        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+    }
+    let (mut next, effects) = expiring(sandbox)?;
+    next.idle_expired_at = Some(now);
+    Ok(commit(sandbox, next, vec![], effects, now))
+}
+
+/// What either expiry does: a stop or a delete as the spec says, with no restart after it.
+fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
     let (mut next, effects) = match sandbox.spec.lifetime.on_expiry {
         OnExpiry::Stop => stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![])),
         OnExpiry::Delete => deleting(sandbox),
     };
-    next.expired_at = Some(now);
     next.restarts.next_at = None;
-    Ok(commit(sandbox, next, vec![], effects, now))
+    Ok((next, effects))
+}
+
+/// Activity that restarts the idle clock (DESIGN 9.1), written if the clock runs.
+fn touch(sandbox: &Sandbox, now: Timestamp) -> Decision {
+    match lifetime::touch(sandbox, now) {
+        Some(next) => commit(sandbox, next, vec![], vec![], now),
+        None => Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]),
+    }
 }
 
 fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {

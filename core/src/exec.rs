@@ -7,16 +7,19 @@
 //! supervisor session of the generation it was admitted for, E2), [`settle`] once that run is
 //! over (stopped, deleted, replaced or lost, E3), and a cancel, which is a committed intent that
 //! the supervisor carries out.
+//!
+//! An exec is activity for its sandbox's idle timeout (DESIGN 9.1) from its admission to its
+//! end: both are written with the sandbox's idle clock restarted, in the same transaction.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::Write;
+use crate::decision::{Write, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::record::{Intent, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
-use crate::validate;
+use crate::{lifetime, validate};
 
 /// Longest exec id.
 pub const MAX_EXEC_ID_BYTES: usize = 128;
@@ -187,14 +190,33 @@ pub struct Exec {
     pub updated_at: Timestamp,
 }
 
+/// A change of an exec: the transaction that writes it, and the exec as it then stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub writes: Vec<Write>,
+    pub exec: Exec,
+}
+
 impl Exec {
-    /// The next version of this record, as a conditional write.
-    fn update(&self, next: Exec, now: Timestamp) -> (Write, Exec) {
+    /// The next version of this record, as a conditional write; an end restarts `sandbox`'s
+    /// idle clock with it.
+    fn update(&self, next: Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Change {
         let mut next = next;
         next.resource_version = self.resource_version + 1;
         next.updated_at = now;
-        (Write::UpdateExec { record: next.clone(), expected: self.resource_version }, next)
+        let mut writes = vec![Write::UpdateExec { record: next.clone(), expected: self.resource_version }];
+        if next.state.is_terminal() && !self.state.is_terminal() {
+            writes.extend(activity(sandbox, now));
+        }
+        Change { writes, exec: next }
     }
+}
+
+/// The write that restarts `sandbox`'s idle clock at `now`, if it runs.
+fn activity(sandbox: Option<&Sandbox>, now: Timestamp) -> Option<Write> {
+    let before = sandbox?;
+    let next = lifetime::touch(before, now)?;
+    Some(update_sandbox(before, next, now).0)
 }
 
 /// What an admission decided.
@@ -215,7 +237,8 @@ impl Admission {
 /// Admits `spec` as exec `id` of the sandbox named `name`, against what was read: the sandbox
 /// and the exec of that id, if any. A retry of an existing exec returns it unchanged whatever
 /// the sandbox is doing now; the same id with another command is ALREADY_EXISTS. A new exec
-/// needs the sandbox Ready, and is conditional on the very sandbox version read.
+/// needs the sandbox Ready, and is conditional on the very sandbox version read (and restarts
+/// its idle clock, if it has one).
 pub fn admit(
     name: &str,
     id: &ExecId,
@@ -252,10 +275,9 @@ pub fn admit(
         admitted_at: now,
         updated_at: now,
     };
-    let writes = vec![
-        Write::CheckSandbox { id: sandbox.id.clone(), expected: sandbox.resource_version },
-        Write::CreateExec(exec.clone()),
-    ];
+    let condition = activity(Some(sandbox), now)
+        .unwrap_or_else(|| Write::CheckSandbox { id: sandbox.id.clone(), expected: sandbox.resource_version });
+    let writes = vec![condition, Write::CreateExec(exec.clone())];
     Ok(Admission { writes, exec })
 }
 
@@ -275,9 +297,16 @@ pub enum Report {
     },
 }
 
-/// Applies a report from the supervisor session of `generation`. A session of another
-/// generation is never this exec's run (E2), and a terminal state is final: both change nothing.
-pub fn report(exec: &Exec, generation: u64, report: &Report, now: Timestamp) -> Option<(Write, Exec)> {
+/// Applies a report from the supervisor session of `generation`, the exec's sandbox being
+/// `sandbox`. A session of another generation is never this exec's run (E2), and a terminal
+/// state is final: both change nothing.
+pub fn report(
+    exec: &Exec,
+    sandbox: Option<&Sandbox>,
+    generation: u64,
+    report: &Report,
+    now: Timestamp,
+) -> Option<Change> {
     if generation != exec.generation || exec.state.is_terminal() {
         return None;
     }
@@ -291,24 +320,24 @@ pub fn report(exec: &Exec, generation: u64, report: &Report, now: Timestamp) -> 
         }
         Report::Lost { message } => next.state = ExecState::Lost { message: message.clone() },
     }
-    Some(exec.update(next, now))
+    Some(exec.update(next, sandbox, now))
 }
 
 /// Commits a cancel: the run kills the exec (or never starts it) and reports it Cancelled. An
 /// exec that already ended stays as it ended.
-pub fn cancel(exec: &Exec, now: Timestamp) -> Option<(Write, Exec)> {
+pub fn cancel(exec: &Exec, now: Timestamp) -> Option<Change> {
     if exec.state.is_terminal() || exec.cancel_requested {
         return None;
     }
     let mut next = exec.clone();
     next.cancel_requested = true;
-    Some(exec.update(next, now))
+    Some(exec.update(next, None, now))
 }
 
 /// Ends an exec whose run is over (E3): its sandbox was deleted, stopped, started again, or its
 /// run ended or failed. A stop or delete cancels it; anything else lost it. An exec whose run
 /// may still be alive and serving it is left to that run.
-pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<(Write, Exec)> {
+pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<Change> {
     if exec.state.is_terminal() {
         return None;
     }
@@ -339,5 +368,5 @@ pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<
     };
     let mut next = exec.clone();
     next.state = state;
-    Some(exec.update(next, now))
+    Some(exec.update(next, sandbox, now))
 }

@@ -1,11 +1,20 @@
-//! Lifetime policy (DESIGN 9.1): a sandbox's deadline, how renews and starts move it, and the
-//! expiry the reconcile lease holder commits once it passes.
+//! Lifetime policy (DESIGN 9.1): a sandbox's deadline, how renews and starts move it, its idle
+//! timeout and the activity that holds that off, and the expiries the reconcile lease holder
+//! commits once either passes.
 //!
 //! The deadline is on the store's clock, and so is every `now` these rules are given: the one
 //! clock every gateway sharing the store agrees on. An expiry names the deadline it is for and
 //! is decided again on the record as the store holds it (DESIGN 3.3), so a renew that committed
 //! first leaves nothing to expire: a renewed sandbox is never reaped by the deadline it
 //! replaced (T1).
+//!
+//! The idle clock runs while the sandbox is meant to run (intent Running) and counts from its
+//! last activity, `active_at`: the create or start, a claim, an exec's admission and its end,
+//! and the touches of an attach or logs-follow stream. An idle expiry names the `active_at` it
+//! is for, and is also refused while any exec of the sandbox is open: an exec is activity from
+//! its admission to its end, however long it runs. Every activity is a conditional write of the
+//! record, so an activity and an idle expiry racing are linearized by the store like a renew and
+//! a deadline's expiry.
 
 use core::time::Duration;
 
@@ -31,8 +40,16 @@ pub struct Lifetime {
     /// The deadline is this long after the create, and after every renew and start that does
     /// not set one of its own.
     pub ttl: Option<Duration>,
+    /// How long the sandbox may go without activity while it is meant to run.
+    #[serde(default)]
+    pub idle_timeout: Option<Duration>,
+    /// What the deadline and the idle timeout both do.
     pub on_expiry: OnExpiry,
 }
+
+/// The shortest idle timeout: a stream that holds it off touches the record four times a
+/// timeout, so a shorter one would be a stream of writes rather than a policy.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How a renew sets the deadline: to a time, or to `now` plus a TTL (the spec's if none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,7 +61,7 @@ pub enum Renewal {
 }
 
 /// A TTL is positive and at most the configured maximum.
-pub fn validate_ttl(field: &str, ttl: Duration, limits: &Limits) -> Result<(), Error> {
+fn validate_ttl(field: &str, ttl: Duration, limits: &Limits) -> Result<(), Error> {
     if ttl.is_zero() {
         return Err(Error::Invalid { field: field.to_string(), reason: "must be positive".to_string() });
     }
@@ -53,6 +70,21 @@ pub fn validate_ttl(field: &str, ttl: Duration, limits: &Limits) -> Result<(), E
             field: field.to_string(),
             reason: format!("must be at most {}s (the gateway's --max-ttl)", limits.max_ttl.as_secs()),
         });
+    }
+    Ok(())
+}
+
+/// A spec's lifetime, each field within its bounds.
+pub fn validate(lifetime: &Lifetime, limits: &Limits) -> Result<(), Error> {
+    if let Some(ttl) = lifetime.ttl {
+        validate_ttl("spec.lifetime.ttl_ms", ttl, limits)?;
+    }
+    if let Some(idle) = lifetime.idle_timeout {
+        let field = "spec.lifetime.idle_timeout_ms";
+        validate_ttl(field, idle, limits)?;
+        if idle < MIN_IDLE_TIMEOUT {
+            return Err(Error::invalid(field, format!("must be at least {} ms", MIN_IDLE_TIMEOUT.as_millis())));
+        }
     }
     Ok(())
 }
@@ -115,6 +147,52 @@ pub fn pending(sandbox: &Sandbox) -> Option<Timestamp> {
     sandbox.deadline
 }
 
+/// Whether `sandbox`'s idle clock runs: it has an idle timeout, is meant to run, and counts
+/// from an activity (a pool member waiting to be claimed has none yet).
+fn idle_clock_runs(sandbox: &Sandbox) -> bool {
+    sandbox.spec.lifetime.idle_timeout.is_some()
+        && sandbox.active_at.is_some()
+        && sandbox.intent == Intent::Running
+        && sandbox.idle_expired_at.is_none()
+}
+
+/// Where the idle clock of a sandbox that starts running at `now` (a create, a start, a claim)
+/// counts from: `now` if it has an idle timeout.
+pub fn clock_from(lifetime: &Lifetime, now: Timestamp) -> Option<Timestamp> {
+    lifetime.idle_timeout.map(|_| now)
+}
+
+/// An activity at `now`: the record with its idle clock restarted, if the clock runs (the
+/// record is then written with it, conditional on its version); `None` when there is nothing
+/// to write.
+pub fn touch(sandbox: &Sandbox, now: Timestamp) -> Option<Sandbox> {
+    if !idle_clock_runs(sandbox) || sandbox.is(PhaseKind::Deleting) || sandbox.active_at >= Some(now) {
+        return None;
+    }
+    Some(Sandbox { active_at: Some(now), ..sandbox.clone() })
+}
+
+/// Whether an idle expiry counting from `since` is due for `sandbox` at `now`, with
+/// `open_execs` of its execs not yet ended: the record's clock still counts from `since`, the
+/// timeout has passed, and no exec is open.
+pub fn idle_due(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> bool {
+    #[cfg(feature = "bugs")]
+    let open_execs = if crate::bugs::on(crate::bugs::Bug::IdleIgnoresExecs) { 0 } else { open_execs };
+    let Some(timeout) = sandbox.spec.lifetime.idle_timeout else { return false };
+    idle_clock_runs(sandbox)
+        && sandbox.active_at == Some(since)
+        && since.plus(timeout) <= now
+        && open_execs == 0
+        && !sandbox.is(PhaseKind::Deleting)
+}
+
+/// The activity an idle expiry would next count from, and when it would fall due, if any.
+pub fn idle_pending(sandbox: &Sandbox) -> Option<(Timestamp, Timestamp)> {
+    let timeout = sandbox.spec.lifetime.idle_timeout?;
+    let since = sandbox.active_at?;
+    (idle_clock_runs(sandbox) && !sandbox.is(PhaseKind::Deleting)).then(|| (since, since.plus(timeout)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +200,7 @@ mod tests {
     const NOW: Timestamp = Timestamp::from_unix_millis(1_000_000);
 
     fn ttl(secs: u64) -> Lifetime {
-        Lifetime { ttl: Some(Duration::from_secs(secs)), on_expiry: OnExpiry::Stop }
+        Lifetime { ttl: Some(Duration::from_secs(secs)), ..Lifetime::default() }
     }
 
     #[test]

@@ -223,6 +223,13 @@ pub struct Sandbox {
     /// When an expiry of the deadline was committed; cleared by a renew or a start.
     #[serde(default)]
     pub expired_at: Option<Timestamp>,
+    /// The last activity the idle timeout counts from (DESIGN 9.1), on the store's clock; kept
+    /// only for a sandbox with an idle timeout, from its create, start or claim on.
+    #[serde(default)]
+    pub active_at: Option<Timestamp>,
+    /// When an idle expiry was committed; cleared by a start.
+    #[serde(default)]
+    pub idle_expired_at: Option<Timestamp>,
     #[serde(default)]
     pub restarts: Restarts,
     /// The template it was made from, for a pool member (kept once claimed).

@@ -77,6 +77,8 @@ mod tests {
             last_exit: None,
             deadline: None,
             expired_at: None,
+            active_at: None,
+            idle_expired_at: None,
             restarts: Default::default(),
             template: None,
             created_at: Timestamp::default(),

@@ -103,9 +103,7 @@ pub(crate) fn create(
 ) -> Result<Decision, Error> {
     validate_name("name", name)?;
     validate::spec(spec)?;
-    if let Some(ttl) = spec.lifetime.ttl {
-        lifetime::validate_ttl("spec.lifetime.ttl_ms", ttl, &reads.limits)?;
-    }
+    lifetime::validate(&spec.lifetime, &reads.limits)?;
     restart::validate(&spec.restart)?;
     validate_pool(min_ready, &reads.limits)?;
     if reads.template.is_some() {
@@ -164,7 +162,8 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     }
     let mut spec = template.spec.clone();
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());
-    // The deadline starts at the claim: a member waiting in the pool does not age.
+    // The deadline and the idle clock start at the claim: a member waiting in the pool does
+    // not age.
     let member = Sandbox { template: Some(template.name.clone()), ..first_record(id, name, spec, now) };
     let (bump, _) = update_template(template, Template { made: template.made + 1, ..template.clone() }, now);
     Ok(Decision {
@@ -208,6 +207,7 @@ pub(crate) fn claim(
     }
     next.deadline =
         lifetime::deadline(Renewal::SpecTtl, &member.spec.lifetime, now, &reads.limits, "spec.lifetime.ttl_ms")?;
+    next.active_at = lifetime::clock_from(&member.spec.lifetime, now);
     let (write, next) = update_sandbox(member, next, now);
     let mut writes = vec![write];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));

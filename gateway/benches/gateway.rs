@@ -333,7 +333,7 @@ async fn expiry_sweep_time(sandboxes: usize, due: usize) -> (Duration, Duration,
         let spec = SandboxSpec {
             image: "i".into(),
             command: vec!["true".into()],
-            lifetime: Lifetime { ttl: Some(ttl), on_expiry: OnExpiry::Stop },
+            lifetime: Lifetime { ttl: Some(ttl), ..Lifetime::default() },
             ..Default::default()
         };
         let command = Command::CreateSandbox {

@@ -182,7 +182,7 @@ mod tests {
             "created_at": 0, "updated_at": 0
         }))
         .unwrap();
-        s.spec.lifetime = Lifetime { ttl: None, on_expiry: OnExpiry::Stop };
+        s.spec.lifetime = Lifetime::default();
         s.deadline = deadline.map(Timestamp);
         s
     }

@@ -103,6 +103,8 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
         last_exit: None,
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: Timestamp::from_unix_millis(1),

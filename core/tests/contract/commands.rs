@@ -56,6 +56,8 @@ fn record(kind: PhaseKind) -> Sandbox {
         last_exit: Some(marker(500)),
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: Timestamp::from_unix_millis(1),

@@ -1,6 +1,6 @@
 //! Exec admission, fencing and end states (DESIGN 8.1, E1-E3): exact writes for given inputs.
 
-use berth_core::exec::{self, Admission, Exec, ExecEnd, ExecId, ExecSpec, ExecState, Report};
+use berth_core::exec::{self, Admission, Change, Exec, ExecEnd, ExecId, ExecSpec, ExecState, Report};
 use berth_core::{
     Code, Command, Error, ExitMarker, Failure, FailureReason, Intent, Outcome, Phase, Request, Run, Sandbox, Timestamp,
     Write,
@@ -153,43 +153,47 @@ fn reports_move_an_exec_forward_only_from_its_own_generation() {
     let sandbox = ready();
     let exec = admitted(&sandbox);
     let g = exec.generation;
-    let (write, running) = exec::report(&exec, g, &Report::Started, LATER).unwrap();
+    let Change { writes, exec: running } = exec::report(&exec, Some(&sandbox), g, &Report::Started, LATER).unwrap();
     assert_eq!(running.state, ExecState::Running);
     assert_eq!((running.resource_version, running.updated_at), (2, LATER));
-    assert_eq!(write, Write::UpdateExec { record: running.clone(), expected: 1 });
+    assert_eq!(writes, [Write::UpdateExec { record: running.clone(), expected: 1 }]);
     // Another generation's session is never this exec's run (E2).
     for other in [g - 1, g + 1] {
-        assert_eq!(exec::report(&exec, other, &Report::Started, LATER), None);
+        assert_eq!(exec::report(&exec, Some(&sandbox), other, &Report::Started, LATER), None);
         let end = Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0 };
-        assert_eq!(exec::report(&running, other, &end, LATER), None);
+        assert_eq!(exec::report(&running, Some(&sandbox), other, &end, LATER), None);
     }
-    assert_eq!(exec::report(&running, g, &Report::Started, LATER), None, "a repeated start changes nothing");
+    assert_eq!(
+        exec::report(&running, Some(&sandbox), g, &Report::Started, LATER),
+        None,
+        "a repeated start changes nothing"
+    );
     let end = Report::Ended { end: ExecEnd::Exited(7), message: String::new(), output_bytes: 12 };
-    let (_, ended) = exec::report(&running, g, &end, LATER).unwrap();
+    let ended = exec::report(&running, Some(&sandbox), g, &end, LATER).unwrap().exec;
     assert_eq!(ended.state, ExecState::Ended { end: ExecEnd::Exited(7), message: String::new() });
     assert_eq!(ended.output_bytes, Some(12));
     // Terminal states are final: a later report, cancel or settle changes nothing.
     let late = Report::Ended { end: ExecEnd::Cancelled, message: String::new(), output_bytes: 99 };
-    assert_eq!(exec::report(&ended, g, &late, LATER), None);
+    assert_eq!(exec::report(&ended, Some(&sandbox), g, &late, LATER), None);
     assert_eq!(exec::cancel(&ended, LATER), None);
     assert_eq!(exec::settle(&ended, None, LATER), None);
     // An exec can end without a start report (it ended before the report went out).
-    assert!(exec::report(&exec, g, &end, LATER).is_some());
+    assert!(exec::report(&exec, Some(&sandbox), g, &end, LATER).is_some());
     // A run of its generation that restarted out of band reports it lost, never ran again.
     let lost = Report::Lost { message: "its run restarted".into() };
-    let (_, gone) = exec::report(&running, g, &lost, LATER).unwrap();
+    let gone = exec::report(&running, Some(&sandbox), g, &lost, LATER).unwrap().exec;
     assert_eq!(gone.state, ExecState::Lost { message: "its run restarted".into() });
-    assert_eq!(exec::report(&gone, g, &end, LATER), None, "lost is final");
+    assert_eq!(exec::report(&gone, Some(&sandbox), g, &end, LATER), None, "lost is final");
 }
 
 #[test]
 fn a_cancel_is_committed_once_and_never_touches_an_ended_exec() {
     let sandbox = ready();
     let exec = admitted(&sandbox);
-    let (write, cancelled) = exec::cancel(&exec, LATER).unwrap();
+    let Change { writes, exec: cancelled } = exec::cancel(&exec, LATER).unwrap();
     assert!(cancelled.cancel_requested);
     assert_eq!(cancelled.state, ExecState::Admitted, "the run ends it, and says how");
-    assert_eq!(write, Write::UpdateExec { record: cancelled.clone(), expected: 1 });
+    assert_eq!(writes, [Write::UpdateExec { record: cancelled.clone(), expected: 1 }]);
     assert_eq!(exec::cancel(&cancelled, LATER), None);
 }
 
@@ -226,9 +230,9 @@ fn an_exec_whose_run_is_over_is_ended_and_one_whose_run_lives_is_left_to_it() {
         ),
     ];
     for (sandbox, state) in cases {
-        let (write, ended) = exec::settle(&exec, sandbox, LATER).unwrap();
+        let Change { writes, exec: ended } = exec::settle(&exec, sandbox, LATER).unwrap();
         assert_eq!(ended.state, state);
-        assert_eq!(write, Write::UpdateExec { record: ended.clone(), expected: 1 });
+        assert_eq!(writes, [Write::UpdateExec { record: ended.clone(), expected: 1 }]);
         assert!(ended.state.is_terminal());
     }
 }

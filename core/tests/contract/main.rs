@@ -2,6 +2,7 @@
 
 mod commands;
 mod execs;
+mod idle;
 mod merge_rules;
 mod model;
 mod pools;

@@ -37,6 +37,8 @@ fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         last_exit: Some(fence()),
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: t(0),

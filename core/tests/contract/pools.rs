@@ -86,6 +86,7 @@ fn a_claim_takes_one_ready_member_and_makes_it_the_claimers() {
         lifetime: berth_core::lifetime::Lifetime {
             ttl: Some(core::time::Duration::from_secs(60)),
             on_expiry: berth_core::lifetime::OnExpiry::Delete,
+            idle_timeout: None,
         },
         ..spec()
     };

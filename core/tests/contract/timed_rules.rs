@@ -20,7 +20,10 @@ fn at(secs: u64) -> Timestamp {
 }
 
 fn ttl_spec(secs: u64, on_expiry: OnExpiry) -> berth_core::SandboxSpec {
-    berth_core::SandboxSpec { lifetime: Lifetime { ttl: Some(Duration::from_secs(secs)), on_expiry }, ..spec() }
+    berth_core::SandboxSpec {
+        lifetime: Lifetime { ttl: Some(Duration::from_secs(secs)), idle_timeout: None, on_expiry },
+        ..spec()
+    }
 }
 
 fn restart_spec(mode: RestartMode, max_restarts: Option<u32>) -> berth_core::SandboxSpec {
@@ -313,7 +316,7 @@ fn a_users_stop_cancels_a_scheduled_restart_and_an_expiry_comes_before_it() {
     assert!(run(&mut store, restart(), at(20)).unwrap().writes.is_empty());
 
     let spec = berth_core::SandboxSpec {
-        lifetime: Lifetime { ttl: Some(Duration::from_secs(11)), on_expiry: OnExpiry::Stop },
+        lifetime: Lifetime { ttl: Some(Duration::from_secs(11)), ..Lifetime::default() },
         ..restart_spec(RestartMode::Always, None)
     };
     let mut store = created(spec, None);
@@ -349,7 +352,7 @@ fn an_exit_marker_of_the_run_is_the_next_generations_fence() {
 #[test]
 fn a_restart_before_the_deadline_comes_first_until_the_deadline_passes() {
     let spec = berth_core::SandboxSpec {
-        lifetime: Lifetime { ttl: Some(Duration::from_secs(20)), on_expiry: OnExpiry::Stop },
+        lifetime: Lifetime { ttl: Some(Duration::from_secs(20)), ..Lifetime::default() },
         ..restart_spec(RestartMode::Always, None)
     };
     let mut store = created(spec, None);

@@ -143,7 +143,11 @@ impl Store {
             }
             _ => Vec::new(),
         };
-        Reads { sandbox, providers, users, template, members, ..Reads::default() }
+        let open_execs = match (request.reads_open_execs(), &sandbox) {
+            (true, Some(s)) => self.execs.values().filter(|e| e.sandbox == s.id && !e.state.is_terminal()).count(),
+            _ => 0,
+        };
+        Reads { sandbox, providers, users, template, members, open_execs, ..Reads::default() }
     }
 
     /// One read-decide-write of `request` by another client, landing in between.

@@ -78,6 +78,8 @@ pub(crate) fn sandbox(
         last_exit: None,
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: berth_core::Timestamp::default(),

@@ -212,11 +212,19 @@ impl Exec {
     }
 }
 
-/// The write that restarts `sandbox`'s idle clock at `now`, if it runs.
+/// What an exec's admission or end writes of `sandbox` at `now`: its idle clock restarted, if it
+/// runs. Of a sandbox with an idle timeout whose clock does not run, a condition on the record
+/// read all the same: a write decided on a record from before a start or a claim started the
+/// clock conflicts, and is decided again on the one that counts it.
 fn activity(sandbox: Option<&Sandbox>, now: Timestamp) -> Option<Write> {
     let before = sandbox?;
-    let next = lifetime::touch(before, now)?;
-    Some(update_sandbox(before, next, now).0)
+    match lifetime::touch(before, now) {
+        Some(next) => Some(update_sandbox(before, next, now).0),
+        None if before.spec.lifetime.idle_timeout.is_some() => {
+            Some(Write::CheckSandbox { id: before.id.clone(), expected: before.resource_version })
+        }
+        None => None,
+    }
 }
 
 /// What an admission decided.

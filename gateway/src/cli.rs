@@ -137,7 +137,12 @@ struct LifetimeArgs {
     /// after every renew and start.
     #[arg(long, value_parser = humantime::parse_duration)]
     ttl: Option<Duration>,
-    /// What the deadline does when it passes.
+    /// While it is meant to run, expire it after this long without activity (no exec, attach
+    /// or logs follow; an open exec holds it off). Counted from the create (a pool member's:
+    /// its claim) and every start.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    idle_timeout: Option<Duration>,
+    /// What the deadline and the idle timeout do when they pass.
     #[arg(long, value_enum, default_value_t = OnExpiryArg::Stop)]
     on_expiry: OnExpiryArg,
 }
@@ -191,6 +196,7 @@ impl LifetimeArgs {
     fn wire(&self) -> pb::Lifetime {
         pb::Lifetime {
             ttl_ms: self.ttl.map(wire_millis),
+            idle_timeout_ms: self.idle_timeout.map(wire_millis),
             on_expiry: match self.on_expiry {
                 OnExpiryArg::Stop => pb::OnExpiry::Stop,
                 OnExpiryArg::Delete => pb::OnExpiry::Delete,
@@ -450,7 +456,7 @@ fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
     json!({
         "image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels,
         "lifetime": spec.lifetime.map(|l| json!({
-            "ttl_ms": l.ttl_ms,
+            "ttl_ms": l.ttl_ms, "idle_timeout_ms": l.idle_timeout_ms,
             "on_expiry": if l.on_expiry == pb::OnExpiry::Delete as i32 { "delete" } else { "stop" },
         })),
         "restart": spec.restart.map(|r| json!({
@@ -472,6 +478,7 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "completed": s.completed,
         "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
         "deadline_unix_ms": s.deadline_unix_ms, "expired_at_unix_ms": s.expired_at_unix_ms,
+        "active_at_unix_ms": s.active_at_unix_ms, "idle_expired_at_unix_ms": s.idle_expired_at_unix_ms,
         "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
         "template": (!s.template.is_empty()).then_some(&s.template), "pool_member": s.pool_member,
         "spec": spec_json(&spec),
@@ -507,6 +514,7 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
         },
         None if s.completed => "Completed (exit 0)".to_string(),
         None if s.expired_at_unix_ms.is_some() => "Expired".to_string(),
+        None if s.idle_expired_at_unix_ms.is_some() => "Expired (idle)".to_string(),
         None => String::new(),
     };
     vec![

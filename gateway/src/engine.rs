@@ -29,6 +29,7 @@ use crate::record_locks::{RecordKey, RecordLocks};
 use crate::sessions::Sessions;
 use crate::store::{CommitError, PageRequest, Store};
 
+pub mod activity;
 pub mod execs;
 pub mod files;
 pub mod logs;
@@ -278,7 +279,11 @@ impl Engine {
                 }
             }
         }
-        Ok(Reads { sandbox, providers, users, limits: self.inner.settings.limits, template, members })
+        let open_execs = match (request.reads_open_execs(), &sandbox) {
+            (true, Some(s)) => store.open_execs(Some(&s.id)).await?.len(),
+            _ => 0,
+        };
+        Ok(Reads { sandbox, providers, users, limits: self.inner.settings.limits, template, members, open_execs })
     }
 
     /// Commits a decision, logs its phase change, tells watchers, and queues its effects.
@@ -307,19 +312,24 @@ impl Engine {
                     "phase change"
                 );
             }
-            for write in &decision.writes {
-                let change = match write {
-                    Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
-                        Change { id: s.id.clone(), sandbox: Some(s.clone()) }
-                    }
-                    Write::RemoveSandbox { id, .. } => Change { id: id.clone(), sandbox: None },
-                    _ => continue,
-                };
-                let _ = self.inner.changes.send(change);
-            }
+            self.announce(&decision.writes);
         }
         self.dispatch(&decision.effects);
         Ok(())
+    }
+
+    /// Tells watchers (and this gateway's timers) of the sandbox writes just committed.
+    pub(crate) fn announce(&self, writes: &[Write]) {
+        for write in writes {
+            let change = match write {
+                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
+                    Change { id: s.id.clone(), sandbox: Some(s.clone()) }
+                }
+                Write::RemoveSandbox { id, .. } => Change { id: id.clone(), sandbox: None },
+                _ => continue,
+            };
+            let _ = self.inner.changes.send(change);
+        }
     }
 
     /// Queues effects behind those of the same sandbox; an identical one already queued is
@@ -498,6 +508,8 @@ fn written_records(request: &Request) -> BTreeSet<RecordKey> {
         | Command::DeleteSandbox { .. }
         | Command::RenewSandbox { .. }
         | Command::ExpireSandbox { .. }
+        | Command::ExpireIdle { .. }
+        | Command::TouchSandbox { .. }
         | Command::RestartSandbox { .. }
         | Command::DetachProvider { .. } => {}
     }
@@ -513,6 +525,8 @@ fn command_name(request: &Request) -> &'static str {
         Command::DeleteSandbox { .. } => "DeleteSandbox",
         Command::RenewSandbox { .. } => "RenewSandbox",
         Command::ExpireSandbox { .. } => "ExpireSandbox",
+        Command::ExpireIdle { .. } => "ExpireIdle",
+        Command::TouchSandbox { .. } => "TouchSandbox",
         Command::RestartSandbox { .. } => "RestartSandbox",
         Command::AttachProvider { .. } => "AttachProvider",
         Command::DetachProvider { .. } => "DetachProvider",

@@ -1,5 +1,5 @@
-//! The timed rules (DESIGN 9.1, 9.2), carried out by the reconcile lease holder: deadlines'
-//! expiries and policies' restarts, each at the time berth-core says it falls due.
+//! The timed rules (DESIGN 9.1, 9.2), carried out by the reconcile lease holder: deadlines' and
+//! idle timeouts' expiries and policies' restarts, each at the time berth-core says it falls due.
 //!
 //! The holder keeps a schedule of every record's next timer: built afresh from every record the
 //! recovery pass and each reconcile sweep read (so what other gateways wrote is picked up within
@@ -84,16 +84,27 @@ impl Schedule {
             let request = Request::new(timers::command(&name, timer), None);
             match engine.execute(&request).await {
                 Ok(Outcome::Sandbox(after)) if after.id == id => {
-                    if after.expired_at.is_some() && matches!(timer, Timer::Expire { .. }) {
-                        info!(sandbox = %name, id = %id, on_expiry = ?after.spec.lifetime.on_expiry, "the sandbox's deadline passed: expired");
+                    let on_expiry = after.spec.lifetime.on_expiry;
+                    match timer {
+                        Timer::Expire { .. } if after.expired_at.is_some() => {
+                            info!(sandbox = %name, id = %id, ?on_expiry, "the sandbox's deadline passed: expired");
+                        }
+                        Timer::Idle { .. } if after.idle_expired_at.is_some() => {
+                            info!(sandbox = %name, id = %id, ?on_expiry, "the sandbox was idle for its idle timeout: expired");
+                        }
+                        _ => {}
                     }
                     let now = engine.now();
                     match timers::next(&after, now) {
-                        // Decided nothing and due again at once: a rule and its timer disagree.
-                        // Left to the next sweep rather than spun on.
-                        Some((at, again)) if again == timer && at <= now => {
-                            warn!(sandbox = %name, ?timer, "a due timer decided nothing; left to the next sweep");
-                        }
+                        // Decided nothing and due again at once: an idle expiry held off by an
+                        // open exec (whose end, written here, reschedules it), or a rule and its
+                        // timer disagreeing. Either way left to the next sweep, not spun on.
+                        Some((at, again)) if again == timer && at <= now => match timer {
+                            Timer::Idle { .. } => {
+                                debug!(sandbox = %name, "idle past its timeout with an exec open; looked at again by the next sweep")
+                            }
+                            _ => warn!(sandbox = %name, ?timer, "a due timer decided nothing; left to the next sweep"),
+                        },
                         _ => self.update(&after, now),
                     }
                 }
@@ -170,7 +181,7 @@ fn ids(schedule: &Schedule) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use berth_core::lifetime::{Lifetime, OnExpiry};
+    use berth_core::lifetime::Lifetime;
 
     use super::*;
 

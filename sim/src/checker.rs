@@ -14,6 +14,7 @@ use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreEr
 
 use crate::invariants::{
     Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, p1_pools, t1_deadlines,
+    t1_idle,
 };
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
@@ -80,7 +81,8 @@ impl TracingStore {
         }
     }
 
-    fn record(&self, before: Option<&Sandbox>, after: Option<&Sandbox>) {
+    /// `open_execs`: for an idle expiry, the sandbox's execs open as it commits.
+    fn record(&self, before: Option<&Sandbox>, after: Option<&Sandbox>, open_execs: usize) {
         let world = &self.world;
         let Some(id) = after.or(before).map(|s| s.id.clone()) else { return };
         let name = after.or(before).map(|s| s.name.clone()).unwrap_or_default();
@@ -116,6 +118,13 @@ impl TracingStore {
                     format!("{name}: deadline {:?}", b.deadline.map(|d| d.unix_millis())),
                 );
             }
+            if a.idle_expired_at.is_some() && b.idle_expired_at.is_none() {
+                world.event(
+                    self.actor.clone(),
+                    "expired idle",
+                    format!("{name}: active at {:?}", b.active_at.map(|d| d.unix_millis())),
+                );
+            }
             if a.restarts.count > b.restarts.count {
                 world.event(
                     self.actor.clone(),
@@ -125,6 +134,11 @@ impl TracingStore {
             }
             self.check_failure(b, a);
             if let Some(problem) = t1_deadlines::expired_early(b, a, world.store.now()) {
+                world.violate(Invariant::T1, problem);
+            }
+            let last_exec = lock(&world.exec_activity).get(&b.id).copied();
+            let activity = t1_idle::Activity { open_execs, last_exec };
+            if let Some(problem) = t1_idle::idled_early(b, a, world.store.now(), &activity) {
                 world.violate(Invariant::T1, problem);
             }
         }
@@ -137,16 +151,36 @@ impl TracingStore {
         for write in writes {
             // A check writes nothing: an exec admitted against the sandbox changes no state of it.
             if let (berth_core::Key::Sandbox(id), false) = (write.key(), matches!(write, Write::CheckSandbox { .. })) {
-                befores.push((write.clone(), self.world.store.sandbox(&id).await?));
+                let before = self.world.store.sandbox(&id).await?;
+                let idle_expiry = match (write, &before) {
+                    (Write::UpdateSandbox { record, .. }, Some(b)) => {
+                        record.idle_expired_at.is_some() && b.idle_expired_at.is_none()
+                    }
+                    _ => false,
+                };
+                let open = if idle_expiry { self.world.store.open_execs(Some(&id)).await?.len() } else { 0 };
+                befores.push((write.clone(), before, open));
             }
         }
         self.world.store.commit(writes).await?;
-        for (write, before) in befores {
+        // An activity counts from when its gateway decided it (the exec record says when), not
+        // from its commit a store round trip later: so does the idle timeout.
+        for write in writes {
+            let (sandbox, at) = match write {
+                Write::CreateExec(e) => (&e.sandbox, e.admitted_at),
+                Write::UpdateExec { record, .. } if record.state.is_terminal() => (&record.sandbox, record.updated_at),
+                _ => continue,
+            };
+            let mut activity = lock(&self.world.exec_activity);
+            let last = activity.entry(sandbox.clone()).or_insert(at);
+            *last = (*last).max(at);
+        }
+        for (write, before, open) in befores {
             let after = match &write {
                 Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
                 _ => None,
             };
-            self.record(before.as_ref(), after);
+            self.record(before.as_ref(), after, open);
         }
         Ok(())
     }
@@ -305,7 +339,9 @@ pub async fn check_converged(world: &World) {
         for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
             world.violate(Invariant::I8, problem);
         }
-        if let Some(problem) = t1_deadlines::still_alive(s, world.store.now(), expiry_bound(&world.scenario)) {
+        let bound = expiry_bound(&world.scenario);
+        let alive = t1_deadlines::still_alive(s, world.store.now(), bound);
+        for problem in alive.into_iter().chain(t1_idle::still_alive(s, world.store.now(), bound)) {
             world.violate(Invariant::T1, problem);
         }
     }

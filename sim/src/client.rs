@@ -259,8 +259,9 @@ impl Client {
         let (true, Some(index)) = (self.world.scenario.lifetimes, index) else { return (None, None) };
         let mut d = Draw::new(self.world.scenario.seed, 300 + index);
         let millis = |d: Duration| d.as_millis() as i64;
-        let lifetime = d.chance(0.6).then(|| pb::Lifetime {
+        let mut lifetime = d.chance(0.6).then(|| pb::Lifetime {
             ttl_ms: Some(millis(d.millis(3_000, 25_000))),
+            idle_timeout_ms: None,
             on_expiry: if d.chance(0.5) { pb::OnExpiry::Stop } else { pb::OnExpiry::Delete } as i32,
         });
         let mode = d.pick(&[pb::RestartMode::Never, pb::RestartMode::OnFailure, pb::RestartMode::Always]);
@@ -270,6 +271,14 @@ impl Client {
             backoff_ms: Some(millis(d.millis(100, 800))),
             max_backoff_ms: Some(millis(d.millis(1_000, 3_000))),
         });
+        // Drawn last, so the draws above are what they were before idle timeouts: short enough
+        // that the execs of `--execs` often outlast one.
+        if d.chance(0.35) {
+            let idle = Some(millis(d.millis(2_000, 6_000)));
+            let on_expiry = if d.chance(0.5) { pb::OnExpiry::Stop } else { pb::OnExpiry::Delete } as i32;
+            let l = lifetime.get_or_insert(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry });
+            l.idle_timeout_ms = idle;
+        }
         (lifetime, restart)
     }
 
@@ -574,13 +583,16 @@ impl Client {
             let listed =
                 self.timed(c.list_sandboxes(pb::ListSandboxesRequest { page_size: 1000, ..Default::default() })).await;
             for s in listed.map(|r| r.sandboxes).unwrap_or_default() {
-                // Its restart policy brings it back by itself; an expired one stays expired (unless
-                // it failed since, as any stopped sandbox can); a pool's member is its pool's to
-                // replace.
-                let expired = s.expired_at_unix_ms.is_some() && seen(&s).phase != PhaseKind::Error;
+                // Its restart policy brings it back by itself; an expired one (by its deadline or
+                // as idle) stays expired (unless it failed since, as any stopped sandbox can); a
+                // pool's member is its pool's to replace. Nothing keeps a sandbox active in the
+                // quiet phase: one with an idle timeout that is started here expires again.
+                let expired = (s.expired_at_unix_ms.is_some() || s.idle_expired_at_unix_ms.is_some())
+                    && seen(&s).phase != PhaseKind::Error;
                 if s.next_restart_unix_ms.is_some() || expired || s.pool_member {
                     continue;
                 }
+
                 // A deadline still ahead is moved past the end of the run, as a user keeping a
                 // sandbox renews it: it is not to expire while the run checks convergence. One
                 // already passed is left for T1 to see expired.

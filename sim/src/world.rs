@@ -151,6 +151,8 @@ pub struct World {
     pub execs: Mutex<crate::execs::Ledger>,
     /// Which sandbox each claim got (P1).
     pub claims: Mutex<crate::invariants::p1_pools::Claims>,
+    /// Per sandbox: the last exec admission or end the store committed, on its clock (T1).
+    pub exec_activity: Mutex<BTreeMap<SandboxId, berth_core::Timestamp>>,
 }
 
 impl World {
@@ -163,6 +165,7 @@ impl World {
             history: Mutex::default(),
             commits: Mutex::default(),
             generations: Mutex::default(),
+            exec_activity: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),

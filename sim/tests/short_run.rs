@@ -40,7 +40,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
             Bug::ExpiryIgnoresRenew => (0, Invariant::T1),
-            Bug::ClaimWithoutCas => (2, Invariant::P1),
+            Bug::ClaimWithoutCas => (0, Invariant::P1),
+            Bug::IdleIgnoresExecs => (0, Invariant::T1),
         };
         caught_at(bug, seed, invariant);
     }

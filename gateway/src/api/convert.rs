@@ -31,6 +31,7 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
         labels: spec.labels,
         lifetime: Lifetime {
             ttl: lifetime.ttl_ms.map(|ms| millis("spec.lifetime.ttl_ms", ms)).transpose()?,
+            idle_timeout: lifetime.idle_timeout_ms.map(|ms| millis("spec.lifetime.idle_timeout_ms", ms)).transpose()?,
             on_expiry,
         },
         restart: RestartPolicy {
@@ -68,6 +69,7 @@ pub fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
         labels: spec.labels.clone(),
         lifetime: Some(pb::Lifetime {
             ttl_ms: spec.lifetime.ttl.map(millis),
+            idle_timeout_ms: spec.lifetime.idle_timeout.map(millis),
             on_expiry: match spec.lifetime.on_expiry {
                 OnExpiry::Stop => pb::OnExpiry::Stop,
                 OnExpiry::Delete => pb::OnExpiry::Delete,
@@ -133,6 +135,8 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         next_restart_unix_ms: berth_core::restart::scheduled(s).map(Timestamp::unix_millis),
         template: s.template.clone().unwrap_or_default(),
         pool_member: s.template.as_deref().is_some_and(|t| berth_core::template::is_member(s, t)),
+        active_at_unix_ms: berth_core::lifetime::idle_pending(s).map(|(since, _)| since.unix_millis()),
+        idle_expired_at_unix_ms: s.idle_expired_at.map(Timestamp::unix_millis),
     }
 }
 

@@ -58,7 +58,7 @@ async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
     match engine.exec_ended(&last.sandbox, &last.id).await {
         Ok(exec) => Ok(exec),
         Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
-            Ok(exec::settle(last, None, engine.now()).map_or_else(|| last.clone(), |(_, e)| e))
+            Ok(exec::settle(last, None, engine.now()).map_or_else(|| last.clone(), |c| c.exec))
         }
         Err(e) => Err(e.into()),
     }
@@ -266,9 +266,14 @@ impl Execs for ExecApi {
     ) -> Result<Response<Self::AttachExecStream>, Status> {
         let request = request.into_inner();
         let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let active = self.engine.keep_active(&request.sandbox).await?;
         let (tx, rx) = mpsc::channel(16);
         let _ = tx.send(output(Output::Admitted(convert::exec(&exec, &request.sandbox)))).await;
-        tokio::spawn(follow(self.engine.clone(), exec, request.sandbox, request.offset, None, tx));
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            let _active = active;
+            follow(engine, exec, request.sandbox, request.offset, None, tx).await;
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -112,8 +112,17 @@ impl Logs for LogsApi {
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogsStream>, Status> {
         let request = request.into_inner();
         let of = self.engine.logs_of(&request.sandbox, request.generation).await?;
+        // A follow is activity for the idle timeout; a one-off read is not.
+        let active = match request.follow {
+            true => Some(self.engine.keep_active(&request.sandbox).await?),
+            false => None,
+        };
         let (tx, rx) = mpsc::channel(8);
-        tokio::spawn(stream(self.engine.clone(), request.sandbox, of, request.offset, request.follow, tx));
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            let _active = active;
+            stream(engine, request.sandbox, of, request.offset, request.follow, tx).await;
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

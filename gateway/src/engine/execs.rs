@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
+use berth_core::exec::{self, Change, Exec, ExecId, ExecSpec, Report};
 use berth_core::identity::RuntimeIdentity;
-use berth_core::{Kind, PhaseKind, Sandbox, SandboxId, Timestamp, Write};
+use berth_core::{Kind, PhaseKind, Sandbox, SandboxId, Timestamp};
 use berth_drivers::logs::{Log, Read};
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
@@ -102,6 +102,7 @@ impl Engine {
             match store.commit(&admission.writes).await {
                 Ok(()) => {
                     self.inner.exec_changes.send_replace(());
+                    self.announce(&admission.writes);
                     return Ok(admission.exec);
                 }
                 Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, "Exec").await?,
@@ -118,19 +119,20 @@ impl Engine {
         sandbox: &SandboxId,
         id: &ExecId,
         what: &str,
-        change: impl Fn(&Exec, Option<&Sandbox>, Timestamp) -> Option<(Write, Exec)>,
+        change: impl Fn(&Exec, Option<&Sandbox>, Timestamp) -> Option<Change>,
     ) -> Result<Option<Exec>, ApiError> {
         let store = &self.inner.store;
         let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
         loop {
             let Some(current) = store.exec(sandbox, id).await? else { return Ok(None) };
             let record = store.sandbox(sandbox).await?;
-            let Some((write, next)) = change(&current, record.as_ref(), self.now()) else {
+            let Some(Change { writes, exec: next }) = change(&current, record.as_ref(), self.now()) else {
                 return Ok(Some(current));
             };
-            match store.commit(&[write]).await {
+            match store.commit(&writes).await {
                 Ok(()) => {
                     self.inner.exec_changes.send_replace(());
+                    self.announce(&writes);
                     return Ok(Some(next));
                 }
                 Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, what).await?,
@@ -142,7 +144,7 @@ impl Engine {
     /// What the run `identity` reports of one of its execs.
     pub async fn exec_report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
         let generation = identity.generation;
-        self.change_exec(&identity.sandbox, id, "ExecReport", |e, _, now| exec::report(e, generation, report, now))
+        self.change_exec(&identity.sandbox, id, "ExecReport", |e, s, now| exec::report(e, s, generation, report, now))
             .await?;
         Ok(())
     }

@@ -180,6 +180,8 @@ async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
                 "job",
                 "--ttl",
                 "10m",
+                "--idle-timeout",
+                "5m",
                 "--on-expiry",
                 "delete",
                 "--restart",
@@ -191,7 +193,11 @@ async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
         )
         .await,
     );
-    assert_eq!(created["spec"]["lifetime"], serde_json::json!({"ttl_ms": 600_000, "on_expiry": "delete"}));
+    assert_eq!(
+        created["spec"]["lifetime"],
+        serde_json::json!({"ttl_ms": 600_000, "idle_timeout_ms": 300_000, "on_expiry": "delete"})
+    );
+    assert_eq!(created["active_at_unix_ms"], created["created_at_unix_ms"], "the idle clock runs from the create");
     assert_eq!(created["spec"]["restart"]["mode"], "on-failure");
     assert_eq!(
         (created["spec"]["restart"]["max_restarts"].as_u64(), created["restart_count"].as_u64()),

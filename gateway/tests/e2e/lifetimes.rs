@@ -1,7 +1,8 @@
 //! Lifetimes and restart policies on every driver (DESIGN 9.1, 9.2): a TTL'd sandbox is gone
 //! (or stopped) after its deadline and a renewed one is not; an `always` sandbox comes back by
 //! itself after its run is killed, and after every run dies while the gateway is down (a host
-//! reboot, as seen from Berth), and a `never` one stays in Error. Then bad input.
+//! reboot, as seen from Berth), and a `never` one stays in Error; a sandbox left idle expires,
+//! while an exec or a logs follow holds its idle timeout off. Then bad input.
 
 use std::time::Duration;
 
@@ -12,7 +13,11 @@ use crate::conformance::{Runtime, Target, clean_up, target};
 use crate::harness::*;
 
 fn lifetime(ttl: Duration, on_expiry: pb::OnExpiry) -> pb::Lifetime {
-    pb::Lifetime { ttl_ms: Some(ttl.as_millis() as i64), on_expiry: on_expiry as i32 }
+    pb::Lifetime { ttl_ms: Some(ttl.as_millis() as i64), idle_timeout_ms: None, on_expiry: on_expiry as i32 }
+}
+
+fn idle(timeout: Duration, on_expiry: pb::OnExpiry) -> pb::Lifetime {
+    pb::Lifetime { ttl_ms: None, idle_timeout_ms: Some(timeout.as_millis() as i64), on_expiry: on_expiry as i32 }
 }
 
 fn always(backoff_ms: i64) -> pb::RestartPolicy {
@@ -137,6 +142,64 @@ async fn always_comes_back_after_its_runs_die(runtime: Runtime) {
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+async fn idle_sandboxes_expire_and_activity_holds_them_off(runtime: Runtime) {
+    let Some(target) = target(runtime, "idle").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let timeout = Duration::from_secs(4);
+    let sleep: &[&str] = &["sleep", "3600"];
+    for (name, on_expiry) in [
+        ("busy", pb::OnExpiry::Stop),
+        ("followed", pb::OnExpiry::Stop),
+        ("idle", pb::OnExpiry::Stop),
+        ("gone", pb::OnExpiry::Delete),
+    ] {
+        create_policy(&target, &mut sandboxes, name, sleep, Some(idle(timeout, on_expiry)), None).await;
+    }
+    for name in ["busy", "followed", "idle", "gone"] {
+        wait_phase(&mut sandboxes, name, pb::Phase::Ready).await;
+    }
+    // An exec running twice the timeout, and a logs follow open as long.
+    let mut execs = gateway.execs().await;
+    let exec =
+        tokio::spawn(async move { crate::exec::run(&mut execs, crate::exec::start("busy", &["sleep", "8"])).await });
+    let mut logs = gateway.logs().await;
+    let follow = pb::ReadLogsRequest { sandbox: "followed".into(), generation: 0, offset: 0, follow: true };
+    let follow = logs.read_logs(follow).await.unwrap().into_inner();
+
+    let (stopped, _) = wait_phase(&mut sandboxes, "idle", pb::Phase::Stopped).await;
+    assert_eq!((stopped.intent, stopped.expired_at_unix_ms), (pb::Intent::Stopped as i32, None), "{runtime:?}");
+    assert!(stopped.idle_expired_at_unix_ms.unwrap() - stopped.created_at_unix_ms >= 4_000, "{stopped:?}");
+    wait_gone(&mut sandboxes, "gone").await;
+    let ran = exec.await.unwrap();
+    assert_eq!(ran.exit_code(), Some(0), "{runtime:?}");
+    // Eight seconds, twice the timeout: both held off, the busy one's clock restarted by the end.
+    let mut last = Vec::new();
+    for name in ["busy", "followed"] {
+        let s = get(&mut sandboxes, name).await.unwrap();
+        assert_eq!((phase(&s), s.idle_expired_at_unix_ms), (pb::Phase::Ready, None), "{runtime:?} {s:?}");
+        // The busy one's clock counts from the exec's end, the followed one's from a touch a
+        // quarter of the timeout ago at most: both well past where they would have expired.
+        let active = s.active_at_unix_ms.unwrap();
+        assert!(active - s.created_at_unix_ms >= 6_000, "{runtime:?} {s:?}");
+        last.push(active);
+    }
+    // Left alone, each expires a timeout after its last activity.
+    drop(follow);
+    for (name, active) in ["busy", "followed"].into_iter().zip(last) {
+        let (s, _) = wait_phase(&mut sandboxes, name, pb::Phase::Stopped).await;
+        assert!(s.idle_expired_at_unix_ms.unwrap() - active >= 4_000, "{runtime:?} {s:?}");
+    }
+    assert!(data.log().contains("idle for its idle timeout"), "the gateway says what it expired");
+    // A start runs the clock again, from the start.
+    lifecycle(&mut sandboxes, "start", "idle").await.unwrap();
+    let (again, _) = wait_phase(&mut sandboxes, "idle", pb::Phase::Ready).await;
+    assert_eq!(again.idle_expired_at_unix_ms, None, "{again:?}");
+    assert!(again.active_at_unix_ms.unwrap() >= stopped.idle_expired_at_unix_ms.unwrap(), "{again:?}");
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
 macro_rules! on_every_driver {
     ($($runtime:ident => $module:ident),*) => {
         $(
@@ -151,6 +214,11 @@ macro_rules! on_every_driver {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn always_comes_back_after_its_runs_die() {
                     super::always_comes_back_after_its_runs_die(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn idle_sandboxes_expire_and_activity_holds_them_off() {
+                    super::idle_sandboxes_expire_and_activity_holds_them_off(Runtime::$runtime).await
                 }
             }
         )*
@@ -176,12 +244,20 @@ async fn bad_lifetimes_and_policies_name_their_field_and_write_nothing() {
             deadline_unix_ms: deadline,
         }
     };
-    let ttl = |ms: i64| Some(pb::Lifetime { ttl_ms: Some(ms), on_expiry: 0 });
+    let ttl = |ms: i64| Some(pb::Lifetime { ttl_ms: Some(ms), idle_timeout_ms: None, on_expiry: 0 });
+    let idle_ms = |ms: i64| Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: Some(ms), on_expiry: 0 });
     let cases = [
         (with(ttl(0), None, None), "spec.lifetime.ttl_ms"),
         (with(ttl(-5), None, None), "spec.lifetime.ttl_ms"),
         (with(ttl(2 * 3600 * 1000), None, None), "spec.lifetime.ttl_ms"),
-        (with(Some(pb::Lifetime { ttl_ms: None, on_expiry: 9 }), None, None), "spec.lifetime.on_expiry"),
+        (with(idle_ms(0), None, None), "spec.lifetime.idle_timeout_ms"),
+        (with(idle_ms(-1), None, None), "spec.lifetime.idle_timeout_ms"),
+        (with(idle_ms(500), None, None), "spec.lifetime.idle_timeout_ms"),
+        (with(idle_ms(2 * 3600 * 1000), None, None), "spec.lifetime.idle_timeout_ms"),
+        (
+            with(Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry: 9 }), None, None),
+            "spec.lifetime.on_expiry",
+        ),
         (with(None, None, Some(1_000)), "deadline_unix_ms"),
         (with(None, Some(pb::RestartPolicy { mode: 7, ..always(200) }), None), "spec.restart.mode"),
         (with(None, Some(always(5)), None), "spec.restart.backoff_ms"),

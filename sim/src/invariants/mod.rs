@@ -25,6 +25,7 @@ pub mod i8_liveness;
 pub mod l1_one_holder;
 pub mod p1_pools;
 pub mod t1_deadlines;
+pub mod t1_idle;
 
 /// An invariant's id, as DESIGN names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

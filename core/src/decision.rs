@@ -34,7 +34,8 @@ pub enum Write {
     },
     /// A condition only: the sandbox is at `expected`, and nothing of it is written. What an
     /// exec is admitted against, so that an exec admission and a stop never both commit against
-    /// one Ready record, yet admitting one never changes the sandbox's version under its clients.
+    /// one Ready record, yet admitting one never changes the sandbox's version under its clients
+    /// (unless the sandbox has an idle timeout, whose clock the admission restarts: DESIGN 9.1).
     CheckSandbox {
         id: SandboxId,
         expected: u64,

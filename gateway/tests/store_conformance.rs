@@ -73,6 +73,7 @@ conformance!(
     sandboxes_using_follows_writes,
     versions_increase_and_reads_see_writes,
     concurrent_compare_and_swap_loses_no_update,
+    commits_arriving_together_each_get_their_own_outcome,
     the_lease_has_one_holder_at_a_time,
     gateways_racing_for_the_lease_agree_on_one_holder,
     the_identity_is_stable,
@@ -520,6 +521,45 @@ async fn concurrent_compare_and_swap_loses_no_update(store: Shared) {
     for task in 0..TASKS {
         assert_eq!(last.spec.env.get(&format!("TASK_{task}")), Some(&INCREMENTS.to_string()), "task {task}");
     }
+}
+
+/// Many commits at once (which SQLite's writer takes as one group): the one commit that wins a
+/// contested name applies whole, every commit that loses it applies nothing (not even its
+/// uncontested write), and the uncontested commits all apply, each told its own outcome.
+async fn commits_arriving_together_each_get_their_own_outcome(store: Shared) {
+    const CONTESTED: usize = 24;
+    const FREE: usize = 24;
+    let tasks: Vec<_> = (0..CONTESTED + FREE)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                let mut writes = vec![Write::CreateSandbox(sandbox(&format!("sb-{i}"), &format!("own-{i}")))];
+                if i < CONTESTED {
+                    writes.push(Write::CreateSandbox(sandbox(&format!("sb-{i}-shared"), "shared")));
+                }
+                (i, store.commit(&writes).await)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (i, outcome) = task.await.unwrap();
+        match outcome {
+            Ok(()) => winners.extend((i < CONTESTED).then_some(i)),
+            Err(CommitError::Conflict(c)) => {
+                assert!(i < CONTESTED, "commit {i} contested nothing: {c:?}");
+                assert_eq!((c.expected, c.current), (None, Some(1)), "{c:?}");
+            }
+            Err(e) => panic!("commit {i}: {e}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "one commit gets the name: {winners:?}");
+    for i in 0..CONTESTED + FREE {
+        let applied = i >= CONTESTED || winners == [i];
+        assert_eq!(read(&store, &format!("sb-{i}")).await.is_some(), applied, "commit {i}");
+    }
+    let shared = store.sandbox_by_name("shared").await.unwrap().unwrap();
+    assert_eq!(shared.id.as_str(), format!("sb-{}-shared", winners[0]));
 }
 
 fn held(holder: &str, term: u64) -> Lease {

@@ -10,18 +10,29 @@
 //! one `BEGIN IMMEDIATE` transaction: the write lock is held from the first check, so nothing can
 //! change between checking and applying.
 //!
-//! rusqlite blocks, so every operation runs on tokio's blocking pool against one connection
-//! behind a mutex. That serializes reads behind writes; one connection is enough for a control
-//! plane's rate of change and keeps every read consistent with the last acknowledged write.
-//! A caller that drops a `commit` future before it resolves does not cancel it: the write may
-//! still land, as it may on any remote store after a timeout.
+//! **Group commit.** One writer thread owns the write connection. Commits that arrive while it
+//! is busy wait for it, and it takes them all into one transaction: each in a savepoint of its
+//! own, checked against the state the commits before it in the group left, rolled back alone if
+//! a condition fails, and told its own outcome; then one COMMIT, one fsync (`synchronous=FULL`)
+//! for the whole group. Nothing is acknowledged before that COMMIT returns, so a write is
+//! durable when its caller hears of it, exactly as when each had a transaction of its own; a
+//! group is simply the serial order of its commits, each applied or not.
+//!
+//! **Reads never wait for the writer.** They run on a few read-only connections of their own
+//! (WAL lets readers go on beside the writer), each read a snapshot of the last COMMIT: a read
+//! made after a commit was acknowledged sees it.
+//!
+//! rusqlite blocks, so reads run on tokio's blocking pool. A caller that drops a `commit` future
+//! before it resolves does not cancel it: the write may still land, as it may on any remote
+//! store after a timeout.
 
 use std::collections::BTreeMap;
 use std::fs::{OpenOptions, Permissions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,7 +40,8 @@ use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use rusqlite::types::Value;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
+use tokio::sync::oneshot;
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
@@ -114,9 +126,29 @@ const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// before the operation fails as unavailable.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Read connections: enough that a read rarely waits for another on the two cores a gateway
+/// host is assumed to have, few enough that each keeps a warm page cache.
+const READERS: usize = 4;
+/// The most commits one group takes: a bound on how long the first waits for the last.
+const MAX_GROUP: usize = 512;
+
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    readers: Arc<Readers>,
+    writer: mpsc::Sender<Job>,
     identity: String,
+}
+
+struct Readers {
+    conns: Vec<Mutex<Connection>>,
+    next: AtomicUsize,
+}
+
+/// What the writer thread is given to do.
+enum Job {
+    /// A commit, grouped with whatever others are waiting.
+    Commit { writes: Vec<Write>, reply: oneshot::Sender<Result<(), CommitError>> },
+    /// Work with a transaction of its own (the lease's).
+    Alone(Box<dyn FnOnce(&mut Connection) + Send>),
 }
 
 impl SqliteStore {
@@ -128,25 +160,89 @@ impl SqliteStore {
         };
         let mut conn = connect(path).map_err(in_file)?;
         let identity = identify(&mut conn).map_err(in_file)?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), identity })
+        let conns = (0..READERS).map(|_| reader(path).map(Mutex::new)).collect::<Result<_, _>>().map_err(in_file)?;
+        let (writer, jobs) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("berth-sqlite-writer".into())
+            .spawn(move || write_loop(conn, &jobs))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the store's writer thread: {e}")))?;
+        Ok(Self { readers: Arc::new(Readers { conns, next: AtomicUsize::new(0) }), writer, identity })
     }
 
-    /// Runs `f` on the connection on tokio's blocking pool.
-    async fn run<T, E>(&self, f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let conn = Arc::clone(&self.conn);
+    /// Runs the read `f` on a read connection on tokio's blocking pool: a free one if any.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let readers = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock cannot leave a half-applied transaction: the
-            // `Transaction` guard rolls back as it unwinds.
-            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&mut conn)
+            let start = readers.next.fetch_add(1, Ordering::Relaxed);
+            let n = readers.conns.len();
+            let free = (0..n).find_map(|i| readers.conns[(start + i) % n].try_lock().ok());
+            let conn = match free {
+                Some(conn) => conn,
+                None => readers.conns[start % n].lock().unwrap_or_else(PoisonError::into_inner),
+            };
+            f(&conn)
         })
         .await
-        .map_err(|e| E::from(StoreError::Unavailable(format!("store operation did not complete: {e}"))))?
+        .map_err(|e| StoreError::Unavailable(format!("store read did not complete: {e}")))?
     }
+
+    /// Runs `f` on the writer thread, in a transaction of its own.
+    async fn alone<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Alone(Box::new(move |conn| {
+            let _ = reply.send(f(conn));
+        }));
+        self.writer.send(job).map_err(|_| writer_gone())?;
+        answer.await.map_err(|_| writer_gone())?
+    }
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Unavailable("the store's writer thread has stopped".into())
+}
+
+/// The writer thread: takes every job waiting, commits the commits among them as one group,
+/// then runs the others. It ends once the store is dropped and the last job done.
+fn write_loop(mut conn: Connection, jobs: &mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = Vec::new();
+        let mut alone = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next {
+            match job {
+                Job::Commit { writes, reply } => group.push((writes, reply)),
+                Job::Alone(f) => alone.push(f),
+            }
+            next = if group.len() < MAX_GROUP { jobs.try_recv().ok() } else { None };
+        }
+        if !group.is_empty() {
+            let (writes, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
+            let outcomes = match commit_group(&mut conn, &writes) {
+                Ok(outcomes) => outcomes,
+                Err(e) => vec![Err(CommitError::Store(e)); writes.len()],
+            };
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+        }
+        for f in alone {
+            f(&mut conn);
+        }
+    }
+}
+
+/// A read connection: it cannot write, and sees the last COMMIT at each read.
+fn reader(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(conn)
 }
 
 fn connect(path: &Path) -> Result<Connection, StoreError> {
@@ -297,7 +393,7 @@ fn read_page<T: Record>(
     Ok(codec::page(read_all(conn, sql, args)?, limit))
 }
 
-fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError> {
+fn version_of(tx: &Connection, key: &Key) -> Result<Option<u64>, StoreError> {
     let read = |sql: &str, key: &str| -> Result<Option<i64>, StoreError> {
         Ok(tx.prepare_cached(sql)?.query_row([key], |row| row.get(0)).optional()?)
     };
@@ -321,7 +417,7 @@ fn version_of(tx: &Transaction<'_>, key: &Key) -> Result<Option<u64>, StoreError
 }
 
 /// The sandbox holding `name`, as the conflict a create of that name reports.
-fn name_conflict(tx: &Transaction<'_>, name: &str) -> Result<Option<Conflict>, StoreError> {
+fn name_conflict(tx: &Connection, name: &str) -> Result<Option<Conflict>, StoreError> {
     let holder: Option<(String, i64)> = tx
         .prepare_cached("SELECT id, version FROM sandboxes WHERE name = ?1")?
         .query_row([name], |row| Ok((row.get(0)?, row.get(1)?)))
@@ -335,7 +431,7 @@ fn name_conflict(tx: &Transaction<'_>, name: &str) -> Result<Option<Conflict>, S
 }
 
 /// The write's condition against the state before the transaction, as memory.rs checks it.
-fn check(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreError> {
+fn check(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError> {
     let key = write.key();
     let current = version_of(tx, &key)?;
     if current != write.expected() {
@@ -349,7 +445,7 @@ fn check(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreE
 
 /// Applies one write whose condition was checked; a conflict here can only come from an earlier
 /// write of the same transaction (the same record written twice, or two sandboxes given one name).
-fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreError> {
+fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError> {
     let changed = match write {
         Write::CreateSandbox(s) => tx
             .prepare_cached(
@@ -416,12 +512,12 @@ fn apply(tx: &Transaction<'_>, write: &Write) -> Result<Option<Conflict>, StoreE
 // The tables of records keyed by their name (providers, templates): one shape, one set of
 // statements.
 
-fn insert_named<T: Record>(tx: &Transaction<'_>, record: &T) -> Result<usize, StoreError> {
+fn insert_named<T: Record>(tx: &Connection, record: &T) -> Result<usize, StoreError> {
     let sql = format!("INSERT INTO {} (name, version, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING", T::TABLE);
     Ok(tx.prepare_cached(&sql)?.execute(params![record.key(), to_sql_version(record.version())?, encode(record)?])?)
 }
 
-fn update_named<T: Record>(tx: &Transaction<'_>, record: &T, expected: u64) -> Result<usize, StoreError> {
+fn update_named<T: Record>(tx: &Connection, record: &T, expected: u64) -> Result<usize, StoreError> {
     let sql = format!("UPDATE {} SET version = ?2, record = ?3 WHERE name = ?1 AND version = ?4", T::TABLE);
     Ok(tx.prepare_cached(&sql)?.execute(params![
         record.key(),
@@ -431,7 +527,7 @@ fn update_named<T: Record>(tx: &Transaction<'_>, record: &T, expected: u64) -> R
     ])?)
 }
 
-fn remove_named<T: Record>(tx: &Transaction<'_>, name: &str, expected: u64) -> Result<usize, StoreError> {
+fn remove_named<T: Record>(tx: &Connection, name: &str, expected: u64) -> Result<usize, StoreError> {
     let sql = format!("DELETE FROM {} WHERE name = ?1 AND version = ?2", T::TABLE);
     Ok(tx.prepare_cached(&sql)?.execute(params![name, to_sql_version(expected)?])?)
 }
@@ -458,7 +554,7 @@ fn page_named<T: Record>(conn: &Connection, request: &PageRequest) -> Result<Pag
 }
 
 /// Why a conditional statement changed no row.
-fn explain(tx: &Transaction<'_>, write: &Write) -> Result<Conflict, StoreError> {
+fn explain(tx: &Connection, write: &Write) -> Result<Conflict, StoreError> {
     let key = write.key();
     let current = version_of(tx, &key)?;
     if current != write.expected() {
@@ -475,7 +571,7 @@ fn explain(tx: &Transaction<'_>, write: &Write) -> Result<Conflict, StoreError> 
 }
 
 /// Brings the sandbox's rows in the index tables in line with its record.
-fn index(tx: &Transaction<'_>, s: &Sandbox) -> Result<(), StoreError> {
+fn index(tx: &Connection, s: &Sandbox) -> Result<(), StoreError> {
     let id = s.id.as_str();
     tx.prepare_cached("DELETE FROM sandbox_providers WHERE sandbox_id = ?1")?.execute([id])?;
     tx.prepare_cached("DELETE FROM sandbox_labels WHERE sandbox_id = ?1")?.execute([id])?;
@@ -490,21 +586,39 @@ fn index(tx: &Transaction<'_>, s: &Sandbox) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn commit(conn: &mut Connection, writes: &[Write]) -> Result<(), CommitError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
-    // Dropping `tx` on any early return rolls back whatever was applied.
+/// One commit's writes, all or none, on the state before them.
+fn commit(conn: &Connection, writes: &[Write]) -> Result<(), CommitError> {
     for write in writes {
-        if let Some(conflict) = check(&tx, write)? {
+        if let Some(conflict) = check(conn, write)? {
             return Err(CommitError::Conflict(conflict));
         }
     }
     for write in writes {
-        if let Some(conflict) = apply(&tx, write)? {
+        if let Some(conflict) = apply(conn, write)? {
             return Err(CommitError::Conflict(conflict));
         }
     }
-    tx.commit().map_err(StoreError::from)?;
     Ok(())
+}
+
+/// A group of commits in one transaction, each in its savepoint: the outcome of each, once the
+/// transaction holding those that applied is durable. An error of the transaction itself is
+/// every commit's.
+fn commit_group(conn: &mut Connection, group: &[Vec<Write>]) -> Result<Vec<Result<(), CommitError>>, StoreError> {
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut outcomes = Vec::with_capacity(group.len());
+    for writes in group {
+        let savepoint = tx.savepoint()?;
+        let outcome = commit(&savepoint, writes);
+        match outcome {
+            Ok(()) => savepoint.commit()?,
+            // Dropping the savepoint rolls back what this commit applied, and only that.
+            Err(_) => drop(savepoint),
+        }
+        outcomes.push(outcome);
+    }
+    tx.commit()?;
+    Ok(outcomes)
 }
 
 fn acquire_lease(conn: &mut Connection, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
@@ -544,13 +658,13 @@ impl Store for SqliteStore {
 
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         let id = id.clone();
-        self.run(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE id = ?1", id.as_str()))
+        self.read(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE id = ?1", id.as_str()))
             .await
     }
 
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
         let name = name.to_owned();
-        self.run(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE name = ?1", &name)).await
+        self.read(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE name = ?1", &name)).await
     }
 
     async fn list_sandboxes(
@@ -574,12 +688,12 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY s.name LIMIT ?");
         let limit = request.limit;
-        self.run(move |conn| read_page(conn, &sql, args, limit)).await
+        self.read(move |conn| read_page(conn, &sql, args, limit)).await
     }
 
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
         let provider = provider.to_owned();
-        self.run(move |conn| {
+        self.read(move |conn| {
             read_all(
                 conn,
                 "SELECT s.id, s.version, s.record FROM sandbox_providers p JOIN sandboxes s ON s.id = p.sandbox_id \
@@ -592,28 +706,28 @@ impl Store for SqliteStore {
 
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
         let name = name.to_owned();
-        self.run(move |conn| read_named(conn, &name)).await
+        self.read(move |conn| read_named(conn, &name)).await
     }
 
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
         let request = request.clone();
-        self.run(move |conn| page_named(conn, &request)).await
+        self.read(move |conn| page_named(conn, &request)).await
     }
 
     async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
         let name = name.to_owned();
-        self.run(move |conn| read_named(conn, &name)).await
+        self.read(move |conn| read_named(conn, &name)).await
     }
 
     async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
         let request = request.clone();
-        self.run(move |conn| page_named(conn, &request)).await
+        self.read(move |conn| page_named(conn, &request)).await
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
         let args = vec![Value::Text(sandbox.to_string()), Value::Text(id.to_string())];
         let found = self
-            .run(move |conn| {
+            .read(move |conn| {
                 read_all(conn, "SELECT id, version, record FROM execs WHERE sandbox_id = ?1 AND id = ?2", args)
             })
             .await?;
@@ -629,12 +743,12 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY id LIMIT ?");
         let limit = request.limit;
-        self.run(move |conn| read_page(conn, &sql, args, limit)).await
+        self.read(move |conn| read_page(conn, &sql, args, limit)).await
     }
 
     async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
         let sandbox = sandbox.map(|s| s.to_string());
-        self.run(move |conn| match sandbox {
+        self.read(move |conn| match sandbox {
             Some(id) => read_all(
                 conn,
                 "SELECT id, version, record FROM execs WHERE open = 1 AND sandbox_id = ?1 ORDER BY id",
@@ -650,18 +764,19 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
-        let writes = writes.to_vec();
-        self.run(move |conn| commit(conn, &writes)).await
+        let (reply, outcome) = oneshot::channel();
+        self.writer.send(Job::Commit { writes: writes.to_vec(), reply }).map_err(|_| writer_gone())?;
+        outcome.await.map_err(|_| writer_gone())?
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {
         let holder = holder.to_string();
-        self.run(move |conn| acquire_lease(conn, &holder, ttl)).await
+        self.alone(move |conn| acquire_lease(conn, &holder, ttl)).await
     }
 
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
         let holder = holder.to_string();
-        self.run(move |conn| {
+        self.alone(move |conn| {
             conn.execute(
                 "UPDATE leases SET holder = NULL WHERE name = ?1 AND holder = ?2",
                 params![RECONCILE_LEASE, holder],

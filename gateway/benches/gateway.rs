@@ -426,7 +426,26 @@ fn main() {
     // smoke, so it cannot rot.
     let quick = !std::env::args().any(|a| a == "--bench")
         || std::env::var_os("BERTH_BENCH_QUICK").is_some_and(|v| !v.is_empty());
+    // `cargo bench --bench gateway -- reads` runs only the sections named (lifecycle, postgres,
+    // reads, sweeps); none named, all of them.
+    let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wants = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if wants("lifecycle") {
+        lifecycle(&runtime, quick);
+    }
+    if wants("postgres") {
+        postgres(&runtime, quick);
+    }
+    if wants("reads") {
+        reads(&runtime, quick);
+    }
+    if wants("sweeps") {
+        sweeps(&runtime, quick);
+    }
+}
+
+fn lifecycle(runtime: &tokio::runtime::Runtime, quick: bool) {
     println!("gateway lifecycle RPCs (gRPC over loopback TCP, SQLite, no-op driver)");
     println!("{:>8} {:>10} {:>12} {:>12} {:>12}", "clients", "rpcs", "rpc/s", "p50", "p99");
     let loads = if quick { vec![(1, 2), (4, 2)] } else { vec![(1, 200), (16, 25), (64, 8)] };
@@ -440,6 +459,9 @@ fn main() {
         figure(&format!("gateway RPC p99, {clients} clients"), p99.as_secs_f64() * 1e3, "ms");
     }
     println!();
+}
+
+fn postgres(runtime: &tokio::runtime::Runtime, quick: bool) {
     match std::env::var("BERTH_TEST_POSTGRES_URL") {
         Err(_) => println!("PostgreSQL: skipped (set BERTH_TEST_POSTGRES_URL; ci/bench does)"),
         Ok(_) => {
@@ -470,6 +492,9 @@ fn main() {
         }
     }
     println!();
+}
+
+fn reads(runtime: &tokio::runtime::Runtime, quick: bool) {
     println!("reads to clients that delay ACKs (gRPC over loopback TCP, SQLite, {READ_FLEET} sandboxes)");
     println!(
         "{:>14} {:>8} {:>14} {:>8} {:>10} {:>12} {:>12} {:>12}",
@@ -503,6 +528,9 @@ fn main() {
         }
     }
     println!();
+}
+
+fn sweeps(runtime: &tokio::runtime::Runtime, quick: bool) {
     println!("reconcile sweep (SQLite, no-op driver listing every sandbox)");
     println!("{:>10} {:>14} {:>16}", "sandboxes", "sweep", "per sandbox");
     let fleets = if quick { vec![20] } else { vec![1_000, 10_000] };

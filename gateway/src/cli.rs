@@ -11,6 +11,7 @@ use std::time::Duration;
 use berth_proto::v1 as pb;
 use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::files_client::FilesClient;
+use berth_proto::v1::gateway_client::GatewayClient;
 use berth_proto::v1::logs_client::LogsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
@@ -26,25 +27,45 @@ use tonic::transport::{Channel, Endpoint};
 use crate::config::default_data_dir;
 use crate::server::{API_TOKEN_FILE, DEFAULT_NAME, address_file};
 
+/// `println!` that ends the CLI quietly once whoever reads its output has gone
+/// (`berth sandbox list | head -1`), as a Unix tool does, instead of panicking on the write.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::say(format_args!($($arg)*))
+    };
+}
+
 mod templates;
 
 #[derive(Parser)]
 #[command(name = "berth", version, about = "Drive a Berth gateway: sandboxes and providers")]
 pub struct Cli {
-    /// The gateway's address. [default: from <data-dir>/gateway.addr, else http://127.0.0.1:7420]
+    #[command(flatten)]
+    connection: Connection,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Top,
+}
+
+/// Where the gateway is, and the token it takes.
+#[derive(Args)]
+struct Connection {
+    /// The gateway's address (a bare HOST:PORT is taken as http://HOST:PORT). [default: from
+    /// <data-dir>/<name>.addr, else http://127.0.0.1:7420]
     #[arg(long, env = "BERTH_GATEWAY", global = true)]
     gateway: Option<String>,
+    /// Which gateway of the data directory, by its --name. [default: "gateway", or the only one
+    /// there]
+    #[arg(long = "name", env = "BERTH_GATEWAY_NAME", global = true)]
+    gateway_name: Option<String>,
     /// The API token. [default: from <data-dir>/api-token]
     #[arg(long, env = "BERTH_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
     /// The gateway's data directory, to find its address and token.
     #[arg(long, env = "BERTH_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, short, value_enum, default_value_t = Output::Table, global = true)]
-    output: Output,
-    #[command(subcommand)]
-    command: Top,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -70,6 +91,13 @@ enum Top {
     /// Size and inspect templates' warm pools.
     #[command(subcommand)]
     Pool(templates::PoolCmd),
+    /// Print this client's version and the gateway's.
+    Version,
+    /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -418,6 +446,7 @@ struct Client {
     logs: LogsClient<Authed>,
     files: FilesClient<Authed>,
     templates: TemplatesClient<Authed>,
+    gateway: GatewayClient<Authed>,
     output: Output,
 }
 
@@ -544,17 +573,17 @@ enum Target {
 impl Client {
     fn print_sandboxes(&self, sandboxes: &[pb::Sandbox]) {
         match self.output {
-            Output::Json if sandboxes.len() == 1 => println!("{:#}", sandbox_json(&sandboxes[0])),
-            Output::Json => println!("{:#}", json!(sandboxes.iter().map(sandbox_json).collect::<Vec<_>>())),
-            Output::Table => println!("{}", table(&SANDBOX_HEADER, sandboxes.iter().map(sandbox_row).collect())),
+            Output::Json if sandboxes.len() == 1 => say!("{:#}", sandbox_json(&sandboxes[0])),
+            Output::Json => say!("{:#}", json!(sandboxes.iter().map(sandbox_json).collect::<Vec<_>>())),
+            Output::Table => say!("{}", table(&SANDBOX_HEADER, sandboxes.iter().map(sandbox_row).collect())),
         }
     }
 
     fn print_providers(&self, providers: &[pb::Provider]) {
         match self.output {
-            Output::Json if providers.len() == 1 => println!("{:#}", provider_json(&providers[0])),
-            Output::Json => println!("{:#}", json!(providers.iter().map(provider_json).collect::<Vec<_>>())),
-            Output::Table => println!(
+            Output::Json if providers.len() == 1 => say!("{:#}", provider_json(&providers[0])),
+            Output::Json => say!("{:#}", json!(providers.iter().map(provider_json).collect::<Vec<_>>())),
+            Output::Table => say!(
                 "{}",
                 table(
                     &["NAME", "KIND", "CREDENTIALS", "VERSION"],
@@ -572,13 +601,30 @@ impl Client {
         }
     }
 
+    /// The gateway's version and what it runs on (the client's is printed before connecting).
+    async fn version(&mut self) -> Result<(), Failed> {
+        let info = self.gateway.get_info(pb::GetInfoRequest {}).await?.into_inner();
+        match self.output {
+            Output::Json => say!(
+                "{}",
+                json!({"client": env!("CARGO_PKG_VERSION"), "gateway": {
+                    "version": info.version, "name": info.name, "store": info.store, "driver": info.driver,
+                }})
+            ),
+            Output::Table => {
+                say!("gateway {} ({}, {} store, {} driver)", info.version, info.name, info.store, info.driver)
+            }
+        }
+        Ok(())
+    }
+
     /// Waits for `target`, showing the phase; fails on Error (unless that is where a stop or
     /// delete is headed from).
     async fn wait(&mut self, name: &str, target: Target, wait: &Wait) -> Result<Option<pb::Sandbox>, Failed> {
         let spinner = ProgressBar::new_spinner();
         spinner.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"));
         spinner.enable_steady_tick(Duration::from_millis(100));
-        let result = tokio::time::timeout(wait.timeout, async {
+        let waiting = tokio::time::timeout(wait.timeout, async {
             let watch = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await;
             let mut events = match (watch, target) {
                 (Ok(events), _) => events.into_inner(),
@@ -607,22 +653,40 @@ impl Client {
                 }
             }
             Err(Failed(format!("the watch of '{name}' ended early")))
-        })
-        .await;
+        });
+        let result = tokio::select! {
+            result = waiting => result,
+            _ = tokio::signal::ctrl_c() => {
+                spinner.finish_and_clear();
+                eprintln!(
+                    "berth: stopped waiting; the gateway carries on with '{name}' (`berth sandbox get {name}` shows where it is)"
+                );
+                std::process::exit(130);
+            }
+        };
         spinner.finish_and_clear();
         result.unwrap_or_else(|_| Err(Failed(format!("timed out after {:?} waiting for '{name}'", wait.timeout))))
     }
 
     async fn lifecycle(&mut self, reply: pb::SandboxReply, target: Target, wait: &Wait) -> Result<(), Failed> {
         let sandbox = reply.sandbox.unwrap_or_default();
+        // A start or stop that found the sandbox where it was headed changed nothing: say so.
+        let already = match (target, pb::Phase::try_from(sandbox.phase)) {
+            (Target::Ready, Ok(pb::Phase::Ready)) => Some("Ready"),
+            (Target::Stopped, Ok(pb::Phase::Stopped)) => Some("Stopped"),
+            _ => None,
+        };
+        if let Some(phase) = already {
+            eprintln!("berth: sandbox '{}' is already {phase} (generation {})", sandbox.name, sandbox.generation);
+        }
         if wait.no_wait {
             self.print_sandboxes(&[sandbox]);
             return Ok(());
         }
         match self.wait(&sandbox.name, target, wait).await? {
             Some(s) => self.print_sandboxes(&[s]),
-            None if self.output == Output::Json => println!("{}", json!({"name": sandbox.name, "deleted": true})),
-            None => println!("sandbox '{}' deleted", sandbox.name),
+            None if self.output == Output::Json => say!("{}", json!({"name": sandbox.name, "deleted": true})),
+            None => say!("sandbox '{}' deleted", sandbox.name),
         }
         Ok(())
     }
@@ -702,7 +766,7 @@ impl Client {
                     page_token = reply.next_page_token;
                 }
                 match self.output {
-                    Output::Json => println!("{:#}", json!(all.iter().map(sandbox_json).collect::<Vec<_>>())),
+                    Output::Json => say!("{:#}", json!(all.iter().map(sandbox_json).collect::<Vec<_>>())),
                     Output::Table => self.print_sandboxes(&all),
                 }
                 Ok(())
@@ -712,10 +776,10 @@ impl Client {
                     self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
                 while let Some(event) = events.message().await? {
                     match (event.sandbox, self.output) {
-                        (Some(s), Output::Json) => println!("{}", sandbox_json(&s)),
-                        (Some(s), Output::Table) => println!("{}", sandbox_row(&s).join("  ").trim_end()),
-                        (None, Output::Json) => println!("{}", json!({"name": name, "removed": true})),
-                        (None, Output::Table) => println!("{name}  removed"),
+                        (Some(s), Output::Json) => say!("{}", sandbox_json(&s)),
+                        (Some(s), Output::Table) => say!("{}", sandbox_row(&s).join("  ").trim_end()),
+                        (None, Output::Json) => say!("{}", json!({"name": name, "removed": true})),
+                        (None, Output::Table) => say!("{name}  removed"),
                     }
                 }
                 Ok(())
@@ -773,7 +837,7 @@ impl Client {
                     page_token = reply.next_page_token;
                 }
                 match self.output {
-                    Output::Json => println!("{:#}", json!(all.iter().map(provider_json).collect::<Vec<_>>())),
+                    Output::Json => say!("{:#}", json!(all.iter().map(provider_json).collect::<Vec<_>>())),
                     Output::Table => self.print_providers(&all),
                 }
             }
@@ -784,8 +848,8 @@ impl Client {
                 };
                 self.providers.delete_provider(request).await?;
                 match self.output {
-                    Output::Json => println!("{}", json!({"name": name, "deleted": true})),
-                    Output::Table => println!("provider '{name}' deleted"),
+                    Output::Json => say!("{}", json!({"name": name, "deleted": true})),
+                    Output::Table => say!("provider '{name}' deleted"),
                 }
             }
             ProviderCmd::Attach { sandbox, provider, version } => {
@@ -852,10 +916,10 @@ fn exec_row(e: &pb::Exec) -> Vec<String> {
 impl Client {
     fn print_execs(&self, execs: &[pb::Exec]) {
         match self.output {
-            Output::Json if execs.len() == 1 => println!("{:#}", exec_json(&execs[0])),
-            Output::Json => println!("{:#}", json!(execs.iter().map(exec_json).collect::<Vec<_>>())),
+            Output::Json if execs.len() == 1 => say!("{:#}", exec_json(&execs[0])),
+            Output::Json => say!("{:#}", json!(execs.iter().map(exec_json).collect::<Vec<_>>())),
             Output::Table => {
-                println!("{}", table(&["ID", "STATE", "END", "COMMAND"], execs.iter().map(exec_row).collect()))
+                say!("{}", table(&["ID", "STATE", "END", "COMMAND"], execs.iter().map(exec_row).collect()))
             }
         }
     }
@@ -981,7 +1045,7 @@ impl Client {
         sending.abort();
         let files = reply?.into_inner().files;
         let bytes: u64 = files.iter().map(|f| f.size).sum();
-        println!("copied {} entries ({bytes} bytes) into {sandbox}:{path}", files.len());
+        say!("copied {} entries ({bytes} bytes) into {sandbox}:{path}", files.len());
         Ok(0)
     }
 
@@ -1010,7 +1074,7 @@ impl Client {
         spool.seek(std::io::SeekFrom::Start(0)).map_err(failed)?;
         std::fs::create_dir_all(dst).map_err(failed)?;
         tar::Archive::new(spool).unpack(dst).map_err(failed)?;
-        println!("copied {} entries ({} bytes of tar) from {sandbox}:{path}", end.files.len(), end.bytes);
+        say!("copied {} entries ({} bytes of tar) from {sandbox}:{path}", end.files.len(), end.bytes);
         Ok(0)
     }
 }
@@ -1072,16 +1136,36 @@ async fn send_stdin(tx: tokio::sync::mpsc::Sender<pb::ExecInput>) {
     std::future::pending::<()>().await;
 }
 
+/// One line to stdout, for [`say!`].
+pub(crate) fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        ended_output(&e);
+    }
+}
+
+/// The end of the CLI once its output cannot be written: quietly if its reader went, else
+/// saying why.
+fn ended_output(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: cannot write the output: {e}");
+    std::process::exit(1);
+}
+
 /// Writes a chunk of output where its stream goes: stderr to stderr, the rest to stdout.
 fn write_chunk(chunk: &pb::OutputChunk) -> Result<(), Failed> {
     use std::io::Write as _;
-    let written = if chunk.stream == i32::from(pb::OutputStream::Stderr) {
-        std::io::stderr().write_all(&chunk.data)
-    } else {
-        let mut out = std::io::stdout().lock();
-        out.write_all(&chunk.data).and_then(|()| out.flush())
-    };
-    written.map_err(|e| Failed(format!("cannot write the output: {e}")))
+    if chunk.stream == i32::from(pb::OutputStream::Stderr) {
+        return std::io::stderr().write_all(&chunk.data).map_err(|e| Failed(format!("cannot write the output: {e}")));
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(&chunk.data).and_then(|()| out.flush()) {
+        ended_output(&e);
+    }
+    Ok(())
 }
 
 /// Writes a sandbox's logs as they come.
@@ -1125,13 +1209,60 @@ fn read_trimmed(path: PathBuf) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
-async fn connect(cli: &Cli) -> Result<Client, Failed> {
+/// Where the gateway is, and where that was learnt: the flag (a bare `HOST:PORT` taken as
+/// plain HTTP), the address file of the gateway named, of the one gateway of the data
+/// directory, or the default.
+fn gateway_address(cli: &Connection, data: &std::path::Path) -> Result<(String, String), Failed> {
+    if let Some(address) = &cli.gateway {
+        let address = if address.contains("://") { address.clone() } else { format!("http://{address}") };
+        return Ok((address, "--gateway".to_string()));
+    }
+    let from_file = |name: &str| {
+        let path = data.join(address_file(name));
+        read_trimmed(path.clone()).map(|address| (address, path.display().to_string()))
+    };
+    if let Some(name) = &cli.gateway_name {
+        return from_file(name).ok_or_else(|| {
+            Failed(format!("no gateway named {name:?} has run from {} (no {})", data.display(), address_file(name)))
+        });
+    }
+    if let Some(found) = from_file(DEFAULT_NAME) {
+        return Ok(found);
+    }
+    let mut named: Vec<String> = std::fs::read_dir(data)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok()?.strip_suffix(".addr").map(str::to_string))
+        .collect();
+    named.sort();
+    match named.as_slice() {
+        [] => Ok(("http://127.0.0.1:7420".to_string(), "the default".to_string())),
+        [one] => from_file(one).ok_or_else(|| Failed(format!("{} is empty", data.join(address_file(one)).display()))),
+        several => Err(Failed(format!(
+            "several gateways have run from {}: {}; pick one with --name (or --gateway)",
+            data.display(),
+            several.join(", ")
+        ))),
+    }
+}
+
+/// An error and every cause under it: a transport error says why ("connection refused").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        cause = c.source();
+    }
+    message
+}
+
+async fn connect(cli: &Connection, output: Output) -> Result<Client, Failed> {
     let data = cli.data_dir.clone().unwrap_or_else(default_data_dir);
-    let address = cli
-        .gateway
-        .clone()
-        .or_else(|| read_trimmed(data.join(address_file(DEFAULT_NAME))))
-        .unwrap_or_else(|| "http://127.0.0.1:7420".to_string());
+    let (address, source) = gateway_address(cli, &data)?;
     let token = cli.token.clone().or_else(|| read_trimmed(data.join(API_TOKEN_FILE))).ok_or_else(|| {
         Failed(format!(
             "no API token: pass --token, set BERTH_TOKEN, or point --data-dir at the gateway's ({})",
@@ -1141,11 +1272,16 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
     let bearer = MetadataValue::try_from(format!("Bearer {token}"))
         .map_err(|_| Failed("the token is not valid ASCII".into()))?;
     let channel = Endpoint::from_shared(address.clone())
-        .map_err(|e| Failed(format!("{address:?} is not a gateway address: {e}")))?
+        .map_err(|e| Failed(format!("{address:?} (from {source}) is not a gateway address: {e}")))?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .map_err(|e| Failed(format!("cannot reach the gateway at {address}: {e}")))?;
+        .map_err(|e| {
+            Failed(format!(
+                "cannot reach the gateway at {address} (from {source}): {}; is it running?",
+                with_causes(&e)
+            ))
+        })?;
     let auth = Bearer(bearer);
     Ok(Client {
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), auth.clone()),
@@ -1153,21 +1289,38 @@ async fn connect(cli: &Cli) -> Result<Client, Failed> {
         execs: ExecsClient::with_interceptor(channel.clone(), auth.clone()),
         logs: LogsClient::with_interceptor(channel.clone(), auth.clone()),
         files: FilesClient::with_interceptor(channel.clone(), auth.clone()),
-        templates: TemplatesClient::with_interceptor(channel, auth),
-        output: cli.output,
+        templates: TemplatesClient::with_interceptor(channel.clone(), auth.clone()),
+        gateway: GatewayClient::with_interceptor(channel, auth),
+        output,
     })
 }
 
 /// Runs the CLI; returns the process's exit status.
 pub async fn main(cli: Cli) -> std::process::ExitCode {
     let result = async {
-        let mut client = connect(&cli).await?;
-        match cli.command {
+        let command = match cli.command {
+            Top::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                clap_complete::generate(shell, &mut command, "berth", &mut std::io::stdout());
+                return Ok(0);
+            }
+            // The client's version, even when no gateway answers.
+            Top::Version => {
+                say!("client {}", env!("CARGO_PKG_VERSION"));
+                Top::Version
+            }
+            command => command,
+        };
+        let mut client = connect(&cli.connection, cli.output).await?;
+        match command {
             Top::Sandbox(c) => client.sandbox(c).await,
             Top::Provider(c) => client.provider(c).await.map(|()| 0),
             Top::Exec(c) => client.exec_command(c).await,
             Top::Template(c) => client.template(c).await.map(|()| 0),
             Top::Pool(c) => client.pool(c).await.map(|()| 0),
+            Top::Version => client.version().await.map(|()| 0),
+            // Answered above, before connecting.
+            Top::Completions { .. } => Ok(0),
         }
     }
     .await;

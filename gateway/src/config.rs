@@ -187,8 +187,9 @@ struct File {
     log_format: Option<LogFormat>,
 }
 
-/// The settings the gateway runs with.
-#[derive(Clone, Debug)]
+/// The settings the gateway runs with. Its `Debug` is what the gateway logs at start: every
+/// setting, the token only as where it came from and a store URL without its password.
+#[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
@@ -210,6 +211,37 @@ pub struct Config {
     pub heartbeat: Duration,
     pub log: String,
     pub log_format: LogFormat,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let token = match self.api_token {
+            Some(_) => "<given>",
+            None => "<in the data directory>",
+        };
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("data_dir", &self.data_dir)
+            .field("driver", &self.driver)
+            .field("store", &format_args!("{}", self.store))
+            .field("api_token", &format_args!("{token}"))
+            .field("supervisor_bin", &self.supervisor_bin)
+            .field("docker_socket", &self.docker_socket)
+            .field("podman_socket", &self.podman_socket)
+            .field("instance", &self.instance)
+            .field("name", &self.name)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("poll_interval", &self.poll_interval)
+            .field("redrive_after", &self.redrive_after)
+            .field("stop_grace", &self.stop_grace)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("max_ttl", &self.max_ttl)
+            .field("max_pool", &self.max_pool)
+            .field("heartbeat", &self.heartbeat)
+            .field("log", &self.log)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
 }
 
 /// Where Berth keeps its data unless told otherwise.

@@ -46,6 +46,8 @@ pub struct EngineSettings {
     pub files: berth_drivers::files::Limits,
     /// The longest TTL a sandbox may have, the largest pool a template may keep.
     pub limits: berth_core::validate::Limits,
+    /// The gateway's name (`--name`), as its info reads show it.
+    pub name: String,
 }
 
 impl Default for EngineSettings {
@@ -56,6 +58,7 @@ impl Default for EngineSettings {
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
             files: berth_drivers::files::Limits::default(),
             limits: berth_core::validate::Limits::default(),
+            name: crate::server::DEFAULT_NAME.to_string(),
         }
     }
 }
@@ -561,6 +564,9 @@ mod tests {
     impl Store for Yielding {
         fn identity(&self) -> &str {
             self.0.identity()
+        }
+        fn kind(&self) -> &'static str {
+            self.0.kind()
         }
         fn now(&self) -> Timestamp {
             self.0.now()

@@ -66,18 +66,31 @@ fn random_hex(bytes: usize) -> Result<String, String> {
 /// starting together agree on one value and never read half of it. Whether this call made it.
 fn write_private(path: &Path, contents: &str) -> Result<bool, String> {
     let aside = path.with_extension(format!("{}.tmp", random_hex(8)?));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()
-    })();
-    let linked = written.and_then(|()| std::fs::hard_link(&aside, path));
+    let linked = write_aside(&aside, contents).and_then(|()| std::fs::hard_link(&aside, path));
     let _ = std::fs::remove_file(&aside);
     match linked {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(format!("creating {}: {e}", path.display())),
     }
+}
+
+/// Writes `contents` to `path` readable by its owner only, in place of what was there: written
+/// aside, then renamed over it, so a reader sees the old contents or the new.
+fn replace_private(path: &Path, contents: &str) -> Result<(), String> {
+    let aside = path.with_extension(format!("{}.tmp", random_hex(8)?));
+    let written = write_aside(&aside, contents).and_then(|()| std::fs::rename(&aside, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&aside);
+    }
+    written.map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// A new file at `aside`, readable by its owner only, holding `contents` durably.
+fn write_aside(aside: &Path, contents: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(aside)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()
 }
 
 /// Reads a secret file, creating it with `bytes` random bytes on first start.
@@ -166,9 +179,15 @@ pub async fn run(config: Config) -> Result<(), String> {
         .mode(0o700)
         .create(data)
         .map_err(|e| format!("creating {}: {e}", data.display()))?;
+    info!(settings = ?config, "berth-gateway starting");
     let token = match &config.api_token {
         Some(t) if t.len() < 16 => return Err("the API token must be at least 16 characters".to_string()),
-        Some(t) => t.clone(),
+        // Written where the CLI on this host looks, replacing a token an earlier run made: the
+        // file always holds the token the gateway takes.
+        Some(t) => {
+            replace_private(&data.join(API_TOKEN_FILE), t)?;
+            t.clone()
+        }
         None => secret(&data.join(API_TOKEN_FILE), 32)?,
     };
     let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
@@ -211,6 +230,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         stop_grace: config.stop_grace,
         files,
         limits: berth_core::validate::Limits { max_ttl: config.max_ttl, max_pool: config.max_pool },
+        name: config.name.clone(),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);

@@ -203,6 +203,9 @@ impl Store for TracingStore {
     fn identity(&self) -> &str {
         self.world.store.identity()
     }
+    fn kind(&self) -> &'static str {
+        self.world.store.kind()
+    }
     fn now(&self) -> berth_core::Timestamp {
         self.world.store.now()
     }

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod convert;
 pub mod exec;
 pub mod files;
+pub mod info;
 pub mod logs;
 pub mod public;
 pub mod supervisor;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use berth_proto::v1::execs_server::ExecsServer;
 use berth_proto::v1::files_server::FilesServer;
+use berth_proto::v1::gateway_server::GatewayServer;
 use berth_proto::v1::logs_server::LogsServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
@@ -33,6 +35,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     health.set_serving::<LogsServer<logs::LogsApi>>().await;
     health.set_serving::<FilesServer<files::FilesApi>>().await;
     health.set_serving::<TemplatesServer<templates::TemplateApi>>().await;
+    health.set_serving::<GatewayServer<info::GatewayApi>>().await;
     health.set_serving::<SupervisorServer<supervisor::SupervisorApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
@@ -44,7 +47,8 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
     let execs_auth = auth.clone();
     let logs_auth = auth.clone();
     let files_auth = auth.clone();
-    let templates_auth = auth;
+    let templates_auth = auth.clone();
+    let info_auth = auth;
     let mut routes = Routes::builder();
     routes
         .add_service(SandboxesServer::with_interceptor(public::SandboxApi::new(engine.clone()), move |r| {
@@ -58,6 +62,9 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         .add_service(FilesServer::with_interceptor(files::FilesApi::new(engine.clone()), move |r| files_auth.check(r)))
         .add_service(TemplatesServer::with_interceptor(templates::TemplateApi::new(engine.clone()), move |r| {
             templates_auth.check(r)
+        }))
+        .add_service(GatewayServer::with_interceptor(info::GatewayApi::new(engine.clone()), move |r| {
+            info_auth.check(r)
         }))
         .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
         .add_service(health_service)

@@ -63,8 +63,8 @@ fn template_json(t: &pb::Template) -> serde_json::Value {
 impl Client {
     fn print_templates(&self, templates: &[pb::Template]) {
         match self.output {
-            Output::Json if templates.len() == 1 => println!("{:#}", template_json(&templates[0])),
-            Output::Json => println!("{:#}", json!(templates.iter().map(template_json).collect::<Vec<_>>())),
+            Output::Json if templates.len() == 1 => say!("{:#}", template_json(&templates[0])),
+            Output::Json => say!("{:#}", json!(templates.iter().map(template_json).collect::<Vec<_>>())),
             Output::Table => {
                 let rows = templates
                     .iter()
@@ -80,7 +80,7 @@ impl Client {
                         ]
                     })
                     .collect();
-                println!("{}", table(&["NAME", "IMAGE", "MIN_READY", "READY", "MEMBERS", "VERSION"], rows));
+                say!("{}", table(&["NAME", "IMAGE", "MIN_READY", "READY", "MEMBERS", "VERSION"], rows));
             }
         }
     }
@@ -136,8 +136,8 @@ impl Client {
                 };
                 self.templates.delete_template(request).await?;
                 match self.output {
-                    Output::Json => println!("{}", json!({"name": name, "deleted": true})),
-                    Output::Table => println!("template '{name}' deleted"),
+                    Output::Json => say!("{}", json!({"name": name, "deleted": true})),
+                    Output::Table => say!("template '{name}' deleted"),
                 }
             }
         }
@@ -155,11 +155,11 @@ impl Client {
             PoolCmd::Get { template } => {
                 let t = self.get_template(template).await?;
                 match self.output {
-                    Output::Json => println!("{:#}", template_json(&t)["pool"]),
+                    Output::Json => say!("{:#}", template_json(&t)["pool"]),
                     Output::Table => {
                         self.print_templates(std::slice::from_ref(&t));
                         for member in t.pool.unwrap_or_default().member_names {
-                            println!("  {member}");
+                            say!("  {member}");
                         }
                     }
                 }

@@ -146,6 +146,10 @@ impl Store for MemoryStore {
         &self.identity
     }
 
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
     fn now(&self) -> Timestamp {
         self.clock.now()
     }

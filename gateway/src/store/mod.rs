@@ -76,6 +76,9 @@ pub trait Store: Send + Sync + 'static {
     /// store. It binds a data directory and the runtime's resources to the records they belong
     /// to, so that a gateway on another store never mistakes them for its own orphans.
     fn identity(&self) -> &str;
+    /// What kind of store this is, for reads of the gateway's info: "sqlite", "postgres" or
+    /// "memory".
+    fn kind(&self) -> &'static str;
     /// Now, on the store's clock: the one clock every gateway sharing the store agrees on, by
     /// which deadlines, restart backoffs and record times are kept (DESIGN 9.1). Read without a
     /// round trip: a networked store keeps its offset from the local clock.

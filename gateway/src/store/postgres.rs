@@ -554,6 +554,10 @@ impl Store for PostgresStore {
         &self.identity
     }
 
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
     fn now(&self) -> Timestamp {
         let offset = self.clock_offset.load(Ordering::Relaxed);
         Timestamp::from_unix_nanos(SystemClock.now().unix_nanos().saturating_add(offset))

@@ -651,6 +651,10 @@ impl Store for SqliteStore {
         &self.identity
     }
 
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
     /// The host's clock, which SQLite's `now` reads too.
     fn now(&self) -> Timestamp {
         crate::clock::SystemClock.now()

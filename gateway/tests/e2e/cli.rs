@@ -236,3 +236,95 @@ async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
     let gone = berth(&data, &["template", "get", "agents"]).await;
     assert!(!gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("NotFound"));
 }
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// What a new user met (issue 17): a gateway started with `--name`, an address without a
+/// scheme, an unreachable gateway, output piped into `head`, a start of a Ready sandbox, Ctrl-C
+/// while waiting, versions, completions, a token file older than `--api-token`, and the
+/// gateway's settings in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_finds_its_gateway_and_says_what_happened() {
+    let data = DataDir::new();
+    // A token file from an earlier run, then a gateway given its token by flag.
+    std::fs::write(data.path.join("api-token"), "an-old-token-from-before-0000").unwrap();
+    let token = "the-token-given-by-flag-0123456789";
+    let _gateway = Gateway::start(&data, &["--name", "alpha", "--api-token", token, "--stop-grace", "30s"]).await;
+    // The only gateway of the data directory, found by its address file, with the flag's token.
+    assert!(ok(&berth(&data, &["sandbox", "list"]).await).starts_with("NAME"));
+    assert!(ok(&berth(&data, &["--name", "alpha", "sandbox", "list"]).await).starts_with("NAME"));
+    let log = data.log_of("alpha");
+    assert!(log.contains("berth-gateway starting") && log.contains("api_token: <given>"), "{log}");
+    assert!(!log.contains(token), "the token never reaches the log");
+    let beta = berth(&data, &["--name", "beta", "sandbox", "list"]).await;
+    assert!(stderr(&beta).contains("no gateway named \"beta\""), "{beta:?}");
+    // An address without a scheme is plain HTTP.
+    let address = std::fs::read_to_string(data.path.join("alpha.addr")).unwrap();
+    let bare = address.trim().trim_start_matches("http://").to_string();
+    assert!(ok(&berth(&data, &["--gateway", &bare, "sandbox", "list"]).await).starts_with("NAME"));
+    let refused = berth(&data, &["--gateway", "127.0.0.1:1", "sandbox", "list"]).await;
+    let message = stderr(&refused);
+    assert!(message.contains("(from --gateway)") && message.contains("is it running?"), "{message}");
+    assert!(message.to_lowercase().contains("connection refused"), "the cause, not only 'transport error': {message}");
+
+    // Versions and completions.
+    let version = ok(&berth(&data, &["version"]).await);
+    let v = env!("CARGO_PKG_VERSION");
+    assert!(
+        version.contains(&format!("client {v}"))
+            && version.contains(&format!("gateway {v} (alpha, sqlite store, process driver)")),
+        "{version}"
+    );
+    let completions = ok(&berth(&data, &["completions", "bash"]).await);
+    assert!(completions.contains("_berth") && completions.contains("sandbox"), "{}", &completions[..200]);
+
+    // A start of a Ready sandbox says so.
+    ok(&berth(&data, &["sandbox", "create", "web", "--", "sh", "-c", "trap '' TERM; sleep 3600"]).await);
+    let again = berth(&data, &["sandbox", "start", "web"]).await;
+    assert!(again.status.success() && stderr(&again).contains("sandbox 'web' is already Ready"), "{again:?}");
+
+    // Output whose reader went: a quiet end, not a panic.
+    for i in 0..3 {
+        ok(&berth(&data, &["sandbox", "create", &format!("more-{i}"), "--no-wait", "--", "sleep", "3600"]).await);
+    }
+    let mut piped = tokio::process::Command::new(bin("berth"))
+        .args(["--data-dir", data.path.to_str().unwrap(), "sandbox", "list"])
+        .env_remove("BERTH_GATEWAY")
+        .env_remove("BERTH_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(piped.stdout.take());
+    let ended = piped.wait_with_output().await.unwrap();
+    assert_eq!(ended.status.code(), Some(0), "{}", stderr(&ended));
+    assert!(!stderr(&ended).contains("panicked"), "{}", stderr(&ended));
+
+    // Ctrl-C while a stop waits out the command's grace: the CLI says the stop goes on.
+    let stopping = tokio::process::Command::new(bin("berth"))
+        .args(["--data-dir", data.path.to_str().unwrap(), "sandbox", "stop", "web"])
+        .env_remove("BERTH_GATEWAY")
+        .env_remove("BERTH_TOKEN")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let pid = nix::unistd::Pid::from_raw(stopping.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let interrupted = stopping.wait_with_output().await.unwrap();
+    assert_eq!(interrupted.status.code(), Some(130));
+    assert!(stderr(&interrupted).contains("the gateway carries on with 'web'"), "{}", stderr(&interrupted));
+}
+
+/// Several gateways have run from one data directory: the CLI asks which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_asks_which_gateway_when_several_have_run_from_its_data_directory() {
+    let data = DataDir::new();
+    std::fs::write(data.path.join("alpha.addr"), "http://127.0.0.1:1\n").unwrap();
+    std::fs::write(data.path.join("beta.addr"), "http://127.0.0.1:2\n").unwrap();
+    std::fs::write(data.path.join("api-token"), "a-token-of-sixteen-or-more").unwrap();
+    let out = berth(&data, &["sandbox", "list"]).await;
+    assert!(stderr(&out).contains("several gateways have run from") && stderr(&out).contains("alpha, beta"), "{out:?}");
+}

@@ -12,7 +12,7 @@ use berth_core::{
     SandboxId, SandboxSpec, Timestamp, Write, decide, merge,
 };
 
-use crate::world::{Store, spec};
+use crate::world::{Store, create_box, spec};
 
 const T0: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
 
@@ -34,18 +34,8 @@ fn record(store: &Store) -> Sandbox {
 
 /// A store holding sandbox "box", created at T0 from `spec` and Ready.
 fn ready(spec: SandboxSpec) -> Store {
-    let mut store = Store::default();
-    let command = Command::CreateSandbox {
-        id: SandboxId::new("sb-1"),
-        name: "box".into(),
-        spec,
-        providers: Default::default(),
-        deadline: None,
-    };
-    run(&mut store, command, T0).unwrap();
-    let before = record(&store);
-    let connected = Observation::SupervisorConnected { generation: before.generation, main: MainProcess::Running };
-    store.commit(&merge(Some(&before), &before.id, &connected, T0).unwrap().writes).unwrap();
+    let mut store = Store::with_box(spec, None, T0);
+    store.box_ready(T0);
     store
 }
 
@@ -221,14 +211,7 @@ fn an_idle_timeout_out_of_bounds_is_refused_naming_its_field() {
         let lifetime = Lifetime { idle_timeout: Some(idle), ..Lifetime::default() };
         let spec = SandboxSpec { lifetime, ..spec() };
         let mut store = Store::default();
-        let create = Command::CreateSandbox {
-            id: SandboxId::new("sb-1"),
-            name: "box".into(),
-            spec: spec.clone(),
-            providers: Default::default(),
-            deadline: None,
-        };
-        assert_eq!(run(&mut store, create, T0).unwrap_err().to_string(), message);
+        assert_eq!(run(&mut store, create_box(spec.clone(), None), T0).unwrap_err().to_string(), message);
         let template = Command::CreateTemplate { name: "web".into(), spec, min_ready: 0 };
         assert_eq!(run(&mut store, template, T0).unwrap_err().to_string(), message);
         assert!(store.sandboxes.is_empty() && store.templates.is_empty(), "nothing written");

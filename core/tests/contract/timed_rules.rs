@@ -7,11 +7,11 @@ use berth_core::lifetime::{Lifetime, OnExpiry, Renewal};
 use berth_core::restart::{RestartMode, RestartPolicy, Restarts};
 use berth_core::timers::{self, Timer};
 use berth_core::{
-    Code, Command, Effect, ExitMarker, Failure, FailureReason, Intent, MainProcess, Observation, Outcome, Phase,
-    PhaseKind, Request, Run, Sandbox, SandboxId, Timestamp, Write, decide, merge,
+    Code, Command, Effect, ExitMarker, Failure, FailureReason, Intent, Observation, Outcome, Phase, PhaseKind, Request,
+    Run, Sandbox, Timestamp, Write, decide, merge,
 };
 
-use crate::world::{Store, spec};
+use crate::world::{Store, create_box, spec};
 
 const T0: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
 
@@ -40,16 +40,7 @@ fn restart_spec(mode: RestartMode, max_restarts: Option<u32>) -> berth_core::San
 
 /// A store holding one sandbox named "box", created at T0 from `spec` (and `deadline`).
 fn created(spec: berth_core::SandboxSpec, deadline: Option<Timestamp>) -> Store {
-    let mut store = Store::default();
-    let command = Command::CreateSandbox {
-        id: SandboxId::new("sb-1"),
-        name: "box".into(),
-        spec,
-        providers: Default::default(),
-        deadline,
-    };
-    store.execute_once(&Request::new(command, None), T0).unwrap();
-    store
+    Store::with_box(spec, deadline, T0)
 }
 
 fn run(store: &mut Store, command: Command, now: Timestamp) -> Result<berth_core::Decision, berth_core::Error> {
@@ -74,11 +65,7 @@ fn record(store: &Store) -> Sandbox {
 
 /// Moves the stored sandbox to Ready, as its supervisor connecting does.
 fn ready(store: &mut Store) {
-    let before = record(store);
-    let connected = Observation::SupervisorConnected { generation: before.generation, main: MainProcess::Running };
-    let d = merge(Some(&before), &before.id, &connected, T0).unwrap();
-    store.commit(&d.writes).unwrap();
-    assert_eq!(record(store).phase, Phase::Ready);
+    store.box_ready(T0);
 }
 
 /// Moves the stored sandbox from Stopping to Stopped, as the driver's stop reply does.
@@ -125,14 +112,7 @@ fn a_bad_lifetime_or_policy_is_refused_naming_its_field_and_writes_nothing() {
         ),
     ];
     for (spec, deadline, message) in cases {
-        let command = Command::CreateSandbox {
-            id: SandboxId::new("sb-1"),
-            name: "box".into(),
-            spec,
-            providers: Default::default(),
-            deadline,
-        };
-        let e = decide(&Request::new(command, None), &Default::default(), T0).unwrap_err();
+        let e = decide(&Request::new(create_box(spec, deadline), None), &Default::default(), T0).unwrap_err();
         assert_eq!((e.code(), e.to_string().as_str()), (Code::InvalidArgument, message));
     }
 }

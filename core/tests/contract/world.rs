@@ -69,6 +69,26 @@ pub struct Store {
 }
 
 impl Store {
+    /// A store holding one sandbox named "box" (id "sb-1"), created at `now` from `spec` (and
+    /// an absolute `deadline`).
+    pub fn with_box(spec: SandboxSpec, deadline: Option<Timestamp>, now: Timestamp) -> Self {
+        let mut store = Store::default();
+        let command = create_box(spec, deadline);
+        store.execute_once(&Request::new(command, None), now).unwrap();
+        store
+    }
+
+    /// Moves "box" to Ready at `now`, as its supervisor connecting does.
+    pub fn box_ready(&mut self, now: Timestamp) {
+        let before = self.by_name("box").cloned().unwrap();
+        let connected = berth_core::Observation::SupervisorConnected {
+            generation: before.generation,
+            main: berth_core::MainProcess::Running,
+        };
+        let d = merge(Some(&before), &before.id, &connected, now).unwrap();
+        self.commit(&d.writes).unwrap();
+        assert_eq!(self.by_name("box").unwrap().phase, berth_core::Phase::Ready);
+    }
     pub fn by_name(&self, name: &str) -> Option<&Sandbox> {
         self.sandboxes.values().find(|s| s.name == name)
     }
@@ -199,6 +219,17 @@ impl Default for World {
             next_id: 1,
             seed: 0x5eed,
         }
+    }
+}
+
+/// The create of sandbox "box" (id "sb-1") from `spec` (and an absolute `deadline`).
+pub fn create_box(spec: SandboxSpec, deadline: Option<Timestamp>) -> Command {
+    Command::CreateSandbox {
+        id: SandboxId::new("sb-1"),
+        name: "box".into(),
+        spec,
+        providers: Default::default(),
+        deadline,
     }
 }
 

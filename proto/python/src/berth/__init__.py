@@ -1,0 +1,50 @@
+"""The Python client of a Berth gateway.
+
+    import berth
+
+    with berth.Client() as client:               # the address and token as the CLI finds them
+        box = client.create("demo", ["sleep", "infinity"])
+        result = client.exec("demo", ["sh", "-c", "echo hi; exit 3"])
+        assert (result.stdout, result.exit_code) == (b"hi\\n", 3)
+        client.delete("demo")
+
+`berth.aio.AsyncClient` is the same API for asyncio. Every refused call raises a `BerthError`
+whose subclass says the gRPC status (`NotFound`, `InvalidArgument`, ...).
+"""
+
+from .client import Client
+from .errors import (
+    Aborted,
+    AlreadyExists,
+    BerthError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SandboxFailed,
+    Unauthenticated,
+    Unavailable,
+    WaitTimeout,
+)
+from .types import Chunk, Exec, ExecResult, Failure, Provider, Sandbox
+
+__all__ = [
+    "Aborted",
+    "AlreadyExists",
+    "BerthError",
+    "Chunk",
+    "Client",
+    "DeadlineExceeded",
+    "Exec",
+    "ExecResult",
+    "FailedPrecondition",
+    "Failure",
+    "InvalidArgument",
+    "NotFound",
+    "Provider",
+    "Sandbox",
+    "SandboxFailed",
+    "Unauthenticated",
+    "Unavailable",
+    "WaitTimeout",
+]

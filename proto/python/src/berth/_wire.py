@@ -1,0 +1,194 @@
+"""Between the wire's messages and the client's values, for the sync and asyncio clients alike."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+
+from berth.v1 import exec_pb2 as pe
+from berth.v1 import sandbox_pb2 as pb
+
+from .types import Chunk, Exec, Failure, Provider, Sandbox, _time
+
+PHASES = {
+    pb.PHASE_PROVISIONING: "Provisioning",
+    pb.PHASE_STARTING: "Starting",
+    pb.PHASE_READY: "Ready",
+    pb.PHASE_STOPPING: "Stopping",
+    pb.PHASE_STOPPED: "Stopped",
+    pb.PHASE_DELETING: "Deleting",
+    pb.PHASE_ERROR: "Error",
+}
+INTENTS = {pb.INTENT_RUNNING: "Running", pb.INTENT_STOPPED: "Stopped", pb.INTENT_DELETED: "Deleted"}
+EXEC_STATES = {
+    pe.EXEC_STATE_ADMITTED: "Admitted",
+    pe.EXEC_STATE_RUNNING: "Running",
+    pe.EXEC_STATE_EXITED: "Exited",
+    pe.EXEC_STATE_SIGNALLED: "Signalled",
+    pe.EXEC_STATE_TIMED_OUT: "TimedOut",
+    pe.EXEC_STATE_CANCELLED: "Cancelled",
+    pe.EXEC_STATE_LOST: "Lost",
+}
+STREAMS = {pe.OUTPUT_STREAM_STDOUT: "stdout", pe.OUTPUT_STREAM_STDERR: "stderr", pe.OUTPUT_STREAM_TTY: "tty"}
+ON_EXPIRY = {"stop": pb.ON_EXPIRY_STOP, "delete": pb.ON_EXPIRY_DELETE}
+RESTART = {"never": pb.RESTART_MODE_NEVER, "on-failure": pb.RESTART_MODE_ON_FAILURE, "always": pb.RESTART_MODE_ALWAYS}
+#: The phase each lifecycle command waits for; `None`: gone.
+TARGETS = {"create": "Ready", "start": "Ready", "stop": "Stopped", "delete": None}
+
+
+def _opt(message, field: str):
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def sandbox(s: pb.Sandbox) -> Sandbox:
+    failure = None
+    if s.phase == pb.PHASE_ERROR and s.HasField("failure"):
+        failure = Failure(s.failure.reason, _opt(s.failure, "exit_code"), s.failure.message)
+    return Sandbox(
+        id=s.id,
+        name=s.name,
+        phase=PHASES.get(s.phase, "Unknown"),
+        intent=INTENTS.get(s.intent, "Unknown"),
+        generation=s.generation,
+        resource_version=s.resource_version,
+        image=s.spec.image,
+        command=list(s.spec.command),
+        labels=dict(s.spec.labels),
+        providers=list(s.providers),
+        failure=failure,
+        completed=s.completed,
+        created_at=_time(s.created_at_unix_ms),
+        updated_at=_time(s.updated_at_unix_ms),
+        deadline=_time(_opt(s, "deadline_unix_ms")),
+        expired_at=_time(_opt(s, "expired_at_unix_ms")),
+        idle_expired_at=_time(_opt(s, "idle_expired_at_unix_ms")),
+        restart_count=s.restart_count,
+        template=s.template or None,
+    )
+
+
+def provider(p: pb.Provider) -> Provider:
+    return Provider(p.name, p.kind, list(p.credential_names), p.resource_version)
+
+
+def exec_record(e: pe.Exec) -> Exec:
+    return Exec(
+        id=e.id,
+        sandbox=e.sandbox,
+        argv=list(e.argv),
+        state=EXEC_STATES.get(e.state, "Unspecified"),
+        exit_code=_opt(e, "exit_code"),
+        signal=_opt(e, "signal"),
+        message=e.message,
+        generation=e.generation,
+        output_bytes=_opt(e, "output_bytes"),
+    )
+
+
+def _millis(seconds: Optional[float]) -> Optional[int]:
+    if seconds is None:
+        return None
+    return int(round(seconds * 1000))
+
+
+def create_request(
+    name: str,
+    command: Sequence[str],
+    *,
+    image: str,
+    env: Optional[Mapping[str, str]],
+    labels: Optional[Mapping[str, str]],
+    providers: Optional[Iterable[str]],
+    ttl: Optional[float],
+    idle_timeout: Optional[float],
+    on_expiry: Optional[str],
+    restart: Optional[str],
+    max_restarts: Optional[int],
+) -> pb.CreateSandboxRequest:
+    if on_expiry is not None and on_expiry not in ON_EXPIRY:
+        raise ValueError(f"on_expiry: expected one of {sorted(ON_EXPIRY)}, got {on_expiry!r}")
+    if restart is not None and restart not in RESTART:
+        raise ValueError(f"restart: expected one of {sorted(RESTART)}, got {restart!r}")
+    spec = pb.SandboxSpec(image=image, command=list(command), env=dict(env or {}), labels=dict(labels or {}))
+    if ttl is not None or idle_timeout is not None or on_expiry is not None:
+        spec.lifetime.CopyFrom(
+            pb.Lifetime(
+                ttl_ms=_millis(ttl),
+                idle_timeout_ms=_millis(idle_timeout),
+                on_expiry=ON_EXPIRY.get(on_expiry or "stop"),
+            )
+        )
+    if restart is not None:
+        spec.restart.CopyFrom(pb.RestartPolicy(mode=RESTART[restart], max_restarts=max_restarts))
+    return pb.CreateSandboxRequest(name=name, spec=spec, providers=list(providers or []))
+
+
+def exec_start(
+    sandbox: str,
+    argv: Sequence[str],
+    *,
+    exec_id: str,
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    timeout: Optional[float],
+    stdin: bool,
+) -> pe.ExecInput:
+    start = pe.ExecStart(
+        sandbox=sandbox,
+        argv=list(argv),
+        env=dict(env or {}),
+        cwd=cwd or "",
+        stdin=stdin,
+        exec_id=exec_id,
+        timeout_ms=_millis(timeout),
+    )
+    return pe.ExecInput(start=start)
+
+
+def stdin_messages(data: Optional[bytes], chunk_size: int = 64 * 1024) -> List[pe.ExecInput]:
+    """The messages that send `data` as the exec's stdin, then close it."""
+    if data is None:
+        return []
+    out = [pe.ExecInput(stdin=data[i : i + chunk_size]) for i in range(0, len(data), chunk_size)]
+    out.append(pe.ExecInput(close_stdin=pe.CloseStdin()))
+    return out
+
+
+class Collector:
+    """Gathers an exec's output as it streams: each byte once, at its offset, whatever number of
+    streams (a retry, an attach from an offset) delivered it."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.gaps: List[tuple] = []
+        self.end: Optional[Exec] = None
+        #: The gateway said it admitted the exec: a stream opened again attaches to it.
+        self.admitted = False
+
+    def take(self, message: pe.ExecOutput) -> Optional[Chunk]:
+        """Takes one message; the new part of a chunk, if it carried one."""
+        kind = message.WhichOneof("output")
+        if kind == "admitted":
+            self.admitted = True
+        elif kind == "chunk":
+            c = message.chunk
+            skip = max(0, self.offset - c.offset)
+            if skip >= len(c.data):
+                return None
+            data = c.data[skip:]
+            stream = STREAMS.get(c.stream, "stdout")
+            (self.stderr if stream == "stderr" else self.stdout).extend(data)
+            self.offset = c.offset + len(c.data)
+            return Chunk(stream, c.offset + skip, data)
+        if kind == "gap":
+            if message.gap.to > self.offset:
+                self.gaps.append((max(self.offset, getattr(message.gap, "from")), message.gap.to))
+                self.offset = message.gap.to
+        elif kind == "end":
+            self.end = exec_record(message.end)
+        return None
+
+
+def selector(labels: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    return dict(labels or {})

@@ -1,0 +1,251 @@
+"""The asyncio client: `Client`'s API, every call a coroutine (`watch` and `exec_stream` async
+iterators)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from typing import AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import grpc
+import grpc.aio
+
+from berth.v1 import exec_pb2 as pe
+from berth.v1 import exec_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from berth.v1 import sandbox_pb2 as pb
+from berth.v1 import sandbox_pb2_grpc
+
+from . import _connect, _wire
+from .client import EXEC_RETRIES
+from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
+from .types import Chunk, Exec, ExecResult, Provider, Sandbox
+
+
+class AsyncClient:
+    """A connection to one Berth gateway, for asyncio: `async with AsyncClient() as client:`.
+    Found and configured as `berth.Client` is."""
+
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        data_dir: Optional[os.PathLike] = None,
+        name: Optional[str] = None,
+        timeout: float = 30.0,
+    ) -> None:
+        address, token = _connect.resolve(address, token, data_dir, name)
+        host, tls = _connect.target(address)
+        self.address = address
+        self._channel = (
+            grpc.aio.secure_channel(host, grpc.ssl_channel_credentials()) if tls else grpc.aio.insecure_channel(host)
+        )
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._timeout = timeout
+        self._sandboxes = sandbox_pb2_grpc.SandboxesStub(self._channel)
+        self._providers = sandbox_pb2_grpc.ProvidersStub(self._channel)
+        self._execs = exec_pb2_grpc.ExecsStub(self._channel)
+        self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _call(self, method, request, timeout: Optional[float] = None):
+        try:
+            return await method(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
+    async def info(self) -> Dict[str, str]:
+        i = await self._call(self._gateway.GetInfo, gateway_pb2.GetInfoRequest())
+        return {"version": i.version, "name": i.name, "store": i.store, "driver": i.driver}
+
+    async def create(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        image: str = "host",
+        env: Optional[Mapping[str, str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        ttl: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+        on_expiry: Optional[str] = None,
+        restart: Optional[str] = None,
+        max_restarts: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Sandbox:
+        request = _wire.create_request(
+            name,
+            command,
+            image=image,
+            env=env,
+            labels=labels,
+            providers=providers,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            on_expiry=on_expiry,
+            restart=restart,
+            max_restarts=max_restarts,
+        )
+        created = _wire.sandbox((await self._call(self._sandboxes.CreateSandbox, request)).sandbox)
+        return await self.wait_for(name, "Ready", timeout=timeout) if wait else created
+
+    async def get(self, name: str) -> Sandbox:
+        reply = await self._call(self._sandboxes.GetSandbox, pb.GetSandboxRequest(name=name))
+        return _wire.sandbox(reply.sandbox)
+
+    async def list(self, selector: Optional[Mapping[str, str]] = None) -> List[Sandbox]:
+        out: List[Sandbox] = []
+        token = ""
+        while True:
+            request = pb.ListSandboxesRequest(page_size=500, page_token=token, label_selector=_wire.selector(selector))
+            reply = await self._call(self._sandboxes.ListSandboxes, request)
+            out.extend(_wire.sandbox(s) for s in reply.sandboxes)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    async def watch(self, name: str, timeout: Optional[float] = None) -> AsyncIterator[Optional[Sandbox]]:
+        call = self._sandboxes.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=self._metadata, timeout=timeout)
+        try:
+            async for event in call:
+                if not event.HasField("sandbox"):
+                    yield None
+                    return
+                yield _wire.sandbox(event.sandbox)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        finally:
+            call.cancel()
+
+    async def wait_for(self, name: str, phase: Optional[str], *, timeout: float = 120.0) -> Optional[Sandbox]:
+        try:
+            async for s in self.watch(name, timeout=timeout):
+                if s is None:
+                    if phase is None:
+                        return None
+                    raise SandboxFailed(name, "Deleted", "the sandbox was deleted")
+                if s.phase == phase or (phase == "Ready" and s.phase == "Stopped" and s.completed):
+                    return s
+                if s.phase == "Error" and phase in ("Ready", "Stopped"):
+                    f = s.failure
+                    raise SandboxFailed(name, f.reason if f else "Error", f.message if f else "")
+        except BerthError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND and phase is None:
+                return None
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise WaitTimeout(name, phase or "gone", timeout) from None
+            raise
+        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"the watch of '{name}' ended early")
+
+    async def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
+        request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
+        method = {"stop": self._sandboxes.StopSandbox, "start": self._sandboxes.StartSandbox, "delete": self._sandboxes.DeleteSandbox}[verb]
+        accepted = _wire.sandbox((await self._call(method, request)).sandbox)
+        return await self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
+
+    async def stop(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        return await self._lifecycle("stop", name, expected_version, wait, timeout)
+
+    async def start(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        return await self._lifecycle("start", name, expected_version, wait, timeout)
+
+    async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
+        await self._lifecycle("delete", name, expected_version, wait, timeout)
+
+    async def create_provider(self, name: str, kind: str, credentials: Mapping[str, str]) -> Provider:
+        request = pb.CreateProviderRequest(name=name, kind=kind, credentials=dict(credentials))
+        return _wire.provider((await self._call(self._providers.CreateProvider, request)).provider)
+
+    async def get_provider(self, name: str) -> Provider:
+        reply = await self._call(self._providers.GetProvider, pb.GetProviderRequest(name=name))
+        return _wire.provider(reply.provider)
+
+    async def delete_provider(self, name: str, *, expected_version: Optional[int] = None) -> None:
+        request = pb.DeleteProviderRequest(name=name, expected_resource_version=expected_version)
+        await self._call(self._providers.DeleteProvider, request)
+
+    async def attach_provider(self, sandbox: str, provider: str) -> Sandbox:
+        reply = await self._call(self._providers.AttachProvider, pb.AttachRequest(sandbox=sandbox, provider=provider))
+        return _wire.sandbox(reply.sandbox)
+
+    async def detach_provider(self, sandbox: str, provider: str) -> Sandbox:
+        reply = await self._call(self._providers.DetachProvider, pb.AttachRequest(sandbox=sandbox, provider=provider))
+        return _wire.sandbox(reply.sandbox)
+
+    async def exec_stream(
+        self,
+        sandbox: str,
+        argv: Sequence[str],
+        *,
+        exec_id: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        collector: Optional[_wire.Collector] = None,
+    ) -> AsyncIterator[Chunk]:
+        """As `Client.exec_stream`: retried with its id, attached from where it got to."""
+        collector = collector if collector is not None else _wire.Collector()
+        exec_id = exec_id or f"py-{uuid.uuid4().hex}"
+        start = _wire.exec_start(sandbox, argv, exec_id=exec_id, env=env, cwd=cwd, timeout=timeout, stdin=stdin is not None)
+
+        def run():
+            return self._execs.Exec(iter([start] + _wire.stdin_messages(stdin)), metadata=self._metadata)
+
+        for attempt in range(EXEC_RETRIES + 1):
+            if attempt == 0:
+                call = run()
+            else:
+                request = pe.AttachExecRequest(sandbox=sandbox, exec_id=exec_id, offset=collector.offset)
+                call = self._execs.AttachExec(request, metadata=self._metadata)
+            try:
+                try:
+                    first = await call.read()
+                except grpc.RpcError as e:
+                    if attempt == 0 or collector.admitted or e.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    call = run()
+                    first = await call.read()
+                message = first
+                while message is not grpc.aio.EOF:
+                    new = collector.take(message)
+                    if new is not None:
+                        yield new
+                    if collector.end is not None:
+                        return
+                    message = await call.read()
+                raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"exec {exec_id}: the stream ended before the exec")
+            except (grpc.RpcError, Unavailable) as e:
+                error = from_rpc(e) if isinstance(e, grpc.RpcError) else e
+                if not isinstance(error, Unavailable) or attempt == EXEC_RETRIES:
+                    raise error from None
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+            finally:
+                call.cancel()
+        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"exec {exec_id}: the stream kept breaking before its end")
+
+    async def exec(self, sandbox: str, argv: Sequence[str], **options) -> ExecResult:
+        collector = _wire.Collector()
+        async for _ in self.exec_stream(sandbox, argv, collector=collector, **options):
+            pass
+        assert collector.end is not None
+        return ExecResult(collector.end, bytes(collector.stdout), bytes(collector.stderr), collector.gaps)
+
+    async def get_exec(self, sandbox: str, exec_id: str) -> Exec:
+        reply = await self._call(self._execs.GetExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
+        return _wire.exec_record(reply.exec)
+
+    async def cancel_exec(self, sandbox: str, exec_id: str) -> Exec:
+        reply = await self._call(self._execs.CancelExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
+        return _wire.exec_record(reply.exec)

@@ -1,0 +1,296 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
+
+import grpc
+
+from berth.v1 import exec_pb2 as pe
+from berth.v1 import exec_pb2_grpc
+from berth.v1 import gateway_pb2, gateway_pb2_grpc
+from berth.v1 import sandbox_pb2 as pb
+from berth.v1 import sandbox_pb2_grpc
+
+from . import _connect, _wire
+from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
+from .types import Chunk, Exec, ExecResult, Provider, Sandbox
+
+#: How many times an exec's stream is opened again after the gateway went away mid-stream.
+EXEC_RETRIES = 5
+
+
+def _first_then_rest(stream):
+    """The stream's messages, the first read already (so that a refusal is raised here)."""
+    try:
+        first = next(stream)
+    except StopIteration:
+        return iter(())
+
+    def rest():
+        yield first
+        yield from stream
+
+    return rest()
+
+
+class Client:
+    """A connection to one Berth gateway. Use it as a context manager, or `close()` it.
+
+    The address and token come from the arguments, else `BERTH_GATEWAY` / `BERTH_TOKEN`, else
+    the gateway's data directory (`data_dir`, `BERTH_DATA_DIR`, `~/.local/share/berth`), as
+    the `berth` CLI finds them. `timeout` is every unary call's deadline, in seconds.
+    """
+
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        token: Optional[str] = None,
+        *,
+        data_dir: Optional[os.PathLike] = None,
+        name: Optional[str] = None,
+        timeout: float = 30.0,
+    ) -> None:
+        address, token = _connect.resolve(address, token, data_dir, name)
+        host, tls = _connect.target(address)
+        self.address = address
+        self._channel = grpc.secure_channel(host, grpc.ssl_channel_credentials()) if tls else grpc.insecure_channel(host)
+        self._metadata = (("authorization", f"Bearer {token}"),)
+        self._timeout = timeout
+        self._sandboxes = sandbox_pb2_grpc.SandboxesStub(self._channel)
+        self._providers = sandbox_pb2_grpc.ProvidersStub(self._channel)
+        self._execs = exec_pb2_grpc.ExecsStub(self._channel)
+        self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method, request, timeout: Optional[float] = None):
+        try:
+            return method(request, metadata=self._metadata, timeout=timeout or self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
+    # The gateway.
+
+    def info(self) -> Dict[str, str]:
+        """The gateway's version and name, and its store and driver."""
+        i = self._call(self._gateway.GetInfo, gateway_pb2.GetInfoRequest())
+        return {"version": i.version, "name": i.name, "store": i.store, "driver": i.driver}
+
+    # Sandboxes.
+
+    def create(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        image: str = "host",
+        env: Optional[Mapping[str, str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        ttl: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+        on_expiry: Optional[str] = None,
+        restart: Optional[str] = None,
+        max_restarts: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Sandbox:
+        """Creates a sandbox running `command` and, with `wait`, returns it once Ready. Durations
+        are in seconds; `on_expiry` is "stop" or "delete"; `restart` "never", "on-failure" or
+        "always"."""
+        request = _wire.create_request(
+            name,
+            command,
+            image=image,
+            env=env,
+            labels=labels,
+            providers=providers,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            on_expiry=on_expiry,
+            restart=restart,
+            max_restarts=max_restarts,
+        )
+        created = _wire.sandbox(self._call(self._sandboxes.CreateSandbox, request).sandbox)
+        return self.wait_for(name, "Ready", timeout=timeout) if wait else created
+
+    def get(self, name: str) -> Sandbox:
+        return _wire.sandbox(self._call(self._sandboxes.GetSandbox, pb.GetSandboxRequest(name=name)).sandbox)
+
+    def list(self, selector: Optional[Mapping[str, str]] = None) -> List[Sandbox]:
+        """Every sandbox whose labels hold `selector`, following every page."""
+        out: List[Sandbox] = []
+        token = ""
+        while True:
+            request = pb.ListSandboxesRequest(page_size=500, page_token=token, label_selector=_wire.selector(selector))
+            reply = self._call(self._sandboxes.ListSandboxes, request)
+            out.extend(_wire.sandbox(s) for s in reply.sandboxes)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    def watch(self, name: str, timeout: Optional[float] = None) -> Iterator[Optional[Sandbox]]:
+        """The sandbox as it is, then at every change; `None` once it is removed (the end)."""
+        stream = self._sandboxes.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=self._metadata, timeout=timeout)
+        try:
+            for event in stream:
+                if not event.HasField("sandbox"):
+                    yield None
+                    return
+                yield _wire.sandbox(event.sandbox)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        finally:
+            stream.cancel()
+
+    def wait_for(self, name: str, phase: Optional[str], *, timeout: float = 120.0) -> Optional[Sandbox]:
+        """Waits until the sandbox is in `phase` (`None`: gone). Raises `SandboxFailed` if it
+        lands in Error on the way, `WaitTimeout` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        try:
+            for s in self.watch(name, timeout=timeout):
+                if s is None:
+                    if phase is None:
+                        return None
+                    raise SandboxFailed(name, "Deleted", "the sandbox was deleted")
+                if s.phase == phase or (phase == "Ready" and s.phase == "Stopped" and s.completed):
+                    return s
+                if s.phase == "Error" and phase in ("Ready", "Stopped"):
+                    f = s.failure
+                    raise SandboxFailed(name, f.reason if f else "Error", f.message if f else "")
+        except BerthError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND and phase is None:
+                return None
+            if e.code == grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() >= deadline:
+                raise WaitTimeout(name, phase or "gone", timeout) from None
+            raise
+        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"the watch of '{name}' ended early")
+
+    def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
+        request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
+        method = {"stop": self._sandboxes.StopSandbox, "start": self._sandboxes.StartSandbox, "delete": self._sandboxes.DeleteSandbox}[verb]
+        accepted = _wire.sandbox(self._call(method, request).sandbox)
+        return self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
+
+    def stop(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        return self._lifecycle("stop", name, expected_version, wait, timeout)
+
+    def start(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        return self._lifecycle("start", name, expected_version, wait, timeout)
+
+    def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
+        self._lifecycle("delete", name, expected_version, wait, timeout)
+
+    # Providers.
+
+    def create_provider(self, name: str, kind: str, credentials: Mapping[str, str]) -> Provider:
+        request = pb.CreateProviderRequest(name=name, kind=kind, credentials=dict(credentials))
+        return _wire.provider(self._call(self._providers.CreateProvider, request).provider)
+
+    def get_provider(self, name: str) -> Provider:
+        return _wire.provider(self._call(self._providers.GetProvider, pb.GetProviderRequest(name=name)).provider)
+
+    def list_providers(self) -> List[Provider]:
+        out: List[Provider] = []
+        token = ""
+        while True:
+            reply = self._call(self._providers.ListProviders, pb.ListProvidersRequest(page_size=500, page_token=token))
+            out.extend(_wire.provider(p) for p in reply.providers)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    def delete_provider(self, name: str, *, expected_version: Optional[int] = None) -> None:
+        self._call(self._providers.DeleteProvider, pb.DeleteProviderRequest(name=name, expected_resource_version=expected_version))
+
+    def attach_provider(self, sandbox: str, provider: str) -> Sandbox:
+        reply = self._call(self._providers.AttachProvider, pb.AttachRequest(sandbox=sandbox, provider=provider))
+        return _wire.sandbox(reply.sandbox)
+
+    def detach_provider(self, sandbox: str, provider: str) -> Sandbox:
+        reply = self._call(self._providers.DetachProvider, pb.AttachRequest(sandbox=sandbox, provider=provider))
+        return _wire.sandbox(reply.sandbox)
+
+    # Execs.
+
+    def exec_stream(
+        self,
+        sandbox: str,
+        argv: Sequence[str],
+        *,
+        exec_id: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[bytes] = None,
+        collector: Optional[_wire.Collector] = None,
+    ) -> Iterator[Chunk]:
+        """Runs `argv` in the Ready sandbox, yielding its output as it comes; `collector` (if
+        given) holds the end once the stream is over. The exec has an id (one is made if none is
+        given): should the gateway go away mid-stream, the stream is opened again with that id,
+        which attaches to the same exec from where the output got to; it never runs twice."""
+        collector = collector if collector is not None else _wire.Collector()
+        exec_id = exec_id or f"py-{uuid.uuid4().hex}"
+        start = _wire.exec_start(sandbox, argv, exec_id=exec_id, env=env, cwd=cwd, timeout=timeout, stdin=stdin is not None)
+        def run():
+            return self._execs.Exec(iter([start] + _wire.stdin_messages(stdin)), metadata=self._metadata)
+
+        def attach():
+            request = pe.AttachExecRequest(sandbox=sandbox, exec_id=exec_id, offset=collector.offset)
+            return self._execs.AttachExec(request, metadata=self._metadata)
+
+        for attempt in range(EXEC_RETRIES + 1):
+            # Opened again, the stream attaches (so stdin is never sent twice), unless the exec
+            # was never admitted: then it is run, as the first time.
+            call = attach() if attempt > 0 else run()
+            try:
+                try:
+                    messages = _first_then_rest(call)
+                except grpc.RpcError as e:
+                    if attempt == 0 or collector.admitted or e.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    call = run()
+                    messages = iter(call)
+                for message in messages:
+                    new = collector.take(message)
+                    if new is not None:
+                        yield new
+                    if collector.end is not None:
+                        return
+                raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"exec {exec_id}: the stream ended before the exec")
+            except (grpc.RpcError, Unavailable) as e:
+                error = from_rpc(e) if isinstance(e, grpc.RpcError) else e
+                if not isinstance(error, Unavailable) or attempt == EXEC_RETRIES:
+                    raise error from None
+                time.sleep(min(0.1 * 2**attempt, 2.0))
+            finally:
+                call.cancel()
+        raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"exec {exec_id}: the stream kept breaking before its end")
+
+    def exec(self, sandbox: str, argv: Sequence[str], **options) -> ExecResult:  # noqa: A003
+        """Runs `argv` in the Ready sandbox to its end: its output and how it ended. Takes the
+        options of `exec_stream`."""
+        collector = _wire.Collector()
+        for _ in self.exec_stream(sandbox, argv, collector=collector, **options):
+            pass
+        assert collector.end is not None
+        return ExecResult(collector.end, bytes(collector.stdout), bytes(collector.stderr), collector.gaps)
+
+    def get_exec(self, sandbox: str, exec_id: str) -> Exec:
+        reply = self._call(self._execs.GetExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
+        return _wire.exec_record(reply.exec)
+
+    def cancel_exec(self, sandbox: str, exec_id: str) -> Exec:
+        reply = self._call(self._execs.CancelExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
+        return _wire.exec_record(reply.exec)

@@ -1,0 +1,104 @@
+"""What the client returns: plain, typed values made from the wire's messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+def _time(unix_ms: Optional[int]) -> Optional[dt.datetime]:
+    if unix_ms is None:
+        return None
+    return dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a sandbox is in Error."""
+
+    reason: str
+    exit_code: Optional[int]
+    message: str
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A sandbox as the gateway holds it. `phase` and `intent` are names: "Ready", "Running"."""
+
+    id: str
+    name: str
+    phase: str
+    intent: str
+    generation: int
+    resource_version: int
+    image: str
+    command: List[str]
+    labels: Dict[str, str]
+    providers: List[str]
+    failure: Optional[Failure]
+    completed: bool
+    created_at: Optional[dt.datetime]
+    updated_at: Optional[dt.datetime]
+    deadline: Optional[dt.datetime] = None
+    expired_at: Optional[dt.datetime] = None
+    idle_expired_at: Optional[dt.datetime] = None
+    restart_count: int = 0
+    template: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A provider: its credentials' names, never their values."""
+
+    name: str
+    kind: str
+    credential_names: List[str]
+    resource_version: int
+
+
+@dataclass(frozen=True)
+class Exec:
+    """An exec's record. `state` is a name: "Running", "Exited", "TimedOut", "Lost"..."""
+
+    id: str
+    sandbox: str
+    argv: List[str]
+    state: str
+    exit_code: Optional[int]
+    signal: Optional[int]
+    message: str
+    generation: int
+    output_bytes: Optional[int]
+
+    @property
+    def ended(self) -> bool:
+        return self.state not in ("Admitted", "Running", "Unspecified")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Output of an exec, at its offset in the exec's output (stdout and stderr together)."""
+
+    stream: str
+    offset: int
+    data: bytes
+
+
+@dataclass
+class ExecResult:
+    """A finished exec: what it wrote, and how it ended."""
+
+    exec: Exec
+    stdout: bytes = b""
+    stderr: bytes = b""
+    #: Ranges of output no longer kept by the gateway (over the exec's cap), as (from, to).
+    gaps: List[tuple] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.exec.exit_code
+
+    @property
+    def state(self) -> str:
+        return self.exec.state

@@ -1,0 +1,136 @@
+"""The sync client against a real gateway: lifecycle, waiting, providers, execs (output, stdin,
+exit codes, timeouts, an id retried through a gateway restart), and every refusal as its
+`BerthError`."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+import berth
+
+SLEEP = ["sleep", "3600"]
+
+
+def test_a_sandbox_goes_through_its_lifecycle(client):
+    box = client.create("web", SLEEP, labels={"team": "a"})
+    assert (box.phase, box.intent, box.generation) == ("Ready", "Running", 1)
+    assert client.get("web").labels == {"team": "a"}
+    assert [s.name for s in client.list({"team": "a"})] == ["web"]
+    assert client.list({"team": "b"}) == []
+    stopped = client.stop("web")
+    assert (stopped.phase, stopped.intent) == ("Stopped", "Stopped")
+    started = client.start("web")
+    assert (started.phase, started.generation) == ("Ready", 2)
+    client.delete("web")
+    with pytest.raises(berth.NotFound) as missing:
+        client.get("web")
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND
+    assert "web" in missing.value.message
+
+
+def test_a_watch_sees_each_phase_and_the_removal(client):
+    client.create("w", SLEEP)
+    seen = []
+
+    def follow():
+        for s in client.watch("w", timeout=30):
+            seen.append(None if s is None else s.phase)
+            if s is None:
+                return
+
+    watcher = threading.Thread(target=follow)
+    watcher.start()
+    time.sleep(0.5)
+    client.delete("w")
+    watcher.join(30)
+    assert seen[0] == "Ready" and seen[-1] is None and "Deleting" in seen, seen
+
+
+def test_every_refusal_is_its_error_with_the_servers_message(client, gateway):
+    with pytest.raises(berth.InvalidArgument) as bad:
+        client.create("Not_A_Name", SLEEP, wait=False)
+    assert "name" in bad.value.message
+    client.create("once", SLEEP)
+    with pytest.raises(berth.AlreadyExists):
+        client.create("once", SLEEP)
+    stale = client.get("once").resource_version + 5
+    with pytest.raises(berth.Aborted):
+        client.stop("once", expected_version=stale)
+    assert client.get("once").phase == "Ready", "a refused stop wrote nothing"
+    with pytest.raises(berth.InvalidArgument) as ttl:
+        client.create("bad-ttl", SLEEP, ttl=0, wait=False)
+    assert "spec.lifetime.ttl_ms" in ttl.value.message
+    with pytest.raises(ValueError):
+        client.create("bad-policy", SLEEP, restart="sometimes")
+    with berth.Client(data_dir=gateway.data_dir, token="not-the-gateways-token-000") as wrong:
+        with pytest.raises(berth.Unauthenticated):
+            wrong.list()
+
+
+def test_a_failing_command_and_a_slow_wait_raise(client):
+    with pytest.raises(berth.SandboxFailed) as failed:
+        client.create("broken", ["/no/such/program"])
+    assert "broken" in str(failed.value)
+    client.create("slow", ["sh", "-c", "trap '' TERM; sleep 3600"])
+    with pytest.raises(berth.WaitTimeout):
+        client.stop("slow", timeout=1)
+    assert client.wait_for("slow", "Stopped", timeout=30).phase == "Stopped"
+
+
+def test_providers_reach_execs_and_guard_their_users(client):
+    provider = client.create_provider("llm", "api", {"API_KEY": "s3cret"})
+    assert provider.credential_names == ["API_KEY"]
+    assert [p.name for p in client.list_providers()] == ["llm"]
+    client.create("agent", SLEEP, providers=["llm"])
+    assert client.exec("agent", ["sh", "-c", "echo $API_KEY"]).stdout == b"s3cret\n"
+    with pytest.raises(berth.FailedPrecondition):
+        client.delete_provider("llm")
+    assert client.detach_provider("agent", "llm").providers == []
+    client.delete_provider("llm")
+    with pytest.raises(berth.NotFound):
+        client.get_provider("llm")
+
+
+def test_execs_give_output_exit_codes_stdin_and_timeouts(client):
+    client.create("box", SLEEP)
+    result = client.exec("box", ["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (result.stdout, result.stderr, result.exit_code, result.state) == (b"out\n", b"err\n", 7, "Exited")
+    assert client.exec("box", ["wc", "-c"], stdin=b"hello").stdout.strip() == b"5"
+    assert client.exec("box", ["sh", "-c", "echo $GREETING; pwd"], env={"GREETING": "hi"}, cwd="/tmp").stdout == b"hi\n/tmp\n"
+    assert client.exec("box", ["sleep", "10"], timeout=0.5).state == "TimedOut"
+    chunks = list(client.exec_stream("box", ["sh", "-c", "echo a; sleep 0.2; echo b"]))
+    assert b"".join(c.data for c in chunks) == b"a\nb\n"
+    assert [c.offset for c in chunks][0] == 0
+    with pytest.raises(berth.InvalidArgument) as bad:
+        client.exec("box", [])
+    assert "argv" in bad.value.message
+    client.stop("box")
+    with pytest.raises(berth.FailedPrecondition):
+        client.exec("box", ["true"])
+
+
+def test_an_exec_id_runs_once_and_its_stream_survives_a_gateway_restart(client, gateway):
+    client.create("job", SLEEP)
+    count = ["sh", "-c", "echo run >> runs; wc -l < runs"]
+    first = client.exec("job", count, exec_id="count-1")
+    again = client.exec("job", count, exec_id="count-1")
+    assert first.stdout == again.stdout == b"1\n", "the retry attached to the first run"
+    assert client.get_exec("job", "count-1").exit_code == 0
+    with pytest.raises(berth.AlreadyExists):
+        client.exec("job", ["true"], exec_id="count-1")
+
+    # The gateway dies mid-stream; the stream is opened again with the exec's id.
+    slow = ["sh", "-c", "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.5; done"]
+    collector = berth._wire.Collector()
+    stream = client.exec_stream("job", slow, exec_id="slow-1", collector=collector)
+    first_chunk = next(stream)
+    assert first_chunk.data.startswith(b"line 1")
+    gateway.restart()
+    rest = b"".join(c.data for c in stream)
+    assert first_chunk.data + rest == b"".join(b"line %d\n" % i for i in range(1, 7))
+    assert collector.end.exit_code == 0
+    assert client.exec("job", ["sh", "-c", "wc -l < runs"]).stdout == b"1\n", "no exec ran twice"

@@ -169,6 +169,19 @@ impl ExecState {
     pub fn is_terminal(&self) -> bool {
         matches!(self, ExecState::Ended { .. } | ExecState::Lost { .. })
     }
+
+    /// The state's name, as metrics and the wire's enum say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ExecState::Admitted => "Admitted",
+            ExecState::Running => "Running",
+            ExecState::Ended { end: ExecEnd::Exited(_), .. } => "Exited",
+            ExecState::Ended { end: ExecEnd::Signalled(_), .. } => "Signalled",
+            ExecState::Ended { end: ExecEnd::TimedOut, .. } => "TimedOut",
+            ExecState::Ended { end: ExecEnd::Cancelled, .. } => "Cancelled",
+            ExecState::Lost { .. } => "Lost",
+        }
+    }
 }
 
 /// An exec record.

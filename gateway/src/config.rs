@@ -93,6 +93,10 @@ pub struct Flags {
     /// Address of the gRPC API. [default: 127.0.0.1:7420]
     #[arg(long, env = "BERTH_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Address of the Prometheus metrics, `GET /metrics` with the public API's bearer token
+    /// (`authorization: Bearer <token>`). [default: off]
+    #[arg(long, env = "BERTH_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Where the database, secrets and sandboxes live. [default: $XDG_DATA_HOME/berth, or ~/.local/share/berth]
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -166,6 +170,7 @@ pub struct Flags {
 #[serde(deny_unknown_fields)]
 struct File {
     listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     driver: Option<DriverKind>,
     store: Option<String>,
@@ -192,6 +197,7 @@ struct File {
 #[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub driver: DriverKind,
     pub store: StoreLocation,
@@ -221,6 +227,7 @@ impl fmt::Debug for Config {
         };
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("metrics_listen", &self.metrics_listen)
             .field("data_dir", &self.data_dir)
             .field("driver", &self.driver)
             .field("store", &format_args!("{}", self.store))
@@ -299,6 +306,7 @@ impl Config {
         }
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
+            metrics_listen: flags.metrics_listen.or(file.metrics_listen),
             data_dir,
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
             store,

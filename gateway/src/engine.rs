@@ -95,6 +95,7 @@ struct Inner {
     exec_changes: tokio::sync::watch::Sender<()>,
     /// Rung when a pool here wants refilling now (a claim took a member, or found none).
     refill: tokio::sync::Notify,
+    metrics: crate::metrics::Metrics,
 }
 
 #[derive(Clone)]
@@ -130,6 +131,7 @@ impl Engine {
                 sessions: Sessions::default(),
                 exec_changes: tokio::sync::watch::channel(()).0,
                 refill: tokio::sync::Notify::new(),
+                metrics: crate::metrics::Metrics::default(),
             }),
         }
     }
@@ -145,6 +147,28 @@ impl Engine {
     /// Now, on the store's clock: every decision is taken at this time (DESIGN 9.1).
     pub fn now(&self) -> berth_core::Timestamp {
         self.inner.store.now()
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.metrics
+    }
+
+    /// The metrics' text, with the store's sandboxes by phase and its open execs counted now.
+    pub async fn scrape(&self) -> Result<String, ApiError> {
+        let mut phases = BTreeMap::new();
+        let mut page = PageRequest { after: None, limit: 1000 };
+        loop {
+            let batch = self.inner.store.list_sandboxes(&page, &BTreeMap::new()).await?;
+            for s in &batch.items {
+                *phases.entry(s.phase.kind()).or_insert(0) += 1;
+            }
+            match batch.next {
+                Some(next) => page.after = Some(next),
+                None => break,
+            }
+        }
+        let open = self.inner.store.open_execs(None).await?.len();
+        Ok(self.inner.metrics.render(&phases, open))
     }
 
     pub fn settings(&self) -> &EngineSettings {
@@ -235,6 +259,7 @@ impl Engine {
     /// Waits as core's retry rule says after a conflicting write, or gives up. Giving up on a
     /// server-owned write breaks I3, so it is logged: it means another gateway kept winning.
     async fn wait_after_conflict(&self, retry: &mut Retry, conflict: &Conflict, what: &str) -> Result<(), ApiError> {
+        self.inner.metrics.conflict(what);
         match retry.after_conflict(conflict, self.random()) {
             Ok(wait) => {
                 tokio::time::sleep(wait).await;
@@ -242,6 +267,7 @@ impl Engine {
             }
             Err(e) => {
                 if matches!(e, berth_core::Error::Contention { .. }) {
+                    self.inner.metrics.gave_up(what);
                     warn!(record = ?conflict.key, what, error = %e, "conditional writes kept conflicting; gave up");
                 }
                 Err(e.into())
@@ -299,6 +325,9 @@ impl Engine {
                     _ => None,
                 };
                 let record = after.or(before);
+                if let Some(r) = record {
+                    self.inner.metrics.phase_changed(&r.id, old, new);
+                }
                 info!(
                     sandbox = record.map(|s| s.name.as_str()).unwrap_or_default(),
                     id = record.map(|s| s.id.as_str()).unwrap_or_default(),
@@ -437,6 +466,18 @@ impl Engine {
     }
 
     async fn call_driver(&self, effect: &Effect, record: Option<&Sandbox>) -> Result<Observation, DriverError> {
+        let op = match effect {
+            Effect::Start { .. } => "start",
+            Effect::Stop { .. } => "stop",
+            Effect::Delete { .. } => "delete",
+        };
+        let began = tokio::time::Instant::now();
+        let result = self.drive(effect, record).await;
+        self.inner.metrics.driver_call(op, began.elapsed(), result.is_err());
+        result
+    }
+
+    async fn drive(&self, effect: &Effect, record: Option<&Sandbox>) -> Result<Observation, DriverError> {
         let driver = &self.inner.driver;
         match (effect, record) {
             (Effect::Start { generation, .. }, Some(sandbox)) => {

@@ -141,6 +141,7 @@ pub async fn lead(
             }
             Err(e) => warn!(holder, error = %e, "cannot renew the reconcile lease"),
         }
+        engine.metrics().lease(tenure.is_some(), tenure.as_ref().map_or(0, |t| t.term));
         let next = origin + next_ask(Instant::now() - origin, ttl, tenure.as_ref().map(|t| t.until - origin));
         // Biased, as every select the simulator runs: an unbiased one starts from a branch
         // tokio draws from an OS-seeded generator (DESIGN 5: no ambient randomness).

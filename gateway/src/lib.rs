@@ -7,6 +7,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod lease;
+pub mod metrics;
 pub mod pools;
 pub mod reconcile;
 mod record_locks;

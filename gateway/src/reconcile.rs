@@ -120,8 +120,12 @@ pub type RecordFeed = tokio::sync::mpsc::Sender<Vec<berth_core::Sandbox>>;
 pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, feeds: Vec<RecordFeed>) {
     loop {
         tokio::time::sleep(settings.poll_interval).await;
+        let began = tokio::time::Instant::now();
         match sweep_feeding(&engine, &settings, &feeds).await {
-            Ok(stats) => debug!(?stats, "reconcile sweep"),
+            Ok(stats) => {
+                engine.metrics().swept(began.elapsed());
+                debug!(?stats, "reconcile sweep");
+            }
             Err(e) => warn!(error = %e, "reconcile sweep failed; the next one retries"),
         }
     }

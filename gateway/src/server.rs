@@ -267,6 +267,16 @@ pub async fn run(config: Config) -> Result<(), String> {
     };
     let tcp =
         tokio::spawn(server().serve_with_incoming_shutdown(crate::tcp::incoming(listener), stopped(stop_rx.clone())));
+    let metrics = match config.metrics_listen {
+        Some(at) => {
+            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--metrics-listen): {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            info!(address = %bound, "metrics serving at /metrics");
+            let auth = crate::api::auth::BearerAuth::new(&token);
+            Some(tokio::spawn(crate::metrics::serve(engine.clone(), listener, auth, stopped(stop_rx.clone()))))
+        }
+        None => None,
+    };
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
@@ -292,6 +302,9 @@ pub async fn run(config: Config) -> Result<(), String> {
     }
     let _ = tcp.await;
     let _ = local.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     let _ = std::fs::remove_file(&socket);
     info!("stopped; sandboxes keep running and are adopted at the next start");
     Ok(())

@@ -21,11 +21,16 @@ impl BearerAuth {
         let Some(value) = request.metadata().get("authorization") else {
             return Err(Status::unauthenticated("missing bearer token (metadata `authorization: Bearer <token>`)"));
         };
-        let presented = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
-        if bool::from(presented.as_bytes().ct_eq(self.token.as_bytes())) && !presented.is_empty() {
-            Ok(request)
-        } else {
-            Err(Status::unauthenticated("invalid bearer token"))
+        match self.accepts(value.as_bytes()) {
+            true => Ok(request),
+            false => Err(Status::unauthenticated("invalid bearer token")),
         }
+    }
+
+    /// Whether an `authorization` header's value is `Bearer <the token>` (compared in constant
+    /// time).
+    pub fn accepts(&self, header: &[u8]) -> bool {
+        let presented = header.strip_prefix(b"Bearer ").unwrap_or_default();
+        bool::from(presented.ct_eq(self.token.as_bytes())) && !presented.is_empty()
     }
 }

@@ -101,6 +101,7 @@ impl Engine {
             }
             match store.commit(&admission.writes).await {
                 Ok(()) => {
+                    self.inner.metrics.exec_admitted();
                     self.inner.exec_changes.send_replace(());
                     self.announce(&admission.writes);
                     return Ok(admission.exec);
@@ -131,6 +132,9 @@ impl Engine {
             };
             match store.commit(&writes).await {
                 Ok(()) => {
+                    if next.state.is_terminal() && !current.state.is_terminal() {
+                        self.inner.metrics.exec_ended(next.state.name());
+                    }
                     self.inner.exec_changes.send_replace(());
                     self.announce(&writes);
                     return Ok(Some(next));

@@ -15,6 +15,7 @@ mod lifecycle;
 mod lifetimes;
 mod logs;
 mod main_process;
+mod metrics;
 #[path = "../support/postgres.rs"]
 mod pg;
 mod pools;

@@ -1,0 +1,286 @@
+//! Prometheus metrics (`--metrics-listen`, off by default): what an operator watches. Labels
+//! carry phases, transition kinds, driver operations and exec states only: never a sandbox's
+//! name, a provider's or a credential's.
+//!
+//! Times are taken on tokio's clock, which the simulator drives: metrics are observed there too
+//! and decide nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use berth_core::{PhaseKind, SandboxId};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabel {
+    from: String,
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+fn latency() -> Histogram {
+    // 1 ms to about 33 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The transition a phase begins, and the phase that ends it.
+fn begun(phase: PhaseKind, before: Option<PhaseKind>) -> Option<(&'static str, PhaseKind)> {
+    match (phase, before) {
+        (PhaseKind::Provisioning, None) => Some(("create_to_ready", PhaseKind::Ready)),
+        (PhaseKind::Starting, _) => Some(("start_to_ready", PhaseKind::Ready)),
+        (PhaseKind::Stopping, _) => Some(("stop_to_stopped", PhaseKind::Stopped)),
+        _ => None,
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    sandboxes: Family<PhaseLabel, Gauge>,
+    transitions: Family<TransitionLabel, Counter>,
+    transition_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
+    conflicts: Family<KindLabel, Counter>,
+    gave_up: Family<KindLabel, Counter>,
+    sweep_seconds: Histogram,
+    driver_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    driver_errors: Family<OpLabel, Counter>,
+    lease_held: Gauge,
+    lease_term: Gauge,
+    execs_admitted: Counter,
+    execs_ended: Family<StateLabel, Counter>,
+    execs_open: Gauge,
+    /// Transitions under way: which, since when, and the phase that ends them.
+    pending: Mutex<BTreeMap<SandboxId, (&'static str, Instant, PhaseKind)>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("berth");
+        let m = Self {
+            sandboxes: Family::default(),
+            transitions: Family::default(),
+            transition_seconds: Family::new_with_constructor(latency),
+            conflicts: Family::default(),
+            gave_up: Family::default(),
+            sweep_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            driver_seconds: Family::new_with_constructor(latency),
+            driver_errors: Family::default(),
+            lease_held: Gauge::default(),
+            lease_term: Gauge::default(),
+            execs_admitted: Counter::default(),
+            execs_ended: Family::default(),
+            execs_open: Gauge::default(),
+            pending: Mutex::default(),
+            registry: Registry::default(),
+        };
+        registry.register("sandboxes", "Sandboxes in the store, by phase (read at each scrape)", m.sandboxes.clone());
+        registry.register("phase_transitions", "Phase changes this gateway committed", m.transitions.clone());
+        registry.register(
+            "transition_seconds",
+            "From a create, start or stop committed here to its phase (Ready, Stopped) committed here",
+            m.transition_seconds.clone(),
+        );
+        registry.register(
+            "write_conflicts",
+            "Conditional writes that met a newer record, by what wrote",
+            m.conflicts.clone(),
+        );
+        registry.register(
+            "write_gave_up",
+            "Writes given up after conflicting too often, by what wrote",
+            m.gave_up.clone(),
+        );
+        registry.register(
+            "reconcile_sweep_seconds",
+            "One reconcile sweep of the store and the runtime",
+            m.sweep_seconds.clone(),
+        );
+        registry.register("driver_call_seconds", "Runtime driver calls, by operation", m.driver_seconds.clone());
+        registry.register("driver_errors", "Runtime driver calls that failed, by operation", m.driver_errors.clone());
+        registry.register("lease_held", "1 while this gateway holds the reconcile lease", m.lease_held.clone());
+        registry.register(
+            "lease_term",
+            "The term of the reconcile lease this gateway holds (0 while it holds none)",
+            m.lease_term.clone(),
+        );
+        registry.register("execs_admitted", "Execs admitted here", m.execs_admitted.clone());
+        registry.register("execs_ended", "Execs this gateway ended, by how", m.execs_ended.clone());
+        registry.register(
+            "execs_open",
+            "Execs not yet ended, in the store (read at each scrape)",
+            m.execs_open.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+/// Serves `GET /metrics` on `listener` (with the public API's bearer token) until `stop`.
+pub async fn serve(
+    engine: crate::engine::Engine,
+    listener: tokio::net::TcpListener,
+    auth: crate::api::auth::BearerAuth,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::{HeaderMap, StatusCode, header};
+    let scrape = move |headers: HeaderMap| async move {
+        let authorized = headers.get(header::AUTHORIZATION).is_some_and(|v| auth.accepts(v.as_bytes()));
+        if !authorized {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::CONTENT_TYPE, "text/plain")],
+                "a bearer token is required\n".to_string(),
+            );
+        }
+        match engine.scrape().await {
+            Ok(text) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                text,
+            ),
+            Err(e) => (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "text/plain")], format!("{e}\n")),
+        }
+    };
+    let app = axum::Router::new().route("/metrics", axum::routing::get(scrape));
+    axum::serve(listener, app).with_graceful_shutdown(stop).await
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Metrics {
+    /// A phase change of `id` committed here.
+    pub fn phase_changed(&self, id: &SandboxId, old: Option<PhaseKind>, new: Option<PhaseKind>) {
+        let name = |p: Option<PhaseKind>| p.map_or_else(|| "Gone".to_string(), |p| p.to_string());
+        self.transitions.get_or_create(&TransitionLabel { from: name(old), to: name(new) }).inc();
+        let mut pending = lock(&self.pending);
+        let Some(new) = new else {
+            pending.remove(id);
+            return;
+        };
+        if let Some((kind, since, until)) = pending.get(id).copied()
+            && until == new
+        {
+            self.transition_seconds
+                .get_or_create(&KindLabel { kind: kind.to_string() })
+                .observe(since.elapsed().as_secs_f64());
+            pending.remove(id);
+        }
+        match begun(new, old) {
+            Some((kind, until)) => {
+                pending.insert(id.clone(), (kind, Instant::now(), until));
+            }
+            None if matches!(new, PhaseKind::Error | PhaseKind::Deleting) => {
+                pending.remove(id);
+            }
+            None => {}
+        }
+    }
+
+    pub fn conflict(&self, what: &str) {
+        self.conflicts.get_or_create(&KindLabel { kind: what.to_string() }).inc();
+    }
+
+    pub fn gave_up(&self, what: &str) {
+        self.gave_up.get_or_create(&KindLabel { kind: what.to_string() }).inc();
+    }
+
+    pub fn swept(&self, took: Duration) {
+        self.sweep_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn driver_call(&self, op: &str, took: Duration, failed: bool) {
+        let label = OpLabel { op: op.to_string() };
+        self.driver_seconds.get_or_create(&label).observe(took.as_secs_f64());
+        if failed {
+            self.driver_errors.get_or_create(&label).inc();
+        }
+    }
+
+    pub fn lease(&self, held: bool, term: u64) {
+        self.lease_held.set(i64::from(held));
+        self.lease_term.set(i64::try_from(term).unwrap_or(i64::MAX));
+    }
+
+    pub fn exec_admitted(&self) {
+        self.execs_admitted.inc();
+    }
+
+    pub fn exec_ended(&self, state: &str) {
+        self.execs_ended.get_or_create(&StateLabel { state: state.to_string() }).inc();
+    }
+
+    /// The text exposition, with the store's counts as `phases` and `open_execs` say now.
+    pub fn render(&self, phases: &BTreeMap<PhaseKind, i64>, open_execs: usize) -> String {
+        for phase in [
+            PhaseKind::Provisioning,
+            PhaseKind::Starting,
+            PhaseKind::Ready,
+            PhaseKind::Stopping,
+            PhaseKind::Stopped,
+            PhaseKind::Deleting,
+            PhaseKind::Error,
+        ] {
+            let n = phases.get(&phase).copied().unwrap_or(0);
+            self.sandboxes.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
+        }
+        self.execs_open.set(i64::try_from(open_execs).unwrap_or(i64::MAX));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_start_is_timed_from_starting_to_ready_and_nothing_names_a_sandbox() {
+        let m = Metrics::default();
+        let id = SandboxId::new("sb-secret-name");
+        m.phase_changed(&id, Some(PhaseKind::Stopped), Some(PhaseKind::Starting));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        m.phase_changed(&id, Some(PhaseKind::Starting), Some(PhaseKind::Ready));
+        m.phase_changed(&id, Some(PhaseKind::Ready), Some(PhaseKind::Stopping));
+        m.phase_changed(&id, Some(PhaseKind::Stopping), Some(PhaseKind::Error));
+        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1);
+        assert!(text.contains("berth_transition_seconds_count{kind=\"start_to_ready\"} 1"), "{text}");
+        let sum = text
+            .lines()
+            .find_map(|l| l.strip_prefix("berth_transition_seconds_sum{kind=\"start_to_ready\"} "))
+            .and_then(|v| v.parse::<f64>().ok());
+        assert!(sum.is_some_and(|s| (0.03..1.0).contains(&s)), "{text}");
+        assert!(!text.contains("stop_to_stopped\"} 1"), "a stop that ended in Error is no stop_to_stopped: {text}");
+        assert!(
+            text.contains("berth_sandboxes{phase=\"Ready\"} 2") && text.contains("berth_sandboxes{phase=\"Error\"} 0")
+        );
+        assert!(text.contains("berth_execs_open 1"));
+        assert!(!text.contains("sb-secret-name"));
+    }
+}

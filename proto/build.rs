@@ -29,6 +29,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .codec_path("crate::codec::RequestCodec")
         .compile_fds(fds.clone())?;
+    // The proto3 JSON mapping of every message, for the HTTP/JSON API: field names as the
+    // protos spell them, unknown fields refused.
+    pbjson_build::Builder::new()
+        .register_descriptors(&fds.encode_to_vec())?
+        .btree_map(["."])
+        .preserve_proto_field_names()
+        .build(&[".berth.v1"])?;
     // ...then the clients apart, with prost's codec, over the messages above.
     let clients = out.join("clients");
     std::fs::create_dir_all(&clients)?;

@@ -97,6 +97,10 @@ pub struct Flags {
     /// (`authorization: Bearer <token>`). [default: off]
     #[arg(long, env = "BERTH_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Address of the HTTP/JSON API (the public API's calls as JSON over HTTP, the same token).
+    /// [default: off]
+    #[arg(long, env = "BERTH_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
     /// Where the database, secrets and sandboxes live. [default: $XDG_DATA_HOME/berth, or ~/.local/share/berth]
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -171,6 +175,7 @@ pub struct Flags {
 struct File {
     listen: Option<SocketAddr>,
     metrics_listen: Option<SocketAddr>,
+    http_listen: Option<SocketAddr>,
     data_dir: Option<PathBuf>,
     driver: Option<DriverKind>,
     store: Option<String>,
@@ -198,6 +203,7 @@ struct File {
 pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
     pub data_dir: PathBuf,
     pub driver: DriverKind,
     pub store: StoreLocation,
@@ -228,6 +234,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("listen", &self.listen)
             .field("metrics_listen", &self.metrics_listen)
+            .field("http_listen", &self.http_listen)
             .field("data_dir", &self.data_dir)
             .field("driver", &self.driver)
             .field("store", &format_args!("{}", self.store))
@@ -307,6 +314,7 @@ impl Config {
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
+            http_listen: flags.http_listen.or(file.http_listen),
             data_dir,
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
             store,

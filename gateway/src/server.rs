@@ -277,6 +277,20 @@ pub async fn run(config: Config) -> Result<(), String> {
         }
         None => None,
     };
+    let http = match config.http_listen {
+        Some(at) => {
+            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--http-listen): {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            info!(address = %bound, "HTTP/JSON API serving at /v1");
+            Some(tokio::spawn(crate::api::http::serve(
+                engine.clone(),
+                listener,
+                token.clone(),
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
@@ -302,8 +316,8 @@ pub async fn run(config: Config) -> Result<(), String> {
     }
     let _ = tcp.await;
     let _ = local.await;
-    if let Some(metrics) = metrics {
-        let _ = metrics.await;
+    for task in [metrics, http].into_iter().flatten() {
+        let _ = task.await;
     }
     let _ = std::fs::remove_file(&socket);
     info!("stopped; sandboxes keep running and are adopted at the next start");

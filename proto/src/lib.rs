@@ -5,6 +5,7 @@
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("berth.v1");
+    include!(concat!(env!("OUT_DIR"), "/berth.v1.serde.rs"));
     include!(concat!(env!("OUT_DIR"), "/clients/berth.v1.rs"));
 }
 

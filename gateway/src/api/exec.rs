@@ -32,7 +32,7 @@ const READ_MAX: usize = 256 * 1024;
 /// How long a stream waits for its exec's session before it looks at the exec again.
 const SESSION_WAIT: Duration = Duration::from_millis(500);
 
-type OutputStream = Pin<Box<dyn Stream<Item = Result<pb::ExecOutput, Status>> + Send>>;
+pub(crate) type OutputStream = Pin<Box<dyn Stream<Item = Result<pb::ExecOutput, Status>> + Send>>;
 
 pub struct ExecApi {
     engine: Engine,
@@ -211,6 +211,19 @@ async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::Ex
     }
 }
 
+/// Admits the exec `start` asks for (or finds it, for a retry of its id) and streams its output
+/// from the start to its end. The stream hands the exec to its run as it asks for the output
+/// (with the terminal's size, which is no part of the record).
+pub(crate) async fn start_exec(engine: &Engine, start: pb::ExecStart) -> Result<(Exec, OutputStream), Status> {
+    let id = if start.exec_id.is_empty() { engine.new_exec_id() } else { exec_id(&start.exec_id)? };
+    let spec = convert::exec_spec(&start);
+    let admitted = engine.admit_exec(&start.sandbox, &id, &spec).await?;
+    let (tx, rx) = mpsc::channel(16);
+    let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
+    tokio::spawn(follow(engine.clone(), admitted.clone(), start.sandbox, 0, start.window, tx));
+    Ok((admitted, Box::pin(ReceiverStream::new(rx))))
+}
+
 #[tonic::async_trait]
 impl Execs for ExecApi {
     type ExecStream = OutputStream;
@@ -222,16 +235,9 @@ impl Execs for ExecApi {
             Some(pb::ExecInput { input: Some(Input::Start(start)) }) => start,
             _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
         };
-        let id = if start.exec_id.is_empty() { self.engine.new_exec_id() } else { exec_id(&start.exec_id)? };
-        let spec = convert::exec_spec(&start);
-        // This stream hands the exec to its run as it asks for the output (with the terminal's
-        // size, which is no part of the record).
-        let admitted = self.engine.admit_exec(&start.sandbox, &id, &spec).await?;
-        let (tx, rx) = mpsc::channel(16);
-        let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
-        tokio::spawn(forward_input(self.engine.clone(), admitted.clone(), inbound));
-        tokio::spawn(follow(self.engine.clone(), admitted, start.sandbox, 0, start.window, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (admitted, output) = start_exec(&self.engine, start).await?;
+        tokio::spawn(forward_input(self.engine.clone(), admitted, inbound));
+        Ok(Response::new(output))
     }
 
     async fn get_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod convert;
 pub mod exec;
 pub mod files;
+pub mod http;
 pub mod info;
 pub mod logs;
 pub mod public;

@@ -10,6 +10,7 @@ mod exec;
 mod files;
 mod harness;
 mod history;
+mod http;
 mod identity;
 mod lifecycle;
 mod lifetimes;

@@ -1,0 +1,124 @@
+//! The HTTP/JSON API (`--http-listen`), driven with curl as its documentation shows: creates,
+//! reads, lifecycle commands, an exec's output as newline-delimited JSON, and every refusal as
+//! its HTTP status with the gRPC code and the field named.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+struct Curl {
+    base: String,
+    token: String,
+}
+
+impl Curl {
+    /// `curl -X METHOD URL [-d BODY]` with the token (or `auth`): the HTTP status and the body.
+    fn call(&self, method: &str, path: &str, body: Option<&str>, auth: Option<&str>) -> (u16, String) {
+        let header =
+            format!("authorization: {}", auth.map_or_else(|| format!("Bearer {}", self.token), str::to_string));
+        let mut command = std::process::Command::new("curl");
+        command.args(["-sS", "-X", method, "-H", &header, "-w", "\n%{http_code}"]);
+        if let Some(body) = body {
+            command.args(["-H", "content-type: application/json", "-d", body]);
+        }
+        let out = command.arg(format!("{}{path}", self.base)).output().expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (status.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    fn json(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let (status, text) = self.call(method, path, body, None);
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_drives_the_http_json_api() {
+    let data = DataDir::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let gateway = Gateway::start(&data, &["--http-listen", &format!("127.0.0.1:{port}")]).await;
+    let curl = Curl { base: format!("http://127.0.0.1:{port}"), token: gateway.token.clone() };
+
+    let (status, body) = curl.call("GET", "/v1/sandboxes", None, Some("Bearer wrong-token-0000000000"));
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = curl.call("GET", "/v1/info", None, Some("nothing"));
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&body).unwrap()["code"].clone()),
+        (401, json!("UNAUTHENTICATED"))
+    );
+    let (status, info) = curl.json("GET", "/v1/info", None);
+    assert_eq!((status, info["store"].as_str()), (200, Some("sqlite")));
+
+    let create = r#"{"name": "web", "spec": {"image": "host", "command": ["sleep", "3600"], "labels": {"team": "a"}}}"#;
+    let (status, created) = curl.json("POST", "/v1/sandboxes", Some(create));
+    assert_eq!((status, created["sandbox"]["name"].as_str()), (200, Some("web")), "{created}");
+    assert_eq!(created["sandbox"]["phase"], "PHASE_PROVISIONING");
+    let mut ready = Value::Null;
+    for _ in 0..100 {
+        ready = curl.json("GET", "/v1/sandboxes/web", None).1;
+        if ready["sandbox"]["phase"] == "PHASE_READY" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ready["sandbox"]["phase"], "PHASE_READY", "{ready}");
+    let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
+    assert_eq!(listed["sandboxes"].as_array().map(Vec::len), Some(1), "{listed}");
+    let (_, none) = curl.json("GET", "/v1/sandboxes?selector=team=b", None);
+    assert_eq!(none["sandboxes"].as_array().map_or(0, Vec::len), 0, "{none}");
+
+    // An exec: its output as newline-delimited JSON, then its end.
+    let (status, text) =
+        curl.call("POST", "/v1/sandboxes/web/execs", Some(r#"{"argv": ["sh", "-c", "echo hi; exit 3"]}"#), None);
+    assert_eq!(status, 200, "{text}");
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines[0].get("admitted").is_some(), "{text}");
+    assert!(lines.iter().any(|l| l["chunk"]["data"] == "aGkK"), "hi\\n in base64: {text}");
+    let end = &lines.last().unwrap()["end"];
+    assert_eq!((end["state"].as_str(), end["exit_code"].as_i64()), (Some("EXEC_STATE_EXITED"), Some(3)), "{text}");
+
+    // Refusals: the status, the gRPC code and the field.
+    let refused = |method: &str, path: &str, body: Option<&str>| {
+        let (status, body) = curl.json(method, path, body);
+        (
+            status,
+            body["code"].as_str().unwrap_or_default().to_string(),
+            body["message"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let (status, code, message) = refused("POST", "/v1/sandboxes", Some("{not json"));
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("invalid JSON body"), "{message}");
+    let (status, _, message) = refused("POST", "/v1/sandboxes", Some(r#"{"nmae": "x"}"#));
+    assert_eq!(status, 400);
+    assert!(message.contains("nmae"), "the unknown field is named: {message}");
+    let (status, _, message) =
+        refused("POST", "/v1/sandboxes", Some(r#"{"name": "Bad_Name", "spec": {"command": ["true"]}}"#));
+    assert_eq!(status, 400);
+    assert!(message.contains("name"), "{message}");
+    let version = ready["sandbox"]["resource_version"].as_str().unwrap().parse::<u64>().unwrap();
+    let stale = format!(r#"{{"expected_resource_version": "{}"}}"#, version + 10);
+    let (status, code, _) = refused("POST", "/v1/sandboxes/web/stop", Some(&stale));
+    assert_eq!((status, code.as_str()), (409, "ABORTED"));
+    let (status, code, _) = refused("GET", "/v1/sandboxes/missing", None);
+    assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
+    let (status, code, _) = refused("POST", "/v1/sandboxes/web/execs", Some(r#"{"argv": ["cat"], "stdin": true}"#));
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    let (_, still) = curl.json("GET", "/v1/sandboxes/web", None);
+    assert_eq!(still["sandbox"]["resource_version"], ready["sandbox"]["resource_version"], "nothing refused wrote");
+
+    let (status, stopped) = curl.json("POST", "/v1/sandboxes/web/stop", None);
+    assert_eq!((status, stopped["sandbox"]["phase"].as_str()), (200, Some("PHASE_STOPPING")), "{stopped}");
+    let (status, _) = curl.json("DELETE", "/v1/sandboxes/web", None);
+    assert_eq!(status, 200);
+    for _ in 0..100 {
+        if curl.json("GET", "/v1/sandboxes/web", None).0 == 404 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the deleted sandbox is still there");
+}

@@ -348,14 +348,7 @@ async fn ready_through_the_supervisor(runtime: Runtime) {
     let mut sandboxes = gateway.sandboxes().await;
     let mut providers = gateway.providers().await;
     const SECRET: &str = "conformance-secret";
-    let credentials = [("API_KEY".to_string(), SECRET.to_string())].into();
-    let provider = pb::CreateProviderRequest {
-        name: "creds".into(),
-        kind: "k".into(),
-        credentials,
-        expected_resource_version: None,
-    };
-    providers.create_provider(provider).await.unwrap();
+    create_provider(&mut providers, "creds", "API_KEY", SECRET).await;
     let command = ["sh", "-c", "printf %s \"$API_KEY\" > key; exec sleep 3600"];
     let id = create_with(&target, &mut sandboxes, "web", &command, &["creds"]).await.id;
     let (ready, seen) = wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;

@@ -227,6 +227,17 @@ pub fn spec(command: &[&str]) -> pb::SandboxSpec {
 pub const COUNTING: &[&str] =
     &["sh", "-c", "n=$(cat starts 2>/dev/null || echo 0); echo $((n + 1)) > starts; exec sleep 3600"];
 
+/// Creates provider `name` holding one credential, `key` = `value`.
+pub async fn create_provider(providers: &mut Providers, name: &str, key: &str, value: &str) {
+    let request = pb::CreateProviderRequest {
+        name: name.into(),
+        kind: "test".into(),
+        credentials: [(key.to_string(), value.to_string())].into(),
+        expected_resource_version: None,
+    };
+    providers.create_provider(request).await.unwrap();
+}
+
 pub async fn create(sandboxes: &mut Sandboxes, name: &str, command: &[&str], providers: &[&str]) -> pb::Sandbox {
     let request = pb::CreateSandboxRequest {
         name: name.into(),

@@ -34,14 +34,7 @@ async fn a_scrape_counts_phases_transitions_driver_calls_execs_and_the_lease() {
     let gateway = Gateway::start(&data, &["--metrics-listen", &format!("127.0.0.1:{port}")]).await;
     let mut sandboxes = gateway.sandboxes().await;
     let mut providers = gateway.providers().await;
-    let credentials = [("VERY_SECRET_KEY".to_string(), "hunter2".to_string())].into();
-    let provider = pb::CreateProviderRequest {
-        name: "llm".into(),
-        kind: "k".into(),
-        credentials,
-        expected_resource_version: None,
-    };
-    providers.create_provider(provider).await.unwrap();
+    create_provider(&mut providers, "llm", "VERY_SECRET_KEY", "hunter2").await;
     create(&mut sandboxes, "metered", &["sleep", "3600"], &["llm"]).await;
     wait_phase(&mut sandboxes, "metered", pb::Phase::Ready).await;
     lifecycle(&mut sandboxes, "stop", "metered").await.unwrap();

@@ -51,14 +51,7 @@ async fn pools_refill_and_claims_never_share(runtime: Runtime) {
     let mut sandboxes = gateway.sandboxes().await;
     let mut templates = gateway.templates().await;
     let mut providers = gateway.providers().await;
-    let credentials = [("POOL_SECRET".to_string(), "s3cret".to_string())].into();
-    let provider = pb::CreateProviderRequest {
-        name: "llm".into(),
-        kind: "k".into(),
-        credentials,
-        expected_resource_version: None,
-    };
-    providers.create_provider(provider).await.unwrap();
+    create_provider(&mut providers, "llm", "POOL_SECRET", "s3cret").await;
     create_template(&mut templates, image_for(&target), 2).await;
     let first = pool_ready(&mut templates, 2).await;
 

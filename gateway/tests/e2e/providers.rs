@@ -8,16 +8,6 @@ use berth_proto::v1 as pb;
 
 use crate::harness::*;
 
-async fn create_provider(providers: &mut Providers, name: &str, key: &str, value: &str) {
-    let request = pb::CreateProviderRequest {
-        name: name.into(),
-        kind: "test".into(),
-        credentials: [(key.to_string(), value.to_string())].into(),
-        expected_resource_version: None,
-    };
-    providers.create_provider(request).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_sandbox_then_its_provider_at_once_fifty_times_under_concurrent_writes() {
     let data = DataDir::new();

@@ -36,7 +36,7 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::FenceFromRecordedExit => (18, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
             Bug::TenureFromAnswer => (93, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (253, Invariant::E1),
+            Bug::ExecRetryRunsTwice => (183, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
             Bug::ExpiryIgnoresRenew => (0, Invariant::T1),

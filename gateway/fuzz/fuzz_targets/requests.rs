@@ -48,6 +48,8 @@ fn populated(request: &Request) -> Reads {
             last_exit: None,
             deadline: None,
             expired_at: None,
+            active_at: None,
+            idle_expired_at: None,
             restarts: Default::default(),
             template: None,
             created_at: Timestamp::default(),

@@ -40,6 +40,8 @@ fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
         last_exit: None,
         deadline: None,
         expired_at: None,
+        active_at: None,
+        idle_expired_at: None,
         restarts: Default::default(),
         template: None,
         created_at: Timestamp::default(),

@@ -112,6 +112,19 @@ pub enum PhaseKind {
     Error,
 }
 
+impl PhaseKind {
+    /// Every phase, in lifecycle order.
+    pub const ALL: [PhaseKind; 7] = [
+        PhaseKind::Provisioning,
+        PhaseKind::Starting,
+        PhaseKind::Ready,
+        PhaseKind::Stopping,
+        PhaseKind::Stopped,
+        PhaseKind::Deleting,
+        PhaseKind::Error,
+    ];
+}
+
 impl Phase {
     pub fn kind(&self) -> PhaseKind {
         match self {

@@ -237,15 +237,7 @@ impl Metrics {
 
     /// The text exposition, with the store's counts as `phases` and `open_execs` say now.
     pub fn render(&self, phases: &BTreeMap<PhaseKind, i64>, open_execs: usize) -> String {
-        for phase in [
-            PhaseKind::Provisioning,
-            PhaseKind::Starting,
-            PhaseKind::Ready,
-            PhaseKind::Stopping,
-            PhaseKind::Stopped,
-            PhaseKind::Deleting,
-            PhaseKind::Error,
-        ] {
+        for phase in PhaseKind::ALL {
             let n = phases.get(&phase).copied().unwrap_or(0);
             self.sandboxes.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
         }

@@ -21,15 +21,7 @@ fn error_phase() -> Phase {
     Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "x".into() })
 }
 
-const ALL: [PhaseKind; 7] = [
-    PhaseKind::Provisioning,
-    PhaseKind::Starting,
-    PhaseKind::Ready,
-    PhaseKind::Stopping,
-    PhaseKind::Stopped,
-    PhaseKind::Deleting,
-    PhaseKind::Error,
-];
+const ALL: [PhaseKind; 7] = PhaseKind::ALL;
 
 /// A record in `kind`, with the intent that phase has when reached through the API.
 fn record(kind: PhaseKind) -> Sandbox {

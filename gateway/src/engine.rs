@@ -620,12 +620,15 @@ mod tests {
             tokio::task::yield_now().await;
             self.0.sandbox_by_name(name).await
         }
-        async fn list_sandboxes(
+        async fn list_sandboxes_at(
             &self,
             page: &PageRequest,
             selector: &BTreeMap<String, String>,
-        ) -> Result<Page<Sandbox>, StoreError> {
-            self.0.list_sandboxes(page, selector).await
+        ) -> Result<crate::store::Listing, StoreError> {
+            self.0.list_sandboxes_at(page, selector).await
+        }
+        async fn changes(&self, after: u64, limit: usize) -> Result<crate::store::Changes, StoreError> {
+            self.0.changes(after, limit).await
         }
         async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
             tokio::task::yield_now().await;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
-use berth_gateway::store::{CommitError, Lease, Page, PageRequest, Store, StoreError};
+use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
 
 use crate::invariants::{
     Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, p1_pools, t1_deadlines,
@@ -215,12 +215,15 @@ impl Store for TracingStore {
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
         self.call(self.world.store.sandbox_by_name(name)).await
     }
-    async fn list_sandboxes(
+    async fn list_sandboxes_at(
         &self,
         page: &PageRequest,
         selector: &BTreeMap<String, String>,
-    ) -> Result<Page<Sandbox>, StoreError> {
-        self.call(self.world.store.list_sandboxes(page, selector)).await
+    ) -> Result<Listing, StoreError> {
+        self.call(self.world.store.list_sandboxes_at(page, selector)).await
+    }
+    async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {
+        self.call(self.world.store.changes(after, limit)).await
     }
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
         self.call(self.world.store.sandboxes_using(provider)).await

@@ -8,6 +8,7 @@
 //! The same bearer token as gRPC (`authorization: Bearer <token>`). gRPC status codes map to HTTP
 //! ones as Google's APIs map them; an error's body is `{"code": "NOT_FOUND", "message": "..."}`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Router;
@@ -174,18 +175,45 @@ async fn list_sandboxes(State(api): Shared, Query(query): Query<Vec<(String, Str
                 }
             },
             "page_token" => r.page_token = value,
-            "selector" => match value.split_once('=') {
-                Some((k, v)) => {
-                    r.label_selector.insert(k.to_string(), v.to_string());
+            "selector" => {
+                if let Err(e) = select(&mut r.label_selector, &value) {
+                    return error(&e);
                 }
-                None => {
-                    return error(&Status::invalid_argument(format!("invalid selector: {value:?} is not KEY=VALUE")));
-                }
-            },
-            other => return error(&Status::invalid_argument(format!("unknown query parameter {other:?}"))),
+            }
+            other => return error(&unknown_parameter(other)),
         }
     }
     reply(api.sandboxes.list_sandboxes(request(r)).await)
+}
+
+/// `?cursor=&selector=KEY=VALUE` (repeated): the fleet's changes, as NDJSON.
+async fn watch_sandboxes(State(api): Shared, Query(query): Query<Vec<(String, String)>>) -> Response {
+    let mut r = pb::WatchSandboxesRequest::default();
+    for (key, value) in query {
+        match key.as_str() {
+            "cursor" => r.cursor = value,
+            "selector" => {
+                if let Err(e) = select(&mut r.label_selector, &value) {
+                    return error(&e);
+                }
+            }
+            other => return error(&unknown_parameter(other)),
+        }
+    }
+    lines(api.sandboxes.watch_sandboxes(request(r)).await)
+}
+
+/// Adds a `selector=KEY=VALUE` query parameter to a label selector.
+fn select(selector: &mut BTreeMap<String, String>, value: &str) -> Result<(), Status> {
+    let (k, v) = value
+        .split_once('=')
+        .ok_or_else(|| Status::invalid_argument(format!("invalid selector: {value:?} is not KEY=VALUE")))?;
+    selector.insert(k.to_string(), v.to_string());
+    Ok(())
+}
+
+fn unknown_parameter(name: &str) -> Status {
+    Status::invalid_argument(format!("unknown query parameter {name:?}"))
 }
 
 async fn get_sandbox(State(api): Shared, Path(name): Path<String>) -> Response {
@@ -378,6 +406,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
     Router::new()
         .route("/v1/info", get(get_info))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route("/v1/sandboxes:watch", get(watch_sandboxes))
         .route("/v1/sandboxes/{name}", get(get_sandbox).delete(delete_sandbox))
         .route("/v1/sandboxes/{name}/watch", get(watch_sandbox))
         .route("/v1/sandboxes/{name}/logs", get(read_logs))

@@ -11,6 +11,7 @@ pub mod logs;
 pub mod public;
 pub mod supervisor;
 pub mod templates;
+pub mod watch;
 
 use std::time::Duration;
 

@@ -1,26 +1,18 @@
 //! The public API: sandboxes and providers.
 
-use std::pin::Pin;
-use std::time::Duration;
-
 use berth_core::lifetime::Renewal;
 use berth_core::{Command, Outcome, Request as CoreRequest, validate};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
-use futures_util::Stream;
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::watch::{self, EventStream};
 use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::store::PageRequest;
 
-/// How long a watch waits for a change before it reads the record afresh (changes made
-/// through another gateway reach it this way).
-const WATCH_RESYNC: Duration = Duration::from_secs(2);
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
@@ -78,8 +70,6 @@ impl SandboxApi {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SandboxEvent, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl Sandboxes for SandboxApi {
     async fn create_sandbox(
@@ -113,14 +103,14 @@ impl Sandboxes for SandboxApi {
     ) -> Result<Response<pb::ListSandboxesReply>, Status> {
         let r = request.into_inner();
         let page = page(r.page_size, r.page_token)?;
-        for (k, v) in &r.label_selector {
-            validate::label(k, v)
-                .map_err(|_| invalid("label_selector", &format!("{k:?}={v:?} is not a valid label")))?;
-        }
-        let batch = self.engine.store().list_sandboxes(&page, &r.label_selector).await.map_err(ApiError::from)?;
+        let selector = r.label_selector.into_iter().collect();
+        watch::validate_selector(&selector)?;
+        let store = self.engine.store();
+        let listing = store.list_sandboxes_at(&page, &selector).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ListSandboxesReply {
-            sandboxes: batch.items.iter().map(convert::sandbox).collect(),
-            next_page_token: batch.next.unwrap_or_default(),
+            sandboxes: listing.page.items.iter().map(convert::sandbox).collect(),
+            next_page_token: listing.page.next.unwrap_or_default(),
+            cursor: watch::cursor(store.as_ref(), listing.cursor),
         }))
     }
 
@@ -130,67 +120,18 @@ impl Sandboxes for SandboxApi {
         &self,
         request: Request<pb::WatchSandboxRequest>,
     ) -> Result<Response<Self::WatchSandboxStream>, Status> {
-        let name = request.into_inner().name;
-        validate::dns_label("name", &name).map_err(core_invalid)?;
-        // Subscribe first: no change between the read and the subscription is missed.
-        let mut changes = self.engine.subscribe();
-        let store = self.engine.store().clone();
-        let engine = self.engine.clone();
-        let record = store
-            .sandbox_by_name(&name)
-            .await
-            .map_err(ApiError::from)?
-            .ok_or_else(|| Status::not_found(format!("sandbox '{name}' not found")))?;
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(async move {
-            let id = record.id.clone();
-            let mut last = record.resource_version;
-            let event = |s: Option<&berth_core::Sandbox>| pb::SandboxEvent {
-                sandbox: s.map(convert::sandbox),
-                removed: s.is_none(),
-            };
-            if tx.send(Ok(event(Some(&record)))).await.is_err() {
-                return;
-            }
-            loop {
-                let received = tokio::select! {
-                    biased;
-                    () = engine.shutting_down() => {
-                        let _ = tx.send(Err(Status::unavailable("the gateway is shutting down"))).await;
-                        return;
-                    }
-                    received = tokio::time::timeout(WATCH_RESYNC, changes.recv()) => received,
-                };
-                let current = match received {
-                    Ok(Ok(change)) if change.id == id => change.sandbox,
-                    Ok(Ok(_)) => continue,
-                    Ok(Err(broadcast::error::RecvError::Closed)) => return,
-                    // Fell behind, or quiet for a while: read it afresh.
-                    Ok(Err(broadcast::error::RecvError::Lagged(_))) | Err(_) => match store.sandbox(&id).await {
-                        Ok(current) => current,
-                        Err(e) => {
-                            let _ = tx.send(Err(ApiError::from(e).into())).await;
-                            return;
-                        }
-                    },
-                };
-                let sent = match current {
-                    Some(s) if s.resource_version > last => {
-                        last = s.resource_version;
-                        tx.send(Ok(event(Some(&s)))).await
-                    }
-                    Some(_) => Ok(()),
-                    None => {
-                        let _ = tx.send(Ok(event(None))).await;
-                        return;
-                    }
-                };
-                if sent.is_err() || tx.is_closed() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(watch::one(self.engine.clone(), request.into_inner().name).await?))
+    }
+
+    type WatchSandboxesStream = EventStream;
+
+    async fn watch_sandboxes(
+        &self,
+        request: Request<pb::WatchSandboxesRequest>,
+    ) -> Result<Response<Self::WatchSandboxesStream>, Status> {
+        let r = request.into_inner();
+        let selector = r.label_selector.into_iter().collect();
+        Ok(Response::new(watch::fleet(self.engine.clone(), selector, r.cursor).await?))
     }
 
     async fn renew_sandbox(

@@ -2,7 +2,7 @@
 //! simulator shares one across gateway crashes, which keeps every acknowledged write.
 //! No operation blocks, sleeps or spawns: it is safe on any runtime, simulated or not.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,7 +12,9 @@ use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 
-use super::{CommitError, Lease, Page, PageRequest, Store, StoreError, selects};
+use super::{
+    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError, selects,
+};
 use crate::clock::{Clock, SystemClock};
 
 #[derive(Default)]
@@ -25,6 +27,9 @@ struct Tables {
     execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
+    /// The change log's newest entries; positions count from 1.
+    log: VecDeque<Logged>,
+    head: u64,
 }
 
 pub struct MemoryStore {
@@ -32,6 +37,8 @@ pub struct MemoryStore {
     /// The store's own clock, for the lease: the simulator's shared time.
     clock: Arc<dyn Clock>,
     identity: String,
+    /// How many change log entries are kept.
+    keep: u64,
 }
 
 /// Memory stores made so far in this process. Nothing outside the process can reach one, so a
@@ -50,7 +57,18 @@ impl MemoryStore {
     }
 
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        Self { tables: Mutex::default(), clock, identity: format!("memory-{}", MADE.fetch_add(1, Ordering::Relaxed)) }
+        Self {
+            tables: Mutex::default(),
+            clock,
+            identity: format!("memory-{}", MADE.fetch_add(1, Ordering::Relaxed)),
+            keep: CHANGES_KEPT,
+        }
+    }
+
+    /// Keeps only the newest `keep` change log entries (tests of a watcher left behind).
+    pub fn keeping_changes(mut self, keep: u64) -> Self {
+        self.keep = keep.max(1);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
@@ -93,17 +111,31 @@ impl Tables {
         Ok(())
     }
 
-    fn apply(&mut self, write: &Write) {
+    fn log(&mut self, sandbox: Sandbox, removed: bool, keep: u64) {
+        self.head += 1;
+        self.log.push_back(Logged { seq: self.head, sandbox, removed });
+        while self.log.len() as u64 > keep {
+            self.log.pop_front();
+        }
+    }
+
+    fn trimmed_through(&self) -> u64 {
+        self.log.front().map_or(self.head, |first| first.seq - 1)
+    }
+
+    fn apply(&mut self, write: &Write, keep: u64) {
         match write {
             Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
                 if let Some(old) = self.sandboxes.insert(s.id.clone(), s.clone()) {
                     self.names.remove(&old.name);
                 }
                 self.names.insert(s.name.clone(), s.id.clone());
+                self.log(s.clone(), false, keep);
             }
             Write::RemoveSandbox { id, .. } => {
                 if let Some(s) = self.sandboxes.remove(id) {
                     self.names.remove(&s.name);
+                    self.log(s, true, keep);
                 }
                 self.execs.retain(|(sandbox, _), _| sandbox != id);
             }
@@ -163,11 +195,11 @@ impl Store for MemoryStore {
         Ok(t.names.get(name).and_then(|id| t.sandboxes.get(id)).cloned())
     }
 
-    async fn list_sandboxes(
+    async fn list_sandboxes_at(
         &self,
         request: &PageRequest,
         selector: &BTreeMap<String, String>,
-    ) -> Result<Page<Sandbox>, StoreError> {
+    ) -> Result<Listing, StoreError> {
         let t = self.lock();
         let matching = t
             .names
@@ -175,7 +207,14 @@ impl Store for MemoryStore {
             .filter_map(|(name, id)| t.sandboxes.get(id).map(|s| (name.clone(), s)))
             .filter(|(_, s)| selects(selector, s))
             .map(|(name, s)| (name, s.clone()));
-        Ok(page(matching, request))
+        Ok(Listing { page: page(matching, request), cursor: t.head })
+    }
+
+    async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {
+        let t = self.lock();
+        let start = t.log.partition_point(|e| e.seq <= after);
+        let entries = t.log.range(start..).take(limit).cloned().collect();
+        Ok(Changes { entries, trimmed_through: t.trimmed_through(), head: t.head })
     }
 
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
@@ -228,7 +267,7 @@ impl Store for MemoryStore {
             t.check(write).map_err(CommitError::Conflict)?;
         }
         for write in writes {
-            t.apply(write);
+            t.apply(write, self.keep);
         }
         Ok(())
     }

@@ -35,6 +35,42 @@ pub struct Page<T> {
     pub next: Option<String>,
 }
 
+/// A page of sandboxes and where the store's change log stood when it was read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listing {
+    pub page: Page<Sandbox>,
+    /// The change log's position at the page's snapshot: every change the page shows is at or
+    /// before it, every change it does not show is after it, so a fleet watch from here misses
+    /// nothing and repeats nothing of this page.
+    pub cursor: u64,
+}
+
+/// One entry of the change log: a sandbox write, in commit order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Logged {
+    /// Its position: every entry committed after it has a greater one.
+    pub seq: u64,
+    /// The record written, or for a removal the record as it was when removed.
+    pub sandbox: Sandbox,
+    pub removed: bool,
+}
+
+/// A stretch of the change log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Entries after the position asked for, in order.
+    pub entries: Vec<Logged>,
+    /// Entries up to here are gone (the log keeps only the newest): a position before it has
+    /// missed some.
+    pub trimmed_through: u64,
+    /// The newest position the log holds.
+    pub head: u64,
+}
+
+/// How many entries a change log keeps at least: a watcher disconnected for longer than it
+/// takes the fleet to make this many changes must list again.
+pub const CHANGES_KEPT: u64 = 10_000;
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or refused the operation for a reason that may pass.
@@ -85,12 +121,25 @@ pub trait Store: Send + Sync + 'static {
     fn now(&self) -> Timestamp;
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError>;
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError>;
-    /// Sandboxes ordered by name whose labels hold every pair of `selector`.
+    /// Sandboxes ordered by name whose labels hold every pair of `selector`, and the change
+    /// log's position at the same snapshot.
+    async fn list_sandboxes_at(
+        &self,
+        page: &PageRequest,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<Listing, StoreError>;
+    /// [`Store::list_sandboxes_at`] without the position.
     async fn list_sandboxes(
         &self,
         page: &PageRequest,
         selector: &BTreeMap<String, String>,
-    ) -> Result<Page<Sandbox>, StoreError>;
+    ) -> Result<Page<Sandbox>, StoreError> {
+        Ok(self.list_sandboxes_at(page, selector).await?.page)
+    }
+    /// Up to `limit` entries of the change log after position `after`. Every sandbox write is
+    /// logged in the transaction that makes it, so the log is exactly the writes committed, in
+    /// the order they committed.
+    async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError>;
     /// Every sandbox that references `provider`, in any phase.
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError>;
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError>;

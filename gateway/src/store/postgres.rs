@@ -29,10 +29,10 @@ use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
-use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
+use super::{Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
 use crate::clock::{Clock, SystemClock};
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `berth_schema.version` from `i` to `i + 1`.
@@ -99,7 +99,57 @@ CREATE TABLE templates (
     record  TEXT   NOT NULL
 );
 "#,
+    // The change log: see `sequence`. `id` is the order entries were written in, `seq` the
+    // position a sequencer gave them after they committed.
+    r#"
+CREATE TABLE sandbox_changes (
+    id         BIGSERIAL PRIMARY KEY,
+    seq        BIGINT UNIQUE,
+    sandbox_id TEXT    NOT NULL,
+    version    BIGINT  NOT NULL,
+    removed    BOOLEAN NOT NULL,
+    record     TEXT    NOT NULL
+);
+CREATE INDEX sandbox_changes_unsequenced ON sandbox_changes (id) WHERE seq IS NULL;
+CREATE TABLE change_log (
+    singleton       BOOLEAN NOT NULL PRIMARY KEY CHECK (singleton),
+    head            BIGINT  NOT NULL,
+    trimmed_through BIGINT  NOT NULL
+);
+INSERT INTO change_log (singleton, head, trimmed_through) VALUES (TRUE, 0, 0);
+"#,
 ];
+
+/// Gives every committed, unsequenced change log entry the next positions, in the order they
+/// were written, and moves the head past them; trims the log to the newest `$1` entries in steps
+/// of an eighth. Run only under `LOCK_LOG`.
+///
+/// Why a sequencer: positions handed out as entries are written (a sequence) are not in commit
+/// order, so a reader of `seq > cursor` could pass a position whose transaction commits later
+/// and never see it. Positions given after the commit, by one sequencer at a time (the lock),
+/// each run above every position before it and all committed together, are: what a reader sees
+/// is always every position up to the head it reads. Writers never wait for the sequencer (they
+/// only insert), so gateways sharing the store do not serialize their commits on the log.
+const SEQUENCE: &str = "
+WITH batch AS (
+    SELECT id, row_number() OVER (ORDER BY id) AS n FROM sandbox_changes WHERE seq IS NULL
+), assigned AS (
+    UPDATE sandbox_changes c SET seq = (SELECT head FROM change_log) + batch.n
+    FROM batch WHERE c.id = batch.id RETURNING 1
+)
+UPDATE change_log SET head = head + (SELECT count(*) FROM assigned)
+RETURNING head, trimmed_through";
+const TRIM: &str = "
+WITH bound AS (
+    SELECT head - $1 AS through FROM change_log WHERE head - trimmed_through > $1 + $1 / 8
+), gone AS (
+    DELETE FROM sandbox_changes WHERE seq <= (SELECT through FROM bound) RETURNING 1
+)
+UPDATE change_log SET trimmed_through = (SELECT through FROM bound) WHERE EXISTS (SELECT 1 FROM bound)";
+/// Taken before a transaction's first statement, so that a REPEATABLE READ snapshot is taken
+/// after it: the sequencer's exclusion. Plain reads of the log (ACCESS SHARE) go on beside it.
+const LOCK_LOG: &str = "LOCK TABLE change_log IN EXCLUSIVE MODE";
+const UNSEQUENCED: &str = "SELECT EXISTS (SELECT 1 FROM sandbox_changes WHERE seq IS NULL)";
 
 /// The lease of the reconcile loop, the one row of `leases` Berth uses.
 const RECONCILE_LEASE: &str = "reconcile";
@@ -129,12 +179,21 @@ pub struct PostgresStore {
     /// The database's clock minus the local one, in nanoseconds: measured at connect and at
     /// every lease renewal, to within half a round trip.
     clock_offset: AtomicI64,
+    /// How many change log entries are kept.
+    keep: i64,
 }
 
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`, or
     /// any form libpq accepts) and brings its schema up to date.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::keeping_changes(url, super::CHANGES_KEPT).await
+    }
+
+    /// [`PostgresStore::connect`], keeping only the newest `keep` change log entries (tests of
+    /// a watcher left behind).
+    pub async fn keeping_changes(url: &str, keep: u64) -> Result<Self, StoreError> {
+        let keep = i64::try_from(keep.max(1)).unwrap_or(i64::MAX);
         // The parser's message never quotes the URL, so never its password.
         let mut config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Unavailable(format!("the store URL is not a PostgreSQL URL: {e}")))?;
@@ -152,7 +211,7 @@ impl PostgresStore {
             .recycle_timeout(Some(TIMEOUT))
             .build()
             .map_err(|e| StoreError::Unavailable(format!("postgres {target}: {e}")))?;
-        let mut store = Self { pool, target, identity: String::new(), clock_offset: AtomicI64::new(0) };
+        let mut store = Self { pool, target, identity: String::new(), clock_offset: AtomicI64::new(0), keep };
         store.migrate().await?;
         store.identity = store.identify().await?;
         store.measure_clock(&store.client().await?).await?;
@@ -283,6 +342,47 @@ impl PostgresStore {
         }
     }
 
+    /// Sequences the change log's committed entries (and trims it) in `tx`, which holds
+    /// `LOCK_LOG`; the head after.
+    async fn sequence(&self, tx: &Transaction<'_>) -> Result<(u64, u64), StoreError> {
+        let row = tx.query_one(SEQUENCE, &[]).await.map_err(|e| self.error(&e))?;
+        let head = position(row.try_get(0).map_err(|e| self.error(&e))?)?;
+        tx.execute(TRIM, &[&self.keep]).await.map_err(|e| self.error(&e))?;
+        let row = tx.query_one("SELECT trimmed_through FROM change_log", &[]).await.map_err(|e| self.error(&e))?;
+        Ok((head, position(row.try_get(0).map_err(|e| self.error(&e))?)?))
+    }
+
+    /// A sandbox page and the change log's head in one snapshot, with every entry that snapshot
+    /// holds sequenced: a position at or before the head for each change the page shows, one
+    /// after it for every other.
+    async fn list_at(&self, sql: &str, args: &[&(dyn ToSql + Sync)], limit: usize) -> Result<Listing, StoreError> {
+        let rows = codec::row_limit(limit);
+        let mut args = args.to_vec();
+        args.push(&rows);
+        let mut client = self.client().await?;
+        let e = |e: tokio_postgres::Error| self.error(&e);
+        // Without the lock first: when the snapshot holds no unsequenced entry (no sandbox write
+        // since the last sequencing), its head is exact as it stands.
+        let tx = client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.map_err(e)?;
+        let row = tx.query_one(&format!("SELECT head, ({UNSEQUENCED}) FROM change_log"), &[]).await.map_err(e)?;
+        let (mut cursor, unsequenced): (i64, bool) = (row.try_get(0).map_err(e)?, row.try_get(1).map_err(e)?);
+        let tx = if unsequenced {
+            tx.rollback().await.map_err(e)?;
+            let tx =
+                client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.map_err(e)?;
+            tx.batch_execute(LOCK_LOG).await.map_err(e)?;
+            cursor = i64::try_from(self.sequence(&tx).await?.0).unwrap_or(i64::MAX);
+            tx
+        } else {
+            tx
+        };
+        let statement = tx.prepare_cached(sql).await.map_err(e)?;
+        let found = tx.query(&statement, &args).await.map_err(e)?;
+        let items = found.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        tx.commit().await.map_err(e)?;
+        Ok(Listing { page: codec::page(items, limit), cursor: position(cursor)? })
+    }
+
     /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
     async fn try_commit(&self, client: &mut Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
         let tx = client.transaction().await.map_err(|e| self.error(&e))?;
@@ -345,6 +445,10 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
             || *c == SqlState::T_R_SERIALIZATION_FAILURE
             || *c == SqlState::UNIQUE_VIOLATION
     })
+}
+
+fn position(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("the change log holds a negative position {n}")))
 }
 
 /// Decodes a `(key, version, record)` row.
@@ -454,8 +558,10 @@ async fn remove_named<T: Record>(tx: &Transaction<'_>, name: &str, expected: u64
 async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
     let changed = match write {
         Write::CreateSandbox(s) => {
-            let sql =
-                "INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING";
+            let sql = "WITH made AS (INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) \
+                       ON CONFLICT DO NOTHING RETURNING id, version, record) \
+                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+                       SELECT id, version, FALSE, record FROM made";
             execute(tx, sql, &[&s.id.as_str(), &s.name, &to_sql_version(s.resource_version)?, &encode(s)?]).await?
         }
         Write::UpdateSandbox { record: s, expected } => {
@@ -466,12 +572,17 @@ async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>
             {
                 return Ok(Some(conflict));
             }
-            let sql = "UPDATE sandboxes SET name = $2, version = $3, record = $4 WHERE id = $1 AND version = $5";
+            let sql = "WITH made AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
+                       WHERE id = $1 AND version = $5 RETURNING id, version, record) \
+                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+                       SELECT id, version, FALSE, record FROM made";
             let version = to_sql_version(s.resource_version)?;
             execute(tx, sql, &[&s.id.as_str(), &s.name, &version, &encode(s)?, &to_sql_version(*expected)?]).await?
         }
         Write::RemoveSandbox { id, expected } => {
-            let sql = "DELETE FROM sandboxes WHERE id = $1 AND version = $2";
+            let sql = "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \
+                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+                       SELECT id, version, TRUE, record FROM gone";
             execute(tx, sql, &[&id.as_str(), &to_sql_version(*expected)?]).await?
         }
         Write::CreateProvider(p) => insert_named(tx, p).await?,
@@ -571,11 +682,11 @@ impl Store for PostgresStore {
         self.read_one("SELECT id, version, record FROM sandboxes WHERE name = $1", name).await
     }
 
-    async fn list_sandboxes(
+    async fn list_sandboxes_at(
         &self,
         request: &PageRequest,
         selector: &BTreeMap<String, String>,
-    ) -> Result<Page<Sandbox>, StoreError> {
+    ) -> Result<Listing, StoreError> {
         let mut sql = String::from("SELECT s.id, s.version, s.record FROM sandboxes s WHERE TRUE");
         let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
         if let Some(after) = &request.after {
@@ -593,7 +704,44 @@ impl Store for PostgresStore {
             ));
         }
         sql.push_str(&format!(" ORDER BY s.name LIMIT ${}", args.len() + 1));
-        self.read_page(&sql, &args, request.limit).await
+        self.list_at(&sql, &args, request.limit).await
+    }
+
+    async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {
+        let mut client = self.client().await?;
+        let e = |e: tokio_postgres::Error| self.error(&e);
+        if client.query_one(UNSEQUENCED, &[]).await.map_err(e)?.try_get::<_, bool>(0).map_err(e)? {
+            let tx = client.transaction().await.map_err(e)?;
+            tx.batch_execute(LOCK_LOG).await.map_err(e)?;
+            self.sequence(&tx).await?;
+            tx.commit().await.map_err(e)?;
+        }
+        // Every position up to the head is visible once the sequencing that gave it committed,
+        // so one statement's snapshot reads a whole prefix of the log.
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(
+                "SELECT l.head, l.trimmed_through, c.seq, c.sandbox_id, c.version, c.removed, c.record \
+                 FROM change_log l LEFT JOIN LATERAL ( \
+                     SELECT * FROM sandbox_changes WHERE seq > $1 ORDER BY seq LIMIT $2 \
+                 ) c ON TRUE ORDER BY c.seq",
+                &[&after, &limit],
+            )
+            .await
+            .map_err(e)?;
+        let mut changes = Changes::default();
+        for row in &rows {
+            changes.head = position(row.try_get(0).map_err(e)?)?;
+            changes.trimmed_through = position(row.try_get(1).map_err(e)?)?;
+            let Some(seq) = row.try_get::<_, Option<i64>>(2).map_err(e)? else { continue };
+            let id: String = row.try_get(3).map_err(e)?;
+            let version: i64 = row.try_get(4).map_err(e)?;
+            let json: &str = row.try_get(6).map_err(|e| corrupt::<Sandbox>(&id, format!("unreadable change: {e}")))?;
+            let sandbox = codec::decode(&id, version, json)?;
+            changes.entries.push(Logged { seq: position(seq)?, sandbox, removed: row.try_get(5).map_err(e)? });
+        }
+        Ok(changes)
     }
 
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {

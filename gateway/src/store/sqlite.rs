@@ -44,7 +44,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transac
 use tokio::sync::oneshot;
 
 use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
-use super::{CommitError, Lease, Page, PageRequest, Store, StoreError};
+use super::{CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
 use crate::clock::Clock;
 
 /// Schema migrations; applying `MIGRATIONS[i]` takes `PRAGMA user_version` from `i` to `i + 1`.
@@ -111,6 +111,22 @@ CREATE TABLE templates (
     record  TEXT    NOT NULL
 ) STRICT;
 "#,
+    // The change log. One writer commits in seq order, so seq is commit order; AUTOINCREMENT
+    // never hands out a position again, even once the entries before it are trimmed.
+    r#"
+CREATE TABLE sandbox_changes (
+    seq        INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+    sandbox_id TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    removed    INTEGER NOT NULL,
+    record     TEXT    NOT NULL
+) STRICT;
+CREATE TABLE change_log (
+    singleton       INTEGER NOT NULL PRIMARY KEY CHECK (singleton = 1),
+    trimmed_through INTEGER NOT NULL
+) STRICT;
+INSERT INTO change_log (singleton, trimmed_through) VALUES (1, 0);
+"#,
 ];
 
 /// The lease of the reconcile loop, the one row of `leases` Berth uses.
@@ -131,6 +147,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const READERS: usize = 4;
 /// The most commits one group takes: a bound on how long the first waits for the last.
 const MAX_GROUP: usize = 512;
+
+/// The change log's newest position: the last seq handed out, even if trimmed since.
+const HEAD: &str = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'sandbox_changes'), 0)";
 
 pub struct SqliteStore {
     readers: Arc<Readers>,
@@ -154,6 +173,13 @@ enum Job {
 impl SqliteStore {
     /// Opens the database at `path`, creating it if missing, and brings its schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::keeping_changes(path, CHANGES_KEPT)
+    }
+
+    /// [`SqliteStore::open`], keeping only the newest `keep` change log entries (tests of a
+    /// watcher left behind).
+    pub fn keeping_changes(path: &Path, keep: u64) -> Result<Self, StoreError> {
+        let keep = keep.max(1);
         let in_file = |e| match e {
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{}: {m}", path.display())),
             StoreError::Corrupt(m) => StoreError::Corrupt(format!("{}: {m}", path.display())),
@@ -164,7 +190,7 @@ impl SqliteStore {
         let (writer, jobs) = mpsc::channel();
         std::thread::Builder::new()
             .name("berth-sqlite-writer".into())
-            .spawn(move || write_loop(conn, &jobs))
+            .spawn(move || write_loop(conn, &jobs, keep))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the store's writer thread: {e}")))?;
         Ok(Self { readers: Arc::new(Readers { conns, next: AtomicUsize::new(0) }), writer, identity })
     }
@@ -209,7 +235,7 @@ fn writer_gone() -> StoreError {
 
 /// The writer thread: takes every job waiting, commits the commits among them as one group,
 /// then runs the others. It ends once the store is dropped and the last job done.
-fn write_loop(mut conn: Connection, jobs: &mpsc::Receiver<Job>) {
+fn write_loop(mut conn: Connection, jobs: &mpsc::Receiver<Job>, keep: u64) {
     while let Ok(first) = jobs.recv() {
         let mut group = Vec::new();
         let mut alone = Vec::new();
@@ -223,7 +249,7 @@ fn write_loop(mut conn: Connection, jobs: &mpsc::Receiver<Job>) {
         }
         if !group.is_empty() {
             let (writes, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-            let outcomes = match commit_group(&mut conn, &writes) {
+            let outcomes = match commit_group(&mut conn, &writes, keep) {
                 Ok(outcomes) => outcomes,
                 Err(e) => vec![Err(CommitError::Store(e)); writes.len()],
             };
@@ -447,26 +473,38 @@ fn check(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError>
 /// write of the same transaction (the same record written twice, or two sandboxes given one name).
 fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError> {
     let changed = match write {
-        Write::CreateSandbox(s) => tx
-            .prepare_cached(
-                "INSERT INTO sandboxes (id, name, version, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-            )?
-            .execute(params![s.id.as_str(), s.name, to_sql_version(s.resource_version)?, encode(s)?])?,
+        Write::CreateSandbox(s) => {
+            let json = encode(s)?;
+            let version = to_sql_version(s.resource_version)?;
+            let changed = tx
+                .prepare_cached(
+                    "INSERT INTO sandboxes (id, name, version, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                )?
+                .execute(params![s.id.as_str(), s.name, version, json])?;
+            log_change(tx, changed, s.id.as_str(), version, false, &json)?
+        }
         // OR IGNORE turns a rename onto a taken name into "no row changed", explained below.
-        Write::UpdateSandbox { record: s, expected } => tx
-            .prepare_cached(
-                "UPDATE OR IGNORE sandboxes SET name = ?2, version = ?3, record = ?4 WHERE id = ?1 AND version = ?5",
-            )?
-            .execute(params![
-                s.id.as_str(),
-                s.name,
-                to_sql_version(s.resource_version)?,
-                encode(s)?,
-                to_sql_version(*expected)?
-            ])?,
-        Write::RemoveSandbox { id, expected } => tx
-            .prepare_cached("DELETE FROM sandboxes WHERE id = ?1 AND version = ?2")?
-            .execute(params![id.as_str(), to_sql_version(*expected)?])?,
+        Write::UpdateSandbox { record: s, expected } => {
+            let json = encode(s)?;
+            let version = to_sql_version(s.resource_version)?;
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE OR IGNORE sandboxes SET name = ?2, version = ?3, record = ?4 WHERE id = ?1 AND version = ?5",
+                )?
+                .execute(params![s.id.as_str(), s.name, version, json, to_sql_version(*expected)?])?;
+            log_change(tx, changed, s.id.as_str(), version, false, &json)?
+        }
+        Write::RemoveSandbox { id, expected } => {
+            let version = to_sql_version(*expected)?;
+            let gone: Option<String> = tx
+                .prepare_cached("DELETE FROM sandboxes WHERE id = ?1 AND version = ?2 RETURNING record")?
+                .query_row(params![id.as_str(), version], |row| row.get(0))
+                .optional()?;
+            match gone {
+                Some(json) => log_change(tx, 1, id.as_str(), version, true, &json)?,
+                None => 0,
+            }
+        }
         Write::CreateProvider(p) => insert_named(tx, p)?,
         Write::UpdateProvider { record: p, expected } => update_named(tx, p, *expected)?,
         Write::RemoveProvider { name, expected } => remove_named::<Provider>(tx, name, *expected)?,
@@ -507,6 +545,75 @@ fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError>
         index(tx, s)?;
     }
     Ok(None)
+}
+
+/// Logs a sandbox write that `changed` a row, in its transaction: the change log is exactly the
+/// writes committed. Returns `changed`.
+fn log_change(
+    tx: &Connection,
+    changed: usize,
+    id: &str,
+    version: i64,
+    removed: bool,
+    json: &str,
+) -> Result<usize, StoreError> {
+    if changed > 0 {
+        tx.prepare_cached(
+            "INSERT INTO sandbox_changes (sandbox_id, version, removed, record) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![id, version, removed, json])?;
+    }
+    Ok(changed)
+}
+
+/// Drops the entries older than the newest `keep`, in steps of an eighth of it, so that most
+/// groups delete nothing.
+fn trim(tx: &Connection, keep: u64) -> Result<(), StoreError> {
+    let head = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
+    let trimmed = trimmed_through(tx)?;
+    if head.saturating_sub(trimmed) <= keep + keep / 8 {
+        return Ok(());
+    }
+    let through = to_sql_position(head - keep)?;
+    tx.prepare_cached("DELETE FROM sandbox_changes WHERE seq <= ?1")?.execute([through])?;
+    tx.prepare_cached("UPDATE change_log SET trimmed_through = ?1")?.execute([through])?;
+    Ok(())
+}
+
+fn trimmed_through(conn: &Connection) -> Result<u64, StoreError> {
+    sql_position(conn.prepare_cached("SELECT trimmed_through FROM change_log")?.query_row([], |row| row.get(0))?)
+}
+
+fn sql_position(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("the change log holds a negative position {n}")))
+}
+
+fn to_sql_position(n: u64) -> Result<i64, StoreError> {
+    i64::try_from(n).map_err(|_| StoreError::Unavailable(format!("change log position {n} is past SQLite's range")))
+}
+
+/// The change log after `after`, read in one snapshot.
+fn changes(conn: &Connection, after: u64, limit: usize) -> Result<Changes, StoreError> {
+    let tx = conn.unchecked_transaction()?;
+    let head = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
+    let trimmed_through = trimmed_through(&tx)?;
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, sandbox_id, version, removed, record FROM sandbox_changes WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let mut rows = stmt.query(params![to_sql_position(after)?, i64::try_from(limit).unwrap_or(i64::MAX)])?;
+    let mut entries = Vec::new();
+    while let Some(row) = rows.next()? {
+        let seq = sql_position(row.get(0)?)?;
+        let id: String = row.get(1)?;
+        let version: i64 = row.get(2)?;
+        let json = row.get_ref(4)?.as_str().map_err(|e| corrupt::<Sandbox>(&id, format!("unreadable change: {e}")))?;
+        let sandbox = codec::decode(&id, version, json)?;
+        entries.push(Logged { seq, sandbox, removed: row.get(3)? });
+    }
+    drop(rows);
+    drop(stmt);
+    tx.commit()?;
+    Ok(Changes { entries, trimmed_through, head })
 }
 
 // The tables of records keyed by their name (providers, templates): one shape, one set of
@@ -604,7 +711,11 @@ fn commit(conn: &Connection, writes: &[Write]) -> Result<(), CommitError> {
 /// A group of commits in one transaction, each in its savepoint: the outcome of each, once the
 /// transaction holding those that applied is durable. An error of the transaction itself is
 /// every commit's.
-fn commit_group(conn: &mut Connection, group: &[Vec<Write>]) -> Result<Vec<Result<(), CommitError>>, StoreError> {
+fn commit_group(
+    conn: &mut Connection,
+    group: &[Vec<Write>],
+    keep: u64,
+) -> Result<Vec<Result<(), CommitError>>, StoreError> {
     let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut outcomes = Vec::with_capacity(group.len());
     for writes in group {
@@ -617,6 +728,7 @@ fn commit_group(conn: &mut Connection, group: &[Vec<Write>]) -> Result<Vec<Resul
         }
         outcomes.push(outcome);
     }
+    trim(&tx, keep)?;
     tx.commit()?;
     Ok(outcomes)
 }
@@ -671,11 +783,11 @@ impl Store for SqliteStore {
         self.read(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE name = ?1", &name)).await
     }
 
-    async fn list_sandboxes(
+    async fn list_sandboxes_at(
         &self,
         request: &PageRequest,
         selector: &BTreeMap<String, String>,
-    ) -> Result<Page<Sandbox>, StoreError> {
+    ) -> Result<Listing, StoreError> {
         let mut sql = String::from("SELECT s.id, s.version, s.record FROM sandboxes s WHERE 1");
         let mut args = Vec::new();
         if let Some(after) = &request.after {
@@ -692,7 +804,19 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY s.name LIMIT ?");
         let limit = request.limit;
-        self.read(move |conn| read_page(conn, &sql, args, limit)).await
+        self.read(move |conn| {
+            // One snapshot for both: the position then the page.
+            let tx = conn.unchecked_transaction()?;
+            let cursor = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
+            let page = read_page(&tx, &sql, args, limit)?;
+            tx.commit()?;
+            Ok(Listing { page, cursor })
+        })
+        .await
+    }
+
+    async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {
+        self.read(move |conn| changes(conn, after, limit)).await
     }
 
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {

@@ -20,6 +20,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use tonic::Request;
+use tonic::Status;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -50,7 +51,7 @@ pub struct Cli {
 }
 
 /// Where the gateway is, and the token it takes.
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct Connection {
     /// The gateway's address (a bare HOST:PORT is taken as http://HOST:PORT). [default: from
     /// <data-dir>/<name>.addr, else http://127.0.0.1:7420]
@@ -313,8 +314,15 @@ enum SandboxCmd {
         #[arg(long = "selector", short, value_parser = pair)]
         selector: Vec<(String, String)>,
     },
-    /// Print the sandbox, then every change, until it is gone or interrupted.
-    Watch { name: String },
+    /// Print the sandbox, then every change, until it is gone or interrupted. Without a name,
+    /// every sandbox (or those the selector picks), then every change to any of them, until
+    /// interrupted: through gateway restarts, resuming where it was.
+    Watch {
+        name: Option<String>,
+        /// Only sandboxes with this label, KEY=VALUE (repeatable; without a name only).
+        #[arg(long = "selector", short, value_parser = pair, conflicts_with = "name")]
+        selector: Vec<(String, String)>,
+    },
     /// Stop a sandbox (its workspace is kept) and wait until it is Stopped.
     Stop {
         name: String,
@@ -440,6 +448,8 @@ impl tonic::service::Interceptor for Bearer {
 }
 
 struct Client {
+    /// How it connected, to connect again.
+    connection: Connection,
     sandboxes: SandboxesClient<Authed>,
     providers: ProvidersClient<Authed>,
     execs: ExecsClient<Authed>,
@@ -448,6 +458,12 @@ struct Client {
     templates: TemplatesClient<Authed>,
     gateway: GatewayClient<Authed>,
     output: Output,
+}
+
+/// Whether a stream ended with `code` because the gateway went away (a restart, a lost
+/// connection), so that it is worth connecting again.
+fn lost(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Aborted)
 }
 
 /// A failure, printed as `error: ...`.
@@ -571,6 +587,129 @@ enum Target {
 }
 
 impl Client {
+    /// Every page of the sandboxes `selector` picks, and the first page's cursor: a fleet watch
+    /// from it misses nothing the pages do not show.
+    async fn list_all(&mut self, selector: &BTreeMap<String, String>) -> Result<(Vec<pb::Sandbox>, String), Status> {
+        let mut all = Vec::new();
+        let mut first = None;
+        let mut page_token = String::new();
+        loop {
+            let request = pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: selector.clone() };
+            let reply = self.sandboxes.list_sandboxes(request).await?.into_inner();
+            first.get_or_insert(reply.cursor);
+            all.extend(reply.sandboxes);
+            if reply.next_page_token.is_empty() {
+                return Ok((all, first.unwrap_or_default()));
+            }
+            page_token = reply.next_page_token;
+        }
+    }
+
+    fn print_change(&self, name: &str, sandbox: Option<&pb::Sandbox>) {
+        match (sandbox, self.output) {
+            (Some(s), Output::Json) => say!("{}", sandbox_json(s)),
+            (Some(s), Output::Table) => say!("{}", sandbox_row(s).join("  ").trim_end()),
+            (None, Output::Json) => say!("{}", json!({"name": name, "removed": true})),
+            (None, Output::Table) => say!("{name}  removed"),
+        }
+    }
+
+    /// `berth sandbox watch` without a name: the listing, then the fleet watch from its cursor;
+    /// after a lost connection the same watch from the last cursor, after a cursor the gateway
+    /// no longer reaches back to a new listing (printing what it changed).
+    async fn watch_fleet(&mut self, selector: BTreeMap<String, String>) -> Result<u8, Failed> {
+        // What was printed of each sandbox: its id and version.
+        let mut shown: BTreeMap<String, (String, u64)> = BTreeMap::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let ended = match cursor.clone() {
+                None => match self.list_all(&selector).await {
+                    Ok((all, first)) => {
+                        let listed: BTreeMap<String, (String, u64)> =
+                            all.iter().map(|s| (s.name.clone(), (s.id.clone(), s.resource_version))).collect();
+                        let gone: Vec<String> = shown.keys().filter(|n| !listed.contains_key(*n)).cloned().collect();
+                        for name in gone {
+                            self.print_change(&name, None);
+                        }
+                        for s in all.iter().filter(|s| shown.get(&s.name) != listed.get(&s.name)) {
+                            self.print_change(&s.name, Some(s));
+                        }
+                        shown = listed;
+                        cursor = Some(first);
+                        continue;
+                    }
+                    Err(status) => status,
+                },
+                Some(from) => {
+                    let request = pb::WatchSandboxesRequest { label_selector: selector.clone(), cursor: from };
+                    match self.sandboxes.watch_sandboxes(request).await {
+                        Ok(events) => self.follow_fleet(events.into_inner(), &mut shown, &mut cursor).await,
+                        Err(status) => status,
+                    }
+                }
+            };
+            match ended.code() {
+                tonic::Code::FailedPrecondition => {
+                    eprintln!("berth: {}", ended.message());
+                    cursor = None;
+                }
+                code if lost(code) => {
+                    eprintln!("berth: lost the gateway ({}); reconnecting", ended.message());
+                    self.reconnect().await;
+                    eprintln!("berth: reconnected; watching from where it was");
+                }
+                _ => return Err(ended.into()),
+            }
+        }
+    }
+
+    /// Prints the fleet watch's changes not yet shown; why it ended.
+    async fn follow_fleet(
+        &self,
+        mut events: tonic::Streaming<pb::SandboxEvent>,
+        shown: &mut BTreeMap<String, (String, u64)>,
+        cursor: &mut Option<String>,
+    ) -> Status {
+        loop {
+            let event = match events.message().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return Status::unavailable("the gateway ended the watch"),
+                Err(status) => return status,
+            };
+            if event.name.is_empty() {
+                *cursor = Some(event.cursor);
+                continue;
+            }
+            match &event.sandbox {
+                _ if event.removed => {
+                    shown.remove(&event.name);
+                    self.print_change(&event.name, None);
+                }
+                // A listing of several pages can show a change the watch then brings again.
+                Some(s) if shown.get(&s.name).is_none_or(|(id, v)| *id != s.id || *v < s.resource_version) => {
+                    shown.insert(s.name.clone(), (s.id.clone(), s.resource_version));
+                    self.print_change(&s.name, Some(s));
+                }
+                _ => {}
+            }
+            *cursor = Some(event.cursor);
+        }
+    }
+
+    /// Connects again, however long the gateway takes to come back: it may restart at another
+    /// address (its address file says where).
+    async fn reconnect(&mut self) {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            tokio::time::sleep(wait).await;
+            if let Ok(client) = connect(&self.connection, self.output).await {
+                *self = client;
+                return;
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
     fn print_sandboxes(&self, sandboxes: &[pb::Sandbox]) {
         match self.output {
             Output::Json if sandboxes.len() == 1 => say!("{:#}", sandbox_json(&sandboxes[0])),
@@ -752,26 +891,17 @@ impl Client {
                 Ok(())
             }
             SandboxCmd::List { selector } => {
-                let label_selector: BTreeMap<String, String> = selector.into_iter().collect();
-                let mut all = Vec::new();
-                let mut page_token = String::new();
-                loop {
-                    let request =
-                        pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: label_selector.clone() };
-                    let reply = self.sandboxes.list_sandboxes(request).await?.into_inner();
-                    all.extend(reply.sandboxes);
-                    if reply.next_page_token.is_empty() {
-                        break;
-                    }
-                    page_token = reply.next_page_token;
-                }
+                let (all, _) = self.list_all(&selector.into_iter().collect()).await?;
                 match self.output {
                     Output::Json => say!("{:#}", json!(all.iter().map(sandbox_json).collect::<Vec<_>>())),
                     Output::Table => self.print_sandboxes(&all),
                 }
                 Ok(())
             }
-            SandboxCmd::Watch { name } => {
+            SandboxCmd::Watch { name: None, selector } => {
+                return self.watch_fleet(selector.into_iter().collect()).await;
+            }
+            SandboxCmd::Watch { name: Some(name), .. } => {
                 let mut events =
                     self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
                 while let Some(event) = events.message().await? {
@@ -1284,6 +1414,7 @@ async fn connect(cli: &Connection, output: Output) -> Result<Client, Failed> {
         })?;
     let auth = Bearer(bearer);
     Ok(Client {
+        connection: cli.clone(),
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), auth.clone()),
         providers: ProvidersClient::with_interceptor(channel.clone(), auth.clone()),
         execs: ExecsClient::with_interceptor(channel.clone(), auth.clone()),

@@ -161,6 +161,10 @@ pub struct Flags {
     /// Supervisors' heartbeat interval. [default: 5s]
     #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
     pub heartbeat: Option<Duration>,
+    /// How many of the newest sandbox changes the store's change log keeps: a fleet watch can
+    /// resume from a cursor that many changes old. [default: 10000]
+    #[arg(long, env = "BERTH_CHANGES_KEPT")]
+    pub changes_kept: Option<u64>,
     /// Log filter, in `RUST_LOG` syntax. [default: info]
     #[arg(long, env = "BERTH_LOG")]
     pub log: Option<String>,
@@ -193,6 +197,7 @@ struct File {
     max_ttl: Option<String>,
     max_pool: Option<u32>,
     heartbeat: Option<String>,
+    changes_kept: Option<u64>,
     log: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -221,6 +226,7 @@ pub struct Config {
     pub max_ttl: Duration,
     pub max_pool: u32,
     pub heartbeat: Duration,
+    pub changes_kept: u64,
     pub log: String,
     pub log_format: LogFormat,
 }
@@ -252,6 +258,7 @@ impl fmt::Debug for Config {
             .field("max_ttl", &self.max_ttl)
             .field("max_pool", &self.max_pool)
             .field("heartbeat", &self.heartbeat)
+            .field("changes_kept", &self.changes_kept)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
             .finish()
@@ -311,6 +318,10 @@ impl Config {
         if lease_ttl < Duration::from_millis(300) {
             return Err(format!("lease_ttl: {lease_ttl:?} is too short to renew in time; give at least 300ms"));
         }
+        let changes_kept = flags.changes_kept.or(file.changes_kept).unwrap_or(crate::store::CHANGES_KEPT);
+        if changes_kept == 0 {
+            return Err("changes_kept: 0 would keep no change for a watch to resume from; give at least 1".into());
+        }
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
@@ -350,6 +361,7 @@ impl Config {
                 .unwrap_or(berth_core::validate::Limits::default().max_ttl),
             max_pool: flags.max_pool.or(file.max_pool).unwrap_or(berth_core::validate::Limits::default().max_pool),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
+            changes_kept,
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
         })

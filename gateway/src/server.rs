@@ -192,8 +192,12 @@ pub async fn run(config: Config) -> Result<(), String> {
     };
     let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
     let store: Arc<dyn Store> = match &config.store {
-        StoreLocation::Sqlite(path) => Arc::new(SqliteStore::open(path).map_err(|e| e.to_string())?),
-        StoreLocation::Postgres(url) => Arc::new(PostgresStore::connect(url).await.map_err(|e| e.to_string())?),
+        StoreLocation::Sqlite(path) => {
+            Arc::new(SqliteStore::keeping_changes(path, config.changes_kept).map_err(|e| e.to_string())?)
+        }
+        StoreLocation::Postgres(url) => {
+            Arc::new(PostgresStore::keeping_changes(url, config.changes_kept).await.map_err(|e| e.to_string())?)
+        }
     };
     bind_to_store(data, &config.store, store.identity())?;
 

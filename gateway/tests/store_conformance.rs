@@ -1207,7 +1207,10 @@ async fn the_change_log_holds_every_sandbox_write_in_commit_order(store: Shared)
     store.commit(&[Write::CreateProvider(provider("p"))]).await.unwrap();
     let b = sandbox("sb-b", "b");
     // One transaction's writes are logged together, in the order they were given.
-    store.commit(&[Write::CreateSandbox(b.clone()), Write::RemoveSandbox { id: a.id.clone(), expected: 2 }]).await.unwrap();
+    store
+        .commit(&[Write::CreateSandbox(b.clone()), Write::RemoveSandbox { id: a.id.clone(), expected: 2 }])
+        .await
+        .unwrap();
 
     let log = log_after(&store, 0).await;
     assert_eq!(logged(&log.entries), [("a", 1, false), ("a", 2, false), ("b", 1, false), ("a", 2, true)]);
@@ -1254,7 +1257,10 @@ async fn a_listing_cursor_splits_the_log_at_the_listing_snapshot(store: Shared) 
                     current = next;
                     if round % 5 == 4 {
                         store
-                            .commit(&[Write::RemoveSandbox { id: current.id.clone(), expected: current.resource_version }])
+                            .commit(&[Write::RemoveSandbox {
+                                id: current.id.clone(),
+                                expected: current.resource_version,
+                            }])
                             .await
                             .unwrap();
                         current.resource_version += 1;
@@ -1266,7 +1272,8 @@ async fn a_listing_cursor_splits_the_log_at_the_listing_snapshot(store: Shared) 
         .collect();
     let mut listings = Vec::new();
     while listings.len() < 40 {
-        let listing = store.list_sandboxes_at(&PageRequest { after: None, limit: 100 }, &BTreeMap::new()).await.unwrap();
+        let listing =
+            store.list_sandboxes_at(&PageRequest { after: None, limit: 100 }, &BTreeMap::new()).await.unwrap();
         listings.push(listing);
         tokio::task::yield_now().await;
     }

@@ -17,7 +17,7 @@ use super::convert;
 use super::public::{core_invalid, invalid};
 use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::store::{CHANGES_KEPT, PageRequest, Store, selects};
+use crate::store::{PageRequest, Store, selects};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SandboxEvent, Status>> + Send>>;
 
@@ -61,10 +61,10 @@ fn position(store: &dyn Store, cursor: &str) -> Result<u64, Status> {
 }
 
 fn left_behind() -> Status {
-    Status::failed_precondition(format!(
-        "cursor is older than the store's change log reaches back (it keeps the newest {CHANGES_KEPT} \
-         changes): list the sandboxes again and watch from the list's cursor"
-    ))
+    Status::failed_precondition(
+        "cursor is older than the store's change log reaches back (it keeps the newest changes, as many as \
+         the gateway's --changes-kept): list the sandboxes again and watch from the list's cursor",
+    )
 }
 
 pub fn validate_selector(selector: &BTreeMap<String, String>) -> Result<(), Status> {

@@ -190,8 +190,7 @@ impl PostgresStore {
         Self::keeping_changes(url, super::CHANGES_KEPT).await
     }
 
-    /// [`PostgresStore::connect`], keeping only the newest `keep` change log entries (tests of
-    /// a watcher left behind).
+    /// [`PostgresStore::connect`], keeping only the newest `keep` change log entries.
     pub async fn keeping_changes(url: &str, keep: u64) -> Result<Self, StoreError> {
         let keep = i64::try_from(keep.max(1)).unwrap_or(i64::MAX);
         // The parser's message never quotes the URL, so never its password.

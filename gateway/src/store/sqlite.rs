@@ -176,8 +176,7 @@ impl SqliteStore {
         Self::keeping_changes(path, CHANGES_KEPT)
     }
 
-    /// [`SqliteStore::open`], keeping only the newest `keep` change log entries (tests of a
-    /// watcher left behind).
+    /// [`SqliteStore::open`], keeping only the newest `keep` change log entries.
     pub fn keeping_changes(path: &Path, keep: u64) -> Result<Self, StoreError> {
         let keep = keep.max(1);
         let in_file = |e| match e {

@@ -328,3 +328,83 @@ async fn the_cli_asks_which_gateway_when_several_have_run_from_its_data_director
     let out = berth(&data, &["sandbox", "list"]).await;
     assert!(stderr(&out).contains("several gateways have run from") && stderr(&out).contains("alpha, beta"), "{out:?}");
 }
+
+/// `berth sandbox watch` without a name: the listing, then every change to any sandbox the
+/// selector picks, through a gateway killed and restarted (at another port) meanwhile, with
+/// every version printed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_watches_the_fleet_through_a_gateway_restart() {
+    use tokio::io::AsyncBufReadExt;
+
+    let data = DataDir::new();
+    let mut gateway = Gateway::start(&data, &[]).await;
+    ok(&berth(&data, &["sandbox", "create", "listed", "--label", "team=a", "--", "sleep", "3600"]).await);
+    ok(&berth(&data, &["sandbox", "create", "other", "--label", "team=b", "--", "sleep", "3600"]).await);
+    let mut watch = tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(["-o", "json", "sandbox", "watch", "--selector", "team=a"])
+        .env_remove("BERTH_GATEWAY")
+        .env_remove("BERTH_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let mut stdout = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stdout.next_line().await {
+            let _ = lines_tx.send(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+        }
+    });
+    let mut printed = Vec::new();
+    let mut until = async |printed: &mut Vec<serde_json::Value>, name: &str, phase: Option<&str>| {
+        let wait = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while let Some(line) = lines.recv().await {
+                let done = line["name"] == name
+                    && match phase {
+                        Some(p) => line["phase"] == p,
+                        None => line["removed"] == true,
+                    };
+                printed.push(line);
+                if done {
+                    return;
+                }
+            }
+        });
+        assert!(wait.await.is_ok(), "waiting for {name} {phase:?}; printed {printed:#?}");
+    };
+    until(&mut printed, "listed", Some("Ready")).await;
+    ok(&berth(&data, &["sandbox", "create", "before", "--label", "team=a", "--", "sleep", "3600"]).await);
+    until(&mut printed, "before", Some("Ready")).await;
+
+    gateway.kill9();
+    // Changes while the gateway is down cannot happen; those right after it is back must come.
+    let gateway = Gateway::start(&data, &[]).await;
+    ok(&berth(&data, &["sandbox", "create", "after", "--label", "team=a", "--", "sleep", "3600"]).await);
+    until(&mut printed, "after", Some("Ready")).await;
+    ok(&berth(&data, &["sandbox", "delete", "before"]).await);
+    until(&mut printed, "before", None).await;
+    drop(gateway);
+    watch.kill().await.unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut watch.stderr.take().unwrap(), &mut stderr).await.unwrap();
+    assert!(stderr.contains("lost the gateway") && stderr.contains("reconnected"), "says what it did: {stderr}");
+
+    assert!(printed.iter().all(|l| l["name"] != "other"), "the selector holds: {printed:#?}");
+    let versions = |name: &str| -> Vec<u64> {
+        printed
+            .iter()
+            .filter(|l| l["name"] == name && l["removed"] != true)
+            .map(|l| l["resource_version"].as_u64().unwrap())
+            .collect()
+    };
+    // The listing's line for "listed", then nothing of it (it did not change); the others whole.
+    assert_eq!(versions("listed").len(), 1, "{printed:#?}");
+    for name in ["before", "after"] {
+        let got = versions(name);
+        assert_eq!(got, (1..=got.len() as u64).collect::<Vec<_>>(), "{name}: every version once: {printed:#?}");
+    }
+    assert_eq!(printed.iter().filter(|l| l["removed"] == true).count(), 1);
+}

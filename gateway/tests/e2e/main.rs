@@ -8,6 +8,7 @@ mod contention;
 mod crash;
 mod exec;
 mod files;
+mod fleet_watch;
 mod harness;
 mod history;
 mod http;

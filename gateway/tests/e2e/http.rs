@@ -110,15 +110,36 @@ async fn curl_drives_the_http_json_api() {
     let (_, still) = curl.json("GET", "/v1/sandboxes/web", None);
     assert_eq!(still["sandbox"]["resource_version"], ready["sandbox"]["resource_version"], "nothing refused wrote");
 
+    let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
+    let cursor = listed["cursor"].as_str().unwrap().to_string();
     let (status, stopped) = curl.json("POST", "/v1/sandboxes/web/stop", None);
     assert_eq!((status, stopped["sandbox"]["phase"].as_str()), (200, Some("PHASE_STOPPING")), "{stopped}");
     let (status, _) = curl.json("DELETE", "/v1/sandboxes/web", None);
     assert_eq!(status, 200);
+    let mut gone = false;
     for _ in 0..100 {
         if curl.json("GET", "/v1/sandboxes/web", None).0 == 404 {
-            return;
+            gone = true;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the deleted sandbox is still there");
+    assert!(gone, "the deleted sandbox is still there");
+
+    // The fleet's changes since the listing, as newline-delimited JSON: a bookmark at the
+    // cursor, then the stop and the delete, each with the cursor after it; the stream stays open.
+    let url = format!("{}/v1/sandboxes:watch?selector=team%3Da&cursor={cursor}", curl.base);
+    let header = format!("authorization: Bearer {}", curl.token);
+    let out =
+        std::process::Command::new("curl").args(["-sN", "--max-time", "2", "-H", &header, &url]).output().unwrap();
+    assert_eq!(out.status.code(), Some(28), "still open when curl gives up");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events[0]["cursor"].as_str(), Some(cursor.as_str()), "{text}");
+    assert_eq!(events[1]["sandbox"]["phase"], "PHASE_STOPPING", "{text}");
+    assert_eq!(events.last().unwrap()["removed"], true, "{text}");
+    assert!(events[1..].iter().all(|e| e["name"] == "web"), "{text}");
+    let (status, code, message) = refused("GET", "/v1/sandboxes:watch?cursor=nonsense", None);
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("cursor"), "{message}");
 }

@@ -205,9 +205,11 @@ pub trait Driver: Send + Sync + 'static {
     /// replies with what the runtime shows.
     async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError>;
 
-    /// Removes the compute resource and everything made for it (workspace, secrets). Absence is
+    /// Removes the compute resource and everything made for it (workspace, secrets), stopping
+    /// what runs first as [`Driver::stop`] does (gracefully, by force after `grace`), so that a
+    /// deleted sandbox's processes get the same chance to finish as a stopped one's. Absence is
     /// success.
-    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
+    async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError>;
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
 
@@ -257,8 +259,8 @@ pub trait Driver: Send + Sync + 'static {
 
     /// [`Driver::delete`], cut short at `at`.
     #[cfg(feature = "fault-points")]
-    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
-        let _ = sandbox;
+    async fn delete_then_crash(&self, sandbox: &SandboxId, grace: Duration, at: CrashPoint) -> Result<(), DriverError> {
+        let _ = (sandbox, grace);
         Err(no_fault_points(self.name(), at))
     }
 }

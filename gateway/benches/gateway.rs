@@ -65,7 +65,7 @@ impl Driver for NoopDriver {
         states.insert(sandbox.clone(), state);
         Ok(state)
     }
-    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+    async fn delete(&self, sandbox: &SandboxId, _: Duration) -> Result<(), DriverError> {
         self.states.lock().unwrap().remove(sandbox);
         Ok(())
     }

@@ -490,7 +490,7 @@ impl Engine {
                 Ok(Observation::Stopped { generation: *generation, state })
             }
             (Effect::Delete { sandbox }, _) => {
-                driver.delete(sandbox).await?;
+                driver.delete(sandbox, self.inner.settings.stop_grace).await?;
                 Ok(Observation::Deleted)
             }
             (Effect::Start { .. }, None) => Err(DriverError::Failed("the sandbox is gone".to_string())),
@@ -683,7 +683,7 @@ mod tests {
         async fn stop(&self, _: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
-        async fn delete(&self, _: &SandboxId) -> Result<(), DriverError> {
+        async fn delete(&self, _: &SandboxId, _: Duration) -> Result<(), DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn get(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {

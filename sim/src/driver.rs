@@ -58,10 +58,10 @@ impl Driver for SimDriver {
         self.replied(what, reply)
     }
 
-    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+    async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError> {
         let what = format!("delete {}", self.name(sandbox));
         self.trace(what.clone());
-        let reply = self.driver.delete(sandbox).await;
+        let reply = self.driver.delete(sandbox, grace).await;
         self.replied(what, reply)
     }
 

@@ -481,10 +481,20 @@ impl<E: Engine> ContainerDriver<E> {
 
     /// Removes the container, its workspace volume, the driver's state and the lock, after a
     /// tombstone that keeps any late start from making them again (the caller holds the lock).
-    async fn delete_locked(&self, sandbox: &SandboxId, crash: Option<CrashPoint>) -> Result<(), DriverError> {
+    async fn delete_locked(
+        &self,
+        sandbox: &SandboxId,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<(), DriverError> {
         self.tombstones.mark(sandbox)?;
         if crash == Some(CrashPoint::AfterTombstone) {
             return Err(crashed(CrashPoint::AfterTombstone));
+        }
+        // The forced removal below ends whatever this graceful stop did not (a run still going
+        // past its grace), and reports the runtime's own failures.
+        if let Err(e) = self.stop_locked(sandbox, grace, None).await {
+            tracing::debug!(sandbox = %sandbox, error = %e, "the stop before a delete did not finish; removing by force");
         }
         self.engine.remove(&container_name(sandbox)).await?;
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
@@ -697,15 +707,15 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         cut_short(self.stop_superseded_or(sandbox, generation, grace, Some(at)).await, at)
     }
 
-    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+    async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        self.delete_locked(sandbox, None).await
+        self.delete_locked(sandbox, grace, None).await
     }
 
     #[cfg(feature = "fault-points")]
-    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
+    async fn delete_then_crash(&self, sandbox: &SandboxId, grace: Duration, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        cut_short(self.delete_locked(sandbox, Some(at)).await, at)
+        cut_short(self.delete_locked(sandbox, grace, Some(at)).await, at)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

@@ -382,12 +382,17 @@ impl<O: Os> Inner<O> {
 
     /// Ends the run, then removes the sandbox's folder, its start record and its lock, after a
     /// tombstone that keeps any late start from making them again (the caller holds the lock).
-    async fn delete_locked(&self, sandbox: &SandboxId, crash: Option<CrashPoint>) -> Result<(), DriverError> {
+    async fn delete_locked(
+        &self,
+        sandbox: &SandboxId,
+        grace: Duration,
+        crash: Option<CrashPoint>,
+    ) -> Result<(), DriverError> {
         self.tombstones.mark(sandbox)?;
         if crash == Some(CrashPoint::AfterTombstone) {
             return Err(crashed(CrashPoint::AfterTombstone));
         }
-        self.stop_locked(sandbox, Duration::ZERO, None).await?;
+        self.stop_locked(sandbox, grace, None).await?;
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
             return Err(crashed(CrashPoint::AfterRuntimeRemove));
         }
@@ -609,15 +614,15 @@ impl<O: Os> Driver for ProcessDriver<O> {
         cut_short(self.inner.stop_superseded_or(sandbox, generation, grace, Some(at)).await, at)
     }
 
-    async fn delete(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+    async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
-        self.inner.delete_locked(sandbox, None).await
+        self.inner.delete_locked(sandbox, grace, None).await
     }
 
     #[cfg(feature = "fault-points")]
-    async fn delete_then_crash(&self, sandbox: &SandboxId, at: CrashPoint) -> Result<(), DriverError> {
+    async fn delete_then_crash(&self, sandbox: &SandboxId, grace: Duration, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
-        cut_short(self.inner.delete_locked(sandbox, Some(at)).await, at)
+        cut_short(self.inner.delete_locked(sandbox, grace, Some(at)).await, at)
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

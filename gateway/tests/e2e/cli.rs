@@ -408,3 +408,18 @@ async fn the_cli_watches_the_fleet_through_a_gateway_restart() {
     }
     assert_eq!(printed.iter().filter(|l| l["removed"] == true).count(), 1);
 }
+
+/// `berth sandbox delete` stops the sandbox with its grace first: a workload that takes a
+/// second to finish on TERM gets to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_delete_gives_the_sandbox_its_stop_grace() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let marker = data.path.join("finished");
+    let script =
+        format!("trap 'sleep 1; echo finished > {}; exit 0' TERM; while :; do sleep 0.1; done", marker.display());
+    ok(&berth(&data, &["sandbox", "create", "slow", "--", "sh", "-c", &script]).await);
+    let out = ok(&berth(&data, &["sandbox", "delete", "slow"]).await);
+    assert!(out.contains("slow"), "{out}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default().trim(), "finished");
+}

@@ -442,6 +442,59 @@ async fn stop_and_delete_while_starting_or_stopping(runtime: Runtime) {
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+/// A delete of a running sandbox stops it as a stop does: TERM, the grace, then by force.
+async fn a_delete_gives_the_run_its_stop_grace(runtime: Runtime) {
+    let Some(target) = target(runtime, "deletegrace").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    // The process driver's run can leave a note where the delete does not reach; a container's
+    // cannot, so its runtime's events say how it ended instead.
+    let marker = data.path.join("terminated");
+    // It takes a while to finish: only a run given its grace gets there.
+    let on_term = match runtime {
+        Runtime::Process => format!("sleep 1; echo graceful > {}; exit 0", marker.display()),
+        _ => "sleep 1; exit 0".to_string(),
+    };
+    let script = format!("trap '{on_term}' TERM; while :; do sleep 0.1; done");
+    let created = create_in(&target, &mut sandboxes, "graceful", &["sh", "-c", &script]).await;
+    wait_phase(&mut sandboxes, "graceful", pb::Phase::Ready).await;
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() - 1;
+    lifecycle(&mut sandboxes, "delete", "graceful").await.unwrap();
+    wait_gone(&mut sandboxes, "graceful").await;
+    match runtime {
+        Runtime::Process => {
+            let note = std::fs::read_to_string(&marker).unwrap_or_default();
+            assert_eq!(note.trim(), "graceful", "the run was killed without its TERM");
+        }
+        _ => {
+            let container = format!("container={}", container_name(&SandboxId::new(&created.id)));
+            let since = since.to_string();
+            // How the run ended: TERM trapped is exit 0, the forced removal's SIGKILL 137.
+            let (events, died) = match runtime {
+                Runtime::Docker => {
+                    let until = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+                        + 1)
+                    .to_string();
+                    let format = "{{.Action}} {{.Actor.Attributes.exitCode}}";
+                    let args =
+                        ["events", "--since", &since, "--until", &until, "--filter", &container, "--format", format];
+                    (target.cli(&args), "die 0")
+                }
+                _ => {
+                    let format = "{{.Status}} {{.ContainerExitCode}}";
+                    let args =
+                        ["events", "--stream=false", "--since", &since, "--filter", &container, "--format", format];
+                    (target.cli(&args), "died 0")
+                }
+            };
+            let events: Vec<&str> = events.lines().collect();
+            assert!(events.contains(&died), "{runtime:?}: the run did not end by its TERM: {events:?}");
+        }
+    }
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
 async fn out_of_band_removal_and_kill(runtime: Runtime) {
     let Some(target) = target(runtime, "oob").await else { return };
     let data = DataDir::new();
@@ -634,7 +687,7 @@ async fn start_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPoi
     let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(e) if e.started_at == started_at), "{case}: {stopped:?}");
     assert_eq!(live_runs(target, id), 0, "{case}: the acknowledged stop left a run");
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
 }
 
 /// A stop cut short once the runtime was told to stop the run: the next driver shows the run's
@@ -668,7 +721,7 @@ async fn stop_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPoin
     assert!(next > started_at, "{case}: generation 2's run started at {next:?}, before generation 1's");
     assert_eq!(driver.start(launch(2)).await.unwrap(), StartReply::Running { started_at: next }, "{case}");
     assert_eq!(live_runs(target, id), 1, "{case}: one run of generation 2");
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
 }
 
 /// A delete cut short after its tombstone, or after the run and the compute resource went: the
@@ -678,13 +731,13 @@ async fn delete_cut_short(target: &Target, data: &DataDir, id: &str, at: CrashPo
     let sandbox = SandboxId::new(id);
     let crashed = target.driver(data).await;
     assert!(matches!(crashed.start(sleeping(target, data, id, 1)).await.unwrap(), StartReply::Running { .. }));
-    crashed.delete_then_crash(&sandbox, at).await.unwrap();
+    crashed.delete_then_crash(&sandbox, Duration::from_secs(5), at).await.unwrap();
     drop(crashed);
     let expected = usize::from(at == CrashPoint::AfterTombstone);
     assert_eq!(live_runs(target, id), expected, "{case}: runs after the crash");
 
     let driver = target.driver(data).await;
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     assert_eq!(live_runs(target, id), 0, "{case}: the delete left a run");
     let seen = driver.get(&sandbox).await.unwrap();
     assert!(matches!(seen, RuntimeState::Absent { .. }), "{case}: {seen:?}");
@@ -718,7 +771,7 @@ async fn a_stop_after_a_crashed_start_stops_the_unrecorded_run(runtime: Runtime)
     let reply = driver.start(launch(2)).await.unwrap();
     assert!(matches!(reply, StartReply::Exited(_)), "{runtime:?}: {reply:?}");
     assert_eq!(live_runs(&target, id), 0);
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
@@ -759,7 +812,7 @@ async fn a_run_killed_after_a_crashed_start_is_not_started_again(runtime: Runtim
         assert_eq!(live_runs(&target, id), 0, "{case}: generation 1 ran a second time");
         assert!(matches!(driver.start(launch(2)).await.unwrap(), StartReply::Running { .. }), "{case}");
         assert_eq!(live_runs(&target, id), 1, "{case}: one run of generation 2");
-        driver.delete(&sandbox).await.unwrap();
+        driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     }
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
@@ -785,7 +838,7 @@ async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_alone(runti
     let stopped = driver.stop(&sandbox, 2, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");
     assert_eq!(live_runs(&target, id), 0, "{runtime:?}");
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
@@ -802,7 +855,7 @@ async fn a_start_landing_after_the_delete_makes_nothing(runtime: Runtime) {
     let sandbox = SandboxId::new(id);
     let driver = target.driver(&data).await;
     assert!(matches!(driver.start(sleeping(&target, &data, id, 1)).await.unwrap(), StartReply::Running { .. }));
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     let late = driver.start(sleeping(&target, &data, id, 1)).await.unwrap();
     assert!(matches!(late, StartReply::Failed { .. }), "{runtime:?}: {late:?}");
     let seen = driver.get(&sandbox).await.unwrap();
@@ -833,7 +886,7 @@ async fn a_look_between_a_crashed_start_and_its_redrive_does_not_pass_the_old_ex
     let reply = driver.start(launch(2)).await.unwrap();
     assert!(matches!(reply, StartReply::Running { .. }), "{runtime:?}: generation 2 never ran: {reply:?}");
     assert_eq!(live_runs(&target, id), 1, "{runtime:?}");
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind in {runtime:?}: {left:?}");
 }
@@ -945,6 +998,11 @@ macro_rules! conformance {
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_delete_gives_the_run_its_stop_grace() {
+                    super::a_delete_gives_the_run_its_stop_grace(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn out_of_band_removal_and_kill() {
                     super::out_of_band_removal_and_kill(Runtime::$runtime).await
                 }
@@ -1040,7 +1098,7 @@ async fn process_a_folder_removed_under_an_unrecorded_live_run_leaves_the_run_to
     let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(_)), "{stopped:?}");
     assert_eq!(live_runs(&target, id), 0, "the acknowledged stop left the run");
-    driver.delete(&sandbox).await.unwrap();
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -23,4 +23,13 @@ async def test_the_async_client_drives_sandboxes_and_execs_concurrently(gateway)
         await client.delete("a2")
         with pytest.raises(berth.NotFound):
             await client.get("a2")
-        assert sorted(s.name for s in await client.list()) == ["a0", "a1"]
+        listing = await client.list_at()
+        assert sorted(s.name for s in listing.sandboxes) == ["a0", "a1"]
+        # The fleet watch from the listing's cursor: what came after it, and nothing before.
+        await client.start("a1")
+        changes = []
+        async for change in client.watch_all(cursor=listing.cursor, timeout=30):
+            changes.append(change)
+            if change.sandbox is not None and change.sandbox.phase == "Ready":
+                break
+        assert changes[0].is_bookmark and {c.name for c in changes[1:]} == {"a1"}

@@ -50,6 +50,34 @@ def test_a_watch_sees_each_phase_and_the_removal(client):
     assert seen[0] == "Ready" and seen[-1] is None and "Deleting" in seen, seen
 
 
+def test_the_fleet_watch_resumes_from_its_last_cursor_missing_nothing_and_repeating_nothing(client):
+    client.create("listed", SLEEP, labels={"team": "a"})
+    client.create("elsewhere", SLEEP, labels={"team": "b"})
+    listing = client.list_at({"team": "a"})
+    assert [s.name for s in listing.sandboxes] == ["listed"]
+    seen = []
+    client.create("new", SLEEP, labels={"team": "a"})
+    for change in client.watch_all({"team": "a"}, listing.cursor, timeout=30):
+        seen.append(change)
+        if change.sandbox is not None and change.name == "new" and change.sandbox.phase == "Ready":
+            break
+    assert seen[0].is_bookmark and seen[0].cursor == listing.cursor
+    client.delete("new")
+    for change in client.watch_all({"team": "a"}, seen[-1].cursor, timeout=30):
+        assert change.is_bookmark or change.cursor != seen[-1].cursor
+        seen.append(change)
+        if change.removed:
+            break
+    changes = [c for c in seen if not c.is_bookmark]
+    assert {c.name for c in changes} == {"new"}, "the selector holds, and the listed sandbox did not change"
+    versions = [c.sandbox.resource_version for c in changes if c.sandbox is not None]
+    assert versions == list(range(1, len(versions) + 1)), "every version once, in order"
+    assert changes[-1].removed and changes[-1].sandbox is None
+    with pytest.raises(berth.InvalidArgument) as bad:
+        next(client.watch_all(cursor="nonsense", timeout=5))
+    assert "cursor" in bad.value.message
+
+
 def test_every_refusal_is_its_error_with_the_servers_message(client, gateway):
     with pytest.raises(berth.InvalidArgument) as bad:
         client.create("Not_A_Name", SLEEP, wait=False)

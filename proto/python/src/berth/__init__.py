@@ -26,12 +26,13 @@ from .errors import (
     Unavailable,
     WaitTimeout,
 )
-from .types import Chunk, Exec, ExecResult, Failure, Provider, Sandbox
+from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Provider, Sandbox
 
 __all__ = [
     "Aborted",
     "AlreadyExists",
     "BerthError",
+    "Change",
     "Chunk",
     "Client",
     "DeadlineExceeded",
@@ -40,6 +41,7 @@ __all__ = [
     "FailedPrecondition",
     "Failure",
     "InvalidArgument",
+    "Listing",
     "NotFound",
     "Provider",
     "Sandbox",

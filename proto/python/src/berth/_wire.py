@@ -7,7 +7,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from berth.v1 import exec_pb2 as pe
 from berth.v1 import sandbox_pb2 as pb
 
-from .types import Chunk, Exec, Failure, Provider, Sandbox, _time
+from .types import Change, Chunk, Exec, Failure, Provider, Sandbox, _time
 
 PHASES = {
     pb.PHASE_PROVISIONING: "Provisioning",
@@ -188,6 +188,15 @@ class Collector:
         elif kind == "end":
             self.end = exec_record(message.end)
         return None
+
+
+def change(e: pb.SandboxEvent) -> Change:
+    return Change(
+        name=e.name,
+        sandbox=sandbox(e.sandbox) if e.HasField("sandbox") else None,
+        removed=e.removed,
+        cursor=e.cursor,
+    )
 
 
 def selector(labels: Optional[Mapping[str, str]]) -> Dict[str, str]:

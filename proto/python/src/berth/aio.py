@@ -19,7 +19,7 @@ from berth.v1 import sandbox_pb2_grpc
 from . import _connect, _wire
 from .client import EXEC_RETRIES
 from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Chunk, Exec, ExecResult, Provider, Sandbox
+from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox
 
 
 class AsyncClient:
@@ -105,15 +105,36 @@ class AsyncClient:
         return _wire.sandbox(reply.sandbox)
 
     async def list(self, selector: Optional[Mapping[str, str]] = None) -> List[Sandbox]:
+        return (await self.list_at(selector)).sandboxes
+
+    async def list_at(self, selector: Optional[Mapping[str, str]] = None) -> Listing:
         out: List[Sandbox] = []
+        cursor: Optional[str] = None
         token = ""
         while True:
             request = pb.ListSandboxesRequest(page_size=500, page_token=token, label_selector=_wire.selector(selector))
             reply = await self._call(self._sandboxes.ListSandboxes, request)
+            cursor = reply.cursor if cursor is None else cursor
             out.extend(_wire.sandbox(s) for s in reply.sandboxes)
             if not reply.next_page_token:
-                return out
+                return Listing(out, cursor)
             token = reply.next_page_token
+
+    async def watch_all(
+        self,
+        selector: Optional[Mapping[str, str]] = None,
+        cursor: str = "",
+        timeout: Optional[float] = None,
+    ) -> AsyncIterator[Change]:
+        request = pb.WatchSandboxesRequest(label_selector=_wire.selector(selector), cursor=cursor)
+        call = self._sandboxes.WatchSandboxes(request, metadata=self._metadata, timeout=timeout)
+        try:
+            async for event in call:
+                yield _wire.change(event)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        finally:
+            call.cancel()
 
     async def watch(self, name: str, timeout: Optional[float] = None) -> AsyncIterator[Optional[Sandbox]]:
         call = self._sandboxes.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=self._metadata, timeout=timeout)

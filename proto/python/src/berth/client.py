@@ -17,7 +17,7 @@ from berth.v1 import sandbox_pb2_grpc
 
 from . import _connect, _wire
 from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Chunk, Exec, ExecResult, Provider, Sandbox
+from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox
 
 #: How many times an exec's stream is opened again after the gateway went away mid-stream.
 EXEC_RETRIES = 5
@@ -130,15 +130,43 @@ class Client:
 
     def list(self, selector: Optional[Mapping[str, str]] = None) -> List[Sandbox]:
         """Every sandbox whose labels hold `selector`, following every page."""
+        return self.list_at(selector).sandboxes
+
+    def list_at(self, selector: Optional[Mapping[str, str]] = None) -> Listing:
+        """`list`, with the cursor of its first page: `watch_all` from it misses nothing the
+        listing does not show (a sandbox changed while later pages were read may come again:
+        compare `resource_version`)."""
         out: List[Sandbox] = []
+        cursor: Optional[str] = None
         token = ""
         while True:
             request = pb.ListSandboxesRequest(page_size=500, page_token=token, label_selector=_wire.selector(selector))
             reply = self._call(self._sandboxes.ListSandboxes, request)
+            cursor = reply.cursor if cursor is None else cursor
             out.extend(_wire.sandbox(s) for s in reply.sandboxes)
             if not reply.next_page_token:
-                return out
+                return Listing(out, cursor)
             token = reply.next_page_token
+
+    def watch_all(
+        self,
+        selector: Optional[Mapping[str, str]] = None,
+        cursor: str = "",
+        timeout: Optional[float] = None,
+    ) -> Iterator[Change]:
+        """Every change to every sandbox `selector` picks, after `cursor` (from `list_at` or a
+        change; empty: from now), beginning with a bookmark at that cursor. Reconnecting with the
+        last change's cursor misses nothing and repeats nothing; `FailedPrecondition` means the
+        cursor is too old: list again."""
+        request = pb.WatchSandboxesRequest(label_selector=_wire.selector(selector), cursor=cursor)
+        stream = self._sandboxes.WatchSandboxes(request, metadata=self._metadata, timeout=timeout)
+        try:
+            for event in stream:
+                yield _wire.change(event)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        finally:
+            stream.cancel()
 
     def watch(self, name: str, timeout: Optional[float] = None) -> Iterator[Optional[Sandbox]]:
         """The sandbox as it is, then at every change; `None` once it is removed (the end)."""

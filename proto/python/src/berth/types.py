@@ -48,6 +48,30 @@ class Sandbox:
 
 
 @dataclass(frozen=True)
+class Listing:
+    """Every sandbox a selector picks, and the cursor a fleet watch picks up from: it brings
+    exactly the changes after what the listing shows."""
+
+    sandboxes: List[Sandbox]
+    cursor: str
+
+
+@dataclass(frozen=True)
+class Change:
+    """One event of the fleet watch: a sandbox as it is after a change, its removal, or a
+    bookmark (no `name`) that only moves the cursor on. Resume a watch from the last `cursor`."""
+
+    name: str
+    sandbox: Optional[Sandbox]
+    removed: bool
+    cursor: str
+
+    @property
+    def is_bookmark(self) -> bool:
+        return not self.name
+
+
+@dataclass(frozen=True)
 class Provider:
     """A provider: its credentials' names, never their values."""
 

@@ -201,8 +201,15 @@ impl Scenario {
         self
     }
 
+    /// The exec workload. An exec open across an out-of-band restart of its run is where an
+    /// exec can run twice (E1), so with execs the restarts are on in most seeds, drawn from a
+    /// stream of their own (the other draws of a seed stay what they were).
     pub fn with_execs(mut self, execs: bool) -> Self {
         self.execs = execs;
+        if execs {
+            let restarts = Draw::new(self.seed, 9).rate(0.7, 0.5, 2.0);
+            self.faults.restarts = self.faults.restarts.max(restarts);
+        }
         self
     }
 

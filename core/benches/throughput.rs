@@ -25,7 +25,8 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
             env: [("HOME".to_string(), "/workspace".to_string())].into(),
             labels: [("team".to_string(), "platform".to_string())].into(),
             ..SandboxSpec::default()
-        },
+        }
+        .into(),
         providers: ["openai".to_string()].into(),
         intent,
         phase,

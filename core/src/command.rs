@@ -398,7 +398,7 @@ pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: T
     Sandbox {
         id: id.clone(),
         name: name.to_string(),
-        spec,
+        spec: spec.into(),
         providers: BTreeSet::new(),
         intent: Intent::Running,
         phase: Phase::Provisioning,

@@ -219,7 +219,9 @@ pub struct ExitFence {
 pub struct Sandbox {
     pub id: SandboxId,
     pub name: String,
-    pub spec: SandboxSpec,
+    /// Shared, not copied: decisions copy the record they change, and the spec (the largest
+    /// part) is the one part no decision about a run changes.
+    pub spec: std::sync::Arc<SandboxSpec>,
     pub providers: BTreeSet<String>,
     pub intent: Intent,
     pub phase: Phase,

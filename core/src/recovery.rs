@@ -66,7 +66,7 @@ mod tests {
         Sandbox {
             id: SandboxId::new("sb"),
             name: "box".into(),
-            spec: SandboxSpec::default(),
+            spec: SandboxSpec::default().into(),
             providers: Default::default(),
             intent,
             phase,

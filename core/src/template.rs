@@ -196,8 +196,9 @@ pub(crate) fn claim(
         .ok_or_else(|| Error::PoolEmpty { template: template.name.clone() })?;
     check_credentials(&member.spec, &attached)?;
     let mut next = member.clone();
-    next.spec.labels.remove(POOL_LABEL);
-    next.spec.labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let spec = std::sync::Arc::make_mut(&mut next.spec);
+    spec.labels.remove(POOL_LABEL);
+    spec.labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     next.providers.extend(providers.iter().cloned());
     if next.providers.len() > validate::MAX_PROVIDERS {
         return Err(Error::Invalid {

@@ -512,7 +512,7 @@ impl Engine {
             sandbox: sandbox.id.clone(),
             name: sandbox.name.clone(),
             generation: sandbox.generation,
-            spec: sandbox.spec.clone(),
+            spec: berth_core::SandboxSpec::clone(&sandbox.spec),
             credentials,
             token: derive_token(&self.inner.key, &identity),
         })
@@ -716,7 +716,7 @@ mod tests {
         Sandbox {
             id: SandboxId::new(format!("sb-{name}")),
             name: name.into(),
-            spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() },
+            spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() }.into(),
             providers: BTreeSet::new(),
             intent: berth_core::Intent::Running,
             phase: Phase::Ready,

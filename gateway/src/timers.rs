@@ -193,7 +193,7 @@ mod tests {
             "created_at": 0, "updated_at": 0
         }))
         .unwrap();
-        s.spec.lifetime = Lifetime::default();
+        std::sync::Arc::make_mut(&mut s.spec).lifetime = Lifetime::default();
         s.deadline = deadline.map(Timestamp);
         s
     }

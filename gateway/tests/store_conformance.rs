@@ -134,7 +134,8 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
             env: [("GREETING".to_string(), "hello".to_string())].into(),
             labels: BTreeMap::new(),
             ..SandboxSpec::default()
-        },
+        }
+        .into(),
         providers: BTreeSet::new(),
         intent: Intent::Running,
         phase: Phase::Provisioning,
@@ -246,7 +247,7 @@ async fn create_if_absent(store: Shared) {
     assert_eq!(store.sandbox_by_name("alpha").await.unwrap(), Some(a.clone()));
 
     let mut again = a.clone();
-    again.spec.image = "busybox".into();
+    std::sync::Arc::make_mut(&mut again.spec).image = "busybox".into();
     assert_eq!(store.commit(&[Write::CreateSandbox(again)]).await, conflict(sandbox_key("sb-a"), None, Some(1)));
     assert_eq!(read(&store, "sb-a").await, Some(a.clone()), "a failed create leaves the record alone");
 
@@ -391,9 +392,9 @@ async fn transactions_are_atomic(store: Shared) {
 async fn create_boxes(store: &Shared) -> Vec<String> {
     for i in (0..25).map(|i| i * 11 % 25) {
         let mut s = sandbox(&format!("sb-{i}"), &format!("box-{i:02}"));
-        s.spec.labels.insert("team".into(), if i % 2 == 0 { "a" } else { "b" }.into());
+        std::sync::Arc::make_mut(&mut s.spec).labels.insert("team".into(), if i % 2 == 0 { "a" } else { "b" }.into());
         if i % 4 == 0 {
-            s.spec.labels.insert("tier".into(), "gold".into());
+            std::sync::Arc::make_mut(&mut s.spec).labels.insert("tier".into(), "gold".into());
         }
         create(store, &s).await;
     }
@@ -501,7 +502,7 @@ async fn versions_increase_and_reads_see_writes(store: Shared) {
     let mut seen = vec![1];
     for step in 0..20 {
         let mut next = bumped(&s);
-        next.spec.env.insert("STEP".into(), step.to_string());
+        std::sync::Arc::make_mut(&mut next.spec).env.insert("STEP".into(), step.to_string());
         let p_next = bumped_provider(&p);
         store
             .commit(&[
@@ -537,7 +538,7 @@ async fn concurrent_compare_and_swap_loses_no_update(store: Shared) {
                         let mut next = bumped(&current);
                         for counter in ["TOTAL".to_string(), format!("TASK_{task}")] {
                             let n: u64 = next.spec.env.get(&counter).map_or(0, |v| v.parse().unwrap());
-                            next.spec.env.insert(counter, (n + 1).to_string());
+                            std::sync::Arc::make_mut(&mut next.spec).env.insert(counter, (n + 1).to_string());
                         }
                         let write = Write::UpdateSandbox { record: next, expected: current.resource_version };
                         match store.commit(&[write]).await {
@@ -713,7 +714,7 @@ mod sqlite_only {
         let path = dir.path().join("berth.db");
         let mut a = sandbox("sb-a", "alpha");
         a.providers.insert("p1".into());
-        a.spec.labels.insert("team".into(), "a".into());
+        std::sync::Arc::make_mut(&mut a.spec).labels.insert("team".into(), "a".into());
         let b = sandbox("sb-b", "beta");
         let store = open(&path);
         store
@@ -1126,7 +1127,7 @@ async fn templates_are_written_by_version_and_paged(store: Shared) {
     use berth_core::template::Template;
     let template = |name: &str| Template {
         name: name.into(),
-        spec: sandbox("x", "x").spec,
+        spec: SandboxSpec::clone(&sandbox("x", "x").spec),
         min_ready: 2,
         made: 0,
         resource_version: 1,

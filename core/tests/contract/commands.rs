@@ -37,7 +37,7 @@ fn record(kind: PhaseKind) -> Sandbox {
     Sandbox {
         id: SandboxId::new("sb-1"),
         name: "box".into(),
-        spec: spec(),
+        spec: spec().into(),
         providers: ["p1".to_string()].into(),
         intent,
         phase,

@@ -26,7 +26,7 @@ fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
     Sandbox {
         id: SandboxId::new("sb-1"),
         name: "box".into(),
-        spec: spec(),
+        spec: spec().into(),
         providers: Default::default(),
         intent,
         phase,

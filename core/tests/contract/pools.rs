@@ -205,7 +205,7 @@ fn a_member_that_failed_with_no_restart_coming_is_spent() {
     };
     assert!(spent(&failed));
     let mut restarting = failed.clone();
-    restarting.spec.restart.mode = berth_core::restart::RestartMode::Always;
+    std::sync::Arc::make_mut(&mut restarting.spec).restart.mode = berth_core::restart::RestartMode::Always;
     restarting.restarts.next_at = Some(T0);
     assert!(!spent(&restarting), "its policy brings it back");
     assert!(!spent(&berth_core::Sandbox { phase: Phase::Deleting, ..failed }), "already going");

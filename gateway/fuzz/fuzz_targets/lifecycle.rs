@@ -6,9 +6,8 @@
 
 use arbitrary::Arbitrary;
 use berth_core::{
-    MainProcess,
-    Command, Decision, ExitMarker, Intent, Observation, Outcome, PhaseKind, Reads, Request, Run, RuntimeSource,
-    RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
+    Command, Decision, ExitMarker, Intent, MainProcess, Observation, Outcome, PhaseKind, Reads, Request, Run,
+    RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -99,7 +98,13 @@ fuzz_target!(|steps: Vec<Step>| {
         let generation = |g: u8| before.as_ref().map_or(1, |s| s.generation).saturating_sub(u64::from(g % 3));
         let result = match step {
             Step::Create => {
-                let c = Command::CreateSandbox { id: id.clone(), name: "box".into(), spec: spec.clone(), providers: Default::default(), deadline: None };
+                let c = Command::CreateSandbox {
+                    id: id.clone(),
+                    name: "box".into(),
+                    spec: spec.clone(),
+                    providers: Default::default(),
+                    deadline: None,
+                };
                 decide(&Request::new(c, None), &Reads { sandbox: before.clone(), ..Reads::default() }, now)
             }
             Step::Stop(v) | Step::Start(v) | Step::Delete(v) => {
@@ -145,7 +150,12 @@ fuzz_target!(|steps: Vec<Step>| {
                 merge(before.as_ref(), &id, &Observation::Stopped { generation: generation(*g), state: state(s) }, now)
             }
             Step::Deleted => merge(before.as_ref(), &id, &Observation::Deleted, now),
-            Step::Connect(g) => merge(before.as_ref(), &id, &Observation::SupervisorConnected { generation: generation(*g), main: MainProcess::Running }, now),
+            Step::Connect(g) => merge(
+                before.as_ref(),
+                &id,
+                &Observation::SupervisorConnected { generation: generation(*g), main: MainProcess::Running },
+                now,
+            ),
             Step::MainExit(g, code) => merge(
                 before.as_ref(),
                 &id,

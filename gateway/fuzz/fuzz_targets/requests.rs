@@ -37,7 +37,7 @@ fn populated(request: &Request) -> Reads {
         reads.sandbox = Some(berth_core::Sandbox {
             id: SandboxId::new("sb-fuzz"),
             name: name.to_string(),
-            spec,
+            spec: spec.into(),
             providers: Default::default(),
             intent: berth_core::Intent::Running,
             phase: berth_core::Phase::Ready,
@@ -111,7 +111,11 @@ fuzz_target!(|input: (u8, &[u8])| {
         }
         6 => {
             if let Ok(r) = pb::CreateProviderRequest::decode(bytes) {
-                let command = Command::CreateProvider { name: r.name, kind: r.kind, credentials: convert::credentials(r.credentials) };
+                let command = Command::CreateProvider {
+                    name: r.name,
+                    kind: r.kind,
+                    credentials: convert::credentials(r.credentials),
+                };
                 check(Request::new(command, r.expected_resource_version));
             }
         }

@@ -15,21 +15,34 @@ use libfuzzer_sys::fuzz_target;
 #[derive(Arbitrary, Debug)]
 enum Op {
     /// A writer reads a record (remembering its version).
-    Read { writer: u8, record: u8 },
+    Read {
+        writer: u8,
+        record: u8,
+    },
     /// A writer updates the record it last read, at the version it read.
-    Update { writer: u8 },
+    Update {
+        writer: u8,
+    },
     /// A writer removes the record it last read.
-    Remove { writer: u8 },
-    Create { record: u8, name: u8 },
+    Remove {
+        writer: u8,
+    },
+    Create {
+        record: u8,
+        name: u8,
+    },
     /// Two writers' updates in one transaction.
-    Both { first: u8, second: u8 },
+    Both {
+        first: u8,
+        second: u8,
+    },
 }
 
 fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
     Sandbox {
         id: SandboxId::new(format!("sb-{record}")),
         name: format!("n{name}"),
-        spec: SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() },
+        spec: SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() }.into(),
         providers: Default::default(),
         intent: Intent::Running,
         phase: Phase::Provisioning,
@@ -97,7 +110,8 @@ fuzz_target!(|ops: Vec<Op>| {
                     if matches!(op, Op::Update { .. }) {
                         let mut next = read.clone();
                         next.resource_version += 1;
-                        next.spec.labels.insert(format!("w{writer}"), next.resource_version.to_string());
+                        let version = next.resource_version.to_string();
+                        std::sync::Arc::make_mut(&mut next.spec).labels.insert(format!("w{writer}"), version);
                         vec![Write::UpdateSandbox { record: next, expected: read.resource_version }]
                     } else {
                         vec![Write::RemoveSandbox { id: read.id.clone(), expected: read.resource_version }]

@@ -68,7 +68,7 @@ pub(crate) fn sandbox(
     berth_core::Sandbox {
         id: berth_core::SandboxId::new(format!("id-{name}")),
         name: name.to_string(),
-        spec: berth_core::SandboxSpec::default(),
+        spec: Default::default(),
         providers: Default::default(),
         intent,
         phase,

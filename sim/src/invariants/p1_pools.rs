@@ -68,7 +68,7 @@ mod tests {
         };
         let member = |name: &str, phase: Phase| {
             let mut s = sandbox(name, Intent::Running, phase, 1);
-            s.spec.labels.insert(POOL_LABEL.into(), "web".into());
+            std::sync::Arc::make_mut(&mut s.spec).labels.insert(POOL_LABEL.into(), "web".into());
             s
         };
         let claimed = sandbox("claimed", Intent::Running, Phase::Ready, 1);

@@ -74,7 +74,7 @@ mod tests {
 
     fn idle(active_at: i64, idle_expired_at: Option<i64>) -> Sandbox {
         let mut s = sandbox("sb1", Intent::Running, Phase::Ready, 1);
-        s.spec.lifetime.idle_timeout = Some(Duration::from_millis(1_000));
+        std::sync::Arc::make_mut(&mut s.spec).lifetime.idle_timeout = Some(Duration::from_millis(1_000));
         s.active_at = Some(Timestamp::from_unix_millis(active_at));
         s.idle_expired_at = idle_expired_at.map(Timestamp::from_unix_millis);
         s

@@ -15,7 +15,7 @@ fn t(n: i64) -> Timestamp {
 }
 
 fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
-    let fence = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143 };
+    let fence = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143, out_of_memory: false };
     Sandbox {
         id: SandboxId::new(format!("sb-{i:08}")),
         name: format!("box-{i}"),
@@ -50,8 +50,8 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
 /// steady-state polls, supervisor connects, driver replies.
 fn merges() -> Vec<(Sandbox, Observation)> {
     let poll = |state| Observation::Runtime { source: RuntimeSource::PollList, state, as_of_version: Some(12) };
-    let stale = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143 };
-    let fresh = ExitMarker { started_at: t(200), finished_at: t(300), exit_code: 3 };
+    let stale = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143, out_of_memory: false };
+    let fresh = ExitMarker { started_at: t(200), finished_at: t(300), exit_code: 3, out_of_memory: false };
     (0..1000)
         .map(|i| match i % 5 {
             0 => (sandbox(i, Phase::Starting, Intent::Running, Run::Pending), poll(RuntimeState::Exited(stale))),
@@ -93,7 +93,12 @@ fn decisions() -> Vec<(Request, Reads)> {
                     Command::StartSandbox { name },
                     Phase::Stopped,
                     Intent::Stopped,
-                    Run::Ended(ExitMarker { started_at: t(200), finished_at: t(300), exit_code: 143 }),
+                    Run::Ended(ExitMarker {
+                        started_at: t(200),
+                        finished_at: t(300),
+                        exit_code: 143,
+                        out_of_memory: false,
+                    }),
                 ),
                 2 => {
                     (Command::DeleteSandbox { name }, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) })

@@ -86,6 +86,9 @@ pub enum Error {
     #[error("runtime token is not valid")]
     BadToken,
 
+    #[error("invalid {field}: the {driver} driver cannot enforce it here: {reason}")]
+    Unenforceable { field: String, driver: &'static str, reason: String },
+
     #[error("{kind} '{name}' is under contention: {attempts} conditional writes conflicted")]
     Contention { kind: Kind, name: String, attempts: u32 },
 }
@@ -100,7 +103,8 @@ impl Error {
             | Error::Expired { .. }
             | Error::UnknownProvider { .. }
             | Error::ProviderAttached { .. }
-            | Error::CredentialCollision { .. } => Code::FailedPrecondition,
+            | Error::CredentialCollision { .. }
+            | Error::Unenforceable { .. } => Code::FailedPrecondition,
             Error::StaleVersion { .. } => Code::Aborted,
             Error::StaleIdentity { .. } => Code::PermissionDenied,
             Error::MalformedToken | Error::BadToken => Code::Unauthenticated,

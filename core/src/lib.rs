@@ -14,6 +14,7 @@
 //! - [`exec`]: execs, their admission, reports and end (8.1)
 //! - [`lifetime`]: deadlines, renews and expiry (9.1)
 //! - [`restart`]: restart policies and their backoff (9.2)
+//! - [`limits`]: CPU, memory and process limits (10)
 //! - [`template`]: templates, warm pools and claims (9.4)
 //! - [`timers`]: when each timed rule of a record next falls due
 //! - [`lease`]: how long a reconcile lease holder may rely on its grant
@@ -29,6 +30,7 @@ pub mod exec;
 pub mod identity;
 pub mod lease;
 pub mod lifetime;
+pub mod limits;
 pub mod observation;
 pub mod record;
 pub mod recovery;

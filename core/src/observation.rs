@@ -57,8 +57,11 @@ pub enum StartReply {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MainProcess {
     Running,
-    /// It already exited with this code.
-    Exited(i32),
+    /// It already exited with this code; `out_of_memory` when the kernel killed it for memory.
+    Exited {
+        code: i32,
+        out_of_memory: bool,
+    },
     /// It could not be started (not found, not executable): the cause, for the user.
     Unstartable(String),
 }
@@ -81,8 +84,9 @@ pub enum Observation {
     /// A supervisor authenticated with a valid token of `generation`, saying how its main
     /// process is.
     SupervisorConnected { generation: u64, main: MainProcess },
-    /// A supervisor of `generation` reported its main process's exit.
-    MainProcessExited { generation: u64, exit_code: i32 },
+    /// A supervisor of `generation` reported its main process's exit: with `out_of_memory`,
+    /// killed by the kernel for using more memory than the run's limit.
+    MainProcessExited { generation: u64, exit_code: i32, out_of_memory: bool },
 }
 
 impl Observation {
@@ -227,12 +231,14 @@ impl Merge<'_> {
             // A stop reply that finds the sandbox past Stopping is one more runtime report.
             Observation::Stopped { state, .. } => self.runtime(*state, None, false),
             Observation::SupervisorConnected { main: MainProcess::Running, .. } => self.supervisor_connected(),
-            Observation::SupervisorConnected { main: MainProcess::Exited(code), .. } => self.main_process_exited(*code),
+            Observation::SupervisorConnected { main: MainProcess::Exited { code, out_of_memory }, .. } => {
+                self.main_process_exited(*code, *out_of_memory);
+            }
             Observation::SupervisorConnected { main: MainProcess::Unstartable(cause), .. } => {
                 self.main_process_unstartable(cause);
             }
-            Observation::MainProcessExited { generation: g, exit_code } if *g == generation => {
-                self.main_process_exited(*exit_code);
+            Observation::MainProcessExited { generation: g, exit_code, out_of_memory } if *g == generation => {
+                self.main_process_exited(*exit_code, *out_of_memory);
             }
             // Replies and reports of older generations: ignored (rule 5).
             Observation::Started { .. } | Observation::MainProcessExited { .. } | Observation::Deleted => {}
@@ -275,13 +281,38 @@ impl Merge<'_> {
                 self.next.phase = Phase::Stopped;
             }
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
-                self.next.fail(Failure {
-                    reason: FailureReason::ContainerExited,
-                    exit_code: Some(marker.exit_code),
-                    message: format!("the sandbox exited with code {}", marker.exit_code),
-                });
+                let failure = match marker.out_of_memory {
+                    true => self.out_of_memory(marker.exit_code),
+                    false => Failure {
+                        reason: FailureReason::ContainerExited,
+                        exit_code: Some(marker.exit_code),
+                        message: format!("the sandbox exited with code {}", marker.exit_code),
+                    },
+                };
+                self.next.fail(failure);
+            }
+            // The supervisor's report came first, without the kernel's word on why (a
+            // supervisor that could not read its memory cgroup): the runtime's is better.
+            (Intent::Running, PhaseKind::Error)
+                if marker.out_of_memory
+                    && matches!(&self.next.phase, Phase::Error(f) if f.reason == FailureReason::MainProcessExited) =>
+            {
+                self.next.phase = Phase::Error(self.out_of_memory(marker.exit_code));
             }
             _ => {}
+        }
+    }
+
+    /// DESIGN 10: a run killed for memory says so, with the limit it ran into.
+    fn out_of_memory(&self, exit_code: i32) -> Failure {
+        let limit = match self.next.spec.limits.memory_bytes {
+            Some(bytes) => format!("its memory limit of {bytes} bytes"),
+            None => "the memory the host had for it".to_string(),
+        };
+        Failure {
+            reason: FailureReason::OutOfMemory,
+            exit_code: Some(exit_code),
+            message: format!("the sandbox was killed for using more than {limit}"),
         }
     }
 
@@ -437,7 +468,7 @@ impl Merge<'_> {
 
     /// Rule 5, and DESIGN 9.3: a command that exits 0 has completed (Stopped, its intent
     /// unchanged, so a Start runs it again); any other code is a failure.
-    fn main_process_exited(&mut self, exit_code: i32) {
+    fn main_process_exited(&mut self, exit_code: i32, out_of_memory: bool) {
         if !self.main_process_may_end() {
             return;
         }
@@ -445,11 +476,15 @@ impl Merge<'_> {
             self.next.phase = Phase::Stopped;
             return;
         }
-        self.next.fail(Failure {
-            reason: FailureReason::MainProcessExited,
-            exit_code: Some(exit_code),
-            message: format!("the main process exited with code {exit_code}"),
-        });
+        let failure = match out_of_memory {
+            true => self.out_of_memory(exit_code),
+            false => Failure {
+                reason: FailureReason::MainProcessExited,
+                exit_code: Some(exit_code),
+                message: format!("the main process exited with code {exit_code}"),
+            },
+        };
+        self.next.fail(failure);
     }
 
     /// DESIGN 9.3: the command could not be started; the run never was Ready.

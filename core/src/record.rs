@@ -9,6 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::lifetime::Lifetime;
+use crate::limits::ResourceLimits;
 use crate::restart::{RestartPolicy, Restarts};
 
 /// A point in time, in nanoseconds since the Unix epoch.
@@ -70,6 +71,8 @@ pub struct SandboxSpec {
     pub lifetime: Lifetime,
     #[serde(default)]
     pub restart: RestartPolicy,
+    #[serde(default)]
+    pub limits: ResourceLimits,
 }
 
 /// What the sandbox should be doing. Changed only by API commands, never by observations.
@@ -174,6 +177,8 @@ pub enum FailureReason {
     StartFailed,
     /// The run started, but its command could not be (not found, not executable).
     CommandFailedToStart,
+    /// The run was killed for using more memory than its limit allows.
+    OutOfMemory,
 }
 
 impl fmt::Display for FailureReason {
@@ -188,6 +193,10 @@ pub struct ExitMarker {
     pub started_at: Timestamp,
     pub finished_at: Timestamp,
     pub exit_code: i32,
+    /// The runtime says the kernel killed something of the run for memory (Docker's and
+    /// Podman's `OOMKilled`, the supervisor's record). Markers from before limits have none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub out_of_memory: bool,
 }
 
 /// What has been observed of the current generation's run.

@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn a_started_generation_reports_its_run_or_that_it_is_gone() {
         let t = Timestamp::from_unix_nanos;
-        let marker = ExitMarker { started_at: t(1), finished_at: t(2), exit_code: 3 };
+        let marker = ExitMarker { started_at: t(1), finished_at: t(2), exit_code: 3, out_of_memory: false };
         assert_eq!(report(Some(RuntimeState::Running { started_at: t(1) })), StartReply::Running { started_at: t(1) });
         assert_eq!(report(Some(RuntimeState::Exited(marker))), StartReply::Exited(marker));
         assert_eq!(report(Some(RuntimeState::Absent { at: None })), StartReply::Gone);

@@ -187,6 +187,11 @@ pub trait Driver: Send + Sync + 'static {
     /// A short name for logs: "process", "docker", "podman", "sim".
     fn name(&self) -> &'static str;
 
+    /// Refuses a spec this driver cannot enforce here ([`berth_core::Error::Unenforceable`],
+    /// naming the field; DESIGN 10): a limit is never silently left unenforced. Asked before a
+    /// sandbox or template is written.
+    fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error>;
+
     /// Makes sure the sandbox's compute resource exists and that `launch.generation` has run:
     /// creates it if needed, installs the generation's identity before the process starts, and
     /// starts at most one run per generation, none for a generation older than one already

@@ -47,6 +47,9 @@ impl Driver for NoopDriver {
     fn name(&self) -> &'static str {
         "noop"
     }
+    fn admit(&self, _: &berth_core::SandboxSpec) -> Result<(), berth_core::Error> {
+        Ok(())
+    }
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let started_at = self.tick();
         self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at });
@@ -56,9 +59,12 @@ impl Driver for NoopDriver {
         let finished_at = self.tick();
         let mut states = self.states.lock().unwrap();
         let state = match states.get(sandbox) {
-            Some(RuntimeState::Running { started_at }) => {
-                RuntimeState::Exited(berth_core::ExitMarker { started_at: *started_at, finished_at, exit_code: 143 })
-            }
+            Some(RuntimeState::Running { started_at }) => RuntimeState::Exited(berth_core::ExitMarker {
+                started_at: *started_at,
+                finished_at,
+                exit_code: 143,
+                out_of_memory: false,
+            }),
             Some(other) => *other,
             None => RuntimeState::Absent { at: None },
         };

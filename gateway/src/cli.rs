@@ -145,10 +145,64 @@ struct SpecArgs {
     lifetime: LifetimeArgs,
     #[command(flatten)]
     restart: RestartArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What the run may use; the runtime enforces it.
+#[derive(Args)]
+struct LimitArgs {
+    /// CPU cores, fractional (0.5, 1.5): the CPU time it gets per wall-clock time.
+    #[arg(long, value_parser = cpus)]
+    cpus: Option<i64>,
+    /// Memory, swap included: bytes, or with a suffix (512Mi, 2G). A run needing more is killed
+    /// and ends in Error OutOfMemory.
+    #[arg(long, value_parser = bytes)]
+    memory: Option<i64>,
+    /// Processes and threads together, the supervisor's few included.
+    #[arg(long)]
+    pids: Option<i64>,
+}
+
+impl LimitArgs {
+    fn wire(&self) -> Option<pb::ResourceLimits> {
+        let limits = pb::ResourceLimits { cpu_millis: self.cpus, memory_bytes: self.memory, pids: self.pids };
+        (limits != pb::ResourceLimits::default()).then_some(limits)
+    }
+}
+
+/// `--cpus` in thousandths of a core.
+fn cpus(s: &str) -> Result<i64, String> {
+    match s.parse::<f64>() {
+        Ok(cores) if cores.is_finite() && cores > 0.0 => Ok((cores * 1000.0).round() as i64),
+        _ => Err(format!("{s:?} is not a positive number of cores")),
+    }
+}
+
+/// A byte count: a number with an optional suffix, k M G T (powers of 1000) or Ki Mi Gi Ti
+/// (of 1024), with or without a trailing B.
+fn bytes(s: &str) -> Result<i64, String> {
+    let bad = || format!("{s:?} is not a size: a number of bytes, or with a suffix (512Mi, 2G)");
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let number: i64 = s[..digits].parse().map_err(|_| bad())?;
+    let suffix = s[digits..].trim().trim_end_matches(['B', 'b']);
+    let scale: i64 = match suffix {
+        "" => 1,
+        "k" | "K" => 1000,
+        "Ki" => 1 << 10,
+        "M" => 1000 * 1000,
+        "Mi" => 1 << 20,
+        "G" => 1000 * 1000 * 1000,
+        "Gi" => 1 << 30,
+        "T" => 1000 * 1000 * 1000 * 1000,
+        "Ti" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    number.checked_mul(scale).ok_or_else(bad)
 }
 
 impl SpecArgs {
-    fn wire(self, command: Vec<String>) -> pb::SandboxSpec {
+    fn wire(self: Box<Self>, command: Vec<String>) -> pb::SandboxSpec {
         pb::SandboxSpec {
             image: self.image,
             command,
@@ -156,6 +210,7 @@ impl SpecArgs {
             labels: self.labels.into_iter().collect(),
             lifetime: Some(self.lifetime.wire()),
             restart: Some(self.restart.wire()),
+            limits: self.limits.wire(),
         }
     }
 }
@@ -266,7 +321,7 @@ enum SandboxCmd {
     Create {
         name: String,
         #[command(flatten)]
-        spec: SpecArgs,
+        spec: Box<SpecArgs>,
         /// A provider to attach (repeatable).
         #[arg(long = "provider", short)]
         providers: Vec<String>,
@@ -511,6 +566,9 @@ fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
                 pb::RestartMode::Never | pb::RestartMode::Unspecified => "never",
             }),
             "max_restarts": r.max_restarts, "backoff_ms": r.backoff_ms, "max_backoff_ms": r.max_backoff_ms,
+        })),
+        "limits": spec.limits.map(|l| json!({
+            "cpu_millis": l.cpu_millis, "memory_bytes": l.memory_bytes, "pids": l.pids,
         })),
     })
 }

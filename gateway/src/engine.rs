@@ -195,6 +195,7 @@ impl Engine {
 
     /// Runs an API command: decide, commit (re-deciding after conflicts), then run its effects.
     pub async fn execute(&self, request: &Request) -> Result<Outcome, ApiError> {
+        admit(self.inner.driver.as_ref(), &request.command)?;
         let _held = self.inner.writers.hold(written_records(request)).await;
         let mut retry = Retry::for_request(self.inner.settings.retry, request);
         loop {
@@ -521,6 +522,18 @@ impl Engine {
 
 /// The records a command may write, which its writer holds: the sandbox it names, and the
 /// providers whose versions it bumps or whose record it makes or removes.
+/// DESIGN 10: a spec whose limits this gateway's driver cannot enforce is refused before
+/// anything is written (limits out of bounds first, as the core refuses them).
+fn admit(driver: &dyn Driver, command: &berth_core::Command) -> Result<(), berth_core::Error> {
+    match command {
+        berth_core::Command::CreateSandbox { spec, .. } | berth_core::Command::CreateTemplate { spec, .. } => {
+            berth_core::limits::validate(&spec.limits)?;
+            driver.admit(spec)
+        }
+        _ => Ok(()),
+    }
+}
+
 fn written_records(request: &Request) -> BTreeSet<RecordKey> {
     use berth_core::Command;
     let mut keys: BTreeSet<RecordKey> =
@@ -677,6 +690,9 @@ mod tests {
         fn name(&self) -> &'static str {
             "none"
         }
+        fn admit(&self, _: &berth_core::SandboxSpec) -> Result<(), berth_core::Error> {
+            Ok(())
+        }
         async fn start(&self, _: Launch) -> Result<StartReply, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
@@ -791,6 +807,7 @@ mod tests {
                             started_at: Timestamp(0),
                             finished_at: Timestamp(at),
                             exit_code: 0,
+                            out_of_memory: false,
                         }),
                         as_of_version: None,
                     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::{RuntimeState, SandboxId, StartReply};
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 
 use crate::world::{World, lock};
@@ -42,6 +42,10 @@ impl SimDriver {
 impl Driver for SimDriver {
     fn name(&self) -> &'static str {
         self.driver.name()
+    }
+
+    fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
+        self.driver.admit(spec)
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {

@@ -72,6 +72,10 @@ impl Engine for SimEngine {
         Some(&self.store)
     }
 
+    fn cpus(&self) -> u64 {
+        8
+    }
+
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
         self.done(Call::Create(Box::new(spec.clone()))).await
     }

@@ -118,7 +118,10 @@ pub fn end_process(
         (process.run.generation, process.exit_file.clone().filter(|_| recorded))
     };
     if let Some(path) = exit_file {
-        record_exit(&path, ExitFile { exit_code: code, finished_at: now.unix_nanos(), generation: None });
+        record_exit(
+            &path,
+            ExitFile { exit_code: code, finished_at: now.unix_nanos(), generation: None, out_of_memory: false },
+        );
     }
     let name = lock(&world.runtime).name(sandbox);
     world.event("runtime", "exited", format!("{name} generation {generation} pid {pid} code {code} ({cause:?})"));

@@ -3,10 +3,12 @@
 //! runtime's host and comes back a moment later; SIGTERM's effect (the supervisor recording the
 //! exit, then exiting) happens there, whatever becomes of the gateway meanwhile.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use berth_core::SandboxId;
+use berth_core::limits::ResourceLimits;
 use berth_drivers::DriverError;
 use berth_drivers::process::os::{Child, Os, ProcessStat, Signal, SpawnSpec};
 use tokio::sync::{mpsc, oneshot};
@@ -81,4 +83,18 @@ impl Os for SimOs {
 
     /// The simulated runs' execs are no processes of this kernel: nothing to kill.
     fn kill_execs(&self, _sandbox: &SandboxId) {}
+
+    /// The simulated kernel has no cgroups, and the simulated workloads ask for no limits: the
+    /// real ones are tested against the host's (drivers' conformance tests).
+    fn unenforceable(&self, _limits: &ResourceLimits) -> Option<(&'static str, String)> {
+        None
+    }
+
+    fn limit(&self, _sandbox: &SandboxId, _limits: &ResourceLimits) -> Result<Vec<PathBuf>, DriverError> {
+        Ok(Vec::new())
+    }
+
+    async fn unlimit(&self, _sandbox: &SandboxId) -> Result<(), DriverError> {
+        Ok(())
+    }
 }

@@ -108,6 +108,7 @@ impl Container {
             started_at: last.map(|r| r.started_at),
             finished_at: self.runs.iter().rev().find_map(|r| r.finished).map(|(at, _, _)| at),
             exit_code: finished.map_or(0, |(_, code, _)| code),
+            out_of_memory: false,
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
 use berth_supervisor::exec::{DEFAULT_OUTPUT_CAP, Execs};
-use berth_supervisor::session::{self, Observer, Run, SessionEnd};
+use berth_supervisor::session::{self, MainExit, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
@@ -144,7 +144,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
                 match *spawn.signal.borrow_and_update() {
                     _ if changed.is_err() => return,
                     RunSignal::MainExited(code) => {
-                        exit.send_replace(Some(code));
+                        exit.send_replace(Some(MainExit { code, out_of_memory: false }));
                     }
                     // Killed with its run: the connection goes with it, and its execs.
                     RunSignal::Ended => {

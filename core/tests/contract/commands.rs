@@ -14,6 +14,7 @@ fn marker(finished: i64) -> ExitMarker {
         started_at: Timestamp::from_unix_nanos(finished - 5),
         finished_at: Timestamp::from_unix_nanos(finished),
         exit_code: 143,
+        out_of_memory: false,
     }
 }
 

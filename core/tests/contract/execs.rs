@@ -208,7 +208,8 @@ fn an_exec_whose_run_is_over_is_ended_and_one_whose_run_lives_is_left_to_it() {
     let mut deleting = sandbox.clone();
     (deleting.phase, deleting.intent) = (Phase::Deleting, Intent::Deleted);
     let mut failed = sandbox.clone();
-    let marker = ExitMarker { started_at: Timestamp(1), finished_at: Timestamp(2), exit_code: 137 };
+    let marker =
+        ExitMarker { started_at: Timestamp(1), finished_at: Timestamp(2), exit_code: 137, out_of_memory: false };
     failed.phase =
         Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(137), message: String::new() });
     failed.run = Run::Ended(marker);

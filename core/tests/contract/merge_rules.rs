@@ -14,7 +14,7 @@ fn t(n: i64) -> Timestamp {
 }
 
 fn exit(started: i64, finished: i64, code: i32) -> ExitMarker {
-    ExitMarker { started_at: t(started), finished_at: t(finished), exit_code: code }
+    ExitMarker { started_at: t(started), finished_at: t(finished), exit_code: code, out_of_memory: false }
 }
 
 /// The replaced run ran 50..100; this is generation 2.
@@ -97,10 +97,10 @@ fn everything() -> Vec<Observation> {
         Observation::Started { generation: 2, reply: StartReply::Failed { message: "no".into() } },
         Observation::Stopped { generation: 2, state: RuntimeState::Exited(exit(400, 500, 9)) },
         Observation::SupervisorConnected { generation: 2, main: MainProcess::Running },
-        Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(4) },
+        Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited { code: 4, out_of_memory: false } },
         Observation::SupervisorConnected { generation: 2, main: MainProcess::Unstartable("not found".into()) },
-        Observation::MainProcessExited { generation: 2, exit_code: 4 },
-        Observation::MainProcessExited { generation: 1, exit_code: 4 },
+        Observation::MainProcessExited { generation: 2, exit_code: 4, out_of_memory: false },
+        Observation::MainProcessExited { generation: 1, exit_code: 4, out_of_memory: false },
     ]);
     all
 }
@@ -205,7 +205,8 @@ fn rule_4_the_current_generations_supervisor_makes_a_starting_sandbox_ready() {
 #[test]
 fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
     for before in phases() {
-        let next = after(&before, &Observation::MainProcessExited { generation: 2, exit_code: 7 });
+        let next =
+            after(&before, &Observation::MainProcessExited { generation: 2, exit_code: 7, out_of_memory: false });
         if before.intent == Intent::Running && before.phase.kind() != PhaseKind::Error {
             assert_eq!(
                 next.phase,
@@ -220,7 +221,10 @@ fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
         } else {
             assert_eq!(next, before, "{}", before.phase);
         }
-        assert_eq!(after(&before, &Observation::MainProcessExited { generation: 1, exit_code: 7 }), before);
+        assert_eq!(
+            after(&before, &Observation::MainProcessExited { generation: 1, exit_code: 7, out_of_memory: false }),
+            before
+        );
     }
 }
 
@@ -230,8 +234,11 @@ fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
 fn a_main_process_exit_0_completes_the_generation_on_every_path() {
     for before in phases() {
         let reports = [
-            Observation::MainProcessExited { generation: 2, exit_code: 0 },
-            Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(0) },
+            Observation::MainProcessExited { generation: 2, exit_code: 0, out_of_memory: false },
+            Observation::SupervisorConnected {
+                generation: 2,
+                main: MainProcess::Exited { code: 0, out_of_memory: false },
+            },
         ];
         let mut all: Vec<Observation> = reports.into();
         all.extend(SOURCES.iter().map(|s| runtime(*s, RuntimeState::Exited(exit(200, 700, 0)))));
@@ -260,7 +267,13 @@ fn a_hello_after_the_command_ended_or_failed_to_start_never_makes_the_sandbox_re
     for before in phases() {
         let starting = before.intent == Intent::Running
             && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
-        let exited = after(&before, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Exited(3) });
+        let exited = after(
+            &before,
+            &Observation::SupervisorConnected {
+                generation: 2,
+                main: MainProcess::Exited { code: 3, out_of_memory: false },
+            },
+        );
         let cause = "cannot run \"nope\": No such file or directory (os error 2)".to_string();
         let unstartable =
             after(&before, &Observation::SupervisorConnected { generation: 2, main: MainProcess::Unstartable(cause) });
@@ -289,7 +302,7 @@ fn a_hello_after_the_command_ended_or_failed_to_start_never_makes_the_sandbox_re
             assert_eq!(unstartable.phase, before.phase);
         }
         // Only the current generation is heard, whatever its hello says.
-        for main in [MainProcess::Exited(3), MainProcess::Unstartable("x".into())] {
+        for main in [MainProcess::Exited { code: 3, out_of_memory: false }, MainProcess::Unstartable("x".into())] {
             let err = merge(Some(&before), &before.id, &Observation::SupervisorConnected { generation: 1, main }, NOW)
                 .unwrap_err();
             assert_eq!(err.code(), Code::PermissionDenied);
@@ -532,11 +545,90 @@ fn a_start_reply_that_the_generations_run_is_gone_is_a_loss_not_a_failed_start()
 #[test]
 fn rules_4_and_5_mark_a_pending_run_begun_and_keep_a_known_start_time() {
     let connected = Observation::SupervisorConnected { generation: 2, main: MainProcess::Running };
-    let exited = Observation::MainProcessExited { generation: 2, exit_code: 7 };
+    let exited = Observation::MainProcessExited { generation: 2, exit_code: 7, out_of_memory: false };
     for observation in [&connected, &exited] {
         let pending = sandbox(Phase::Starting, Intent::Running, Run::Pending);
         assert_eq!(after(&pending, observation).run, Run::Started { at: None }, "{observation:?}");
         let timed = sandbox(Phase::Starting, Intent::Running, Run::Started { at: Some(t(400)) });
         assert_eq!(after(&timed, observation).run, Run::Started { at: Some(t(400)) }, "{observation:?}");
     }
+}
+
+/// DESIGN 10: a run the kernel killed for memory ends in Error OutOfMemory with the limit it
+/// ran into, on every path that reports its end: the supervisor's report, its hello, and the
+/// runtime's exit (Docker's and Podman's `OOMKilled`). A completion stays a completion.
+#[test]
+fn a_run_killed_for_memory_is_out_of_memory_on_every_path() {
+    let limited = |mut s: Sandbox| {
+        std::sync::Arc::make_mut(&mut s.spec).limits.memory_bytes = Some(64 << 20);
+        s
+    };
+    let oom = Failure {
+        reason: FailureReason::OutOfMemory,
+        exit_code: Some(137),
+        message: format!("the sandbox was killed for using more than its memory limit of {} bytes", 64u64 << 20),
+    };
+    let killed = ExitMarker { out_of_memory: true, ..exit(200, 700, 137) };
+    for before in phases().into_iter().map(limited) {
+        let mut reports = vec![
+            Observation::MainProcessExited { generation: 2, exit_code: 137, out_of_memory: true },
+            Observation::SupervisorConnected {
+                generation: 2,
+                main: MainProcess::Exited { code: 137, out_of_memory: true },
+            },
+        ];
+        reports.extend(SOURCES.iter().map(|s| runtime(*s, RuntimeState::Exited(killed))));
+        let ends = before.intent == Intent::Running
+            && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
+        for observation in reports {
+            let next = after(&before, &observation);
+            if ends {
+                assert_eq!(next.phase, Phase::Error(oom.clone()), "{} after {observation:?}", before.phase);
+            } else {
+                assert_ne!(next.phase, Phase::Error(oom.clone()), "{} after {observation:?}", before.phase);
+            }
+        }
+        let completed = after(
+            &before,
+            &runtime(
+                RuntimeSource::WatchEvent,
+                RuntimeState::Exited(ExitMarker { out_of_memory: true, ..exit(200, 700, 0) }),
+            ),
+        );
+        if ends {
+            assert_eq!(completed.phase, Phase::Stopped, "{}: exit 0 completed, whatever was killed", before.phase);
+        }
+    }
+    // Without a limit, the memory it ran out of was the host's.
+    let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) });
+    let next = after(&ready, &Observation::MainProcessExited { generation: 2, exit_code: 137, out_of_memory: true });
+    let Phase::Error(failure) = next.phase else { panic!("{:?}", next.phase) };
+    assert_eq!(failure.message, "the sandbox was killed for using more than the memory the host had for it");
+}
+
+/// The supervisor reported the end without the kernel's word on why (it could not read its
+/// memory cgroup): the runtime's later report of the same run, killed for memory, says why.
+/// Any other failure, and another run's report, stay as they are.
+#[test]
+fn the_runtimes_out_of_memory_refines_a_bare_main_process_exit_of_the_same_run() {
+    let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) });
+    let bare = after(&ready, &Observation::MainProcessExited { generation: 2, exit_code: 137, out_of_memory: false });
+    let Phase::Error(failure) = &bare.phase else { panic!("{:?}", bare.phase) };
+    assert_eq!(failure.reason, FailureReason::MainProcessExited);
+    let killed = ExitMarker { out_of_memory: true, ..exit(200, 700, 137) };
+    for source in SOURCES {
+        let next = after(&bare, &runtime(source, RuntimeState::Exited(killed)));
+        let Phase::Error(failure) = &next.phase else { panic!("{:?}", next.phase) };
+        assert_eq!(failure.reason, FailureReason::OutOfMemory, "{source:?}");
+        assert_eq!(failure.exit_code, Some(137));
+        // The failure's kind did not change: no restart is scheduled twice.
+        assert_eq!(next.restarts, bare.restarts);
+        // The replaced run's exit, fenced off, refines nothing.
+        let stale = ExitMarker { out_of_memory: true, ..fence() };
+        assert_eq!(after(&bare, &runtime(source, RuntimeState::Exited(stale))).phase, bare.phase, "{source:?}");
+    }
+    let lost =
+        sandbox(error(FailureReason::ComputeResourceMissing), Intent::Running, Run::Started { at: Some(t(200)) });
+    let next = after(&lost, &runtime(RuntimeSource::PollGet, RuntimeState::Exited(killed)));
+    assert_eq!(next.phase, lost.phase, "only a bare main process exit is refined");
 }

@@ -445,7 +445,9 @@ impl System {
                 if ends_run && age == 0 {
                     self.world.exit_workload(&id, code);
                 }
-                self.world.observe(&id, Observation::MainProcessExited { generation, exit_code: code }).unwrap();
+                self.world
+                    .observe(&id, Observation::MainProcessExited { generation, exit_code: code, out_of_memory: false })
+                    .unwrap();
             }
             Step::Interfere { sandbox } => self.world.interference.push(NAMES[sandbox].into()),
             Step::Redrive => {

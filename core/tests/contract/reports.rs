@@ -244,7 +244,8 @@ fn r2_deleting_completes_even_when_the_resource_vanished_first() {
     w.run_all_effects();
     assert!(w.store.sandboxes.is_empty());
     // And a late exit report of the deleted sandbox's supervisor is harmless.
-    let late = w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 0 }).unwrap();
+    let late =
+        w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 0, out_of_memory: false }).unwrap();
     assert!(late.writes.is_empty() && late.effects.is_empty());
 }
 
@@ -254,7 +255,7 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     ready(&mut w, "box", &[]);
     let id = w.id("box");
     // The supervisor reports its main process exited; the container has not stopped yet.
-    w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 2 }).unwrap();
+    w.observe(&id, Observation::MainProcessExited { generation: 1, exit_code: 2, out_of_memory: false }).unwrap();
     assert_eq!(w.sandbox("box").phase.kind(), PhaseKind::Error);
     let old = *w.containers[&id].alive().unwrap();
     w.start("box").unwrap();
@@ -262,8 +263,12 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     // A poll inside the start sees the old run still running, then exiting: neither is this
     // generation's.
     w.poll(&id, RuntimeState::Running { started_at: old.started_at }).unwrap();
-    let old_exit =
-        ExitMarker { started_at: old.started_at, finished_at: Timestamp::from_unix_nanos(i64::MAX / 2), exit_code: 2 };
+    let old_exit = ExitMarker {
+        started_at: old.started_at,
+        finished_at: Timestamp::from_unix_nanos(i64::MAX / 2),
+        exit_code: 2,
+        out_of_memory: false,
+    };
     w.poll(&id, RuntimeState::Exited(old_exit)).unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Starting);
     assert_eq!(w.sandbox("box").run, Run::Pending);
@@ -374,7 +379,7 @@ fn a_start_after_an_out_of_band_restart_reaches_ready() {
         let first = w.containers[&id].alive().unwrap().started_at;
         let t = |n: i64| Timestamp::from_unix_nanos(first.unix_nanos() + n);
         if exit_seen {
-            let restarted = ExitMarker { started_at: first, finished_at: t(10), exit_code: 143 };
+            let restarted = ExitMarker { started_at: first, finished_at: t(10), exit_code: 143, out_of_memory: false };
             w.poll(&id, RuntimeState::Exited(restarted)).unwrap();
         }
         w.poll(&id, RuntimeState::Running { started_at: t(20) }).unwrap();
@@ -383,7 +388,7 @@ fn a_start_after_an_out_of_band_restart_reaches_ready() {
         w.start("box").unwrap();
         // The driver stops the out-of-band run to make room; a poll sees its exit before the
         // start's reply does.
-        let alien = ExitMarker { started_at: t(20), finished_at: t(30), exit_code: 143 };
+        let alien = ExitMarker { started_at: t(20), finished_at: t(30), exit_code: 143, out_of_memory: false };
         w.poll(&id, RuntimeState::Exited(alien)).unwrap();
         assert_eq!(w.sandbox("box").phase, Phase::Starting, "exit seen: {exit_seen}");
         let reply = StartReply::Running { started_at: t(40) };
@@ -412,7 +417,7 @@ fn a_run_restarted_out_of_band_after_a_stop_is_not_the_next_generations() {
     w.start("box").unwrap();
     w.poll(&id, RuntimeState::Running { started_at: t(10) }).unwrap();
     assert_eq!(w.sandbox("box").run, Run::Pending, "a run nothing ties to generation 2 was taken for its");
-    let rejected = ExitMarker { started_at: t(10), finished_at: t(20), exit_code: 1 };
+    let rejected = ExitMarker { started_at: t(10), finished_at: t(20), exit_code: 1, out_of_memory: false };
     w.poll(&id, RuntimeState::Exited(rejected)).unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Starting);
     let reply = StartReply::Running { started_at: t(30) };

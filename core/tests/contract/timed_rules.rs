@@ -79,7 +79,8 @@ fn stopped(store: &mut Store) {
 /// Merges the main process's exit with `code` at `now`.
 fn main_exits(store: &mut Store, code: i32, now: Timestamp) -> Sandbox {
     let before = record(store);
-    let exited = Observation::MainProcessExited { generation: before.generation, exit_code: code };
+    let exited =
+        Observation::MainProcessExited { generation: before.generation, exit_code: code, out_of_memory: false };
     let d = merge(Some(&before), &before.id, &exited, now).unwrap();
     store.commit(&d.writes).unwrap();
     record(store)
@@ -314,7 +315,7 @@ fn an_exit_marker_of_the_run_is_the_next_generations_fence() {
     let mut store = created(restart_spec(RestartMode::Always, None), None);
     ready(&mut store);
     let before = record(&store);
-    let exit = ExitMarker { started_at: Timestamp(10), finished_at: Timestamp(20), exit_code: 0 };
+    let exit = ExitMarker { started_at: Timestamp(10), finished_at: Timestamp(20), exit_code: 0, out_of_memory: false };
     let seen = Observation::Runtime {
         source: berth_core::RuntimeSource::WatchEvent,
         state: berth_core::RuntimeState::Exited(exit),

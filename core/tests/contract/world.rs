@@ -34,7 +34,12 @@ pub struct RunRecord {
 
 impl RunRecord {
     pub fn marker(&self) -> Option<ExitMarker> {
-        self.finished.map(|(finished_at, exit_code)| ExitMarker { started_at: self.started_at, finished_at, exit_code })
+        self.finished.map(|(finished_at, exit_code)| ExitMarker {
+            started_at: self.started_at,
+            finished_at,
+            exit_code,
+            out_of_memory: false,
+        })
     }
 
     pub fn state(&self) -> RuntimeState {

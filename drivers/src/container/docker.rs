@@ -27,6 +27,7 @@ pub struct DockerEngine {
     docker: Docker,
     owner: String,
     store: Option<String>,
+    cpus: u64,
 }
 
 fn error(e: BollardError) -> EngineError {
@@ -37,6 +38,10 @@ fn error(e: BollardError) -> EngineError {
         }
         other => EngineError::Unreachable(other.to_string()),
     }
+}
+
+fn saturating_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// A runtime event as the driver sees it; `None` for one it ignores, or of another store.
@@ -75,7 +80,9 @@ impl DockerEngine {
         let docker = Docker::connect_with_socket(socket, 120, bollard::API_DEFAULT_VERSION).map_err(error)?;
         let docker = docker.negotiate_version().await.map_err(error)?;
         docker.ping().await.map_err(error)?;
-        Ok(Self { docker, owner: owner.to_string(), store: None })
+        let info = docker.info().await.map_err(error)?;
+        let cpus = info.ncpu.and_then(|n| u64::try_from(n).ok()).unwrap_or(1).max(1);
+        Ok(Self { docker, owner: owner.to_string(), store: None, cpus })
     }
 
     /// Binds the engine to a store: it labels what it makes with the store's identity and sees
@@ -101,6 +108,10 @@ impl Engine for DockerEngine {
 
     fn store(&self) -> Option<&str> {
         self.store.as_deref()
+    }
+
+    fn cpus(&self) -> u64 {
+        self.cpus
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
@@ -136,6 +147,12 @@ impl Engine for DockerEngine {
                 // The host opens what the sandbox leaves in its workspace and logs directory:
                 // never a device node it made.
                 cap_drop: Some(vec![super::NO_DEVICE_NODES.into()]),
+                nano_cpus: spec.limits.cpu_millis.map(|m| saturating_i64(m.saturating_mul(1_000_000))),
+                memory: spec.limits.memory_bytes.map(saturating_i64),
+                // Memory and swap together: no swap beyond the limit, so a run that needs more
+                // memory is killed rather than slowed to a crawl.
+                memory_swap: spec.limits.memory_bytes.map(saturating_i64),
+                pids_limit: spec.limits.pids.map(saturating_i64),
                 ..Default::default()
             }),
             ..Default::default()
@@ -214,6 +231,7 @@ impl Engine for DockerEngine {
             started_at: state.started_at.as_deref().and_then(super::parse_time),
             finished_at: state.finished_at.as_deref().and_then(super::parse_time),
             exit_code: i32::try_from(state.exit_code.unwrap_or_default()).unwrap_or(-1),
+            out_of_memory: state.oom_killed.unwrap_or(false),
         }))
     }
 

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::limits::ResourceLimits;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
+use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +105,8 @@ pub struct ContainerSpec {
     pub volume: (String, String),
     pub workdir: String,
     pub stop_grace: Duration,
+    /// Enforced by the runtime's cgroups.
+    pub limits: ResourceLimits,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +135,8 @@ pub struct Inspection {
     pub started_at: Option<Timestamp>,
     pub finished_at: Option<Timestamp>,
     pub exit_code: i32,
+    /// The runtime's `OOMKilled`: the kernel killed something of the last run for memory.
+    pub out_of_memory: bool,
 }
 
 impl Inspection {
@@ -142,6 +147,7 @@ impl Inspection {
                 started_at,
                 finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
                 exit_code: self.exit_code,
+                out_of_memory: self.out_of_memory,
             }),
             _ => RuntimeState::Created,
         }
@@ -193,6 +199,9 @@ pub trait Engine: Send + Sync + 'static {
     fn owner(&self) -> &str;
     /// The store whose containers this engine sees and labels, when it is bound to one.
     fn store(&self) -> Option<&str>;
+    /// How many CPUs the runtime's host has (read when it connected): the most a CPU limit can
+    /// give.
+    fn cpus(&self) -> u64;
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
     async fn start(&self, container: &str) -> Result<Start, EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.
@@ -407,6 +416,7 @@ impl<E: Engine> ContainerDriver<E> {
             volume: (volume_name(id), "/workspace".into()),
             workdir: "/workspace".into(),
             stop_grace: REPLACE_GRACE,
+            limits: launch.spec.limits,
         }
     }
 
@@ -679,6 +689,20 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         self.engine.name()
     }
 
+    /// The runtime enforces every limit; only a CPU share the host does not have is refused
+    /// (Docker would refuse it at create, Podman would grant what the host has).
+    fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
+        let cpus = self.engine.cpus();
+        match spec.limits.cpu_millis {
+            Some(millis) if millis > cpus.saturating_mul(1000) => Err(berth_core::Error::Unenforceable {
+                field: "spec.limits.cpu_millis".into(),
+                driver: self.engine.name(),
+                reason: format!("{millis} thousandths of a core is more than the runtime's host has ({cpus} CPUs)"),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let _guard = self.locks.lock(&launch.sandbox, true).await?;
         self.start_locked(&launch, None).await
@@ -797,14 +821,22 @@ mod tests {
     #[test]
     fn inspections_map_to_runtime_states() {
         let t = |n| Some(Timestamp::from_unix_nanos(n));
-        let running = Inspection { status: Status::Running, started_at: t(100), finished_at: t(50), exit_code: 0 };
+        let inspection = |status, started_at, finished_at, exit_code| Inspection {
+            status,
+            started_at,
+            finished_at,
+            exit_code,
+            out_of_memory: false,
+        };
+        let running = inspection(Status::Running, t(100), t(50), 0);
         assert_eq!(running.state(), RuntimeState::Running { started_at: Timestamp(100) });
-        let exited = Inspection { status: Status::Exited, started_at: t(100), finished_at: t(200), exit_code: 3 };
-        assert_eq!(
-            exited.state(),
-            RuntimeState::Exited(ExitMarker { started_at: Timestamp(100), finished_at: Timestamp(200), exit_code: 3 })
-        );
-        let never = Inspection { status: Status::Created, started_at: None, finished_at: None, exit_code: 0 };
+        let exited = inspection(Status::Exited, t(100), t(200), 3);
+        let marker =
+            ExitMarker { started_at: Timestamp(100), finished_at: Timestamp(200), exit_code: 3, out_of_memory: false };
+        assert_eq!(exited.state(), RuntimeState::Exited(marker));
+        let oom = Inspection { out_of_memory: true, exit_code: 137, ..exited };
+        assert_eq!(oom.state(), RuntimeState::Exited(ExitMarker { exit_code: 137, out_of_memory: true, ..marker }));
+        let never = inspection(Status::Created, None, None, 0);
         assert_eq!(never.state(), RuntimeState::Created);
     }
 

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::limits::ResourceLimits;
 use berth_core::{SandboxId, Timestamp};
 use futures_util::StreamExt;
 use podman_api::Podman;
-use podman_api::models::{ContainerMount, NamedVolume, Namespace};
+use podman_api::models::{ContainerMount, LinuxCpu, LinuxMemory, LinuxPids, LinuxResources, NamedVolume, Namespace};
 use podman_api::opts::{
     ContainerCreateOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ContainerStopOpts, EventsOpts,
     ImageImportOpts, VolumeCreateOpts, VolumeListFilter, VolumeListOpts,
@@ -25,6 +26,7 @@ pub struct PodmanEngine {
     podman: Podman,
     owner: String,
     store: Option<String>,
+    cpus: u64,
 }
 
 fn error(e: podman_api::Error) -> EngineError {
@@ -50,6 +52,48 @@ fn fault(code: u16, message: String) -> EngineError {
     }
 }
 
+/// The CFS period a CPU limit's quota is a share of, in microseconds (the kernel's default).
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// The spec's limits as the OCI runtime takes them (what `podman run --cpus --memory
+/// --memory-swap --pids-limit` sends).
+fn resources(limits: &ResourceLimits) -> LinuxResources {
+    let cpu = limits.cpu_millis.map(|millis| LinuxCpu {
+        cpus: None,
+        mems: None,
+        period: Some(CPU_PERIOD_US),
+        quota: Some(i64::try_from(millis.saturating_mul(CPU_PERIOD_US / 1000)).unwrap_or(i64::MAX)),
+        realtime_period: None,
+        realtime_runtime: None,
+        shares: None,
+    });
+    let memory = limits.memory_bytes.map(|bytes| {
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        LinuxMemory {
+            disable_oom_killer: None,
+            kernel: None,
+            kernel_tcp: None,
+            limit: Some(bytes),
+            reservation: None,
+            // Memory and swap together: no swap beyond the limit.
+            swap: Some(bytes),
+            swappiness: None,
+            use_hierarchy: None,
+        }
+    });
+    LinuxResources {
+        block_io: None,
+        cpu,
+        devices: None,
+        hugepage_limits: None,
+        memory,
+        network: None,
+        pids: limits.pids.map(|n| LinuxPids { limit: Some(i64::try_from(n).unwrap_or(i64::MAX)) }),
+        rdma: None,
+        unified: None,
+    }
+}
+
 fn nanos(t: &chrono::DateTime<chrono::Utc>) -> Option<Timestamp> {
     t.timestamp_nanos_opt().map(Timestamp::from_unix_nanos).filter(|t| t.0 > 0)
 }
@@ -58,7 +102,9 @@ impl PodmanEngine {
     pub async fn connect(socket: &str, owner: &str) -> Result<Self, EngineError> {
         let podman = Podman::unix(socket);
         podman.ping().await.map_err(error)?;
-        Ok(Self { podman, owner: owner.to_string(), store: None })
+        let info = podman.info().await.map_err(error)?;
+        let cpus = info.host.and_then(|h| h.cpus).and_then(|n| u64::try_from(n).ok()).unwrap_or(1).max(1);
+        Ok(Self { podman, owner: owner.to_string(), store: None, cpus })
     }
 
     /// Binds the engine to a store: it labels what it makes with the store's identity and sees
@@ -84,6 +130,10 @@ impl Engine for PodmanEngine {
 
     fn store(&self) -> Option<&str> {
         self.store.as_deref()
+    }
+
+    fn cpus(&self) -> u64 {
+        self.cpus
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {
@@ -121,6 +171,7 @@ impl Engine for PodmanEngine {
             // a device node it made.
             .drop_capabilities([super::NO_DEVICE_NODES])
             .stop_timeout(spec.stop_grace.as_secs().max(1))
+            .resource_limits(resources(&spec.limits))
             .build();
         self.podman.containers().create(&opts).await.map(|_| ()).map_err(error)
     }
@@ -194,6 +245,7 @@ impl Engine for PodmanEngine {
             started_at: state.started_at.as_ref().and_then(nanos),
             finished_at: state.finished_at.as_ref().and_then(nanos),
             exit_code: state.exit_code.unwrap_or_default(),
+            out_of_memory: state.oom_killed.unwrap_or(false),
         }))
     }
 

@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, StartReply, Timestamp};
+use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -58,6 +58,7 @@ use crate::sandbox_lock::SandboxLocks;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
+mod cgroup;
 pub mod os;
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
@@ -118,6 +119,9 @@ pub struct ExitFile {
     /// recording one: the generation of that run. A supervisor's own record has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// The supervisor saw the kernel kill the command for memory.
+    #[serde(default)]
+    pub out_of_memory: bool,
 }
 
 pub struct ProcessDriver<O: Os = HostOs> {
@@ -164,7 +168,7 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), DriverError> {
 impl ProcessDriver {
     /// The driver on this machine.
     pub fn new(config: ProcessConfig) -> Result<Self, DriverError> {
-        Self::over(HostOs, config)
+        Self::over(HostOs::new(), config)
     }
 }
 
@@ -309,7 +313,12 @@ impl<O: Os> Inner<O> {
                 self.kill_group(run, Signal::Kill);
                 self.os.kill_execs(sandbox);
                 let finished_at = self.os.now().max(run.started_at + 1);
-                let exit = ExitFile { exit_code: code_if_unknown, finished_at, generation: Some(run.generation) };
+                let exit = ExitFile {
+                    exit_code: code_if_unknown,
+                    finished_at,
+                    generation: Some(run.generation),
+                    out_of_memory: false,
+                };
                 write_json(&path, &exit)?;
                 exit
             }
@@ -318,6 +327,7 @@ impl<O: Os> Inner<O> {
             started_at: Timestamp::from_unix_nanos(run.started_at),
             finished_at: Timestamp::from_unix_nanos(exit.finished_at),
             exit_code: exit.exit_code,
+            out_of_memory: exit.out_of_memory,
         })
     }
 
@@ -393,6 +403,7 @@ impl<O: Os> Inner<O> {
             return Err(crashed(CrashPoint::AfterTombstone));
         }
         self.stop_locked(sandbox, grace, None).await?;
+        self.os.unlimit(sandbox).await?;
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
             return Err(crashed(CrashPoint::AfterRuntimeRemove));
         }
@@ -472,6 +483,9 @@ impl<O: Os> Inner<O> {
         // The execs a generation started, which a restart of its run must not start again.
         args.extend(["--exec-log".to_string(), path(&run_dir)]);
         args.extend(["--logs".to_string(), path(&self.logs_dir(&launch.sandbox))]);
+        for cgroup in self.os.limit(&launch.sandbox, &launch.spec.limits)? {
+            args.extend(["--cgroup".to_string(), path(&cgroup)]);
+        }
         args.push("--".to_string());
         args.extend(launch.spec.command.iter().cloned());
         let mut env = BTreeMap::from([("HOME".to_string(), workspace.to_string_lossy().into_owned())]);
@@ -584,6 +598,15 @@ impl<O: Os> Inner<O> {
 impl<O: Os> Driver for ProcessDriver<O> {
     fn name(&self) -> &'static str {
         "process"
+    }
+
+    fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
+        match self.inner.os.unenforceable(&spec.limits) {
+            None => Ok(()),
+            Some((field, reason)) => {
+                Err(berth_core::Error::Unenforceable { field: field.into(), driver: "process", reason })
+            }
+        }
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {

@@ -11,9 +11,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use berth_core::SandboxId;
+use berth_core::limits::ResourceLimits;
 use futures_util::future::BoxFuture;
 use nix::unistd::Pid;
 
+use super::cgroup::Cgroups;
 use crate::{DriverError, io};
 
 /// A process to start as the leader of a new process group, with only `env` in its
@@ -74,10 +76,37 @@ pub trait Os: Send + Sync + 'static {
     /// sandbox but no generation). An exec leads its own group, so it outlives a supervisor
     /// killed without the chance to stop it.
     fn kill_execs(&self, sandbox: &SandboxId);
+
+    /// Why this host cannot enforce one of `limits`: the spec's field, and the reason (a CPU
+    /// share past the host's CPUs among them).
+    fn unenforceable(&self, limits: &ResourceLimits) -> Option<(&'static str, String)>;
+
+    /// Makes the sandbox's cgroups holding `limits`, and returns the directories its supervisor
+    /// joins (none without limits). An error is [`DriverError::Failed`]: the run cannot have
+    /// the limits it was given.
+    fn limit(&self, sandbox: &SandboxId, limits: &ResourceLimits) -> Result<Vec<PathBuf>, DriverError>;
+
+    /// Kills whatever is left in the sandbox's cgroups and removes them.
+    async fn unlimit(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
 }
 
 /// The machine the gateway runs on.
-pub struct HostOs;
+pub struct HostOs {
+    cgroups: Cgroups,
+}
+
+impl HostOs {
+    /// This machine, with the cgroups it lets the gateway make (found once).
+    pub fn new() -> Self {
+        Self { cgroups: Cgroups::detect() }
+    }
+}
+
+impl Default for HostOs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// `Some((state letter, kernel start time))` of a process, from `/proc/<pid>/stat`.
 fn proc_stat(pid: i32) -> Option<(char, u64)> {
@@ -154,6 +183,25 @@ impl Os for HostOs {
         for pid in group_leaders(sandbox, |vars| !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="))) {
             let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
+    }
+
+    fn unenforceable(&self, limits: &ResourceLimits) -> Option<(&'static str, String)> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        match limits.cpu_millis {
+            Some(millis) if millis > cpus * 1000 => Some((
+                "spec.limits.cpu_millis",
+                format!("{millis} thousandths of a core is more than this host has ({cpus} CPUs)"),
+            )),
+            _ => self.cgroups.unenforceable(limits),
+        }
+    }
+
+    fn limit(&self, sandbox: &SandboxId, limits: &ResourceLimits) -> Result<Vec<PathBuf>, DriverError> {
+        self.cgroups.make(sandbox, limits).map_err(|e| DriverError::Failed(format!("the sandbox's limits: {e}")))
+    }
+
+    async fn unlimit(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
+        self.cgroups.remove(sandbox).await.map_err(|e| io("removing the sandbox's cgroups", e))
     }
 }
 

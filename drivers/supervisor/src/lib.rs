@@ -1,8 +1,10 @@
 //! berth-supervisor's session with the gateway, as a library: the binary runs it over real
 //! sockets, the simulator over simulated ones, so the simulator tests the protocol production
 //! speaks rather than a copy of it. The session carries the run's execs ([`exec`], started by a
-//! [`launch::Launcher`]) and their output ([`output`]); the main process's output goes to its generation's logs ([`logs`]).
+//! [`launch::Launcher`]) and their output ([`output`]); the main process's output goes to its generation's logs ([`logs`]);
+//! [`cgroup`] holds the run to its limits and tells a kill for memory.
 
+pub mod cgroup;
 pub mod exec;
 pub mod launch;
 pub mod logs;

@@ -12,8 +12,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_proto::v1::Accepted;
+use berth_supervisor::cgroup;
 use berth_supervisor::exec::Execs;
-use berth_supervisor::session::{self, Observer, Run, SessionEnd};
+use berth_supervisor::session::{self, MainExit, Observer, Run, SessionEnd};
 use clap::Parser;
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
@@ -62,6 +63,11 @@ struct Args {
     /// read at start.
     #[arg(long)]
     env_file: Option<PathBuf>,
+    /// A cgroup directory to join before the command starts (the process driver's, holding the
+    /// sandbox's limits); given again for each controller's. Failing to join one, the command
+    /// does not run.
+    #[arg(long = "cgroup")]
+    cgroups: Vec<PathBuf>,
     /// The sandbox's command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -163,9 +169,11 @@ fn write_record(path: &Path, body: &str, what: &str) {
     }
 }
 
-fn record_exit(path: &Path, code: i32) {
+fn record_exit(path: &Path, exit: MainExit) {
     let finished_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    write_record(path, &format!("{{\"exit_code\":{code},\"finished_at\":{finished_at}}}"), "the exit");
+    let MainExit { code, out_of_memory } = exit;
+    let body = format!("{{\"exit_code\":{code},\"finished_at\":{finished_at},\"out_of_memory\":{out_of_memory}}}");
+    write_record(path, &body, "the exit");
 }
 
 async fn stop(child: &mut tokio::process::Child) -> i32 {
@@ -181,15 +189,35 @@ async fn stop(child: &mut tokio::process::Child) -> i32 {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Args::parse();
-    // The driver's record first: it must exist by the time anyone learns of the exit.
-    let record = |code: i32| {
-        if let Some(path) = &args.exit_file {
-            record_exit(path, code);
+    // The supervisor shares its sandbox's process limit. Tokio panics when it needs a thread for
+    // blocking work (its stdout and stderr) and can make none, but hands the work to one it has:
+    // one made at the start and kept for good lets a fork bomb in the sandbox use up the limit
+    // without taking the supervisor down with it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_keep_alive(Duration::from_secs(u64::from(u32::MAX)))
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(async {
+            let _ = tokio::task::spawn_blocking(|| ()).await;
+            supervise(args).await
+        }),
+        Err(e) => {
+            log(format_args!("cannot start: {e}"));
+            ExitCode::from(2)
         }
-        ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1))
+    }
+}
+
+async fn supervise(args: Args) -> ExitCode {
+    // The driver's record first: it must exist by the time anyone learns of the exit.
+    let record = |exit: MainExit| {
+        if let Some(path) = &args.exit_file {
+            record_exit(path, exit);
+        }
+        ExitCode::from(u8::try_from(exit.code & 0xff).unwrap_or(1))
     };
     let token = match (&args.token, &args.token_file) {
         (Some(token), _) => token.clone(),
@@ -230,29 +258,37 @@ async fn main() -> ExitCode {
             .map_err(|e| log(format_args!("cannot open the logs in {}: {e}; the output goes unlogged", dir.display())))
             .ok()
     });
+    let joined = cgroup::join(&args.cgroups);
+    // Counted before the command starts: a kill for memory while it runs raises the count.
+    let kills_before = cgroup::oom_kills();
     let piped = || if logs.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::inherit() };
     let (exit_tx, exit_rx) = watch::channel(None);
     // The command starts before the session opens, so the hello can tell a command that could
     // not start, or ended at once, from a running one.
-    let spawned = tokio::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env_remove("BERTH_RUNTIME_TOKEN")
-        .env_remove("BERTH_SUPERVISOR_GATEWAY")
-        .envs(&env)
-        .stdout(piped())
-        .stderr(piped())
-        .spawn();
+    // Outside its cgroup the command would run without the limits it was given: it does not run.
+    let spawned = joined.and_then(|()| {
+        tokio::process::Command::new(&args.command[0])
+            .args(&args.command[1..])
+            .env_remove("BERTH_RUNTIME_TOKEN")
+            .env_remove("BERTH_SUPERVISOR_GATEWAY")
+            .envs(&env)
+            .stdout(piped())
+            .stderr(piped())
+            .spawn()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot run {:?}: {e}", args.command[0])))
+    });
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let cause = format!("cannot run {:?}: {e}", args.command[0]);
+            let cause = e.to_string();
             log(&cause);
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
             if let Some(writer) = logs {
                 berth_supervisor::logs::never_ran(writer, &cause, code);
             }
-            let status = record(code);
-            let _ = exit_tx.send(Some(code));
+            let exit = MainExit { code, out_of_memory: false };
+            let status = record(exit);
+            let _ = exit_tx.send(Some(exit));
             let run = Run { token, exit: exit_rx, failed_to_start: Some(cause), execs: Execs::default() };
             let _ = keep_session(args.gateway.clone(), run).await;
             return status;
@@ -302,7 +338,7 @@ async fn main() -> ExitCode {
                 execs.stop_all().await;
                 let code = stop(&mut child).await;
                 finish(code).await;
-                return record(code);
+                return record(MainExit { code, out_of_memory: false });
             }
             Some(()) = async { match terminate.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {
                 terminated = true;
@@ -318,13 +354,20 @@ async fn main() -> ExitCode {
             }
         }
     };
-    log(format_args!("the command exited with code {code}"));
+    // Docker's and Podman's rule too: a failed run during which the kernel killed something of
+    // it for memory (the command, or a process it waited on) ran out of memory.
+    let out_of_memory = code != 0 && kills_before.zip(cgroup::oom_kills()).is_some_and(|(before, now)| now > before);
+    match out_of_memory {
+        true => log(format_args!("the command exited with code {code}, killed for memory")),
+        false => log(format_args!("the command exited with code {code}")),
+    }
     // The run is over: its execs end with it.
     execs.stop_all().await;
     finish(code).await;
-    let status = record(code);
+    let exit = MainExit { code, out_of_memory };
+    let status = record(exit);
     if !terminated {
-        let _ = exit_tx.send(Some(code));
+        let _ = exit_tx.send(Some(exit));
         let _ = session.await;
     }
     status

@@ -31,12 +31,20 @@ const SILENT_HEARTBEATS: u32 = 3;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// How the command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MainExit {
+    pub code: i32,
+    /// The kernel killed it for memory.
+    pub out_of_memory: bool,
+}
+
 /// What the run is, as the hello tells it.
 #[derive(Clone, Debug)]
 pub struct Run {
     pub token: String,
-    /// The command's exit code once it exited.
-    pub exit: watch::Receiver<Option<i32>>,
+    /// How the command ended, once it did.
+    pub exit: watch::Receiver<Option<MainExit>>,
     /// Why the command could not be started, if it could not.
     pub failed_to_start: Option<String>,
     /// This run's execs: what the gateway asks to run, and how each stands.
@@ -109,12 +117,14 @@ where
 async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) -> Attempt {
     // Room for output in flight; a full channel holds readers back, never the commands.
     let (tx, rx) = mpsc::channel(64);
-    let main_process = match (&run.failed_to_start, *run.exit.borrow()) {
+    let exit = *run.exit.borrow();
+    let main_process = match (&run.failed_to_start, exit) {
         (Some(cause), _) => Some(MainProcess::FailedToStart(cause.clone())),
-        (None, Some(code)) => Some(MainProcess::Exited(code)),
+        (None, Some(exit)) => Some(MainProcess::Exited(exit.code)),
         (None, None) => None,
     };
-    let hello = Hello { runtime_token: run.token.clone(), main_process };
+    let out_of_memory = exit.is_some_and(|e| e.out_of_memory);
+    let hello = Hello { runtime_token: run.token.clone(), main_process, out_of_memory };
     if tx.send(message(ToGateway::Hello(hello))).await.is_err() {
         return Attempt::Lost("the session closed".into());
     }
@@ -162,8 +172,8 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
     tell_execs(&run.execs, &mut told, &mut pending);
     loop {
         let exited = if reported { None } else { *run.exit.borrow_and_update() };
-        if let Some(code) = exited {
-            pending.push_back(message(ToGateway::Exit(MainProcessExit { exit_code: code })));
+        if let Some(MainExit { code, out_of_memory }) = exited {
+            pending.push_back(message(ToGateway::Exit(MainProcessExit { exit_code: code, out_of_memory })));
             observer.exit_reported(code);
             reported = true;
         }

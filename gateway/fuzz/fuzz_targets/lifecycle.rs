@@ -25,7 +25,7 @@ enum State {
     Absent,
     Created,
     Running(u16),
-    Exited(u16, u16, i8),
+    Exited(u16, u16, i8, bool),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -40,7 +40,7 @@ enum Step {
     StopReply(u8, State),
     Deleted,
     Connect(u8),
-    MainExit(u8, i8),
+    MainExit(u8, i8, bool),
 }
 
 fn t(n: u16) -> Timestamp {
@@ -52,10 +52,11 @@ fn state(s: &State) -> RuntimeState {
         State::Absent => RuntimeState::Absent { at: None },
         State::Created => RuntimeState::Created,
         State::Running(at) => RuntimeState::Running { started_at: t(at) },
-        State::Exited(started, length, code) => RuntimeState::Exited(ExitMarker {
+        State::Exited(started, length, code, out_of_memory) => RuntimeState::Exited(ExitMarker {
             started_at: t(started),
             finished_at: Timestamp::from_unix_nanos(i64::from(started) + i64::from(length) + 1),
             exit_code: i32::from(code),
+            out_of_memory,
         }),
     }
 }
@@ -156,10 +157,14 @@ fuzz_target!(|steps: Vec<Step>| {
                 &Observation::SupervisorConnected { generation: generation(*g), main: MainProcess::Running },
                 now,
             ),
-            Step::MainExit(g, code) => merge(
+            Step::MainExit(g, code, out_of_memory) => merge(
                 before.as_ref(),
                 &id,
-                &Observation::MainProcessExited { generation: generation(*g), exit_code: i32::from(*code) },
+                &Observation::MainProcessExited {
+                    generation: generation(*g),
+                    exit_code: i32::from(*code),
+                    out_of_memory: *out_of_memory,
+                },
                 now,
             ),
         };

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use berth_core::lifetime::{Lifetime, OnExpiry};
+use berth_core::limits::ResourceLimits;
 use berth_core::restart::{RestartMode, RestartPolicy};
 use berth_core::{Failure, Intent, Phase, Provider, Sandbox, SandboxSpec, Secret, Timestamp};
 use berth_proto::v1 as pb;
@@ -24,6 +25,10 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
         Err(_) => return Err(invalid("spec.restart.mode", format!("unknown value {}", restart.mode))),
     };
     let defaults = RestartPolicy::default();
+    let limits = spec.limits.unwrap_or_default();
+    let limit = |field: &str, n: Option<i64>| {
+        n.map(|n| u64::try_from(n).map_err(|_| invalid(field, format!("must be positive, got {n}")))).transpose()
+    };
     Ok(SandboxSpec {
         image: spec.image,
         command: spec.command,
@@ -41,6 +46,11 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
             max_backoff: restart
                 .max_backoff_ms
                 .map_or(Ok(defaults.max_backoff), |ms| millis("spec.restart.max_backoff_ms", ms))?,
+        },
+        limits: ResourceLimits {
+            cpu_millis: limit("spec.limits.cpu_millis", limits.cpu_millis)?,
+            memory_bytes: limit("spec.limits.memory_bytes", limits.memory_bytes)?,
+            pids: limit("spec.limits.pids", limits.pids)?,
         },
     })
 }
@@ -84,6 +94,14 @@ pub fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
             max_restarts: spec.restart.max_restarts,
             backoff_ms: Some(millis(spec.restart.backoff)),
             max_backoff_ms: Some(millis(spec.restart.max_backoff)),
+        }),
+        limits: (!spec.limits.is_unlimited()).then(|| {
+            let wire = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            pb::ResourceLimits {
+                cpu_millis: spec.limits.cpu_millis.map(wire),
+                memory_bytes: spec.limits.memory_bytes.map(wire),
+                pids: spec.limits.pids.map(wire),
+            }
         }),
     }
 }

@@ -124,8 +124,11 @@ async fn serve_session(
                 Err(status) => Some(Err(status)),
             },
             Some(FromSupervisor::Exit(exit)) => {
-                let observation =
-                    Observation::MainProcessExited { generation: identity.generation, exit_code: exit.exit_code };
+                let observation = Observation::MainProcessExited {
+                    generation: identity.generation,
+                    exit_code: exit.exit_code,
+                    out_of_memory: exit.out_of_memory,
+                };
                 match engine.observe(&identity.sandbox, &observation, None).await {
                     Ok(_) => Some(Ok(message(ToSupervisor::ExitAck(pb::ExitAck {})))),
                     Err(e) => Some(Err(e.into())),
@@ -216,7 +219,9 @@ impl Supervisor for SupervisorApi {
         let identity = verify_token(self.engine.key(), &hello.runtime_token).map_err(ApiError::from)?;
         let main = match hello.main_process {
             None => MainProcess::Running,
-            Some(pb::hello::MainProcess::Exited(code)) => MainProcess::Exited(code),
+            Some(pb::hello::MainProcess::Exited(code)) => {
+                MainProcess::Exited { code, out_of_memory: hello.out_of_memory }
+            }
             Some(pb::hello::MainProcess::FailedToStart(cause)) => MainProcess::Unstartable(bounded(cause)),
         };
         let connected = Observation::SupervisorConnected { generation: identity.generation, main };

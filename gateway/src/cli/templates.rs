@@ -14,7 +14,7 @@ pub(super) enum TemplateCmd {
         /// A DNS label of at most 54 characters; its pool's sandboxes are named `NAME-<8 hex>`.
         name: String,
         #[command(flatten)]
-        spec: SpecArgs,
+        spec: Box<SpecArgs>,
         /// How many Ready sandboxes its pool keeps.
         #[arg(long, default_value_t = 0)]
         min_ready: u32,

@@ -55,6 +55,26 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
         huge.env.insert(format!("V{i}"), "x".repeat(32 * 1024));
     }
     expect(sandboxes.create_sandbox(create_request("huge", huge, vec![])).await, Code::InvalidArgument, "spec");
+    // Limits: negative, too small for the supervisor, past any host.
+    let limits = |cpu_millis, memory_bytes, pids| pb::ResourceLimits { cpu_millis, memory_bytes, pids };
+    for (bad, field) in [
+        (limits(None, Some(-1), None), "spec.limits.memory_bytes"),
+        (limits(None, Some(1), None), "spec.limits.memory_bytes"),
+        (limits(None, Some(i64::MAX), None), "spec.limits.memory_bytes"),
+        (limits(Some(0), None, None), "spec.limits.cpu_millis"),
+        (limits(Some(-1500), None, None), "spec.limits.cpu_millis"),
+        (limits(Some(2_000_000), None, None), "spec.limits.cpu_millis"),
+        (limits(None, None, Some(1)), "spec.limits.pids"),
+        (limits(None, None, Some(1 << 40)), "spec.limits.pids"),
+    ] {
+        let mut limited = ok_spec();
+        limited.limits = Some(bad);
+        expect(
+            sandboxes.create_sandbox(create_request("limited", limited, vec![])).await,
+            Code::InvalidArgument,
+            field,
+        );
+    }
     let many: Vec<String> = (0..33).map(|i| format!("p{i}")).collect();
     expect(sandboxes.create_sandbox(create_request("many", ok_spec(), many)).await, Code::InvalidArgument, "providers");
     expect(

@@ -156,7 +156,7 @@ impl Target {
     }
 
     /// The runtime's CLI, pointed at the test's socket.
-    fn cli(&self, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
         let socket = format!("unix://{}", self.socket.as_deref().expect("a container runtime"));
         let mut command = match self.runtime {
             Runtime::Docker => {
@@ -596,7 +596,7 @@ async fn until_visible(target: &Target, id: &str) {
 }
 
 /// The live supervisors carrying sandbox `id`'s identity, each leading its own group.
-fn supervisor_pids(id: &str) -> Vec<i32> {
+pub(crate) fn supervisor_pids(id: &str) -> Vec<i32> {
     let tag = format!("BERTH_SANDBOX_ID={id}");
     let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;

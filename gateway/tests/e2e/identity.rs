@@ -24,7 +24,11 @@ async fn supervisor(data: &DataDir) -> SupervisorClient<tonic::transport::Channe
 
 fn hello(token: &str) -> pb::SupervisorMessage {
     pb::SupervisorMessage {
-        message: Some(ToGateway::Hello(pb::Hello { runtime_token: token.into(), main_process: None })),
+        message: Some(ToGateway::Hello(pb::Hello {
+            runtime_token: token.into(),
+            main_process: None,
+            out_of_memory: false,
+        })),
     }
 }
 
@@ -69,7 +73,9 @@ async fn a_supervisor_of_the_previous_generation_is_rejected_and_its_exit_report
 
     // The still-open generation-1 session reports an exit: acknowledged, and ignored.
     old_tx
-        .send(pb::SupervisorMessage { message: Some(ToGateway::Exit(pb::MainProcessExit { exit_code: 9 })) })
+        .send(pb::SupervisorMessage {
+            message: Some(ToGateway::Exit(pb::MainProcessExit { exit_code: 9, out_of_memory: false })),
+        })
         .await
         .unwrap();
     let ack = old_inbound.message().await.unwrap().and_then(|m| m.message);

@@ -15,6 +15,7 @@ mod http;
 mod identity;
 mod lifecycle;
 mod lifetimes;
+mod limits;
 mod logs;
 mod main_process;
 mod metrics;

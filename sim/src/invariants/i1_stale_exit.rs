@@ -52,8 +52,8 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
             let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
             refused.chain(removed).any(|t| t >= since)
         }
-        // Every simulated command starts.
-        FailureReason::CommandFailedToStart => false,
+        // Every simulated command starts, and none runs out of memory.
+        FailureReason::CommandFailedToStart | FailureReason::OutOfMemory => false,
     };
     (!justified).then(|| {
         format!(

@@ -1,0 +1,90 @@
+//! Resource limits (DESIGN 10): what a sandbox's run may use of CPU, memory and processes.
+//!
+//! The runtime enforces them (a container's cgroup, or the process driver's); Berth only checks
+//! that they are sensible, and a driver that cannot enforce one refuses the spec at admission
+//! ([`crate::Error::Unenforceable`]): a limit is never silently left unenforced.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Each is `None` for no limit (the runtime's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ResourceLimits {
+    /// CPU time per wall-clock time, in thousandths of a core: 1500 is one and a half cores.
+    pub cpu_millis: Option<u64>,
+    /// Memory, in bytes, swap included: a run that needs more is killed (OutOfMemory).
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads together, the supervisor's included.
+    pub pids: Option<u64>,
+}
+
+/// The smallest CPU share a runtime schedules (a 1 ms quota per 100 ms period).
+pub const MIN_CPU_MILLIS: u64 = 10;
+pub const MAX_CPU_MILLIS: u64 = 1024 * 1000;
+/// Below this the supervisor itself cannot run (Docker refuses less than 6 MiB).
+pub const MIN_MEMORY_BYTES: u64 = 16 << 20;
+pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
+/// The supervisor's own threads, the command and an exec or two.
+pub const MIN_PIDS: u64 = 16;
+/// The kernel's largest pid_max.
+pub const MAX_PIDS: u64 = 1 << 22;
+
+impl ResourceLimits {
+    pub fn is_unlimited(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Each limit within its bounds, named by its wire field.
+pub fn validate(limits: &ResourceLimits) -> Result<(), Error> {
+    let within = |field: &str, value: Option<u64>, min: u64, max: u64, unit: &str| match value {
+        Some(v) if v < min || v > max => {
+            Err(Error::invalid(field, format!("must be between {min} and {max} {unit}, got {v}")))
+        }
+        _ => Ok(()),
+    };
+    within("spec.limits.cpu_millis", limits.cpu_millis, MIN_CPU_MILLIS, MAX_CPU_MILLIS, "thousandths of a core")?;
+    within("spec.limits.memory_bytes", limits.memory_bytes, MIN_MEMORY_BYTES, MAX_MEMORY_BYTES, "bytes")?;
+    within("spec.limits.pids", limits.pids, MIN_PIDS, MAX_PIDS, "processes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(limits: ResourceLimits) -> Option<String> {
+        match validate(&limits) {
+            Ok(()) => None,
+            Err(Error::Invalid { field, .. }) => Some(field),
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn every_limit_admits_its_bounds_and_refuses_past_them() {
+        let none = ResourceLimits::default();
+        assert!(none.is_unlimited());
+        assert_eq!(field(none), None);
+        for (cpu, ok) in [(MIN_CPU_MILLIS, true), (MAX_CPU_MILLIS, true), (MIN_CPU_MILLIS - 1, false), (0, false)] {
+            let limits = ResourceLimits { cpu_millis: Some(cpu), ..none };
+            assert_eq!(field(limits).is_none(), ok, "cpu {cpu}");
+        }
+        assert_eq!(
+            field(ResourceLimits { cpu_millis: Some(MAX_CPU_MILLIS + 1), ..none }).unwrap(),
+            "spec.limits.cpu_millis"
+        );
+        for (bytes, ok) in
+            [(MIN_MEMORY_BYTES, true), (MAX_MEMORY_BYTES, true), (MIN_MEMORY_BYTES - 1, false), (u64::MAX, false)]
+        {
+            let limits = ResourceLimits { memory_bytes: Some(bytes), ..none };
+            assert_eq!(field(limits).is_none(), ok, "memory {bytes}");
+        }
+        assert_eq!(field(ResourceLimits { memory_bytes: Some(1), ..none }).unwrap(), "spec.limits.memory_bytes");
+        for (pids, ok) in [(MIN_PIDS, true), (MAX_PIDS, true), (MIN_PIDS - 1, false), (MAX_PIDS + 1, false)] {
+            let limits = ResourceLimits { pids: Some(pids), ..none };
+            assert_eq!(field(limits).is_none(), ok, "pids {pids}");
+        }
+        assert_eq!(field(ResourceLimits { pids: Some(0), ..none }).unwrap(), "spec.limits.pids");
+    }
+}

@@ -1521,3 +1521,31 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpus_are_thousandths_of_a_core() {
+        assert_eq!(cpus("1.5"), Ok(1500));
+        assert_eq!(cpus("0.25"), Ok(250));
+        assert_eq!(cpus("2"), Ok(2000));
+        for bad in ["0", "-1", "NaN", "inf", "one"] {
+            assert!(cpus(bad).unwrap_err().contains(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_decimal_and_binary_suffixes() {
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(bytes("1Ti"), Ok(1 << 40));
+        assert_eq!(bytes("3k"), Ok(3000));
+        for bad in ["", "Mi", "1.5G", "12 parsecs", "-1", "9999999999Ti"] {
+            assert!(bytes(bad).unwrap_err().contains("is not a size"), "{bad}");
+        }
+    }
+}

@@ -120,7 +120,12 @@ pub fn end_process(
     if let Some(path) = exit_file {
         record_exit(
             &path,
-            ExitFile { exit_code: code, finished_at: now.unix_nanos(), generation: None, out_of_memory: false },
+            ExitFile {
+                exit_code: code,
+                finished_at: now.unix_nanos(),
+                generation: None,
+                out_of_memory: cause == EndCause::OutOfMemory,
+            },
         );
     }
     let name = lock(&world.runtime).name(sandbox);

@@ -45,6 +45,8 @@ pub enum EndCause {
     /// Restarted outside Berth (`docker restart`): a new run of the same container followed.
     Restarted,
     WorkloadExit,
+    /// The kernel killed the workload for memory; its supervisor saw it and exited.
+    OutOfMemory,
     /// Its supervisor was rejected, or found no token, and exited.
     SupervisorExit,
 }
@@ -53,8 +55,12 @@ pub enum EndCause {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunSignal {
     Running,
-    /// The workload exited with this code; the run ends right after.
-    MainExited(i32),
+    /// The workload exited with this code (killed for memory, with `out_of_memory`); the run
+    /// ends right after.
+    MainExited {
+        code: i32,
+        out_of_memory: bool,
+    },
     Ended,
 }
 
@@ -108,7 +114,8 @@ impl Container {
             started_at: last.map(|r| r.started_at),
             finished_at: self.runs.iter().rev().find_map(|r| r.finished).map(|(at, _, _)| at),
             exit_code: finished.map_or(0, |(_, code, _)| code),
-            out_of_memory: false,
+            // Docker's `OOMKilled`.
+            out_of_memory: finished.is_some_and(|(_, _, cause)| cause == EndCause::OutOfMemory),
         }
     }
 
@@ -148,6 +155,8 @@ pub struct RuntimeModel {
     pub refusals: BTreeMap<SandboxId, Vec<u64>>,
     /// Main-process exits the runtime's supervisors were told of: `(sandbox, generation)`.
     pub main_exits: Vec<(SandboxId, u64)>,
+    /// The runs whose workload the kernel killed for memory, by generation.
+    pub oom_kills: Vec<(SandboxId, u64)>,
     /// Under the process driver: every process group each sandbox's supervisors led.
     pub processes: BTreeMap<SandboxId, Vec<crate::kernel::Process>>,
     kernel_starts: u64,
@@ -743,8 +752,11 @@ impl Runtime {
     /// The workload exits by itself: its supervisor reports it, then the run (the container's,
     /// or the process group `(pid, kernel start)`) ends.
     async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>) {
-        // 0 is a completion (DESIGN 9.3); the others failures.
+        // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for
+        // memory (DESIGN 10), as the supervisor reports it: 137, out of memory.
         let code = self.draw(|d| d.below(10) as i32);
+        let (code, cause) = if code == 9 { (137, EndCause::OutOfMemory) } else { (code, EndCause::WorkloadExit) };
+        let out_of_memory = cause == EndCause::OutOfMemory;
         let generation = {
             let mut m = lock(&self.world.runtime);
             let run = match process {
@@ -752,9 +764,12 @@ impl Runtime {
                 Some((pid, start)) => m.live_process_mut(id, pid, start).map(|p| &mut p.run),
             };
             let Some(run) = run else { return };
-            run.signal.send_replace(RunSignal::MainExited(code));
+            run.signal.send_replace(RunSignal::MainExited { code, out_of_memory });
             let generation = run.generation;
             m.main_exits.push((id.clone(), generation));
+            if out_of_memory {
+                m.oom_kills.push((id.clone(), generation));
+            }
             generation
         };
         self.world.event("runtime", "workload exits", format!("{} generation {generation} code {code}", self.name(id)));
@@ -765,10 +780,10 @@ impl Runtime {
             tokio::time::sleep(linger).await;
             match process {
                 None => {
-                    this.end_run(&id, Some(generation), code, EndCause::WorkloadExit);
+                    this.end_run(&id, Some(generation), code, cause);
                 }
                 Some((pid, start)) => {
-                    crate::kernel::end_process(&this.world, &id, pid, start, code, EndCause::WorkloadExit, true);
+                    crate::kernel::end_process(&this.world, &id, pid, start, code, cause, true);
                 }
             }
         });

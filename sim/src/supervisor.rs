@@ -143,8 +143,8 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
             changed = spawn.signal.changed(), if !spawn.ghost => {
                 match *spawn.signal.borrow_and_update() {
                     _ if changed.is_err() => return,
-                    RunSignal::MainExited(code) => {
-                        exit.send_replace(Some(MainExit { code, out_of_memory: false }));
+                    RunSignal::MainExited { code, out_of_memory } => {
+                        exit.send_replace(Some(MainExit { code, out_of_memory }));
                     }
                     // Killed with its run: the connection goes with it, and its execs.
                     RunSignal::Ended => {

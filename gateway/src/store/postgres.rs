@@ -138,7 +138,7 @@ WITH batch AS (
     FROM batch WHERE c.id = batch.id RETURNING 1
 )
 UPDATE change_log SET head = head + (SELECT count(*) FROM assigned)
-RETURNING head, trimmed_through";
+RETURNING head";
 const TRIM: &str = "
 WITH bound AS (
     SELECT head - $1 AS through FROM change_log WHERE head - trimmed_through > $1 + $1 / 8
@@ -343,12 +343,11 @@ impl PostgresStore {
 
     /// Sequences the change log's committed entries (and trims it) in `tx`, which holds
     /// `LOCK_LOG`; the head after.
-    async fn sequence(&self, tx: &Transaction<'_>) -> Result<(u64, u64), StoreError> {
+    async fn sequence(&self, tx: &Transaction<'_>) -> Result<u64, StoreError> {
         let row = tx.query_one(SEQUENCE, &[]).await.map_err(|e| self.error(&e))?;
         let head = position(row.try_get(0).map_err(|e| self.error(&e))?)?;
         tx.execute(TRIM, &[&self.keep]).await.map_err(|e| self.error(&e))?;
-        let row = tx.query_one("SELECT trimmed_through FROM change_log", &[]).await.map_err(|e| self.error(&e))?;
-        Ok((head, position(row.try_get(0).map_err(|e| self.error(&e))?)?))
+        Ok(head)
     }
 
     /// A sandbox page and the change log's head in one snapshot, with every entry that snapshot
@@ -370,7 +369,7 @@ impl PostgresStore {
             let tx =
                 client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.map_err(e)?;
             tx.batch_execute(LOCK_LOG).await.map_err(e)?;
-            cursor = i64::try_from(self.sequence(&tx).await?.0).unwrap_or(i64::MAX);
+            cursor = i64::try_from(self.sequence(&tx).await?).unwrap_or(i64::MAX);
             tx
         } else {
             tx

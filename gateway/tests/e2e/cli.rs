@@ -423,3 +423,49 @@ async fn the_cli_delete_gives_the_sandbox_its_stop_grace() {
     assert!(out.contains("slow"), "{out}");
     assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default().trim(), "finished");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sets_limits_and_says_when_a_run_ran_out_of_memory() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let args = ["-o", "json", "sandbox", "create", "capped", "--cpus", "0.5", "--memory", "64Mi", "--pids", "128"];
+    let created = json(&berth(&data, &[&args[..], &["--", "sleep", "3600"]].concat()).await);
+    assert_eq!(
+        created["spec"]["limits"],
+        serde_json::json!({"cpu_millis": 500, "memory_bytes": 64 << 20, "pids": 128})
+    );
+    // Refused by the CLI before any call, naming the flag.
+    let out = berth(&data, &["sandbox", "create", "bad", "--memory", "lots", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--memory"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Refused by the gateway, naming the field.
+    let out = berth(&data, &["sandbox", "create", "tiny", "--memory", "1Ki", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spec.limits.memory_bytes"));
+    let hog = [
+        "sandbox",
+        "create",
+        "hog",
+        "--memory",
+        "32Mi",
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/dev/null bs=256M count=1",
+    ];
+    // Ready first or not (the supervisor may connect before the kill), it ends in Error.
+    berth(&data, &hog).await;
+    let mut got = json(&berth(&data, &["-o", "json", "sandbox", "get", "hog"]).await);
+    for _ in 0..200 {
+        if got["phase"] == "Error" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        got = json(&berth(&data, &["-o", "json", "sandbox", "get", "hog"]).await);
+    }
+    assert_eq!(got["failure"]["reason"], "OutOfMemory", "{got}");
+    let message = got["failure"]["message"].as_str().unwrap();
+    assert!(message.contains(&(32u64 << 20).to_string()), "{message}");
+    let table = ok(&berth(&data, &["sandbox", "get", "hog"]).await);
+    assert!(table.contains("OutOfMemory"), "{table}");
+}

@@ -99,6 +99,10 @@ async fn curl_drives_the_http_json_api() {
         refused("POST", "/v1/sandboxes", Some(r#"{"name": "Bad_Name", "spec": {"command": ["true"]}}"#));
     assert_eq!(status, 400);
     assert!(message.contains("name"), "{message}");
+    let negative = r#"{"name": "capped", "spec": {"command": ["true"], "limits": {"memory_bytes": -1}}}"#;
+    let (status, code, message) = refused("POST", "/v1/sandboxes", Some(negative));
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("spec.limits.memory_bytes"), "{message}");
     let version = ready["sandbox"]["resource_version"].as_str().unwrap().parse::<u64>().unwrap();
     let stale = format!(r#"{{"expected_resource_version": "{}"}}"#, version + 10);
     let (status, code, _) = refused("POST", "/v1/sandboxes/web/stop", Some(&stale));

@@ -109,6 +109,21 @@ def test_a_failing_command_and_a_slow_wait_raise(client):
     assert client.wait_for("slow", "Stopped", timeout=30).phase == "Stopped"
 
 
+def test_limits_are_kept_and_a_run_killed_for_memory_says_so(client):
+    limited = client.create("limited", SLEEP, cpus=0.5, memory=64 << 20, pids=100)
+    assert (limited.cpus, limited.memory, limited.pids) == (0.5, 64 << 20, 100)
+    assert client.get("limited").memory == 64 << 20
+    assert client.create("unlimited", SLEEP).memory is None
+    with pytest.raises(berth.InvalidArgument) as negative:
+        client.create("negative", SLEEP, memory=-1, wait=False)
+    assert "spec.limits.memory_bytes" in negative.value.message
+    # Ready first or not (the supervisor may connect before the kill), it ends in Error.
+    client.create("hog", ["sh", "-c", "dd if=/dev/zero of=/dev/null bs=256M count=1"], memory=32 << 20, wait=False)
+    failed = client.wait_for("hog", "Error", timeout=60)
+    assert failed.failure.reason == "OutOfMemory", failed.failure
+    assert str(32 << 20) in failed.failure.message
+
+
 def test_providers_reach_execs_and_guard_their_users(client):
     provider = client.create_provider("llm", "api", {"API_KEY": "s3cret"})
     assert provider.credential_names == ["API_KEY"]

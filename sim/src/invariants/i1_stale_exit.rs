@@ -52,8 +52,9 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
             let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
             refused.chain(removed).any(|t| t >= since)
         }
-        // Every simulated command starts, and none runs out of memory.
-        FailureReason::CommandFailedToStart | FailureReason::OutOfMemory => false,
+        FailureReason::OutOfMemory => runtime.oom_kills.contains(&(after.id.clone(), generation)),
+        // Every simulated command starts.
+        FailureReason::CommandFailedToStart => false,
     };
     (!justified).then(|| {
         format!(
@@ -148,6 +149,22 @@ mod tests {
         );
         refused.refusals.values_mut().for_each(|times| times.push(5));
         assert_eq!(verdict(FailureReason::StartFailed, &refused, true), None);
+    }
+
+    #[test]
+    fn out_of_memory_needs_the_kernels_kill_of_that_generations_workload() {
+        let mut killed = runtime(vec![run(1, true), run(2, true)]);
+        let id = sandbox("sb1", Intent::Running, Phase::Ready, 2).id;
+        killed.oom_kills.push((id.clone(), 1));
+        assert_eq!(
+            verdict(FailureReason::OutOfMemory, &killed, true).as_deref(),
+            Some(
+                "sb1 went Ready -> Error (OutOfMemory) at generation 2, but its run of that generation ended otherwise"
+            ),
+            "generation 1's kill says nothing of generation 2"
+        );
+        killed.oom_kills.push((id, 2));
+        assert_eq!(verdict(FailureReason::OutOfMemory, &killed, true), None);
     }
 
     #[test]

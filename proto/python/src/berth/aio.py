@@ -81,6 +81,9 @@ class AsyncClient:
         on_expiry: Optional[str] = None,
         restart: Optional[str] = None,
         max_restarts: Optional[int] = None,
+        cpus: Optional[float] = None,
+        memory: Optional[int] = None,
+        pids: Optional[int] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
@@ -96,6 +99,9 @@ class AsyncClient:
             on_expiry=on_expiry,
             restart=restart,
             max_restarts=max_restarts,
+            cpus=cpus,
+            memory=memory,
+            pids=pids,
         )
         created = _wire.sandbox((await self._call(self._sandboxes.CreateSandbox, request)).sandbox)
         return await self.wait_for(name, "Ready", timeout=timeout) if wait else created

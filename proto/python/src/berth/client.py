@@ -103,12 +103,16 @@ class Client:
         on_expiry: Optional[str] = None,
         restart: Optional[str] = None,
         max_restarts: Optional[int] = None,
+        cpus: Optional[float] = None,
+        memory: Optional[int] = None,
+        pids: Optional[int] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
         """Creates a sandbox running `command` and, with `wait`, returns it once Ready. Durations
         are in seconds; `on_expiry` is "stop" or "delete"; `restart` "never", "on-failure" or
-        "always"."""
+        "always". Limits: `cpus` in cores (0.5), `memory` in bytes (swap included), `pids` the
+        processes and threads together; a run killed for memory ends in Error OutOfMemory."""
         request = _wire.create_request(
             name,
             command,
@@ -121,6 +125,9 @@ class Client:
             on_expiry=on_expiry,
             restart=restart,
             max_restarts=max_restarts,
+            cpus=cpus,
+            memory=memory,
+            pids=pids,
         )
         created = _wire.sandbox(self._call(self._sandboxes.CreateSandbox, request).sandbox)
         return self.wait_for(name, "Ready", timeout=timeout) if wait else created

@@ -45,6 +45,10 @@ class Sandbox:
     idle_expired_at: Optional[dt.datetime] = None
     restart_count: int = 0
     template: Optional[str] = None
+    #: Its limits: CPU cores (fractional), memory in bytes, processes; `None` for no limit.
+    cpus: Optional[float] = None
+    memory: Optional[int] = None
+    pids: Optional[int] = None
 
 
 @dataclass(frozen=True)

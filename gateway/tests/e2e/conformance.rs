@@ -403,8 +403,11 @@ async fn a_real_exit_is_an_error_with_its_code(runtime: Runtime) {
     let gateway = target.gateway(&data, &[]).await;
     let mut sandboxes = gateway.sandboxes().await;
     let command = ["sh", "-c", "if [ -e ran ]; then sleep 1; exit 3; fi; touch ran; exec sleep 3600"];
-    create_in(&target, &mut sandboxes, "flaky", &command).await;
+    let id = create_in(&target, &mut sandboxes, "flaky", &command).await.id;
     wait_phase(&mut sandboxes, "flaky", pb::Phase::Ready).await;
+    // Ready is the supervisor's connection: under load, a stop at once could end the first run
+    // before its `touch`, and the second would then run as the first.
+    target.wait_workspace_file(&data, &id, "ran", "").await;
     lifecycle(&mut sandboxes, "stop", "flaky").await.unwrap();
     wait_phase(&mut sandboxes, "flaky", pb::Phase::Stopped).await;
     lifecycle(&mut sandboxes, "start", "flaky").await.unwrap();

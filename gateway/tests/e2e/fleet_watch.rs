@@ -141,6 +141,12 @@ async fn a_fleet_watch_resumed_from_its_last_cursor_across_a_gateway_restart_mis
     read_until(&mut events, &mut seen, removed("a2")).await;
     lifecycle(&mut sandboxes, "start", "a1").await.unwrap();
     read_until(&mut events, &mut seen, ready("a1")).await;
+    // Ready can come before the driver's start reply, one write more: the watch gets there too.
+    let current = get(&mut sandboxes, "a1").await.unwrap().resource_version;
+    if said(seen.last().unwrap()).1 < current {
+        let caught_up = move |e: &pb::SandboxEvent| said(e).0 == "a1" && said(e).1 >= current;
+        read_until(&mut events, &mut seen, caught_up).await;
+    }
 
     assert!(seen.iter().all(|e| e.name.is_empty() || e.name.starts_with('a')), "the selector holds");
     let cursors: Vec<u64> = seen.iter().map(|e| e.cursor.split_once('.').unwrap().0.parse().unwrap()).collect();
@@ -198,9 +204,12 @@ async fn a_fleet_watch_refuses_cursors_it_cannot_resume_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_watch_through_one_gateway_sees_the_writes_made_through_another() {
     let Some(url) = pg::fresh_schema("fleet_watch_two_gateways").await else { return };
-    let (data_a, data_b) = (DataDir::new(), DataDir::new());
-    let a = Gateway::start(&data_a, &["--store", &url, "--name", "a"]).await;
-    let b = Gateway::start(&data_b, &["--store", &url, "--name", "b"]).await;
+    // One data directory, as gateways sharing a store on one host run: the lease holder's
+    // process driver must see the runs the other gateway's started (with a directory each, it
+    // finds them missing).
+    let data = DataDir::new();
+    let a = Gateway::start(&data, &["--store", &url, "--name", "a"]).await;
+    let b = Gateway::start(&data, &["--store", &url, "--name", "b"]).await;
     let mut through_a = a.sandboxes().await;
     let mut through_b = b.sandboxes().await;
     let mut events = watch(&mut through_a, "a", "").await.unwrap();
@@ -209,8 +218,11 @@ async fn a_fleet_watch_through_one_gateway_sees_the_writes_made_through_another(
     for i in 0..3 {
         through_b.create_sandbox(labelled(&format!("via-b-{i}"), "a")).await.unwrap();
     }
-    for i in 0..3 {
-        read_until(&mut events, &mut seen, ready(&format!("via-b-{i}"))).await;
+    // Ready in whatever order they get there.
+    for _ in 0..3 {
+        let waiting: Vec<String> =
+            (0..3).map(|i| format!("via-b-{i}")).filter(|n| !seen.iter().any(|e| ready(n)(e))).collect();
+        read_until(&mut events, &mut seen, move |e| waiting.iter().any(|n| ready(n)(e))).await;
     }
     lifecycle(&mut through_b, "delete", "via-b-1").await.unwrap();
     read_until(&mut events, &mut seen, removed("via-b-1")).await;

@@ -96,9 +96,10 @@ async fn a_fork_bomb_is_held_by_the_process_limit(runtime: Runtime) {
     let gateway = target.gateway(&data, &[]).await;
     let mut sandboxes = gateway.sandboxes().await;
     const LIMIT: i64 = 64;
-    // The bomb goes off in the background; the main process carries on as a sleep.
-    let command = ["sh", "-c", "b() { b | b & }; b; exec sleep 3600"];
-    let limits = pb::ResourceLimits { pids: Some(LIMIT), ..Default::default() };
+    // The bomb goes off in a subshell of its own, so the main process (a sleep) never needs a
+    // fork. Half a core keeps its spinning from starving the tests running beside it.
+    let command = ["sh", "-c", "(b() { b | b & }; b) & exec sleep 3600"];
+    let limits = pb::ResourceLimits { pids: Some(LIMIT), cpu_millis: Some(500), ..Default::default() };
     let id = create_limited(&target, &mut sandboxes, "bomb", &command, limits).await.id;
     wait_phase(&mut sandboxes, "bomb", pb::Phase::Ready).await;
     let pid = run_pid(&target, &id);
@@ -117,7 +118,8 @@ async fn a_fork_bomb_is_held_by_the_process_limit(runtime: Runtime) {
     assert!(read_number(&events, Some("max")) > 0, "{runtime:?}: the bomb never reached the limit");
     // Its supervisor, in the same cgroup, still holds the session: the sandbox is Ready, and a
     // stop ends the run with the bomb.
-    assert_eq!(phase(&get(&mut sandboxes, "bomb").await.unwrap()), pb::Phase::Ready, "{runtime:?}");
+    let after = get(&mut sandboxes, "bomb").await.unwrap();
+    assert_eq!(phase(&after), pb::Phase::Ready, "{runtime:?}: {:?}", after.failure);
     lifecycle(&mut sandboxes, "stop", "bomb").await.unwrap();
     wait_phase(&mut sandboxes, "bomb", pb::Phase::Stopped).await;
     clean_up(&target, &data, &mut sandboxes).await;

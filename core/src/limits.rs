@@ -30,6 +30,29 @@ pub const MIN_PIDS: u64 = 16;
 /// The kernel's largest pid_max.
 pub const MAX_PIDS: u64 = 1 << 22;
 
+/// The CFS period a CPU share's quota is counted in, in microseconds (the kernel's default, and
+/// what `docker run --cpus` and `podman run --cpus` use).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+/// The CPU time per [`CPU_PERIOD_US`] that `cpu_millis` thousandths of a core get.
+pub fn cfs_quota_us(cpu_millis: u64) -> u64 {
+    cpu_millis.saturating_mul(CPU_PERIOD_US / 1000)
+}
+
+/// Refuses a CPU share past the `cpus` of the host that would run it: Docker refuses one at
+/// create, Podman and a cgroup of Berth's own would grant what the host has, and a limit is
+/// never silently less than asked.
+pub fn fit_host(limits: &ResourceLimits, cpus: u64, driver: &'static str) -> Result<(), Error> {
+    match limits.cpu_millis {
+        Some(millis) if millis > cpus.saturating_mul(1000) => Err(Error::Unenforceable {
+            field: "spec.limits.cpu_millis".into(),
+            driver,
+            reason: format!("{millis} thousandths of a core is more than the host has ({cpus} CPUs)"),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl ResourceLimits {
     pub fn is_unlimited(&self) -> bool {
         *self == Self::default()
@@ -86,5 +109,21 @@ mod tests {
             assert_eq!(field(limits).is_none(), ok, "pids {pids}");
         }
         assert_eq!(field(ResourceLimits { pids: Some(0), ..none }).unwrap(), "spec.limits.pids");
+    }
+
+    #[test]
+    fn a_cpu_share_fits_a_host_up_to_all_of_its_cpus() {
+        let cpu = |millis| ResourceLimits { cpu_millis: Some(millis), ..ResourceLimits::default() };
+        assert_eq!(fit_host(&ResourceLimits::default(), 1, "docker"), Ok(()));
+        assert_eq!(fit_host(&cpu(2000), 2, "docker"), Ok(()));
+        match fit_host(&cpu(2001), 2, "podman") {
+            Err(Error::Unenforceable { field, driver, reason }) => {
+                assert_eq!((field.as_str(), driver), ("spec.limits.cpu_millis", "podman"));
+                assert!(reason.contains("2001") && reason.contains("2 CPUs"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(cfs_quota_us(1500), 150_000);
+        assert_eq!(cfs_quota_us(MIN_CPU_MILLIS), 1_000);
     }
 }

@@ -73,7 +73,7 @@ impl Engine for SimEngine {
     }
 
     fn cpus(&self) -> u64 {
-        8
+        crate::world::HOST_CPUS
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {

@@ -86,6 +86,10 @@ impl Os for SimOs {
 
     /// The simulated kernel has no cgroups, and the simulated workloads ask for no limits: the
     /// real ones are tested against the host's (drivers' conformance tests).
+    fn cpus(&self) -> u64 {
+        crate::world::HOST_CPUS
+    }
+
     fn unenforceable(&self, _limits: &ResourceLimits) -> Option<(&'static str, String)> {
         None
     }

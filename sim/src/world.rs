@@ -20,6 +20,9 @@ use crate::scenario::Scenario;
 /// The Unix time the simulation starts at (pinned: the default is the wall clock).
 pub const EPOCH_SECS: u64 = 1_700_000_000;
 
+/// The CPUs of the simulated runtime host, whichever driver runs on it.
+pub const HOST_CPUS: u64 = 8;
+
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -689,18 +689,9 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         self.engine.name()
     }
 
-    /// The runtime enforces every limit; only a CPU share the host does not have is refused
-    /// (Docker would refuse it at create, Podman would grant what the host has).
+    /// The runtime enforces every limit; only a CPU share the host does not have is refused.
     fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
-        let cpus = self.engine.cpus();
-        match spec.limits.cpu_millis {
-            Some(millis) if millis > cpus.saturating_mul(1000) => Err(berth_core::Error::Unenforceable {
-                field: "spec.limits.cpu_millis".into(),
-                driver: self.engine.name(),
-                reason: format!("{millis} thousandths of a core is more than the runtime's host has ({cpus} CPUs)"),
-            }),
-            _ => Ok(()),
-        }
+        berth_core::limits::fit_host(&spec.limits, self.engine.cpus(), self.engine.name())
     }
 
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::limits::ResourceLimits;
+use berth_core::limits::{CPU_PERIOD_US, ResourceLimits, cfs_quota_us};
 use berth_core::{SandboxId, Timestamp};
 use futures_util::StreamExt;
 use podman_api::Podman;
@@ -52,9 +52,6 @@ fn fault(code: u16, message: String) -> EngineError {
     }
 }
 
-/// The CFS period a CPU limit's quota is a share of, in microseconds (the kernel's default).
-const CPU_PERIOD_US: u64 = 100_000;
-
 /// The spec's limits as the OCI runtime takes them (what `podman run --cpus --memory
 /// --memory-swap --pids-limit` sends).
 fn resources(limits: &ResourceLimits) -> LinuxResources {
@@ -62,7 +59,7 @@ fn resources(limits: &ResourceLimits) -> LinuxResources {
         cpus: None,
         mems: None,
         period: Some(CPU_PERIOD_US),
-        quota: Some(i64::try_from(millis.saturating_mul(CPU_PERIOD_US / 1000)).unwrap_or(i64::MAX)),
+        quota: Some(i64::try_from(cfs_quota_us(millis)).unwrap_or(i64::MAX)),
         realtime_period: None,
         realtime_runtime: None,
         shares: None,

@@ -12,13 +12,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use berth_core::SandboxId;
-use berth_core::limits::ResourceLimits;
+use berth_core::limits::{CPU_PERIOD_US, ResourceLimits, cfs_quota_us};
 use procfs::process::{MountInfos, Process};
 
 /// Where Berth's cgroups go under each hierarchy's root.
 const PARENT: &str = "berth";
-/// The CFS period a CPU limit's quota is a share of, in microseconds (the kernel's default).
-const CPU_PERIOD_US: u64 = 100_000;
 /// How long the processes left in a removed sandbox's cgroup get to die after SIGKILL.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -191,13 +189,12 @@ impl Cgroups {
 /// cgroup made before holds these same values (a spec never changes), so writing them again
 /// changes nothing.
 fn settings(controller: &str, limits: &ResourceLimits) -> Vec<(&'static str, String)> {
-    let quota = |millis: u64| millis.saturating_mul(CPU_PERIOD_US / 1000);
     let mut files = Vec::new();
     match controller {
         "cpu" => {
             if let Some(millis) = limits.cpu_millis {
                 files.push(("cpu.cfs_period_us", CPU_PERIOD_US.to_string()));
-                files.push(("cpu.cfs_quota_us", quota(millis).to_string()));
+                files.push(("cpu.cfs_quota_us", cfs_quota_us(millis).to_string()));
             }
         }
         "memory" => {
@@ -213,7 +210,7 @@ fn settings(controller: &str, limits: &ResourceLimits) -> Vec<(&'static str, Str
         }
         _ => {
             if let Some(millis) = limits.cpu_millis {
-                files.push(("cpu.max", format!("{} {CPU_PERIOD_US}", quota(millis))));
+                files.push(("cpu.max", format!("{} {CPU_PERIOD_US}", cfs_quota_us(millis))));
             }
             if let Some(bytes) = limits.memory_bytes {
                 files.push(("memory.max", bytes.to_string()));

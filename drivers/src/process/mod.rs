@@ -601,6 +601,7 @@ impl<O: Os> Driver for ProcessDriver<O> {
     }
 
     fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
+        berth_core::limits::fit_host(&spec.limits, self.inner.os.cpus(), "process")?;
         match self.inner.os.unenforceable(&spec.limits) {
             None => Ok(()),
             Some((field, reason)) => {

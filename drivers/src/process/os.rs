@@ -77,8 +77,10 @@ pub trait Os: Send + Sync + 'static {
     /// killed without the chance to stop it.
     fn kill_execs(&self, sandbox: &SandboxId);
 
-    /// Why this host cannot enforce one of `limits`: the spec's field, and the reason (a CPU
-    /// share past the host's CPUs among them).
+    /// The CPUs a sandbox's CPU share may use at most.
+    fn cpus(&self) -> u64;
+
+    /// Why this host cannot enforce one of `limits`: the spec's field, and the reason.
     fn unenforceable(&self, limits: &ResourceLimits) -> Option<(&'static str, String)>;
 
     /// Makes the sandbox's cgroups holding `limits`, and returns the directories its supervisor
@@ -185,15 +187,12 @@ impl Os for HostOs {
         }
     }
 
+    fn cpus(&self) -> u64 {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+    }
+
     fn unenforceable(&self, limits: &ResourceLimits) -> Option<(&'static str, String)> {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-        match limits.cpu_millis {
-            Some(millis) if millis > cpus * 1000 => Some((
-                "spec.limits.cpu_millis",
-                format!("{millis} thousandths of a core is more than this host has ({cpus} CPUs)"),
-            )),
-            _ => self.cgroups.unenforceable(limits),
-        }
+        self.cgroups.unenforceable(limits)
     }
 
     fn limit(&self, sandbox: &SandboxId, limits: &ResourceLimits) -> Result<Vec<PathBuf>, DriverError> {

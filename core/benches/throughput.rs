@@ -17,6 +17,7 @@ fn t(n: i64) -> Timestamp {
 fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
     let fence = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143, out_of_memory: false };
     Sandbox {
+        egress_providers: Default::default(),
         id: SandboxId::new(format!("sb-{i:08}")),
         name: format!("box-{i}"),
         spec: SandboxSpec {
@@ -77,6 +78,7 @@ fn merges() -> Vec<(Sandbox, Observation)> {
 
 fn decisions() -> Vec<(Request, Reads)> {
     let provider = Provider {
+        endpoints: Default::default(),
         name: "anthropic".into(),
         kind: "llm".into(),
         credentials: [("ANTHROPIC_API_KEY".to_string(), Secret::new("k"))].into(),

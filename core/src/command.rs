@@ -77,6 +77,8 @@ pub enum Command {
         name: String,
         kind: String,
         credentials: BTreeMap<String, Secret>,
+        /// Where the credentials are for (DESIGN 10).
+        endpoints: crate::egress::Policy,
     },
     DeleteProvider {
         name: String,
@@ -311,8 +313,8 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             let sandbox = existing(request, reads)?;
             detach(sandbox, provider, now)
         }
-        Command::CreateProvider { name, kind, credentials } => {
-            create_provider(request, reads, name, kind, credentials, now)
+        Command::CreateProvider { name, kind, credentials, endpoints } => {
+            create_provider(request, reads, name, kind, credentials, endpoints, now)
         }
         Command::DeleteProvider { name } => delete_provider(request, reads, name),
         Command::CreateTemplate { name, spec, min_ready } => {
@@ -380,6 +382,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     check_credentials(spec, &attached)?;
     let record = Sandbox {
         providers: providers.clone(),
+        egress_providers: providers.clone(),
         deadline,
         active_at: lifetime::clock_from(&spec.lifetime, now),
         ..first_record(id, name, spec.clone(), now)
@@ -400,6 +403,7 @@ pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: T
         name: name.to_string(),
         spec: spec.into(),
         providers: BTreeSet::new(),
+        egress_providers: BTreeSet::new(),
         intent: Intent::Running,
         phase: Phase::Provisioning,
         resource_version: 1,
@@ -570,6 +574,8 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     }
     let mut next = sandbox.clone();
     next.generation += 1;
+    // The new run's egress is what is attached as its generation is committed (DESIGN 10).
+    next.egress_providers = sandbox.providers.clone();
     next.exit_fence = ExitFence { marker: sandbox.last_exit, settled };
     next.run = Run::Pending;
     next.phase = Phase::Starting;
@@ -632,6 +638,9 @@ fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision,
     }
     let mut next = sandbox.clone();
     next.providers.remove(provider);
+    // A detach closes the provider's endpoints to the run at once; an attach opens them at
+    // the next start.
+    next.egress_providers.remove(provider);
     Ok(commit(sandbox, next, vec![], vec![], now))
 }
 
@@ -641,9 +650,11 @@ fn create_provider(
     name: &str,
     kind: &str,
     credentials: &BTreeMap<String, Secret>,
+    endpoints: &crate::egress::Policy,
     now: Timestamp,
 ) -> Result<Decision, Error> {
     validate::provider(kind, credentials)?;
+    endpoints.validate("endpoints")?;
     request.check_create_version()?;
     if reads.providers.contains_key(name) {
         return Err(Error::AlreadyExists { kind: Kind::Provider, name: name.to_string() });
@@ -652,6 +663,7 @@ fn create_provider(
         name: name.to_string(),
         kind: kind.to_string(),
         credentials: credentials.clone(),
+        endpoints: endpoints.clone(),
         resource_version: 1,
         created_at: now,
         updated_at: now,

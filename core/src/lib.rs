@@ -15,6 +15,7 @@
 //! - [`lifetime`]: deadlines, renews and expiry (9.1)
 //! - [`restart`]: restart policies and their backoff (9.2)
 //! - [`limits`]: CPU, memory and process limits (10)
+//! - [`egress`]: where a sandbox's runs may connect (10)
 //! - [`template`]: templates, warm pools and claims (9.4)
 //! - [`timers`]: when each timed rule of a record next falls due
 //! - [`lease`]: how long a reconcile lease holder may rely on its grant
@@ -25,6 +26,7 @@ pub mod bugs;
 pub mod cas;
 pub mod command;
 pub mod decision;
+pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod identity;

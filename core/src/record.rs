@@ -73,6 +73,9 @@ pub struct SandboxSpec {
     pub restart: RestartPolicy,
     #[serde(default)]
     pub limits: ResourceLimits,
+    /// Where its runs may connect (DESIGN 10); empty: nowhere.
+    #[serde(default)]
+    pub egress: crate::egress::Policy,
 }
 
 /// What the sandbox should be doing. Changed only by API commands, never by observations.
@@ -232,6 +235,10 @@ pub struct Sandbox {
     /// part) is the one part no decision about a run changes.
     pub spec: std::sync::Arc<SandboxSpec>,
     pub providers: BTreeSet<String>,
+    /// The attached providers whose endpoints the current run may reach: those attached when
+    /// its generation was committed, less those detached since ([`crate::egress`]).
+    #[serde(default)]
+    pub egress_providers: BTreeSet<String>,
     pub intent: Intent,
     pub phase: Phase,
     pub resource_version: u64,
@@ -277,6 +284,9 @@ pub struct Provider {
     pub name: String,
     pub kind: String,
     pub credentials: BTreeMap<String, Secret>,
+    /// Where its credentials are for: attaching it lets a sandbox's runs reach these.
+    #[serde(default)]
+    pub endpoints: crate::egress::Policy,
     /// +1 on every write, including every attach to a sandbox: an attach and a provider delete
     /// racing on one provider always conflict, so no sandbox ends up attached to a deleted one.
     pub resource_version: u64,

@@ -64,6 +64,7 @@ mod tests {
 
     fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         Sandbox {
+            egress_providers: Default::default(),
             id: SandboxId::new("sb"),
             name: "box".into(),
             spec: SandboxSpec::default().into(),

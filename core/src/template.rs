@@ -200,6 +200,8 @@ pub(crate) fn claim(
     spec.labels.remove(POOL_LABEL);
     spec.labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     next.providers.extend(providers.iter().cloned());
+    // A claim hands the run to its claimer: the providers it attaches are the run's from here.
+    next.egress_providers.extend(providers.iter().cloned());
     if next.providers.len() > validate::MAX_PROVIDERS {
         return Err(Error::Invalid {
             field: "providers".to_string(),

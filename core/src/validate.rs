@@ -171,6 +171,7 @@ pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
     if size > MAX_SPEC_BYTES {
         return Err(Error::invalid("spec", format!("is {size} bytes; at most {MAX_SPEC_BYTES} are allowed")));
     }
+    spec.egress.validate("spec.egress.allow")?;
     crate::limits::validate(&spec.limits)
 }
 

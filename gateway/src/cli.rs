@@ -147,6 +147,10 @@ struct SpecArgs {
     restart: RestartArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    /// Where its runs may connect, through Berth's egress proxy: a host name, `*.suffix` or a
+    /// CIDR block (repeatable). Without one, nowhere.
+    #[arg(long = "allow")]
+    allow: Vec<String>,
 }
 
 /// What the run may use; the runtime enforces it.
@@ -211,6 +215,7 @@ impl SpecArgs {
             lifetime: Some(self.lifetime.wire()),
             restart: Some(self.restart.wire()),
             limits: self.limits.wire(),
+            egress: (!self.allow.is_empty()).then_some(pb::EgressPolicy { allow: self.allow }),
         }
     }
 }
@@ -463,6 +468,10 @@ enum ProviderCmd {
         /// takes, also the name it gets in sandboxes (repeatable).
         #[arg(long = "credential-from-env")]
         credentials: Vec<String>,
+        /// Where the credentials are for: a host name, `*.suffix` or a CIDR block (repeatable).
+        /// Attaching the provider lets a sandbox's runs reach them from their next start.
+        #[arg(long = "endpoint")]
+        endpoints: Vec<String>,
     },
     /// Show one provider (credential names only).
     Get { name: String },
@@ -570,6 +579,7 @@ fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
         "limits": spec.limits.map(|l| json!({
             "cpu_millis": l.cpu_millis, "memory_bytes": l.memory_bytes, "pids": l.pids,
         })),
+        "egress": spec.egress.as_ref().map(|e| &e.allow),
     })
 }
 
@@ -580,6 +590,7 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "failure": s.failure.as_ref().map(|f| json!({"reason": f.reason, "exit_code": f.exit_code, "message": f.message})),
         "completed": s.completed,
         "resource_version": s.resource_version, "generation": s.generation, "providers": s.providers,
+        "egress_providers": s.egress_providers,
         "deadline_unix_ms": s.deadline_unix_ms, "expired_at_unix_ms": s.expired_at_unix_ms,
         "active_at_unix_ms": s.active_at_unix_ms, "idle_expired_at_unix_ms": s.idle_expired_at_unix_ms,
         "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
@@ -590,7 +601,10 @@ fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
 }
 
 fn provider_json(p: &pb::Provider) -> serde_json::Value {
-    json!({"name": p.name, "kind": p.kind, "credential_names": p.credential_names, "resource_version": p.resource_version})
+    json!({
+        "name": p.name, "kind": p.kind, "credential_names": p.credential_names, "endpoints": p.endpoints,
+        "resource_version": p.resource_version,
+    })
 }
 
 /// Columns padded to their widest cell.
@@ -993,15 +1007,20 @@ impl Client {
 
     async fn provider(&mut self, command: ProviderCmd) -> Result<(), Failed> {
         match command {
-            ProviderCmd::Create { name, kind, credentials } => {
+            ProviderCmd::Create { name, kind, credentials, endpoints } => {
                 let mut values = BTreeMap::new();
                 for key in credentials {
                     let value = std::env::var(&key)
                         .map_err(|_| Failed(format!("--credential-from-env {key}: no such environment variable")))?;
                     values.insert(key, value);
                 }
-                let request =
-                    pb::CreateProviderRequest { name, kind, credentials: values, expected_resource_version: None };
+                let request = pb::CreateProviderRequest {
+                    name,
+                    kind,
+                    credentials: values,
+                    expected_resource_version: None,
+                    endpoints,
+                };
                 let reply = self.providers.create_provider(request).await?.into_inner();
                 self.print_providers(&[reply.provider.unwrap_or_default()]);
             }

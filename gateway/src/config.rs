@@ -165,6 +165,10 @@ pub struct Flags {
     /// resume from a cursor that many changes old. [default: 10000]
     #[arg(long, env = "BERTH_CHANGES_KEPT")]
     pub changes_kept: Option<u64>,
+    /// Pins a host name to addresses for the egress proxy, before DNS (as curl's --resolve):
+    /// NAME=ADDRESS[,ADDRESS...] (repeatable).
+    #[arg(long = "egress-resolve", env = "BERTH_EGRESS_RESOLVE", value_delimiter = ' ', value_parser = crate::egress::pin)]
+    pub egress_resolve: Vec<(String, Vec<std::net::IpAddr>)>,
     /// Log filter, in `RUST_LOG` syntax. [default: info]
     #[arg(long, env = "BERTH_LOG")]
     pub log: Option<String>,
@@ -198,6 +202,7 @@ struct File {
     max_pool: Option<u32>,
     heartbeat: Option<String>,
     changes_kept: Option<u64>,
+    egress_resolve: Option<Vec<String>>,
     log: Option<String>,
     log_format: Option<LogFormat>,
 }
@@ -227,6 +232,7 @@ pub struct Config {
     pub max_pool: u32,
     pub heartbeat: Duration,
     pub changes_kept: u64,
+    pub egress_resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     pub log: String,
     pub log_format: LogFormat,
 }
@@ -259,6 +265,7 @@ impl fmt::Debug for Config {
             .field("max_pool", &self.max_pool)
             .field("heartbeat", &self.heartbeat)
             .field("changes_kept", &self.changes_kept)
+            .field("egress_resolve", &self.egress_resolve)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
             .finish()
@@ -322,6 +329,15 @@ impl Config {
         if changes_kept == 0 {
             return Err("changes_kept: 0 would keep no change for a watch to resume from; give at least 1".into());
         }
+        let egress_resolve = if flags.egress_resolve.is_empty() {
+            file.egress_resolve
+                .unwrap_or_default()
+                .iter()
+                .map(|pin| crate::egress::pin(pin).map_err(|e| format!("egress_resolve: {e}")))
+                .collect::<Result<_, _>>()?
+        } else {
+            flags.egress_resolve.into_iter().collect()
+        };
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
@@ -362,6 +378,7 @@ impl Config {
             max_pool: flags.max_pool.or(file.max_pool).unwrap_or(berth_core::validate::Limits::default().max_pool),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             changes_kept,
+            egress_resolve,
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
         })

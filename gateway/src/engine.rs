@@ -48,6 +48,8 @@ pub struct EngineSettings {
     pub limits: berth_core::validate::Limits,
     /// The gateway's name (`--name`), as its info reads show it.
     pub name: String,
+    /// Where the egress proxy opens the connections sandboxes are allowed.
+    pub egress: Arc<dyn crate::egress::Upstream>,
 }
 
 impl Default for EngineSettings {
@@ -59,6 +61,7 @@ impl Default for EngineSettings {
             files: berth_drivers::files::Limits::default(),
             limits: berth_core::validate::Limits::default(),
             name: crate::server::DEFAULT_NAME.to_string(),
+            egress: Arc::new(crate::egress::HostUpstream::default()),
         }
     }
 }
@@ -730,6 +733,7 @@ mod tests {
 
     fn ready_sandbox(name: &str) -> Sandbox {
         Sandbox {
+            egress_providers: Default::default(),
             id: SandboxId::new(format!("sb-{name}")),
             name: name.into(),
             spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() }.into(),
@@ -762,6 +766,7 @@ mod tests {
         let mut writes = vec![Write::CreateSandbox(hot.clone())];
         for p in ["p0", "p1"] {
             writes.push(Write::CreateProvider(Provider {
+                endpoints: Default::default(),
                 name: p.into(),
                 kind: "test".into(),
                 credentials: BTreeMap::new(),

@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod lease;

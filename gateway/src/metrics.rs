@@ -40,6 +40,11 @@ struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabel {
+    verdict: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
 }
@@ -74,6 +79,7 @@ pub struct Metrics {
     execs_admitted: Counter,
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
+    egress: Family<VerdictLabel, Counter>,
     /// Transitions under way: which, since when, and the phase that ends them.
     pending: Mutex<BTreeMap<SandboxId, (&'static str, Instant, PhaseKind)>>,
 }
@@ -95,6 +101,7 @@ impl Default for Metrics {
             execs_admitted: Counter::default(),
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
+            egress: Family::default(),
             pending: Mutex::default(),
             registry: Registry::default(),
         };
@@ -134,6 +141,11 @@ impl Default for Metrics {
             "execs_open",
             "Execs not yet ended, in the store (read at each scrape)",
             m.execs_open.clone(),
+        );
+        registry.register(
+            "egress_connections",
+            "Connections sandboxes asked the egress proxy here for, by verdict (allowed, denied)",
+            m.egress.clone(),
         );
         Self { registry, ..m }
     }
@@ -200,6 +212,11 @@ impl Metrics {
             }
             None => {}
         }
+    }
+
+    /// An egress connection decided here (`allowed`: by the run's policy).
+    pub fn egress(&self, allowed: bool) {
+        self.egress.get_or_create(&VerdictLabel { verdict: if allowed { "allowed" } else { "denied" } }).inc();
     }
 
     pub fn conflict(&self, what: &str) {

@@ -235,6 +235,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         files,
         limits: berth_core::validate::Limits { max_ttl: config.max_ttl, max_pool: config.max_pool },
         name: config.name.clone(),
+        egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);

@@ -126,6 +126,7 @@ trimmed_log!(the_change_log_keeps_its_newest_entries_and_says_what_it_dropped);
 
 fn sandbox(id: &str, name: &str) -> Sandbox {
     Sandbox {
+        egress_providers: Default::default(),
         id: SandboxId::new(id),
         name: name.into(),
         spec: SandboxSpec {
@@ -157,6 +158,7 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
 
 fn provider(name: &str) -> Provider {
     Provider {
+        endpoints: Default::default(),
         name: name.into(),
         kind: "test".into(),
         credentials: [("TOKEN".to_string(), Secret::new("hunter2"))].into(),

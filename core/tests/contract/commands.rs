@@ -36,6 +36,7 @@ fn record(kind: PhaseKind) -> Sandbox {
         PhaseKind::Error => (error_phase(), Intent::Running, Run::Ended(marker(500))),
     };
     Sandbox {
+        egress_providers: Default::default(),
         id: SandboxId::new("sb-1"),
         name: "box".into(),
         spec: spec().into(),
@@ -60,6 +61,7 @@ fn record(kind: PhaseKind) -> Sandbox {
 
 fn provider(name: &str, key: &str) -> Provider {
     Provider {
+        endpoints: Default::default(),
         name: name.into(),
         kind: "test".into(),
         credentials: [(key.to_string(), Secret::new("v"))].into(),

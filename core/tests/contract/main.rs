@@ -1,6 +1,7 @@
 //! berth-core's contract tests: one binary, so the world helper is shared without duplication.
 
 mod commands;
+mod egress;
 mod execs;
 mod idle;
 mod merge_rules;

@@ -24,6 +24,7 @@ fn fence() -> ExitMarker {
 
 fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
     Sandbox {
+        egress_providers: Default::default(),
         id: SandboxId::new("sb-1"),
         name: "box".into(),
         spec: spec().into(),

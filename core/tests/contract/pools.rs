@@ -33,7 +33,11 @@ fn with_template(min_ready: u32) -> Store {
     let mut store = Store::default();
     run(&mut store, Command::CreateTemplate { name: "web".into(), spec: spec(), min_ready }).unwrap();
     let credentials = [("P1_KEY".to_string(), berth_core::Secret::new("s"))].into();
-    run(&mut store, Command::CreateProvider { name: "p1".into(), kind: "k".into(), credentials }).unwrap();
+    run(
+        &mut store,
+        Command::CreateProvider { endpoints: Default::default(), name: "p1".into(), kind: "k".into(), credentials },
+    )
+    .unwrap();
     store
 }
 
@@ -93,7 +97,11 @@ fn a_claim_takes_one_ready_member_and_makes_it_the_claimers() {
     let mut store = Store::default();
     run(&mut store, Command::CreateTemplate { name: "web".into(), spec: spec_with_ttl, min_ready: 2 }).unwrap();
     let credentials = [("P1_KEY".to_string(), berth_core::Secret::new("s"))].into();
-    run(&mut store, Command::CreateProvider { name: "p1".into(), kind: "k".into(), credentials }).unwrap();
+    run(
+        &mut store,
+        Command::CreateProvider { endpoints: Default::default(), name: "p1".into(), kind: "k".into(), credentials },
+    )
+    .unwrap();
     run(&mut store, fill(1)).unwrap();
     run(&mut store, fill(2)).unwrap();
     let e = run(&mut store, claim(&[], &[])).unwrap_err();

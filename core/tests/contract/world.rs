@@ -321,6 +321,7 @@ impl World {
     pub fn create_provider(&mut self, name: &str, key: &str) -> Result<Outcome, Error> {
         self.request(
             Command::CreateProvider {
+                endpoints: Default::default(),
                 name: name.into(),
                 kind: "test".into(),
                 credentials: [(key.to_string(), berth_core::Secret::new("s3cret"))].into(),

@@ -58,6 +58,19 @@ pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
     }
 }
 /// How long a stop may take beyond its grace period before the driver gives up waiting.
+/// Where the supervisor takes a run's proxy requests: the container's only network is its
+/// loopback, and the only way out is through the gateway's egress proxy (DESIGN 10).
+const EGRESS_PROXY: &str = "127.0.0.1:3128";
+
+/// The variables HTTP clients read their proxy from, both spellings; the sandbox's own
+/// loopback stays direct.
+fn proxy_env() -> impl Iterator<Item = (String, String)> {
+    let proxy = format!("http://{EGRESS_PROXY}");
+    let via = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].map(|name| (name.to_string(), proxy.clone()));
+    let direct = ["NO_PROXY", "no_proxy"].map(|name| (name.to_string(), "localhost,127.0.0.1,::1".to_string()));
+    via.into_iter().chain(direct)
+}
+
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(10);
@@ -378,6 +391,8 @@ impl<E: Engine> ContainerDriver<E> {
             format!("/run/berth/logs/{BEGAN_FILE}"),
             // What the runtime keeps of the container's output (`docker logs`) stays the same.
             "--echo-output".into(),
+            "--egress-proxy".into(),
+            EGRESS_PROXY.into(),
             "--".into(),
         ];
         command.extend(launch.spec.command.iter().cloned());
@@ -399,7 +414,9 @@ impl<E: Engine> ContainerDriver<E> {
                 ("BERTH_SANDBOX_ID".to_string(), id.to_string()),
                 ("BERTH_SANDBOX_NAME".to_string(), launch.name.clone()),
             ]
-            .into(),
+            .into_iter()
+            .chain(proxy_env())
+            .collect(),
             labels,
             binds: vec![
                 Bind {

@@ -601,6 +601,16 @@ impl<O: Os> Driver for ProcessDriver<O> {
     }
 
     fn admit(&self, spec: &SandboxSpec) -> Result<(), berth_core::Error> {
+        if !spec.egress.is_none() {
+            // Its runs share the host's network: nothing outside them could hold them to a list.
+            return Err(berth_core::Error::Unenforceable {
+                field: "spec.egress.allow".into(),
+                driver: "process",
+                reason: "a process shares this host's network, so no egress policy can be enforced on it; use the \
+                         docker or podman driver"
+                    .into(),
+            });
+        }
         berth_core::limits::fit_host(&spec.limits, self.inner.os.cpus(), "process")?;
         match self.inner.os.unenforceable(&spec.limits) {
             None => Ok(()),

@@ -68,6 +68,10 @@ struct Args {
     /// does not run.
     #[arg(long = "cgroup")]
     cgroups: Vec<PathBuf>,
+    /// Where to take the run's proxy requests (the sandbox's loopback, `127.0.0.1:3128`): each
+    /// connection goes out through a gateway's egress proxy, which decides by the run's policy.
+    #[arg(long)]
+    egress_proxy: Option<std::net::SocketAddr>,
     /// The sandbox's command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -154,6 +158,37 @@ async fn keep_session(gateways: Vec<String>, run: Run) -> SessionEnd {
         }
     };
     session::keep_session(connect, run, &mut Log).await
+}
+
+/// The proxy listener's loop: each connection carried through a gateway. One connection to a
+/// gateway serves them all while its socket stays; when it goes, the next one `gateways` name.
+async fn proxy(listener: tokio::net::TcpListener, gateways: Vec<String>, token: String) {
+    let token = std::sync::Arc::new(token);
+    let mut current: Option<(String, Channel)> = None;
+    loop {
+        let Ok((client, _)) = listener.accept().await else { continue };
+        let _ = client.set_nodelay(true);
+        let all = endpoints(&gateways);
+        if current.as_ref().is_none_or(|(endpoint, _)| !all.contains(endpoint)) {
+            current = None;
+            for endpoint in all {
+                if let Ok(channel) = connect(&endpoint).await {
+                    current = Some((endpoint, channel));
+                    break;
+                }
+            }
+        }
+        let Some((_, channel)) = current.clone() else {
+            log("egress: no gateway answers; the connection is closed");
+            continue;
+        };
+        let token = token.clone();
+        tokio::spawn(async move {
+            if let Err(e) = berth_supervisor::egress::serve(client, &token, channel).await {
+                log(format_args!("egress: {e}"));
+            }
+        });
+    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -258,6 +293,13 @@ async fn supervise(args: Args) -> ExitCode {
             .map_err(|e| log(format_args!("cannot open the logs in {}: {e}; the output goes unlogged", dir.display())))
             .ok()
     });
+    // Listening before the command starts, so its first connection finds the proxy.
+    if let Some(addr) = args.egress_proxy {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => drop(tokio::spawn(proxy(listener, args.gateway.clone(), token.clone()))),
+            Err(e) => log(format_args!("cannot take proxy requests on {addr}: {e}; the run has no egress")),
+        }
+    }
     let joined = cgroup::join(&args.cgroups);
     // Counted before the command starts: a kill for memory while it runs raises the count.
     let kills_before = cgroup::oom_kills();

@@ -35,6 +35,7 @@ fn populated(request: &Request) -> Reads {
     if let Some(name) = request.sandbox_name() {
         let spec = berth_core::SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() };
         reads.sandbox = Some(berth_core::Sandbox {
+            egress_providers: Default::default(),
             id: SandboxId::new("sb-fuzz"),
             name: name.to_string(),
             spec: spec.into(),
@@ -58,6 +59,7 @@ fn populated(request: &Request) -> Reads {
     }
     for name in request.providers_to_read(reads.sandbox.as_ref()) {
         let provider = berth_core::Provider {
+            endpoints: Default::default(),
             name: name.clone(),
             kind: "k".into(),
             credentials: Default::default(),
@@ -112,6 +114,7 @@ fuzz_target!(|input: (u8, &[u8])| {
         6 => {
             if let Ok(r) = pb::CreateProviderRequest::decode(bytes) {
                 let command = Command::CreateProvider {
+                    endpoints: Default::default(),
                     name: r.name,
                     kind: r.kind,
                     credentials: convert::credentials(r.credentials),

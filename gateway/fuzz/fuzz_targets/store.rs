@@ -40,6 +40,7 @@ enum Op {
 
 fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
     Sandbox {
+        egress_providers: Default::default(),
         id: SandboxId::new(format!("sb-{record}")),
         name: format!("n{name}"),
         spec: SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() }.into(),

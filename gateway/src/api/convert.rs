@@ -52,7 +52,15 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
             memory_bytes: limit("spec.limits.memory_bytes", limits.memory_bytes)?,
             pids: limit("spec.limits.pids", limits.pids)?,
         },
+        egress: berth_core::egress::Policy::parse(
+            "spec.egress.allow",
+            spec.egress.iter().flat_map(|e| e.allow.iter().map(String::as_str)),
+        )?,
     })
+}
+
+pub fn rules_to_wire(policy: &berth_core::egress::Policy) -> Vec<String> {
+    policy.allow.iter().map(ToString::to_string).collect()
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> berth_core::Error {
@@ -103,6 +111,7 @@ pub fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
                 pids: spec.limits.pids.map(wire),
             }
         }),
+        egress: (!spec.egress.is_none()).then(|| pb::EgressPolicy { allow: rules_to_wire(&spec.egress) }),
     }
 }
 
@@ -155,6 +164,7 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         pool_member: s.template.as_deref().is_some_and(|t| berth_core::template::is_member(s, t)),
         active_at_unix_ms: berth_core::lifetime::idle_pending(s).map(|(since, _)| since.unix_millis()),
         idle_expired_at_unix_ms: s.idle_expired_at.map(Timestamp::unix_millis),
+        egress_providers: s.egress_providers.intersection(&s.providers).cloned().collect(),
     }
 }
 
@@ -167,6 +177,7 @@ pub fn provider(p: &Provider) -> pb::Provider {
         resource_version: p.resource_version,
         created_at_unix_ms: p.created_at.unix_millis(),
         updated_at_unix_ms: p.updated_at.unix_millis(),
+        endpoints: rules_to_wire(&p.endpoints),
     }
 }
 

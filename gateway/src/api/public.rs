@@ -187,8 +187,14 @@ impl Providers for ProviderApi {
         request: Request<pb::CreateProviderRequest>,
     ) -> Result<Response<pb::ProviderReply>, Status> {
         let r = request.into_inner();
-        let command =
-            Command::CreateProvider { name: r.name, kind: r.kind, credentials: convert::credentials(r.credentials) };
+        let endpoints = berth_core::egress::Policy::parse("endpoints", r.endpoints.iter().map(String::as_str))
+            .map_err(ApiError::from)?;
+        let command = Command::CreateProvider {
+            name: r.name,
+            kind: r.kind,
+            credentials: convert::credentials(r.credentials),
+            endpoints,
+        };
         match self.engine.execute(&CoreRequest::new(command, r.expected_resource_version)).await? {
             Outcome::Provider(p) => Ok(Response::new(pb::ProviderReply { provider: Some(convert::provider(&p)) })),
             other => Err(Status::internal(format!("a provider command returned {other:?}"))),

@@ -200,10 +200,72 @@ async fn exec_report(
 }
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
+type EgressStream = Pin<Box<dyn Stream<Item = Result<pb::EgressDown, Status>> + Send>>;
+
+/// The most bytes one egress message carries.
+const EGRESS_CHUNK: usize = 64 * 1024;
+
+/// Carries an opened egress connection's bytes both ways until each side has ended: the
+/// sandbox's end of stream shuts the upstream's write side, the upstream's end of file ends
+/// the reply stream.
+async fn splice(
+    connection: Box<dyn crate::egress::Connection>,
+    mut inbound: Streaming<pb::EgressUp>,
+    tx: mpsc::Sender<Result<pb::EgressDown, Status>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut read, mut write) = tokio::io::split(connection);
+    let up = async move {
+        while let Ok(Some(message)) = inbound.message().await {
+            match message.message {
+                Some(pb::egress_up::Message::Data(data)) => {
+                    if write.write_all(&data).await.is_err() {
+                        break;
+                    }
+                }
+                // A second open is a client's mistake; the connection it has stays as it is.
+                Some(pb::egress_up::Message::Open(_)) | None => {}
+            }
+        }
+        let _ = write.shutdown().await;
+    };
+    let down = async move {
+        let mut buffer = vec![0; EGRESS_CHUNK];
+        loop {
+            match read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let data = pb::EgressDown { message: Some(pb::egress_down::Message::Data(buffer[..n].to_vec())) };
+                    if tx.send(Ok(data)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::join!(up, down);
+}
 
 #[tonic::async_trait]
 impl Supervisor for SupervisorApi {
     type SessionStream = SessionStream;
+    type EgressStream = EgressStream;
+
+    async fn egress(&self, request: Request<Streaming<pb::EgressUp>>) -> Result<Response<Self::EgressStream>, Status> {
+        let mut inbound = request.into_inner();
+        let open = match tokio::time::timeout(HELLO_WITHIN, inbound.message()).await {
+            Ok(Ok(Some(pb::EgressUp { message: Some(pb::egress_up::Message::Open(open)) }))) => open,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message of an egress stream must open it")),
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no open within 10 s")),
+        };
+        let (connection, addr) = self.engine.open_egress(&open).await?;
+        let (tx, rx) = mpsc::channel(8);
+        let connected = pb::EgressDown { message: Some(pb::egress_down::Message::Connected(addr.to_string())) };
+        let _ = tx.send(Ok(connected)).await;
+        tokio::spawn(splice(connection, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn session(
         &self,

@@ -120,6 +120,7 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
     let attach = pb::AttachRequest { sandbox: "good".into(), provider: "gone".into(), expected_resource_version: None };
     expect(providers.attach_provider(attach).await, Code::FailedPrecondition, "gone");
     let bad_creds = pb::CreateProviderRequest {
+        endpoints: Default::default(),
         name: "creds".into(),
         kind: "k".into(),
         credentials: [("NOT VALID".to_string(), "secret-value".to_string())].into(),

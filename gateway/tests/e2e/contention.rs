@@ -20,6 +20,7 @@ async fn sixteen_server_owned_writers_on_one_sandbox_never_fail() {
     let mut providers = gateway.providers().await;
     for p in ["p0", "p1"] {
         let request = pb::CreateProviderRequest {
+            endpoints: Default::default(),
             name: p.into(),
             kind: "test".into(),
             credentials: [(format!("{}_KEY", p.to_uppercase()), "v".to_string())].into(),

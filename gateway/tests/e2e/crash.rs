@@ -98,6 +98,7 @@ async fn killed_in_a_group_committed_burst_every_acknowledged_write_is_there() {
                 let name = format!("p{c}-{i}");
                 let credentials = [("KEY".to_string(), format!("value-{c}-{i}"))].into();
                 let request = pb::CreateProviderRequest {
+                    endpoints: Default::default(),
                     name: name.clone(),
                     kind: "k".into(),
                     credentials,

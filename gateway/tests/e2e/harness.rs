@@ -230,6 +230,7 @@ pub const COUNTING: &[&str] =
 /// Creates provider `name` holding one credential, `key` = `value`.
 pub async fn create_provider(providers: &mut Providers, name: &str, key: &str, value: &str) {
     let request = pb::CreateProviderRequest {
+        endpoints: Default::default(),
         name: name.into(),
         kind: "test".into(),
         credentials: [(key.to_string(), value.to_string())].into(),

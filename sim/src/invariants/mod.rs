@@ -66,6 +66,7 @@ pub(crate) fn sandbox(
     generation: u64,
 ) -> berth_core::Sandbox {
     berth_core::Sandbox {
+        egress_providers: Default::default(),
         id: berth_core::SandboxId::new(format!("id-{name}")),
         name: name.to_string(),
         spec: Default::default(),

@@ -9,7 +9,7 @@ pub const BUSYBOX: &str = "/bin/busybox";
 /// The commands linked to busybox in the image.
 const APPLETS: &[&str] = &[
     "sh", "ash", "sleep", "echo", "cat", "ls", "true", "false", "printf", "test", "[", "touch", "mkdir", "rm", "cp",
-    "mv", "id", "date", "kill", "ps", "env", "head", "tail", "grep", "sed", "wc", "seq", "expr",
+    "mv", "id", "date", "kill", "ps", "env", "head", "tail", "grep", "sed", "wc", "seq", "expr", "wget", "nc",
 ];
 
 fn header(kind: tar::EntryType, size: u64, mode: u32) -> tar::Header {

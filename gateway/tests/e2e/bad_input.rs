@@ -75,6 +75,32 @@ async fn bad_input_gets_its_status_code_and_writes_nothing() {
             field,
         );
     }
+    // Egress entries: malformed names and blocks, each named by its index; too many.
+    for (bad, field) in [
+        (vec!["one.test", "bad_name.test"], "spec.egress.allow[1]"),
+        (vec!["10.0.0.0/33"], "spec.egress.allow[0]"),
+        (vec!["one.test", "two.test", "http://x.test/"], "spec.egress.allow[2]"),
+        (vec!["*"], "spec.egress.allow[0]"),
+    ] {
+        let mut egress = ok_spec();
+        egress.egress = Some(pb::EgressPolicy { allow: bad.iter().map(|b| b.to_string()).collect() });
+        expect(sandboxes.create_sandbox(create_request("egress", egress, vec![])).await, Code::InvalidArgument, field);
+    }
+    let mut crowded = ok_spec();
+    crowded.egress = Some(pb::EgressPolicy { allow: (0..65).map(|i| format!("h{i}.test")).collect() });
+    expect(
+        sandboxes.create_sandbox(create_request("egress", crowded, vec![])).await,
+        Code::InvalidArgument,
+        "spec.egress.allow",
+    );
+    let bad_endpoint = pb::CreateProviderRequest {
+        name: "ends".into(),
+        kind: "k".into(),
+        endpoints: vec!["api.test".into(), "300.1.2.3/8".into()],
+        ..Default::default()
+    };
+    expect(providers.create_provider(bad_endpoint).await, Code::InvalidArgument, "endpoints[1]");
+    expect(providers.get_provider(pb::GetProviderRequest { name: "ends".into() }).await, Code::NotFound, "ends");
     let many: Vec<String> = (0..33).map(|i| format!("p{i}")).collect();
     expect(sandboxes.create_sandbox(create_request("many", ok_spec(), many)).await, Code::InvalidArgument, "providers");
     expect(

@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod contention;
 mod crash;
+mod egress;
 mod exec;
 mod files;
 mod fleet_watch;

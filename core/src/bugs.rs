@@ -58,10 +58,13 @@ pub enum Bug {
     /// T1 (idle): an idle expiry counts only the record's last activity, not the execs still
     /// open, so a sandbox is stopped under an exec that runs longer than its idle timeout.
     IdleIgnoresExecs,
+    /// N1: an attach opens the provider's endpoints to the running generation at once, not at
+    /// its next start: the run gets more than the policy committed with its generation.
+    EgressFromAttach,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 14] = [
+    pub const ALL: [Bug; 15] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -76,6 +79,7 @@ impl Bug {
         Bug::ExpiryIgnoresRenew,
         Bug::ClaimWithoutCas,
         Bug::IdleIgnoresExecs,
+        Bug::EgressFromAttach,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +98,7 @@ impl Bug {
             Bug::ExpiryIgnoresRenew => "expiry-ignores-renew",
             Bug::ClaimWithoutCas => "claim-without-cas",
             Bug::IdleIgnoresExecs => "idle-ignores-execs",
+            Bug::EgressFromAttach => "egress-from-attach",
         }
     }
 
@@ -117,13 +122,19 @@ impl Bug {
             | Bug::SweepSkipsLastPage
             | Bug::ExecRetryRunsTwice
             | Bug::ExecNotFenced
-            | Bug::IdleIgnoresExecs => 1,
+            | Bug::IdleIgnoresExecs
+            | Bug::EgressFromAttach => 1,
         }
     }
 
     /// Whether the race needs the lifetime workload.
     pub fn lifetimes(self) -> bool {
         matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas | Bug::IdleIgnoresExecs)
+    }
+
+    /// Whether the race needs the egress workload.
+    pub fn egress(self) -> bool {
+        self == Bug::EgressFromAttach
     }
 
     /// Whether the race needs the exec workload.
@@ -155,6 +166,11 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
         RuntimeSource::WatchEvent => on(Bug::EventBypassesFence),
         RuntimeSource::InitialSync | RuntimeSource::RecoveryLookup => false,
     }
+}
+
+/// N1: an attach widens the running generation's egress too.
+pub(crate) fn egress_from_attach() -> bool {
+    on(Bug::EgressFromAttach)
 }
 
 /// D1: an effect is taken as still wanted whatever the record says now, and a stop as the

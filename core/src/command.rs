@@ -626,6 +626,10 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
     check_credentials(&sandbox.spec, &attached)?;
     let mut next = sandbox.clone();
     next.providers.insert(provider.to_string());
+    #[cfg(feature = "bugs")]
+    if crate::bugs::egress_from_attach() {
+        next.egress_providers.insert(provider.to_string());
+    }
     Ok(commit(sandbox, next, vec![touch_provider(target, now)], vec![], now))
 }
 

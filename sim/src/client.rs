@@ -440,7 +440,7 @@ impl Client {
         let mut c = self.providers();
         let result = if create {
             let request = pb::CreateProviderRequest {
-                endpoints: Default::default(),
+                endpoints: vec![crate::egress::endpoint(name)],
                 name: name.to_string(),
                 kind: "sim".into(),
                 credentials: [(format!("KEY_{}", name.to_uppercase().replace('-', "_")), "secret".to_string())].into(),

@@ -61,6 +61,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     let settings = EngineSettings {
         stop_grace: Duration::from_secs(2),
         effect_retries: vec![Duration::from_millis(200), Duration::from_millis(800)],
+        egress: Arc::new(crate::egress::SimUpstream { world: world.clone() }),
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);

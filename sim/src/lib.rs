@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod client;
 pub mod driver;
+pub mod egress;
 pub mod engine;
 pub mod execs;
 pub mod faults;

@@ -40,6 +40,9 @@ struct Phases {
     /// Give sandboxes deadlines and restart policies, and renew them (T1).
     #[arg(long)]
     lifetimes: bool,
+    /// Have every run ask for its providers' endpoints through the egress proxy (N1).
+    #[arg(long)]
+    egress: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -106,6 +109,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_gateways(phases.gateways)
         .with_execs(phases.execs)
         .with_lifetimes(phases.lifetimes)
+        .with_egress(phases.egress)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -125,6 +129,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.lifetimes {
         command += " --lifetimes";
+    }
+    if phases.egress {
+        command += " --egress";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -250,6 +257,7 @@ fn main() -> std::process::ExitCode {
                     gateways: gateways.max(bug.gateways()),
                     execs: bug.execs(),
                     lifetimes: bug.lifetimes(),
+                    egress: bug.egress(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

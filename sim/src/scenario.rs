@@ -131,6 +131,9 @@ pub struct Scenario {
     /// The lifetime workload runs too (`--lifetimes`): sandboxes with deadlines and restart
     /// policies, renews racing expiries, checked by T1 and by I8 under each policy.
     pub lifetimes: bool,
+    /// The egress workload runs too (`--egress`): every run asks for its providers' endpoints
+    /// through the egress proxy while they are attached and detached, checked by N1.
+    pub egress: bool,
 }
 
 impl Scenario {
@@ -193,7 +196,13 @@ impl Scenario {
             script: Vec::new(),
             execs: false,
             lifetimes: false,
+            egress: false,
         }
+    }
+
+    pub fn with_egress(mut self, egress: bool) -> Self {
+        self.egress = egress;
+        self
     }
 
     pub fn with_lifetimes(mut self, lifetimes: bool) -> Self {

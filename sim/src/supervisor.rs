@@ -98,6 +98,15 @@ impl Observer for Checks {
     }
 }
 
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::UnboundedSender<Request>) {
     if !spawn.ghost && *spawn.signal.borrow() == RunSignal::Ended {
         return;
@@ -120,6 +129,17 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         sent: 0,
         done: spawn.ghost.then_some(done),
     };
+    // The run's egress requests, for as long as its supervisor lives (N1).
+    let _egress = (world.scenario.egress && !spawn.ghost).then(|| {
+        let workload = crate::egress::workload(
+            world.clone(),
+            spawn.token.clone(),
+            spawn.sandbox.clone(),
+            spawn.generation,
+            connect,
+        );
+        AbortOnDrop(tokio::spawn(workload))
+    });
     let session = session::keep_session(connect, run, &mut checks);
     tokio::pin!(session);
     loop {

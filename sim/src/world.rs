@@ -156,6 +156,8 @@ pub struct World {
     pub claims: Mutex<crate::invariants::p1_pools::Claims>,
     /// Per sandbox: the last exec admission or end the store committed, on its clock (T1).
     pub exec_activity: Mutex<BTreeMap<SandboxId, berth_core::Timestamp>>,
+    /// The sandboxes' committed providers and generations, and the egress requests judged (N1).
+    pub egress: Mutex<crate::egress::Ledger>,
 }
 
 impl World {
@@ -169,6 +171,7 @@ impl World {
             commits: Mutex::default(),
             generations: Mutex::default(),
             exec_activity: Mutex::default(),
+            egress: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),

@@ -18,6 +18,17 @@ fn sixteen_short_seeds_hold_every_invariant() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// N1 is not judged on nothing: with the egress workload a seed's runs both reach their
+/// providers' endpoints and are refused them, as attaches, detaches and starts interleave.
+#[test]
+fn egress_requests_are_opened_and_refused_and_each_is_judged() {
+    let outcome = run(Scenario::standard(0).with_egress(true), None);
+    assert!(outcome.passed(), "{:?}", outcome.violations);
+    let count = |kind: &str| outcome.trace.iter().filter(|e| e.kind == kind).count();
+    assert!(count("egress") >= 50, "{} connections", count("egress"));
+    assert!(count("egress refused") >= 5, "{} refusals", count("egress refused"));
+}
+
 /// The simulator must see each known bug when its switch puts it back: a simulator that stopped
 /// catching them would pass every other test. Each is pinned at the first seed `berth-sim bugs`
 /// found it at (searching from 0, with as many gateways as the bug needs), so this stays quick
@@ -42,6 +53,7 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::ExpiryIgnoresRenew => (0, Invariant::T1),
             Bug::ClaimWithoutCas => (0, Invariant::P1),
             Bug::IdleIgnoresExecs => (0, Invariant::T1),
+            Bug::EgressFromAttach => (0, Invariant::N1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -58,8 +70,11 @@ fn recording_a_start_after_the_spawn_is_caught_under_the_process_driver() {
 }
 
 fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outcome {
-    let scenario =
-        Scenario::standard(seed).with_gateways(bug.gateways()).with_execs(bug.execs()).with_lifetimes(bug.lifetimes());
+    let scenario = Scenario::standard(seed)
+        .with_gateways(bug.gateways())
+        .with_execs(bug.execs())
+        .with_lifetimes(bug.lifetimes())
+        .with_egress(bug.egress());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

@@ -562,9 +562,13 @@ impl<E: Engine> ContainerDriver<E> {
                     self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
                     return Ok(start_gate::report(None));
                 }
-                // The container started since the start was begun: that run is this generation's.
+                // The container started since the start was begun: that run is this generation's
+                // if its supervisor began as this generation's. An out-of-band restart already
+                // under way as the start began read the older token, and its end is not this
+                // generation's (seed 37 with `--execs --lifetimes --egress`): it is started anew.
                 if let Some(started_at) = current.and_then(|i| i.started_at)
                     && previous.is_none_or(|p| started_at > p)
+                    && self.began_as(id, generation).await
                 {
                     self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
                     return Ok(start_gate::report(current.map(|i| i.state())));

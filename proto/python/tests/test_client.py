@@ -124,6 +124,24 @@ def test_limits_are_kept_and_a_run_killed_for_memory_says_so(client):
     assert str(32 << 20) in failed.failure.message
 
 
+def test_egress_entries_are_checked_and_the_process_driver_refuses_a_list(client):
+    provider = client.create_provider("api", "http", {"API_KEY": "k"}, endpoints=["api.test", "10.0.0.0/8"])
+    assert provider.endpoints == ["api.test", "10.0.0.0/8"]
+    assert client.get_provider("api").endpoints == ["api.test", "10.0.0.0/8"]
+    with pytest.raises(berth.InvalidArgument) as bad:
+        client.create_provider("bad", "http", {}, endpoints=["ok.test", "not a host"])
+    assert "endpoints[1]" in bad.value.message
+    with pytest.raises(berth.InvalidArgument) as malformed:
+        client.create("malformed", SLEEP, allow=["10.0.0.0/99"], wait=False)
+    assert "spec.egress.allow[0]" in malformed.value.message
+    # The tests' gateway runs the process driver, which shares the host's network.
+    with pytest.raises(berth.FailedPrecondition) as refused:
+        client.create("listed", SLEEP, allow=["api.test"], wait=False)
+    assert "spec.egress.allow" in refused.value.message
+    plain = client.create("plain", SLEEP, providers=["api"])
+    assert (plain.allow, plain.egress_providers) == ([], ["api"])
+
+
 def test_providers_reach_execs_and_guard_their_users(client):
     provider = client.create_provider("llm", "api", {"API_KEY": "s3cret"})
     assert provider.credential_names == ["API_KEY"]

@@ -23,6 +23,7 @@ pub mod i6_one_generation;
 pub mod i7_delete_completes;
 pub mod i8_liveness;
 pub mod l1_one_holder;
+pub mod n1_egress;
 pub mod p1_pools;
 pub mod t1_deadlines;
 pub mod t1_idle;
@@ -48,6 +49,9 @@ pub enum Invariant {
     E4,
     T1,
     P1,
+    /// Issue 18's: a run's egress is the policy committed with its generation, narrowed by
+    /// detaches since (`n1_egress`).
+    N1,
 }
 
 /// DESIGN's name, exactly: the trace and the CLI print it.

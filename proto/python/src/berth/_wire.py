@@ -67,11 +67,13 @@ def sandbox(s: pb.Sandbox) -> Sandbox:
         cpus=None if cpu_millis is None else cpu_millis / 1000,
         memory=_opt(s.spec.limits, "memory_bytes"),
         pids=_opt(s.spec.limits, "pids"),
+        allow=list(s.spec.egress.allow),
+        egress_providers=list(s.egress_providers),
     )
 
 
 def provider(p: pb.Provider) -> Provider:
-    return Provider(p.name, p.kind, list(p.credential_names), p.resource_version)
+    return Provider(p.name, p.kind, list(p.credential_names), p.resource_version, list(p.endpoints))
 
 
 def exec_record(e: pe.Exec) -> Exec:
@@ -110,6 +112,7 @@ def create_request(
     cpus: Optional[float] = None,
     memory: Optional[int] = None,
     pids: Optional[int] = None,
+    allow: Optional[Iterable[str]] = None,
 ) -> pb.CreateSandboxRequest:
     if on_expiry is not None and on_expiry not in ON_EXPIRY:
         raise ValueError(f"on_expiry: expected one of {sorted(ON_EXPIRY)}, got {on_expiry!r}")
@@ -132,6 +135,8 @@ def create_request(
         spec.limits.CopyFrom(
             pb.ResourceLimits(cpu_millis=None if cpus is None else int(round(cpus * 1000)), memory_bytes=memory, pids=pids)
         )
+    if allow:
+        spec.egress.CopyFrom(pb.EgressPolicy(allow=list(allow)))
     return pb.CreateSandboxRequest(name=name, spec=spec, providers=list(providers or []))
 
 

@@ -84,6 +84,7 @@ class AsyncClient:
         cpus: Optional[float] = None,
         memory: Optional[int] = None,
         pids: Optional[int] = None,
+        allow: Optional[Iterable[str]] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
@@ -102,6 +103,7 @@ class AsyncClient:
             cpus=cpus,
             memory=memory,
             pids=pids,
+            allow=allow,
         )
         created = _wire.sandbox((await self._call(self._sandboxes.CreateSandbox, request)).sandbox)
         return await self.wait_for(name, "Ready", timeout=timeout) if wait else created
@@ -190,8 +192,14 @@ class AsyncClient:
     async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         await self._lifecycle("delete", name, expected_version, wait, timeout)
 
-    async def create_provider(self, name: str, kind: str, credentials: Mapping[str, str]) -> Provider:
-        request = pb.CreateProviderRequest(name=name, kind=kind, credentials=dict(credentials))
+    async def create_provider(
+        self, name: str, kind: str, credentials: Mapping[str, str], endpoints: Optional[Iterable[str]] = None
+    ) -> Provider:
+        """`endpoints`: where the credentials are for; a sandbox it is attached to reaches them
+        from its next start."""
+        request = pb.CreateProviderRequest(
+            name=name, kind=kind, credentials=dict(credentials), endpoints=list(endpoints or [])
+        )
         return _wire.provider((await self._call(self._providers.CreateProvider, request)).provider)
 
     async def get_provider(self, name: str) -> Provider:

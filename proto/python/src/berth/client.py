@@ -106,13 +106,16 @@ class Client:
         cpus: Optional[float] = None,
         memory: Optional[int] = None,
         pids: Optional[int] = None,
+        allow: Optional[Iterable[str]] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
         """Creates a sandbox running `command` and, with `wait`, returns it once Ready. Durations
         are in seconds; `on_expiry` is "stop" or "delete"; `restart` "never", "on-failure" or
         "always". Limits: `cpus` in cores (0.5), `memory` in bytes (swap included), `pids` the
-        processes and threads together; a run killed for memory ends in Error OutOfMemory."""
+        processes and threads together; a run killed for memory ends in Error OutOfMemory. `allow`:
+        where its runs may connect through Berth's egress proxy (host names, `*.suffixes`, CIDR
+        blocks); without it, nowhere."""
         request = _wire.create_request(
             name,
             command,
@@ -128,6 +131,7 @@ class Client:
             cpus=cpus,
             memory=memory,
             pids=pids,
+            allow=allow,
         )
         created = _wire.sandbox(self._call(self._sandboxes.CreateSandbox, request).sandbox)
         return self.wait_for(name, "Ready", timeout=timeout) if wait else created
@@ -229,8 +233,14 @@ class Client:
 
     # Providers.
 
-    def create_provider(self, name: str, kind: str, credentials: Mapping[str, str]) -> Provider:
-        request = pb.CreateProviderRequest(name=name, kind=kind, credentials=dict(credentials))
+    def create_provider(
+        self, name: str, kind: str, credentials: Mapping[str, str], endpoints: Optional[Iterable[str]] = None
+    ) -> Provider:
+        """`endpoints`: where the credentials are for; a sandbox it is attached to reaches them
+        from its next start."""
+        request = pb.CreateProviderRequest(
+            name=name, kind=kind, credentials=dict(credentials), endpoints=list(endpoints or [])
+        )
         return _wire.provider(self._call(self._providers.CreateProvider, request).provider)
 
     def get_provider(self, name: str) -> Provider:

@@ -49,6 +49,11 @@ class Sandbox:
     cpus: Optional[float] = None
     memory: Optional[int] = None
     pids: Optional[int] = None
+    #: Where its runs may connect (host names, `*.suffixes`, CIDR blocks); empty: nowhere.
+    allow: List[str] = field(default_factory=list)
+    #: The attached providers whose endpoints the current run may reach; one attached since
+    #: opens at the next start.
+    egress_providers: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ class Provider:
     kind: str
     credential_names: List[str]
     resource_version: int
+    #: Where its credentials are for: attaching it lets a sandbox's runs reach these.
+    endpoints: List[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

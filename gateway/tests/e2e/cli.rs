@@ -469,3 +469,26 @@ async fn the_cli_sets_limits_and_says_when_a_run_ran_out_of_memory() {
     let table = ok(&berth(&data, &["sandbox", "get", "hog"]).await);
     assert!(table.contains("OutOfMemory"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_names_egress_entries_and_provider_endpoints() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let args = ["-o", "json", "provider", "create", "api", "--kind", "http", "--endpoint", "api.test"];
+    let created = json(&berth(&data, &[&args[..], &["--endpoint", "10.0.0.0/8"]].concat()).await);
+    assert_eq!(created["endpoints"], serde_json::json!(["api.test", "10.0.0.0/8"]));
+    let out = berth(&data, &["provider", "create", "bad", "--kind", "http", "--endpoint", "no such host"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("endpoints[0]"), "{}", String::from_utf8_lossy(&out.stderr));
+    // This gateway runs the process driver: a list is refused, naming the field.
+    let out = berth(&data, &["sandbox", "create", "net", "--allow", "api.test", "--", "sleep", "3600"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("spec.egress.allow"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = ["-o", "json", "sandbox", "create", "agent", "--provider", "api", "--", "sleep", "3600"];
+    let agent = json(&berth(&data, &args).await);
+    assert_eq!(agent["egress_providers"], serde_json::json!(["api"]));
+}

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::conformance::{Runtime, Target, clean_up, image_for, target};
 use crate::exec::{run, start};
 use crate::harness::*;
+use crate::metrics::value;
 
 /// An HTTP server that answers every request with its name, counting connections.
 struct Upstream {
@@ -53,6 +54,7 @@ struct World {
     gateway: Gateway,
     one: Upstream,
     two: Upstream,
+    metrics: u16,
 }
 
 async fn world(runtime: Runtime, test: &str) -> Option<World> {
@@ -60,10 +62,11 @@ async fn world(runtime: Runtime, test: &str) -> Option<World> {
     let one = upstream("127.0.0.2", "one").await;
     let two = upstream("127.0.0.3", "two").await;
     let data = DataDir::new();
-    let gateway = target
-        .gateway(&data, &["--egress-resolve", "one.test=127.0.0.2", "--egress-resolve", "two.test=127.0.0.3"])
-        .await;
-    Some(World { target, data, gateway, one, two })
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{metrics}");
+    let pins = ["--egress-resolve", "one.test=127.0.0.2", "--egress-resolve", "two.test=127.0.0.3"];
+    let gateway = target.gateway(&data, &[&pins[..], &["--metrics-listen", &listen]].concat()).await;
+    Some(World { target, data, gateway, one, two, metrics })
 }
 
 impl World {
@@ -152,6 +155,10 @@ async fn a_policy_lets_a_sandbox_reach_what_it_names_and_nothing_else(runtime: R
         denials.join("\n")
     );
     assert!(denials.len() >= 6, "{runtime:?}: every refusal is logged: {}", denials.len());
+    let (_, body) = crate::metrics::scrape(w.metrics, Some(&format!("Bearer {}", w.gateway.token))).await;
+    let counted = |verdict: &str| value(&body, &format!("berth_egress_connections_total{{verdict=\"{verdict}\"}}"));
+    assert_eq!(counted("allowed"), 4.0, "{runtime:?}: the connections allowed");
+    assert_eq!(counted("denied"), denials.len() as f64, "{runtime:?}: each refusal counted as logged");
     clean_up(&w.target, &w.data, &mut sandboxes).await;
 }
 

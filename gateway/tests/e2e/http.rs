@@ -103,6 +103,10 @@ async fn curl_drives_the_http_json_api() {
     let (status, code, message) = refused("POST", "/v1/sandboxes", Some(negative));
     assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
     assert!(message.contains("spec.limits.memory_bytes"), "{message}");
+    let malformed = r#"{"name": "net", "spec": {"command": ["true"], "egress": {"allow": ["ok.test", "a b"]}}}"#;
+    let (status, code, message) = refused("POST", "/v1/sandboxes", Some(malformed));
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("spec.egress.allow[1]"), "{message}");
     let version = ready["sandbox"]["resource_version"].as_str().unwrap().parse::<u64>().unwrap();
     let stale = format!(r#"{{"expected_resource_version": "{}"}}"#, version + 10);
     let (status, code, _) = refused("POST", "/v1/sandboxes/web/stop", Some(&stale));

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::harness::*;
 
 /// `GET /metrics` on `port` with `authorization` (if any): the status line and the body.
-async fn scrape(port: u16, authorization: Option<&str>) -> (String, String) {
+pub(crate) async fn scrape(port: u16, authorization: Option<&str>) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let auth = authorization.map(|a| format!("authorization: {a}\r\n")).unwrap_or_default();
     let request = format!("GET /metrics HTTP/1.1\r\nhost: berth\r\n{auth}connection: close\r\n\r\n");
@@ -20,7 +20,7 @@ async fn scrape(port: u16, authorization: Option<&str>) -> (String, String) {
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
-fn value(body: &str, series: &str) -> f64 {
+pub(crate) fn value(body: &str, series: &str) -> f64 {
     body.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())

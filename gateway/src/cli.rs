@@ -797,13 +797,14 @@ impl Client {
             Output::Table => say!(
                 "{}",
                 table(
-                    &["NAME", "KIND", "CREDENTIALS", "VERSION"],
+                    &["NAME", "KIND", "CREDENTIALS", "ENDPOINTS", "VERSION"],
                     providers
                         .iter()
                         .map(|p| vec![
                             p.name.clone(),
                             p.kind.clone(),
                             p.credential_names.join(","),
+                            p.endpoints.join(","),
                             p.resource_version.to_string()
                         ])
                         .collect()

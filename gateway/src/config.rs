@@ -404,6 +404,20 @@ mod tests {
         std::fs::write(&path, "poll_interval = \"often\"\n").unwrap();
         let err = Config::load(Flags { config: Some(path.clone()), ..Flags::default() }).unwrap_err();
         assert!(err.contains("poll_interval"), "{err}");
+        std::fs::write(&path, "egress_resolve = [\"One.test=127.0.0.2,::1\"]\n").unwrap();
+        let pinned = Config::load(Flags { config: Some(path.clone()), ..Flags::default() }).unwrap();
+        let one: Vec<std::net::IpAddr> = vec!["127.0.0.2".parse().unwrap(), "::1".parse().unwrap()];
+        assert_eq!(pinned.egress_resolve, [("one.test".to_string(), one)].into());
+        let flag = vec![("two.test".to_string(), vec!["127.0.0.3".parse().unwrap()])];
+        let flags = Flags { config: Some(path.clone()), egress_resolve: flag.clone(), ..Flags::default() };
+        assert_eq!(
+            Config::load(flags).unwrap().egress_resolve,
+            flag.into_iter().collect(),
+            "the flags replace the file's"
+        );
+        std::fs::write(&path, "egress_resolve = [\"one.test\"]\n").unwrap();
+        let err = Config::load(Flags { config: Some(path.clone()), ..Flags::default() }).unwrap_err();
+        assert!(err.contains("egress_resolve"), "{err}");
         std::fs::write(&path, "pol_interval = \"1s\"\n").unwrap();
         let err = Config::load(Flags { config: Some(path), ..Flags::default() }).unwrap_err();
         assert!(err.contains("pol_interval"), "unknown keys are named: {err}");

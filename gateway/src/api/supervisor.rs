@@ -232,7 +232,13 @@ async fn splice(
     let down = async move {
         let mut buffer = vec![0; EGRESS_CHUNK];
         loop {
-            match read.read(&mut buffer).await {
+            // A sandbox gone away is noticed even while the upstream is silent: its connection
+            // is not held open for good.
+            let read = tokio::select! {
+                read = read.read(&mut buffer) => read,
+                () = tx.closed() => break,
+            };
+            match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let data = pb::EgressDown { message: Some(pb::egress_down::Message::Data(buffer[..n].to_vec())) };

@@ -161,10 +161,29 @@ impl Policy {
 
     /// Of the addresses `target` resolved to, those a connection may go to: every one when
     /// the name is allowed, otherwise those a CIDR rule allows. `name` is `None` when the target
-    /// was an address. Empty: the connection is refused.
-    pub fn reachable(&self, name: Option<&str>, addrs: &[IpAddr]) -> Vec<IpAddr> {
+    /// was an address. An address of the proxy's own host (loopback, link-local, unspecified:
+    /// where a cloud's metadata service and the host's own services answer) is reached through
+    /// an allowed name only if the resolution was `pinned` by the operator, or a block names it:
+    /// a name whose DNS an attacker controls cannot point into the host. Empty: refused.
+    pub fn reachable(&self, name: Option<&str>, addrs: &[IpAddr], pinned: bool) -> Vec<IpAddr> {
         let name = name.map(str::to_ascii_lowercase);
-        addrs.iter().copied().filter(|addr| self.allow.iter().any(|rule| rule.allows(name.as_deref(), *addr))).collect()
+        let by_block = |addr: &IpAddr| self.allow.iter().any(|rule| rule.allows(None, *addr));
+        let by_name = |addr: &IpAddr| {
+            (pinned || !host_internal(*addr)) && self.allow.iter().any(|rule| rule.allows(name.as_deref(), *addr))
+        };
+        addrs.iter().copied().filter(|addr| by_block(addr) || by_name(addr)).collect()
+    }
+}
+
+/// An address that is the proxy's host itself, or its link: never reached through DNS alone.
+fn host_internal(addr: IpAddr) -> bool {
+    let addr = match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match addr {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.is_unspecified() || v6.is_unicast_link_local(),
     }
 }
 
@@ -249,19 +268,35 @@ mod tests {
     #[test]
     fn a_name_is_allowed_by_its_rule_and_an_address_by_its_block() {
         let p = policy(&["one.test", "*.svc.test", "127.0.0.2/32"]);
-        let two = [addr("127.0.0.3")];
-        assert_eq!(p.reachable(Some("one.test"), &two), two, "an allowed name goes wherever it resolves");
-        assert_eq!(p.reachable(Some("ONE.test"), &two), two);
-        assert_eq!(p.reachable(Some("a.svc.test"), &two), two);
-        assert_eq!(p.reachable(Some("a.b.svc.test"), &two), two);
-        assert!(p.reachable(Some("svc.test"), &two).is_empty(), "a suffix is not its own name");
-        assert!(p.reachable(Some("xsvc.test"), &two).is_empty());
-        assert!(p.reachable(Some("two.test"), &two).is_empty());
-        assert!(p.reachable(None, &two).is_empty());
-        assert_eq!(p.reachable(None, &[addr("127.0.0.2")]), [addr("127.0.0.2")]);
+        let two = [addr("192.0.2.3")];
+        assert_eq!(p.reachable(Some("one.test"), &two, false), two, "an allowed name goes wherever it resolves");
+        assert_eq!(p.reachable(Some("ONE.test"), &two, false), two);
+        assert_eq!(p.reachable(Some("a.svc.test"), &two, false), two);
+        assert_eq!(p.reachable(Some("a.b.svc.test"), &two, false), two);
+        assert!(p.reachable(Some("svc.test"), &two, false).is_empty(), "a suffix is not its own name");
+        assert!(p.reachable(Some("xsvc.test"), &two, false).is_empty());
+        assert!(p.reachable(Some("two.test"), &two, false).is_empty());
+        assert!(p.reachable(None, &two, false).is_empty());
+        assert_eq!(p.reachable(None, &[addr("127.0.0.2")], false), [addr("127.0.0.2")]);
         // A name no rule names reaches only the addresses a block allows.
-        let both = [addr("127.0.0.3"), addr("127.0.0.2")];
-        assert_eq!(p.reachable(Some("other.test"), &both), [addr("127.0.0.2")]);
-        assert!(Policy::default().reachable(Some("one.test"), &both).is_empty(), "none allows nothing");
+        let both = [addr("192.0.2.3"), addr("127.0.0.2")];
+        assert_eq!(p.reachable(Some("other.test"), &both, false), [addr("127.0.0.2")]);
+        assert!(Policy::default().reachable(Some("one.test"), &both, true).is_empty(), "none allows nothing");
+    }
+
+    #[test]
+    fn dns_alone_never_points_an_allowed_name_into_the_host() {
+        let p = policy(&["one.test", "127.0.0.5/32"]);
+        for inside in ["127.0.0.1", "169.254.169.254", "0.0.0.0", "::1", "fe80::1", "::ffff:127.0.0.1"] {
+            let resolved = [addr(inside), addr("192.0.2.1")];
+            assert_eq!(p.reachable(Some("one.test"), &resolved, false), [addr("192.0.2.1")], "{inside}");
+            assert_eq!(p.reachable(Some("one.test"), &resolved, true), resolved, "{inside}: pinned by the operator");
+        }
+        assert_eq!(p.reachable(Some("one.test"), &[addr("127.0.0.5")], false), [addr("127.0.0.5")], "a block names it");
+        assert_eq!(
+            p.reachable(Some("one.test"), &[addr("10.1.2.3")], false),
+            [addr("10.1.2.3")],
+            "private is not the host"
+        );
     }
 }

@@ -28,11 +28,18 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 pub trait Connection: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Connection for T {}
 
+/// What a name resolved to, and whether the operator pinned it (`--egress-resolve`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub addrs: Vec<IpAddr>,
+    pub pinned: bool,
+}
+
 /// Where egress connections go: this host's resolver and sockets, or the simulator's world.
 #[async_trait]
 pub trait Upstream: Send + Sync + fmt::Debug {
     /// The addresses of a host name.
-    async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Vec<IpAddr>>;
+    async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Resolved>;
     async fn connect(&self, addr: SocketAddr) -> std::io::Result<Box<dyn Connection>>;
 }
 
@@ -45,11 +52,12 @@ pub struct HostUpstream {
 
 #[async_trait]
 impl Upstream for HostUpstream {
-    async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+    async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Resolved> {
         if let Some(addrs) = self.pins.get(name) {
-            return Ok(addrs.clone());
+            return Ok(Resolved { addrs: addrs.clone(), pinned: true });
         }
-        Ok(tokio::net::lookup_host((name, port)).await?.map(|a| a.ip()).collect())
+        let addrs = tokio::net::lookup_host((name, port)).await?.map(|a| a.ip()).collect();
+        Ok(Resolved { addrs, pinned: false })
     }
 
     async fn connect(&self, addr: SocketAddr) -> std::io::Result<Box<dyn Connection>> {
@@ -109,19 +117,19 @@ impl Engine {
         }
         let policy = egress::run_policy(&sandbox, &providers);
         let upstream = &self.settings().egress;
-        let (name, addrs) = match &target {
-            Target::Addr(addr) => (None, vec![*addr]),
+        let (name, resolved) = match &target {
+            Target::Addr(addr) => (None, Resolved { addrs: vec![*addr], pinned: false }),
             // Nothing could allow it: no name is looked up for a refusal.
-            Target::Name(name) if policy.is_none() => (Some(name.as_str()), Vec::new()),
+            Target::Name(name) if policy.is_none() => (Some(name.as_str()), Resolved { addrs: vec![], pinned: false }),
             Target::Name(name) => {
-                let addrs = tokio::time::timeout(CONNECT_WITHIN, upstream.resolve(name, port))
+                let resolved = tokio::time::timeout(CONNECT_WITHIN, upstream.resolve(name, port))
                     .await
                     .map_err(|_| Status::unavailable(format!("resolving {name} took over 10 s")))?
                     .map_err(|e| Status::unavailable(format!("resolving {name}: {e}")))?;
-                (Some(name.as_str()), addrs)
+                (Some(name.as_str()), resolved)
             }
         };
-        let reachable = policy.reachable(name, &addrs);
+        let reachable = policy.reachable(name, &resolved.addrs, resolved.pinned);
         self.metrics().egress(!reachable.is_empty());
         if reachable.is_empty() {
             warn!(sandbox = %sandbox.name, host = %open.host, port, "egress denied");

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{Intent, Sandbox, SandboxId};
-use berth_gateway::egress::{Connection, Upstream};
+use berth_gateway::egress::{Connection, Resolved, Upstream};
 use berth_supervisor::egress;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
@@ -85,13 +85,13 @@ impl std::fmt::Debug for SimUpstream {
 
 #[async_trait]
 impl Upstream for SimUpstream {
-    async fn resolve(&self, name: &str, _port: u16) -> io::Result<Vec<IpAddr>> {
+    async fn resolve(&self, name: &str, _port: u16) -> io::Result<Resolved> {
         let index = name
             .strip_suffix(".test")
             .and_then(|p| p.strip_prefix('p'))
             .and_then(|k| k.parse::<u8>().ok())
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no such host {name}")))?;
-        Ok(vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, index + 1))])
+        Ok(Resolved { addrs: vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, index + 1))], pinned: false })
     }
 
     async fn connect(&self, _addr: SocketAddr) -> io::Result<Box<dyn Connection>> {

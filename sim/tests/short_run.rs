@@ -32,7 +32,7 @@ fn egress_requests_are_opened_and_refused_and_each_is_judged() {
 /// The simulator must see each known bug when its switch puts it back: a simulator that stopped
 /// catching them would pass every other test. Each is pinned at the first seed `berth-sim bugs`
 /// found it at (searching from 0, with as many gateways as the bug needs), so this stays quick
-/// in a debug build; `ci/test` runs that search itself in release. A change that moves a catch
+/// in a debug build; `ci/sim` and `ci/bench` run that search itself, optimized. A change that moves a catch
 /// to another seed fails here: run `berth-sim bugs` and pin the seed it prints.
 #[test]
 fn every_known_bug_switch_is_caught_at_its_pinned_seed() {

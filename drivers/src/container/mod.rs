@@ -57,7 +57,7 @@ pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
         _ => true,
     }
 }
-/// How long a stop may take beyond its grace period before the driver gives up waiting.
+
 /// Where the supervisor takes a run's proxy requests: the container's only network is its
 /// loopback, and the only way out is through the gateway's egress proxy (DESIGN 10).
 const EGRESS_PROXY: &str = "127.0.0.1:3128";
@@ -71,6 +71,7 @@ fn proxy_env() -> impl Iterator<Item = (String, String)> {
     via.into_iter().chain(direct)
 }
 
+/// How long a stop may take beyond its grace period before the driver gives up waiting.
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(10);

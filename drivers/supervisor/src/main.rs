@@ -172,7 +172,8 @@ async fn proxy(listener: tokio::net::TcpListener, gateways: Vec<String>, token: 
         if current.as_ref().is_none_or(|(endpoint, _)| !all.contains(endpoint)) {
             current = None;
             for endpoint in all {
-                if let Ok(channel) = connect(&endpoint).await {
+                // A gateway that died leaving its socket must not hold up the connections after.
+                if let Ok(Ok(channel)) = tokio::time::timeout(Duration::from_secs(2), connect(&endpoint)).await {
                     current = Some((endpoint, channel));
                     break;
                 }

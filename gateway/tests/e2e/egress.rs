@@ -103,6 +103,10 @@ impl World {
     /// A CONNECT tunnel opened by hand, a request sent through it: what came back.
     async fn tunnel(&self, sandbox: &pb::Sandbox, host: &str) -> String {
         let port = if host == "one.test" { self.one.port } else { self.two.port };
+        self.tunnel_to(sandbox, host, port).await
+    }
+
+    async fn tunnel_to(&self, sandbox: &pb::Sandbox, host: &str, port: u16) -> String {
         let script = format!(
             "printf 'CONNECT {host}:{port} HTTP/1.1\\r\\nHost: {host}:{port}\\r\\n\\r\\nGET / HTTP/1.0\\r\\n\\r\\n' | nc \
              127.0.0.1 3128"
@@ -143,6 +147,14 @@ async fn a_policy_lets_a_sandbox_reach_what_it_names_and_nothing_else(runtime: R
     );
     assert!(w.fetch(&by_address, &w.url("127.0.0.2")).await.is_err(), "{runtime:?}");
     assert!(w.fetch(&by_address, &w.url("one.test")).await.is_err(), "{runtime:?}");
+
+    // An allowed name the host's resolver (not the operator's pin) points at the host itself
+    // reaches nothing there.
+    let local = upstream("127.0.0.1", "the host").await;
+    let by_dns = w.sandbox("by-dns", &["localhost"], &[]).await;
+    let refused = w.tunnel_to(&by_dns, "localhost", local.port).await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{runtime:?}: {refused}");
+    assert_eq!(local.connections.load(Ordering::SeqCst), 0, "{runtime:?}: the host's loopback was reached");
 
     // What was allowed arrived; nothing refused ever reached an upstream.
     assert_eq!(w.one.connections.load(Ordering::SeqCst), 2, "{runtime:?}: one.test's connections");

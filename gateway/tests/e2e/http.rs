@@ -115,8 +115,20 @@ async fn curl_drives_the_http_json_api() {
     assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
     let (status, code, _) = refused("POST", "/v1/sandboxes/web/execs", Some(r#"{"argv": ["cat"], "stdin": true}"#));
     assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    // Nothing refused wrote. Not by comparing resource versions: the driver's start reply may
+    // still land after Ready (a supervisor can connect before it is merged, as seen in CI), and
+    // that write is the run's, not a refusal's.
     let (_, still) = curl.json("GET", "/v1/sandboxes/web", None);
-    assert_eq!(still["sandbox"]["resource_version"], ready["sandbox"]["resource_version"], "nothing refused wrote");
+    assert_eq!(
+        (still["sandbox"]["intent"].as_str(), still["sandbox"]["phase"].as_str()),
+        (Some("INTENT_RUNNING"), Some("PHASE_READY")),
+        "the stale stop did not stop it: {still}"
+    );
+    let (_, all) = curl.json("GET", "/v1/sandboxes", None);
+    let names: Vec<&str> = all["sandboxes"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["web"], "no refused create made a sandbox: {all}");
+    let (_, execs) = curl.json("GET", "/v1/sandboxes/web/execs", None);
+    assert_eq!(execs["execs"].as_array().map(Vec::len), Some(1), "the refused exec was not recorded: {execs}");
 
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     let cursor = listed["cursor"].as_str().unwrap().to_string();

@@ -19,7 +19,7 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
     Sandbox {
         egress_providers: Default::default(),
         id: SandboxId::new(format!("sb-{i:08}")),
-        name: format!("box-{i}"),
+        name: format!("box-{i}").into(),
         spec: SandboxSpec {
             image: "berth/sandbox:1".into(),
             command: vec!["sleep".into(), "infinity".into()],
@@ -28,7 +28,7 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
             ..SandboxSpec::default()
         }
         .into(),
-        providers: ["openai".to_string()].into(),
+        providers: std::sync::Arc::new(["openai".to_string()].into()),
         intent,
         phase,
         resource_version: 12,

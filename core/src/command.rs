@@ -190,7 +190,7 @@ impl Request {
         match &self.command {
             Command::CreateSandbox { providers, .. } => providers.clone(),
             Command::AttachProvider { provider, .. } => {
-                let mut names = sandbox.map(|s| s.providers.clone()).unwrap_or_default();
+                let mut names = sandbox.map(|s| BTreeSet::clone(&s.providers)).unwrap_or_default();
                 names.insert(provider.clone());
                 names
             }
@@ -347,7 +347,7 @@ fn existing<'a>(request: &Request, reads: &'a Reads) -> Result<&'a Sandbox, Erro
 }
 
 fn wrong_phase(sandbox: &Sandbox, action: &'static str) -> Error {
-    Error::WrongPhase { sandbox: sandbox.name.clone(), action, phase: sandbox.phase.kind() }
+    Error::WrongPhase { sandbox: sandbox.name.to_string(), action, phase: sandbox.phase.kind() }
 }
 
 fn commit(before: &Sandbox, next: Sandbox, extra: Vec<Write>, effects: Vec<Effect>, now: Timestamp) -> Decision {
@@ -380,9 +380,10 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     }
     let attached = resolve_providers(providers, reads, "providers")?;
     check_credentials(spec, &attached)?;
+    let providers = std::sync::Arc::new(providers.clone());
     let record = Sandbox {
-        providers: providers.clone(),
         egress_providers: providers.clone(),
+        providers,
         deadline,
         active_at: lifetime::clock_from(&spec.lifetime, now),
         ..first_record(id, name, spec.clone(), now)
@@ -400,10 +401,10 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
 pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: Timestamp) -> Sandbox {
     Sandbox {
         id: id.clone(),
-        name: name.to_string(),
+        name: name.into(),
         spec: spec.into(),
-        providers: BTreeSet::new(),
-        egress_providers: BTreeSet::new(),
+        providers: Default::default(),
+        egress_providers: Default::default(),
         intent: Intent::Running,
         phase: Phase::Provisioning,
         resource_version: 1,
@@ -468,7 +469,7 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
             )? {
                 Some(renewed) => Some(renewed),
                 None if sandbox.deadline.is_some_and(|d| d <= now) => {
-                    return Err(Error::Expired { sandbox: sandbox.name.clone() });
+                    return Err(Error::Expired { sandbox: sandbox.name.to_string() });
                 }
                 None => sandbox.deadline,
             };
@@ -625,10 +626,10 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
     attached.push(target);
     check_credentials(&sandbox.spec, &attached)?;
     let mut next = sandbox.clone();
-    next.providers.insert(provider.to_string());
+    std::sync::Arc::make_mut(&mut next.providers).insert(provider.to_string());
     #[cfg(feature = "bugs")]
     if crate::bugs::egress_from_attach() {
-        next.egress_providers.insert(provider.to_string());
+        std::sync::Arc::make_mut(&mut next.egress_providers).insert(provider.to_string());
     }
     Ok(commit(sandbox, next, vec![touch_provider(target, now)], vec![], now))
 }
@@ -641,10 +642,10 @@ fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision,
         return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
     }
     let mut next = sandbox.clone();
-    next.providers.remove(provider);
+    std::sync::Arc::make_mut(&mut next.providers).remove(provider);
     // A detach closes the provider's endpoints to the run at once; an attach opens them at
     // the next start.
-    next.egress_providers.remove(provider);
+    std::sync::Arc::make_mut(&mut next.egress_providers).remove(provider);
     Ok(commit(sandbox, next, vec![], vec![], now))
 }
 
@@ -688,7 +689,7 @@ fn delete_provider(request: &Request, reads: &Reads, name: &str) -> Result<Decis
         .users
         .iter()
         .filter(|s| s.providers.contains(name) && !s.is(PhaseKind::Deleting))
-        .map(|s| s.name.clone())
+        .map(|s| s.name.to_string())
         .collect();
     if !blocking.is_empty() {
         blocking.sort();

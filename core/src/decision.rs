@@ -140,6 +140,9 @@ pub enum Outcome {
     Template(crate::template::Template),
     /// The record is gone (or, for an observation, there was none).
     Removed,
+    /// The record as read is still current: what a merge that changes nothing answers, so that
+    /// the reports most merges are (a steady poll, a stale snapshot) copy nothing.
+    Unchanged,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,7 +164,7 @@ impl Decision {
         let new = match &self.outcome {
             Outcome::Sandbox(s) => Some(s.phase.kind()),
             Outcome::Removed => None,
-            Outcome::Provider(_) | Outcome::Template(_) => return None,
+            Outcome::Provider(_) | Outcome::Template(_) | Outcome::Unchanged => return None,
         };
         (old != new && !self.writes.is_empty()).then_some((old, new))
     }

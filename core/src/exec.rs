@@ -279,7 +279,7 @@ pub fn admit(
     }
     if sandbox.phase.kind() != PhaseKind::Ready {
         return Err(Error::WrongPhase {
-            sandbox: sandbox.name.clone(),
+            sandbox: sandbox.name.to_string(),
             action: "exec in",
             phase: sandbox.phase.kind(),
         });

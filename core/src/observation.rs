@@ -5,6 +5,8 @@
 //! record, and nowhere else. The fence that tells the current generation's run from earlier ones
 //! is stored in the record, so every path consults the same one.
 
+use std::borrow::Cow;
+
 use crate::decision::{Decision, Effect, Outcome, Write, update_sandbox};
 use crate::error::Error;
 use crate::record::{ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
@@ -126,7 +128,8 @@ pub fn owns_run(sandbox: &Sandbox, started_at: Timestamp) -> bool {
 /// there is none) at gateway time `now`.
 ///
 /// The only error is a supervisor's rejection (stale identity, or no such sandbox). A decision
-/// without writes means nothing changes; its effects are still to be run (re-drives).
+/// without writes means nothing changes (its outcome is then [`Outcome::Unchanged`], the record
+/// is not copied); its effects are still to be run (re-drives).
 pub fn merge(
     current: Option<&Sandbox>,
     id: &SandboxId,
@@ -139,7 +142,7 @@ pub fn merge(
     let Some(sandbox) = current else {
         return orphan(id, observation);
     };
-    let mut merge = Merge { before: sandbox, next: sandbox.clone(), effects: Vec::new(), remove: false };
+    let mut merge = Merge { before: sandbox, next: Cow::Borrowed(sandbox), effects: Vec::new(), remove: false };
     if sandbox.is(PhaseKind::Deleting) {
         merge.deleting(observation);
     } else {
@@ -156,7 +159,7 @@ pub fn authenticate(current: Option<&Sandbox>, id: &SandboxId, presented: u64) -
     match current {
         None => Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() }),
         Some(sandbox) if presented != sandbox.generation => {
-            Err(Error::StaleIdentity { sandbox: sandbox.name.clone(), presented, current: sandbox.generation })
+            Err(Error::StaleIdentity { sandbox: sandbox.name.to_string(), presented, current: sandbox.generation })
         }
         Some(_) => Ok(()),
     }
@@ -180,13 +183,19 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
 
 struct Merge<'a> {
     before: &'a Sandbox,
-    next: Sandbox,
+    /// The record as merged so far: copied only once something is to change, as most reports
+    /// (a steady poll, a stale snapshot) change nothing.
+    next: Cow<'a, Sandbox>,
     effects: Vec<Effect>,
     /// The record ends: the runtime confirmed a delete.
     remove: bool,
 }
 
 impl Merge<'_> {
+    fn edit(&mut self) -> &mut Sandbox {
+        self.next.to_mut()
+    }
+
     /// Rule 1: a Deleting sandbox waits only for the runtime to confirm that everything is gone.
     fn deleting(&mut self, observation: &Observation) {
         match observation {
@@ -204,7 +213,7 @@ impl Merge<'_> {
     fn apply(&mut self, observation: &Observation) {
         let generation = self.before.generation;
         #[cfg(feature = "bugs")]
-        if let Some(reply) = crate::bugs::rotate_late(&mut self.next, observation) {
+        if let Some(reply) = crate::bugs::rotate_late(self.next.to_mut(), observation) {
             self.start_reply(reply);
             return;
         }
@@ -261,7 +270,7 @@ impl Merge<'_> {
     /// Rules 2 and 3.
     fn exited(&mut self, marker: ExitMarker, attributed: bool) {
         if self.next.last_exit.is_none_or(|last| marker.finished_at > last.finished_at) {
-            self.next.last_exit = Some(marker);
+            self.edit().last_exit = Some(marker);
         }
         if !attributed && !self.owns(marker.started_at) {
             return; // Rule 2: a stale exit, whatever path brought it.
@@ -271,14 +280,14 @@ impl Merge<'_> {
         {
             return;
         }
-        self.next.run = Run::Ended(marker);
+        self.edit().run = Run::Ended(marker);
         match (self.next.intent, self.next.phase.kind()) {
-            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.next.phase = Phase::Stopped,
+            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.edit().phase = Phase::Stopped,
             // DESIGN 9.3: the supervisor ends with its command's code, so 0 is a completion.
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
                 if marker.exit_code == 0 =>
             {
-                self.next.phase = Phase::Stopped;
+                self.edit().phase = Phase::Stopped;
             }
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
                 let failure = match marker.out_of_memory {
@@ -289,7 +298,7 @@ impl Merge<'_> {
                         message: format!("the sandbox exited with code {}", marker.exit_code),
                     },
                 };
-                self.next.fail(failure);
+                self.edit().fail(failure);
             }
             // The supervisor's report came first, without the kernel's word on why (a
             // supervisor that could not read its memory cgroup): the runtime's is better.
@@ -297,7 +306,8 @@ impl Merge<'_> {
                 if marker.out_of_memory
                     && matches!(&self.next.phase, Phase::Error(f) if f.reason == FailureReason::MainProcessExited) =>
             {
-                self.next.phase = Phase::Error(self.out_of_memory(marker.exit_code));
+                let failure = self.out_of_memory(marker.exit_code);
+                self.edit().phase = Phase::Error(failure);
             }
             _ => {}
         }
@@ -330,7 +340,7 @@ impl Merge<'_> {
             return;
         }
         match self.next.run {
-            Run::Pending | Run::Started { at: None } => self.next.run = Run::Started { at: Some(started_at) },
+            Run::Pending | Run::Started { at: None } => self.edit().run = Run::Started { at: Some(started_at) },
             Run::Started { at: Some(at) } if started_at > at => self.restarted_out_of_band(),
             Run::Started { at: Some(_) } => {}
             // A snapshot of the run that has since been seen to end.
@@ -350,7 +360,7 @@ impl Merge<'_> {
         if self.next.intent == Intent::Running
             && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
         {
-            self.next.fail(Failure {
+            self.edit().fail(Failure {
                 reason: FailureReason::ContainerExited,
                 exit_code: None,
                 message: "the sandbox was restarted outside Berth; start it to run a new generation".to_string(),
@@ -364,7 +374,7 @@ impl Merge<'_> {
             return;
         }
         if matches!(self.next.phase.kind(), PhaseKind::Stopped | PhaseKind::Error) {
-            self.next.phase = Phase::Stopping;
+            self.edit().phase = Phase::Stopping;
         }
         self.effects.push(Effect::Stop { sandbox: self.next.id.clone(), generation: self.next.generation });
     }
@@ -389,7 +399,7 @@ impl Merge<'_> {
         {
             return;
         }
-        self.next.fail(Failure {
+        self.edit().fail(Failure {
             reason: FailureReason::ComputeResourceMissing,
             exit_code: None,
             message: "the runtime no longer has this sandbox's compute resource".to_string(),
@@ -403,7 +413,7 @@ impl Merge<'_> {
             // It ran, so this is a loss (rule 6), not a start that failed.
             StartReply::Gone => {
                 if self.next.run == Run::Pending {
-                    self.next.run = Run::Started { at: None };
+                    self.edit().run = Run::Started { at: None };
                 }
                 self.missing();
             }
@@ -413,7 +423,7 @@ impl Merge<'_> {
                     && self.next.intent == Intent::Running
                     && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
                 {
-                    self.next.fail(Failure {
+                    self.edit().fail(Failure {
                         reason: FailureReason::StartFailed,
                         exit_code: None,
                         message: message.clone(),
@@ -427,12 +437,12 @@ impl Merge<'_> {
     fn stop_reply(&mut self, state: RuntimeState) {
         match state {
             // Nothing of this generation ever ran: nothing was lost, and the next start creates it.
-            RuntimeState::Absent { .. } if self.next.run == Run::Pending => self.next.phase = Phase::Stopped,
+            RuntimeState::Absent { .. } if self.next.run == Run::Pending => self.edit().phase = Phase::Stopped,
             RuntimeState::Absent { .. } => self.missing(),
-            RuntimeState::Created => self.next.phase = Phase::Stopped,
+            RuntimeState::Created => self.edit().phase = Phase::Stopped,
             RuntimeState::Exited(marker) => {
                 self.exited(marker, false);
-                self.next.phase = Phase::Stopped;
+                self.edit().phase = Phase::Stopped;
             }
             // A driver must not reply before the run has exited; ask again.
             RuntimeState::Running { started_at } => self.running(started_at, false),
@@ -445,11 +455,11 @@ impl Merge<'_> {
             return;
         }
         if self.next.run == Run::Pending {
-            self.next.run = Run::Started { at: None };
+            self.edit().run = Run::Started { at: None };
         }
         // Rule 7: only a run still starting becomes Ready; Error and Stopped need a new generation.
         if matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting) {
-            self.next.phase = Phase::Ready;
+            self.edit().phase = Phase::Ready;
         }
     }
 
@@ -461,7 +471,7 @@ impl Merge<'_> {
             return false;
         }
         if self.next.run == Run::Pending {
-            self.next.run = Run::Started { at: None };
+            self.edit().run = Run::Started { at: None };
         }
         true
     }
@@ -473,7 +483,7 @@ impl Merge<'_> {
             return;
         }
         if exit_code == 0 {
-            self.next.phase = Phase::Stopped;
+            self.edit().phase = Phase::Stopped;
             return;
         }
         let failure = match out_of_memory {
@@ -484,7 +494,7 @@ impl Merge<'_> {
                 message: format!("the main process exited with code {exit_code}"),
             },
         };
-        self.next.fail(failure);
+        self.edit().fail(failure);
     }
 
     /// DESIGN 9.3: the command could not be started; the run never was Ready.
@@ -492,7 +502,7 @@ impl Merge<'_> {
         if !self.main_process_may_end() {
             return;
         }
-        self.next.fail(Failure {
+        self.edit().fail(Failure {
             reason: FailureReason::CommandFailedToStart,
             exit_code: None,
             message: format!("the command could not be started: {cause}"),
@@ -500,7 +510,7 @@ impl Merge<'_> {
     }
 
     fn finish(self, now: Timestamp) -> Decision {
-        let Merge { before, mut next, mut effects, remove } = self;
+        let Merge { before, next, mut effects, remove } = self;
         effects.dedup();
         if remove {
             return Decision {
@@ -509,10 +519,11 @@ impl Merge<'_> {
                 outcome: Outcome::Removed,
             };
         }
+        let mut next = match next {
+            Cow::Owned(next) if next != *before => next,
+            _ => return Decision::unchanged(Outcome::Unchanged, effects),
+        };
         crate::restart::schedule(before, &mut next, now);
-        if next == *before {
-            return Decision::unchanged(Outcome::Sandbox(next), effects);
-        }
         let (write, next) = update_sandbox(before, next, now);
         Decision { writes: vec![write], effects, outcome: Outcome::Sandbox(next) }
     }

@@ -39,14 +39,15 @@ impl Timestamp {
     }
 }
 
-/// A sandbox's id: assigned by the gateway at create, never reused.
+/// A sandbox's id: assigned by the gateway at create, never reused. Shared, not copied: every
+/// write, effect and reply about a sandbox carries its id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct SandboxId(String);
+pub struct SandboxId(std::sync::Arc<str>);
 
 impl SandboxId {
     pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(id.into().into())
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -230,15 +231,16 @@ pub struct ExitFence {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sandbox {
     pub id: SandboxId,
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     /// Shared, not copied: decisions copy the record they change, and the spec (the largest
     /// part) is the one part no decision about a run changes.
     pub spec: std::sync::Arc<SandboxSpec>,
-    pub providers: BTreeSet<String>,
+    /// Shared like the spec: only an attach or a detach changes them.
+    pub providers: std::sync::Arc<BTreeSet<String>>,
     /// The attached providers whose endpoints the current run may reach: those attached when
     /// its generation was committed, less those detached since ([`crate::egress`]).
     #[serde(default)]
-    pub egress_providers: BTreeSet<String>,
+    pub egress_providers: std::sync::Arc<BTreeSet<String>>,
     pub intent: Intent,
     pub phase: Phase,
     pub resource_version: u64,

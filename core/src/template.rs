@@ -199,9 +199,9 @@ pub(crate) fn claim(
     let spec = std::sync::Arc::make_mut(&mut next.spec);
     spec.labels.remove(POOL_LABEL);
     spec.labels.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-    next.providers.extend(providers.iter().cloned());
+    std::sync::Arc::make_mut(&mut next.providers).extend(providers.iter().cloned());
     // A claim hands the run to its claimer: the providers it attaches are the run's from here.
-    next.egress_providers.extend(providers.iter().cloned());
+    std::sync::Arc::make_mut(&mut next.egress_providers).extend(providers.iter().cloned());
     if next.providers.len() > validate::MAX_PROVIDERS {
         return Err(Error::Invalid {
             field: "providers".to_string(),

@@ -241,7 +241,7 @@ impl Engine {
             Some(record) => (Some(record), false),
             None => (store.sandbox(id).await?, true),
         };
-        let lock = current.as_ref().map(|s| RecordKey::Sandbox(s.name.clone()));
+        let lock = current.as_ref().map(|s| RecordKey::Sandbox(s.name.to_string()));
         let _held = self.inner.writers.hold(lock.into_iter().collect()).await;
         if reread && current.is_some() {
             current = store.sandbox(id).await?;
@@ -333,7 +333,7 @@ impl Engine {
                     self.inner.metrics.phase_changed(&r.id, old, new);
                 }
                 info!(
-                    sandbox = record.map(|s| s.name.as_str()).unwrap_or_default(),
+                    sandbox = record.map(|s| &*s.name).unwrap_or_default(),
                     id = record.map(|s| s.id.as_str()).unwrap_or_default(),
                     generation = record.map(|s| s.generation).unwrap_or_default(),
                     version_before = before.map(|s| s.resource_version),
@@ -504,7 +504,7 @@ impl Engine {
     /// Everything the driver needs to start the record's current generation.
     async fn launch(&self, sandbox: &Sandbox) -> Result<Launch, DriverError> {
         let mut credentials = BTreeMap::new();
-        for name in &sandbox.providers {
+        for name in sandbox.providers.iter() {
             match self.inner.store.provider(name).await {
                 Ok(Some(p)) => credentials.extend(p.credentials),
                 Ok(None) => warn!(sandbox = %sandbox.name, provider = %name, "an attached provider is gone"),
@@ -514,7 +514,7 @@ impl Engine {
         let identity = RuntimeIdentity { sandbox: sandbox.id.clone(), generation: sandbox.generation };
         Ok(Launch {
             sandbox: sandbox.id.clone(),
-            name: sandbox.name.clone(),
+            name: sandbox.name.to_string(),
             generation: sandbox.generation,
             spec: berth_core::SandboxSpec::clone(&sandbox.spec),
             credentials,
@@ -602,7 +602,6 @@ fn command_name(request: &Request) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
 
     use async_trait::async_trait;
     use berth_core::exec::{Exec, ExecId};
@@ -737,7 +736,7 @@ mod tests {
             id: SandboxId::new(format!("sb-{name}")),
             name: name.into(),
             spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() }.into(),
-            providers: BTreeSet::new(),
+            providers: Default::default(),
             intent: berth_core::Intent::Running,
             phase: Phase::Ready,
             resource_version: 1,

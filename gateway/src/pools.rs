@@ -98,7 +98,7 @@ enum Gone {
 
 /// Deletes a member if it is still as it was read; whether it did.
 async fn delete_member(engine: &Engine, member: &Sandbox, why: Gone) -> bool {
-    let delete = Request::new(Command::DeleteSandbox { name: member.name.clone() }, Some(member.resource_version));
+    let delete = Request::new(Command::DeleteSandbox { name: member.name.to_string() }, Some(member.resource_version));
     match engine.execute(&delete).await {
         Ok(_) => {
             let why = match why {

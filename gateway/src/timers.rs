@@ -32,7 +32,7 @@ impl Schedule {
         self.remove(&sandbox.id);
         if let Some((at, timer)) = timers::next(sandbox, now) {
             self.by_time.insert((at, sandbox.id.clone()));
-            self.by_id.insert(sandbox.id.clone(), (at, timer, sandbox.name.clone()));
+            self.by_id.insert(sandbox.id.clone(), (at, timer, sandbox.name.to_string()));
         }
     }
 

@@ -4,7 +4,7 @@
 //! PostgreSQL's (an unreachable server, concurrent migrations) in `postgres_only`.
 //! PostgreSQL is the one `support/postgres.rs` describes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use berth_core::exec::{Exec, ExecEnd, ExecId, ExecSpec, ExecState};
@@ -137,7 +137,7 @@ fn sandbox(id: &str, name: &str) -> Sandbox {
             ..SandboxSpec::default()
         }
         .into(),
-        providers: BTreeSet::new(),
+        providers: Default::default(),
         intent: Intent::Running,
         phase: Phase::Provisioning,
         resource_version: 1,
@@ -209,7 +209,7 @@ async fn read(store: &Shared, id: &str) -> Option<Sandbox> {
 }
 
 fn names(items: &[Sandbox]) -> Vec<&str> {
-    items.iter().map(|s| s.name.as_str()).collect()
+    items.iter().map(|s| &*s.name).collect()
 }
 
 fn selector(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -235,7 +235,7 @@ async fn all_sandbox_pages(store: &Shared, limit: usize, selector: &BTreeMap<Str
 fn assert_pages(pages: &[Page<Sandbox>], sizes: &[usize], expected: &[String]) {
     assert_eq!(pages.iter().map(|p| p.items.len()).collect::<Vec<_>>(), sizes);
     for page in &pages[..pages.len() - 1] {
-        assert_eq!(page.next.as_deref(), page.items.last().map(|s| s.name.as_str()), "next is the last name");
+        assert_eq!(page.next.as_deref(), page.items.last().map(|s| &*s.name), "next is the last name");
     }
     assert_eq!(pages.last().unwrap().next, None);
     let listed: Vec<&str> = pages.iter().flat_map(|p| names(&p.items)).collect();
@@ -320,7 +320,7 @@ async fn write_if_version(store: Shared) {
 
 async fn delete_if_version(store: Shared) {
     let mut a = sandbox("sb-a", "alpha");
-    a.providers.insert("p1".into());
+    std::sync::Arc::make_mut(&mut a.providers).insert("p1".into());
     create(&store, &a).await;
     let remove = |expected| Write::RemoveSandbox { id: SandboxId::new("sb-a"), expected };
     assert_eq!(store.commit(&[remove(7)]).await, conflict(sandbox_key("sb-a"), Some(7), Some(1)));
@@ -355,7 +355,7 @@ async fn transactions_are_atomic(store: Shared) {
     let p2 = bumped_provider(&p);
     let to_p2 = Write::UpdateProvider { record: p2.clone(), expected: 1 };
     let mut c = sandbox("sb-c", "gamma");
-    c.providers.insert("p1".into());
+    std::sync::Arc::make_mut(&mut c.providers).insert("p1".into());
     let stale_b = Write::UpdateSandbox { record: bumped(&b), expected: 5 };
     for failing in [
         vec![to_a2.clone(), to_p2.clone(), stale_b.clone()],
@@ -470,9 +470,9 @@ async fn provider_pages(store: Shared) {
 
 async fn sandboxes_using_follows_writes(store: Shared) {
     let mut a = sandbox("sb-a", "alpha");
-    a.providers.insert("p1".into());
+    std::sync::Arc::make_mut(&mut a.providers).insert("p1".into());
     let mut b = sandbox("sb-b", "beta");
-    b.providers.extend(["p1".to_string(), "p2".to_string()]);
+    std::sync::Arc::make_mut(&mut b.providers).extend(["p1".to_string(), "p2".to_string()]);
     let c = sandbox("sb-c", "gamma");
     // Created out of name order: results are ordered by name.
     for s in [&b, &c, &a] {
@@ -483,7 +483,7 @@ async fn sandboxes_using_follows_writes(store: Shared) {
     assert_eq!(store.sandboxes_using("p3").await.unwrap(), vec![]);
 
     let mut b2 = bumped(&b);
-    b2.providers = ["p2".to_string(), "p3".to_string()].into();
+    b2.providers = std::sync::Arc::new(["p2".to_string(), "p3".to_string()].into());
     store.commit(&[Write::UpdateSandbox { record: b2.clone(), expected: 1 }]).await.unwrap();
     assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![a.clone()]);
     assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![b2.clone()], "the current record is returned");
@@ -715,7 +715,7 @@ mod sqlite_only {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("berth.db");
         let mut a = sandbox("sb-a", "alpha");
-        a.providers.insert("p1".into());
+        std::sync::Arc::make_mut(&mut a.providers).insert("p1".into());
         std::sync::Arc::make_mut(&mut a.spec).labels.insert("team".into(), "a".into());
         let b = sandbox("sb-b", "beta");
         let store = open(&path);
@@ -805,7 +805,7 @@ mod sqlite_only {
         let path = dir.path().join("berth.db");
         let store = open(&path);
         let mut a = sandbox("sb-a", "alpha");
-        a.providers.insert("p1".into());
+        std::sync::Arc::make_mut(&mut a.providers).insert("p1".into());
         store
             .commit(&[
                 Write::CreateSandbox(a),
@@ -882,7 +882,7 @@ mod sqlite_only {
         assert_eq!((listing.page.items.len(), listing.cursor), (1, 0));
         store.commit(&[Write::CreateSandbox(sandbox("sb-b", "beta"))]).await.unwrap();
         let log = store.changes(0, 10).await.unwrap();
-        assert_eq!(log.entries.iter().map(|e| (e.seq, e.sandbox.name.as_str())).collect::<Vec<_>>(), [(1, "beta")]);
+        assert_eq!(log.entries.iter().map(|e| (e.seq, &*e.sandbox.name)).collect::<Vec<_>>(), [(1, "beta")]);
     }
 
     #[tokio::test]
@@ -1194,7 +1194,7 @@ async fn log_after(store: &Shared, mut after: u64) -> Changes {
 }
 
 fn logged(entries: &[Logged]) -> Vec<(&str, u64, bool)> {
-    entries.iter().map(|e| (e.sandbox.name.as_str(), e.sandbox.resource_version, e.removed)).collect()
+    entries.iter().map(|e| (&*e.sandbox.name, e.sandbox.resource_version, e.removed)).collect()
 }
 
 async fn the_change_log_holds_every_sandbox_write_in_commit_order(store: Shared) {
@@ -1233,9 +1233,9 @@ fn replayed(entries: &[Logged], cursor: u64) -> BTreeMap<String, u64> {
     let mut state = BTreeMap::new();
     for e in entries.iter().filter(|e| e.seq <= cursor) {
         if e.removed {
-            state.remove(&e.sandbox.name);
+            state.remove(&*e.sandbox.name);
         } else {
-            state.insert(e.sandbox.name.clone(), e.sandbox.resource_version);
+            state.insert(e.sandbox.name.to_string(), e.sandbox.resource_version);
         }
     }
     state
@@ -1286,7 +1286,7 @@ async fn a_listing_cursor_splits_the_log_at_the_listing_snapshot(store: Shared) 
     let log = log_after(&store, 0).await;
     for listing in listings {
         let listed: BTreeMap<String, u64> =
-            listing.page.items.iter().map(|s| (s.name.clone(), s.resource_version)).collect();
+            listing.page.items.iter().map(|s| (s.name.to_string(), s.resource_version)).collect();
         assert_eq!(
             listed,
             replayed(&log.entries, listing.cursor),
@@ -1353,7 +1353,7 @@ async fn readers_following_the_log_under_concurrent_commits_miss_nothing_and_see
         let versions: Vec<u64> = log
             .entries
             .iter()
-            .filter(|e| e.sandbox.name == format!("w{w}"))
+            .filter(|e| *e.sandbox.name == *format!("w{w}"))
             .map(|e| e.sandbox.resource_version)
             .collect();
         assert_eq!(versions, (1..=ROUNDS).collect::<Vec<_>>());

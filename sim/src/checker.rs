@@ -85,7 +85,7 @@ impl TracingStore {
     fn record(&self, before: Option<&Sandbox>, after: Option<&Sandbox>, open_execs: usize) {
         let world = &self.world;
         let Some(id) = after.or(before).map(|s| s.id.clone()) else { return };
-        let name = after.or(before).map(|s| s.name.clone()).unwrap_or_default();
+        let name = after.or(before).map(|s| s.name.to_string()).unwrap_or_default();
         let t = world.stamp();
         lock(&world.commits).push(Commit { t, sandbox: name.clone(), after: after.map(seen) });
         if world.scenario.egress {

@@ -8,7 +8,7 @@
 //!
 //! Provider `pK` names the endpoint `pK.test`, which resolves to 10.0.0.(K+1).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ impl Ledger {
         let version = Version {
             t,
             generation: after.map(|s| s.generation),
-            providers: after.map(|s| s.providers.clone()).unwrap_or_default(),
+            providers: after.map(|s| BTreeSet::clone(&s.providers)).unwrap_or_default(),
             deleting: after.is_none_or(|s| s.intent == Intent::Deleted),
         };
         let history = self.versions.entry(id.clone()).or_default();

@@ -40,7 +40,7 @@ fn record(kind: PhaseKind) -> Sandbox {
         id: SandboxId::new("sb-1"),
         name: "box".into(),
         spec: spec().into(),
-        providers: ["p1".to_string()].into(),
+        providers: std::sync::Arc::new(["p1".to_string()].into()),
         intent,
         phase,
         resource_version: 7,
@@ -281,7 +281,7 @@ fn attach_detach_row() {
     let unknown = on(PhaseKind::Ready, Command::AttachProvider { sandbox: "box".into(), provider: "zz".into() });
     assert_eq!(unknown.unwrap_err().code(), Code::FailedPrecondition);
     let mut full = record(PhaseKind::Ready);
-    full.providers = (0..32).map(|i| format!("q{i}")).collect();
+    full.providers = std::sync::Arc::new((0..32).map(|i| format!("q{i}")).collect());
     let over = decide(&Request::new(attach(), None), &reads(Some(full)), NOW).unwrap_err();
     assert!(matches!(over, Error::Invalid { ref field, .. } if field == "provider"), "{over}");
 }
@@ -295,7 +295,7 @@ fn delete_provider_row() {
             .enumerate()
             .map(|(i, k)| {
                 let mut s = record(*k);
-                s.name = format!("box{i}");
+                s.name = format!("box{i}").into();
                 s
             })
             .collect();

@@ -280,7 +280,7 @@ impl System {
             }
         }
         if let (Ok(Outcome::Sandbox(s)), Command::CreateSandbox { .. }) = (&result, &command) {
-            self.ids.insert(s.name.clone(), s.id.clone());
+            self.ids.insert(s.name.to_string(), s.id.clone());
         }
     }
 
@@ -571,7 +571,7 @@ impl StateMachineTest for System {
         // R2's invariant: no sandbox references a provider that does not exist, unless Deleting.
         for s in system.world.store.sandboxes.values() {
             if s.phase.kind() != PhaseKind::Deleting {
-                for p in &s.providers {
+                for p in s.providers.iter() {
                     assert!(
                         system.world.store.providers.contains_key(p),
                         "{} attached to deleted provider {p}",

@@ -110,17 +110,17 @@ fn a_claim_takes_one_ready_member_and_makes_it_the_claimers() {
 
     let d = run(&mut store, claim(&[("team", "a")], &["p1"])).unwrap();
     let Outcome::Sandbox(claimed) = d.outcome else { panic!() };
-    assert_eq!(claimed.name, "web-00000001", "the first by name");
+    assert_eq!(&*claimed.name, "web-00000001", "the first by name");
     assert!(!is_member(&claimed, "web"));
     assert_eq!(claimed.spec.labels.get("team").map(String::as_str), Some("a"));
-    assert_eq!(claimed.providers, ["p1".to_string()].into());
+    assert_eq!(*claimed.providers, ["p1".to_string()].into());
     assert_eq!(claimed.deadline, Some(T0.plus(core::time::Duration::from_secs(60))), "the TTL runs from the claim");
     assert!(matches!(&d.writes[1], Write::UpdateProvider { .. }), "an attach at claim bumps the provider");
     assert!(d.effects.is_empty(), "a claim starts nothing: the member runs already");
 
     let second = run(&mut store, claim(&[], &[])).unwrap();
     let Outcome::Sandbox(second) = second.outcome else { panic!() };
-    assert_eq!(second.name, "web-00000002");
+    assert_eq!(&*second.name, "web-00000002");
     let e = run(&mut store, claim(&[], &[])).unwrap_err();
     assert_eq!(
         (e.code(), e.to_string().as_str()),

@@ -95,7 +95,7 @@ impl Store {
         assert_eq!(self.by_name("box").unwrap().phase, berth_core::Phase::Ready);
     }
     pub fn by_name(&self, name: &str) -> Option<&Sandbox> {
-        self.sandboxes.values().find(|s| s.name == name)
+        self.sandboxes.values().find(|s| &*s.name == name)
     }
 
     fn version(&self, key: &Key) -> Option<u64> {

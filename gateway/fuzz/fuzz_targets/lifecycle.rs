@@ -175,6 +175,9 @@ fuzz_target!(|steps: Vec<Step>| {
         {
             assert_eq!(Some(s), record.as_ref(), "the outcome is the record written");
         }
+        if decision.outcome == Outcome::Unchanged {
+            assert!(decision.writes.is_empty(), "an unchanged outcome writes nothing");
+        }
         let (Some(b), Some(a)) = (&before, &record) else { continue };
         let is_command = matches!(step, Step::Create | Step::Stop(_) | Step::Start(_) | Step::Delete(_));
         if !is_command {

@@ -37,7 +37,7 @@ fn populated(request: &Request) -> Reads {
         reads.sandbox = Some(berth_core::Sandbox {
             egress_providers: Default::default(),
             id: SandboxId::new("sb-fuzz"),
-            name: name.to_string(),
+            name: name.into(),
             spec: spec.into(),
             providers: Default::default(),
             intent: berth_core::Intent::Running,

@@ -42,7 +42,7 @@ fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
     Sandbox {
         egress_providers: Default::default(),
         id: SandboxId::new(format!("sb-{record}")),
-        name: format!("n{name}"),
+        name: format!("n{name}").into(),
         spec: SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() }.into(),
         providers: Default::default(),
         intent: Intent::Running,

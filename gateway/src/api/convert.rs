@@ -142,7 +142,7 @@ fn failure(f: &Failure) -> pb::Failure {
 pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
     pb::Sandbox {
         id: s.id.to_string(),
-        name: s.name.clone(),
+        name: s.name.to_string(),
         spec: Some(spec_to_wire(&s.spec)),
         providers: s.providers.iter().cloned().collect(),
         intent: intent(s.intent) as i32,

@@ -44,7 +44,7 @@ impl TemplateApi {
                 min_ready: template.min_ready,
                 ready: ready as u32,
                 members: members.len() as u32,
-                member_names: members.iter().map(|s| s.name.clone()).collect(),
+                member_names: members.iter().map(|s| s.name.to_string()).collect(),
             }),
         })
     }

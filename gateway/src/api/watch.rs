@@ -32,7 +32,7 @@ fn event(sandbox: &Sandbox, removed: bool, cursor: String) -> pb::SandboxEvent {
     pb::SandboxEvent {
         sandbox: (!removed).then(|| convert::sandbox(sandbox)),
         removed,
-        name: sandbox.name.clone(),
+        name: sandbox.name.to_string(),
         cursor,
     }
 }

@@ -50,7 +50,7 @@ impl Engine {
         let mut env = BTreeMap::new();
         if let Some(sandbox) = self.inner.store.sandbox(&exec.sandbox).await? {
             env.extend(sandbox.spec.env.clone());
-            for name in &sandbox.providers {
+            for name in sandbox.providers.iter() {
                 if let Some(p) = self.inner.store.provider(name).await? {
                     env.extend(p.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
                 }

@@ -102,7 +102,7 @@ impl Tables {
             _ => None,
         };
         if let Some(s) = claimed
-            && let Some(holder) = self.names.get(&s.name).filter(|holder| **holder != s.id)
+            && let Some(holder) = self.names.get(&*s.name).filter(|holder| **holder != s.id)
         {
             let key = Key::Sandbox(holder.clone());
             let current = self.version(&key);
@@ -127,14 +127,14 @@ impl Tables {
         match write {
             Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
                 if let Some(old) = self.sandboxes.insert(s.id.clone(), s.clone()) {
-                    self.names.remove(&old.name);
+                    self.names.remove(&*old.name);
                 }
-                self.names.insert(s.name.clone(), s.id.clone());
+                self.names.insert(s.name.to_string(), s.id.clone());
                 self.log(s.clone(), false, keep);
             }
             Write::RemoveSandbox { id, .. } => {
                 if let Some(s) = self.sandboxes.remove(id) {
-                    self.names.remove(&s.name);
+                    self.names.remove(&*s.name);
                     self.log(s, true, keep);
                 }
                 self.execs.retain(|(sandbox, _), _| sandbox != id);

@@ -560,7 +560,7 @@ async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>
                        ON CONFLICT DO NOTHING RETURNING id, version, record) \
                        INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
                        SELECT id, version, FALSE, record FROM made";
-            execute(tx, sql, &[&s.id.as_str(), &s.name, &to_sql_version(s.resource_version)?, &encode(s)?]).await?
+            execute(tx, sql, &[&s.id.as_str(), &&*s.name, &to_sql_version(s.resource_version)?, &encode(s)?]).await?
         }
         Write::UpdateSandbox { record: s, expected } => {
             // A rename onto a name another sandbox holds is that sandbox's conflict (should one
@@ -575,7 +575,7 @@ async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>
                        INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
                        SELECT id, version, FALSE, record FROM made";
             let version = to_sql_version(s.resource_version)?;
-            execute(tx, sql, &[&s.id.as_str(), &s.name, &version, &encode(s)?, &to_sql_version(*expected)?]).await?
+            execute(tx, sql, &[&s.id.as_str(), &&*s.name, &version, &encode(s)?, &to_sql_version(*expected)?]).await?
         }
         Write::RemoveSandbox { id, expected } => {
             let sql = "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \

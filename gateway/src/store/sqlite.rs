@@ -682,7 +682,7 @@ fn index(tx: &Connection, s: &Sandbox) -> Result<(), StoreError> {
     tx.prepare_cached("DELETE FROM sandbox_providers WHERE sandbox_id = ?1")?.execute([id])?;
     tx.prepare_cached("DELETE FROM sandbox_labels WHERE sandbox_id = ?1")?.execute([id])?;
     let mut insert = tx.prepare_cached("INSERT INTO sandbox_providers (sandbox_id, provider) VALUES (?1, ?2)")?;
-    for provider in &s.providers {
+    for provider in s.providers.iter() {
         insert.execute([id, provider])?;
     }
     let mut insert = tx.prepare_cached("INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?1, ?2, ?3)")?;

@@ -72,7 +72,7 @@ pub(crate) fn sandbox(
     berth_core::Sandbox {
         egress_providers: Default::default(),
         id: berth_core::SandboxId::new(format!("id-{name}")),
-        name: name.to_string(),
+        name: name.into(),
         spec: Default::default(),
         providers: Default::default(),
         intent,

@@ -383,23 +383,10 @@ impl PostgresStore {
 
     /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
     async fn try_commit(&self, client: &mut Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
+        let plan = plan(writes)?;
         let tx = client.transaction().await.map_err(|e| self.error(&e))?;
         // Dropping `tx` on any early return rolls back whatever was applied.
-        let attempt = async {
-            for write in writes {
-                if let Some(conflict) = check(&tx, write).await? {
-                    return Ok(Err(conflict));
-                }
-            }
-            for write in writes {
-                if let Some(conflict) = apply(&tx, write).await? {
-                    return Ok(Err(conflict));
-                }
-            }
-            Ok(Ok(()))
-        };
-        let outcome: TxResult<Result<(), Conflict>> = attempt.await;
-        match outcome {
+        match run(&tx, writes, &plan).await {
             Ok(Ok(())) => {}
             Ok(Err(conflict)) => return Err(CommitError::Conflict(conflict)),
             Err(TxError::Db(e)) if retryable(&e) => return Ok(None),
@@ -436,12 +423,17 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Aborted by PostgreSQL for a reason that passes: run the transaction again.
+/// Aborted by PostgreSQL for a reason that passes: run the transaction again. A transaction
+/// already aborted is one of them: a write's statement that changed no row is explained after
+/// the whole plan ran, and a statement behind it may have failed for the same reason (the index
+/// rows of a sandbox another transaction's create kept from being made); the next attempt's
+/// conditions then say what happened.
 fn retryable(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c| {
         *c == SqlState::T_R_DEADLOCK_DETECTED
             || *c == SqlState::T_R_SERIALIZATION_FAILURE
             || *c == SqlState::UNIQUE_VIOLATION
+            || *c == SqlState::IN_FAILED_SQL_TRANSACTION
     })
 }
 
@@ -477,35 +469,102 @@ impl From<StoreError> for TxError {
 
 type TxResult<T> = Result<T, TxError>;
 
-async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
-    let (sql, args): (&str, Vec<&str>) = match key {
-        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", vec![id.as_str()]),
-        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", vec![name.as_str()]),
-        Key::Template(name) => ("SELECT version FROM templates WHERE name = $1", vec![name.as_str()]),
-        Key::Exec(sandbox, id) => {
-            ("SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2", vec![sandbox.as_str(), id.as_str()])
+/// An argument of a planned statement, owned: every statement is built before the first is sent.
+type Arg = Box<dyn ToSql + Sync + Send>;
+
+/// What a statement of a transaction's plan is for: how its rows are read.
+#[derive(Clone, Copy)]
+enum Role {
+    /// The version of write `i`'s record before the transaction: its condition.
+    Version(usize),
+    /// Who holds the name write `i` gives its sandbox.
+    Name(usize),
+    /// Write `i`'s conditional statement: it returns a row for each record it changed.
+    Apply(usize),
+    /// Keeps an index table in step; its rows say nothing.
+    Index,
+}
+
+struct Statement {
+    sql: String,
+    args: Vec<Arg>,
+    role: Role,
+}
+
+impl Statement {
+    fn new(role: Role, sql: impl Into<String>, args: Vec<Arg>) -> Self {
+        Self { sql: sql.into(), args, role }
+    }
+}
+
+/// A transaction's statements, in the order PostgreSQL runs them: every condition against the
+/// state before it (in the order of the writes, so the first that fails is the one reported, as
+/// the other stores report it), then each write's statements. All are sent before the first
+/// answer comes back (tokio-postgres pipelines the queries of one connection), so a commit costs
+/// three round trips (BEGIN, the plan, COMMIT) whatever its size: the statements of a write whose
+/// condition failed run too, and are rolled back with the rest.
+fn plan(writes: &[Write]) -> Result<Vec<Statement>, StoreError> {
+    let mut plan = Vec::with_capacity(writes.len() * 6);
+    for (i, write) in writes.iter().enumerate() {
+        let (sql, args) = version_query(&write.key());
+        plan.push(Statement::new(Role::Version(i), sql, args));
+        if let Write::CreateSandbox(s) = write {
+            plan.push(name_query(i, &s.name));
         }
-    };
-    let params: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-    let statement = tx.prepare_cached(sql).await?;
-    let Some(row) = tx.query_opt(&statement, &params).await? else {
+    }
+    for (i, write) in writes.iter().enumerate() {
+        // A rename onto a name another sandbox holds is that sandbox's conflict (should one take
+        // it after this read, the unique index aborts the transaction and it runs again).
+        if let Write::UpdateSandbox { record: s, .. } = write {
+            plan.push(name_query(i, &s.name));
+        }
+        plan.push(apply(i, write)?);
+        if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write {
+            index(&mut plan, s);
+        }
+    }
+    Ok(plan)
+}
+
+fn version_query(key: &Key) -> (&'static str, Vec<Arg>) {
+    match key {
+        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", vec![Box::new(id.to_string())]),
+        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", vec![Box::new(name.clone())]),
+        Key::Template(name) => ("SELECT version FROM templates WHERE name = $1", vec![Box::new(name.clone())]),
+        Key::Exec(sandbox, id) => (
+            "SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2",
+            vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string())],
+        ),
+    }
+}
+
+/// The version a [`version_query`] of `key` found.
+fn version_in(rows: &[Row], key: &Key) -> TxResult<Option<u64>> {
+    let Some(row) = rows.first() else {
         return Ok(None);
     };
     let version: i64 = row.try_get(0)?;
-    let name = args[args.len() - 1];
     let version = match key {
-        Key::Sandbox(_) => from_sql_version::<Sandbox>(name, version)?,
-        Key::Provider(_) => from_sql_version::<Provider>(name, version)?,
-        Key::Template(_) => from_sql_version::<Template>(name, version)?,
-        Key::Exec(..) => from_sql_version::<Exec>(name, version)?,
+        Key::Sandbox(id) => from_sql_version::<Sandbox>(id.as_str(), version)?,
+        Key::Provider(name) => from_sql_version::<Provider>(name, version)?,
+        Key::Template(name) => from_sql_version::<Template>(name, version)?,
+        Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), version)?,
     };
     Ok(Some(version))
 }
 
-/// The sandbox holding `name`, as the conflict a write of that name reports.
-async fn name_conflict(tx: &Transaction<'_>, name: &str) -> TxResult<Option<Conflict>> {
-    let statement = tx.prepare_cached("SELECT id, version FROM sandboxes WHERE name = $1").await?;
-    let Some(row) = tx.query_opt(&statement, &[&name]).await? else {
+async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
+    let (sql, args) = version_query(key);
+    version_in(&query(tx, sql, &args).await?, key)
+}
+
+fn name_query(i: usize, name: &str) -> Statement {
+    Statement::new(Role::Name(i), "SELECT id, version FROM sandboxes WHERE name = $1", vec![Box::new(name.to_string())])
+}
+
+/// The sandbox a [`name_query`] found holding the name, as the conflict a write of it reports.
+fn holder_in(rows: &[Row]) -> TxResult<Option<Conflict>> {
+    let Some(row) = rows.first() else {
         return Ok(None);
     };
     let id: String = row.try_get(0)?;
@@ -513,116 +572,173 @@ async fn name_conflict(tx: &Transaction<'_>, name: &str) -> TxResult<Option<Conf
     Ok(Some(Conflict { key: Key::Sandbox(SandboxId::new(id)), expected: None, current }))
 }
 
-/// The write's condition against the state before the transaction, as memory.rs checks it.
-async fn check(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
-    let key = write.key();
-    let current = version_of(tx, &key).await?;
-    if current != write.expected() {
-        return Ok(Some(Conflict { key, expected: write.expected(), current }));
-    }
-    match write {
-        Write::CreateSandbox(s) => name_conflict(tx, &s.name).await,
-        _ => Ok(None),
-    }
-}
-
-/// Runs one conditional statement; how many rows it changed.
-async fn execute(tx: &Transaction<'_>, sql: &str, args: &[&(dyn ToSql + Sync)]) -> TxResult<u64> {
+async fn query(tx: &Transaction<'_>, sql: &str, args: &[Arg]) -> TxResult<Vec<Row>> {
     let statement = tx.prepare_cached(sql).await?;
-    Ok(tx.execute(&statement, args).await?)
+    Ok(tx.query(&statement, &refs(args)).await?)
 }
 
-// The tables of records keyed by their name (providers, templates): one shape, one set of
-// statements.
-
-async fn insert_named<T: Record>(tx: &Transaction<'_>, record: &T) -> TxResult<u64> {
-    let sql = format!("INSERT INTO {} (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", T::TABLE);
-    execute(tx, &sql, &[&record.key(), &to_sql_version(record.version())?, &encode(record)?]).await
+fn refs(args: &[Arg]) -> Vec<&(dyn ToSql + Sync)> {
+    args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect()
 }
 
-async fn update_named<T: Record>(tx: &Transaction<'_>, record: &T, expected: u64) -> TxResult<u64> {
-    let sql = format!("UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4", T::TABLE);
-    let version = to_sql_version(record.version())?;
-    execute(tx, &sql, &[&record.key(), &version, &encode(record)?, &to_sql_version(expected)?]).await
+fn version(v: u64) -> Result<Arg, StoreError> {
+    Ok(Box::new(to_sql_version(v)?))
 }
 
-async fn remove_named<T: Record>(tx: &Transaction<'_>, name: &str, expected: u64) -> TxResult<u64> {
-    let sql = format!("DELETE FROM {} WHERE name = $1 AND version = $2", T::TABLE);
-    execute(tx, &sql, &[&name, &to_sql_version(expected)?]).await
-}
-
-/// Applies one write whose condition was checked; a conflict here comes from an earlier write
-/// of the same transaction, or from another transaction that committed meanwhile.
-async fn apply(tx: &Transaction<'_>, write: &Write) -> TxResult<Option<Conflict>> {
-    let changed = match write {
-        Write::CreateSandbox(s) => {
-            let sql = "WITH made AS (INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) \
-                       ON CONFLICT DO NOTHING RETURNING id, version, record) \
-                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-                       SELECT id, version, FALSE, record FROM made";
-            execute(tx, sql, &[&s.id.as_str(), &&*s.name, &to_sql_version(s.resource_version)?, &encode(s)?]).await?
-        }
-        Write::UpdateSandbox { record: s, expected } => {
-            // A rename onto a name another sandbox holds is that sandbox's conflict (should one
-            // take it after this check, the unique index aborts the transaction and it runs again).
-            if let Some(conflict) = name_conflict(tx, &s.name).await?
-                && conflict.key != write.key()
-            {
-                return Ok(Some(conflict));
-            }
-            let sql = "WITH made AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
-                       WHERE id = $1 AND version = $5 RETURNING id, version, record) \
-                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-                       SELECT id, version, FALSE, record FROM made";
-            let version = to_sql_version(s.resource_version)?;
-            execute(tx, sql, &[&s.id.as_str(), &&*s.name, &version, &encode(s)?, &to_sql_version(*expected)?]).await?
-        }
-        Write::RemoveSandbox { id, expected } => {
-            let sql = "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \
-                       INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-                       SELECT id, version, TRUE, record FROM gone";
-            execute(tx, sql, &[&id.as_str(), &to_sql_version(*expected)?]).await?
-        }
-        Write::CreateProvider(p) => insert_named(tx, p).await?,
-        Write::UpdateProvider { record: p, expected } => update_named(tx, p, *expected).await?,
-        Write::RemoveProvider { name, expected } => remove_named::<Provider>(tx, name, *expected).await?,
-        Write::CreateTemplate(t) => insert_named(tx, t).await?,
-        Write::UpdateTemplate { record: t, expected } => update_named(tx, t, *expected).await?,
-        Write::RemoveTemplate { name, expected } => remove_named::<Template>(tx, name, *expected).await?,
-        // Locked until the commit: a write to the sandbox committed after the check makes this
-        // select no row (READ COMMITTED re-reads a locked row), and none can land after it.
-        Write::CheckSandbox { id, expected } => {
-            let sql = "SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE";
-            let statement = tx.prepare_cached(sql).await?;
-            tx.query(&statement, &[&id.as_str(), &to_sql_version(*expected)?]).await?.len() as u64
-        }
-        Write::CreateExec(e) => {
-            let sql = "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES ($1, $2, $3, $4, $5) \
-                       ON CONFLICT DO NOTHING";
-            let version = to_sql_version(e.resource_version)?;
-            let open = !e.state.is_terminal();
-            execute(tx, sql, &[&e.sandbox.as_str(), &e.id.as_str(), &version, &open, &encode(e)?]).await?
-        }
-        Write::UpdateExec { record: e, expected } => {
-            let sql = "UPDATE execs SET version = $3, open = $4, record = $5 \
-                       WHERE sandbox_id = $1 AND id = $2 AND version = $6";
-            let version = to_sql_version(e.resource_version)?;
-            let open = !e.state.is_terminal();
-            let args: [&(dyn ToSql + Sync); 6] =
-                [&e.sandbox.as_str(), &e.id.as_str(), &version, &open, &encode(e)?, &to_sql_version(*expected)?];
-            execute(tx, sql, &args).await?
-        }
+/// Write `i`'s conditional statement. Each returns one row per record it changed.
+fn apply(i: usize, write: &Write) -> Result<Statement, StoreError> {
+    // The tables of records keyed by their name (providers, templates): one shape.
+    fn insert_named<T: Record>(i: usize, record: &T) -> Result<Statement, StoreError> {
+        let sql = format!(
+            "INSERT INTO {} (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
+            T::TABLE
+        );
+        let args: Vec<Arg> =
+            vec![Box::new(record.key().to_string()), version(record.version())?, Box::new(encode(record)?)];
+        Ok(Statement::new(Role::Apply(i), sql, args))
+    }
+    fn update_named<T: Record>(i: usize, record: &T, expected: u64) -> Result<Statement, StoreError> {
+        let sql =
+            format!("UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4 RETURNING 1", T::TABLE);
+        let args: Vec<Arg> = vec![
+            Box::new(record.key().to_string()),
+            version(record.version())?,
+            Box::new(encode(record)?),
+            version(expected)?,
+        ];
+        Ok(Statement::new(Role::Apply(i), sql, args))
+    }
+    fn remove_named<T: Record>(i: usize, name: &str, expected: u64) -> Result<Statement, StoreError> {
+        let sql = format!("DELETE FROM {} WHERE name = $1 AND version = $2 RETURNING 1", T::TABLE);
+        Ok(Statement::new(Role::Apply(i), sql, vec![Box::new(name.to_string()), version(expected)?]))
+    }
+    let (sql, args): (&str, Vec<Arg>) = match write {
+        Write::CreateSandbox(s) => (
+            "WITH made AS (INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT DO NOTHING RETURNING id, version, record) \
+             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+             SELECT id, version, FALSE, record FROM made RETURNING 1",
+            vec![
+                Box::new(s.id.to_string()),
+                Box::new(s.name.to_string()),
+                version(s.resource_version)?,
+                Box::new(encode(s)?),
+            ],
+        ),
+        Write::UpdateSandbox { record: s, expected } => (
+            "WITH made AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
+             WHERE id = $1 AND version = $5 RETURNING id, version, record) \
+             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+             SELECT id, version, FALSE, record FROM made RETURNING 1",
+            vec![
+                Box::new(s.id.to_string()),
+                Box::new(s.name.to_string()),
+                version(s.resource_version)?,
+                Box::new(encode(s)?),
+                version(*expected)?,
+            ],
+        ),
+        Write::RemoveSandbox { id, expected } => (
+            "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \
+             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+             SELECT id, version, TRUE, record FROM gone RETURNING 1",
+            vec![Box::new(id.to_string()), version(*expected)?],
+        ),
+        Write::CreateProvider(p) => return insert_named(i, p),
+        Write::UpdateProvider { record: p, expected } => return update_named(i, p, *expected),
+        Write::RemoveProvider { name, expected } => return remove_named::<Provider>(i, name, *expected),
+        Write::CreateTemplate(t) => return insert_named(i, t),
+        Write::UpdateTemplate { record: t, expected } => return update_named(i, t, *expected),
+        Write::RemoveTemplate { name, expected } => return remove_named::<Template>(i, name, *expected),
+        // Locked until the commit: a write to the sandbox committed after the condition was read
+        // makes this select no row (READ COMMITTED re-reads a locked row), and none can land
+        // after it.
+        Write::CheckSandbox { id, expected } => (
+            "SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE",
+            vec![Box::new(id.to_string()), version(*expected)?],
+        ),
+        Write::CreateExec(e) => (
+            "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT DO NOTHING RETURNING 1",
+            vec![
+                Box::new(e.sandbox.to_string()),
+                Box::new(e.id.as_str().to_string()),
+                version(e.resource_version)?,
+                Box::new(!e.state.is_terminal()),
+                Box::new(encode(e)?),
+            ],
+        ),
+        Write::UpdateExec { record: e, expected } => (
+            "UPDATE execs SET version = $3, open = $4, record = $5 \
+             WHERE sandbox_id = $1 AND id = $2 AND version = $6 RETURNING 1",
+            vec![
+                Box::new(e.sandbox.to_string()),
+                Box::new(e.id.as_str().to_string()),
+                version(e.resource_version)?,
+                Box::new(!e.state.is_terminal()),
+                Box::new(encode(e)?),
+                version(*expected)?,
+            ],
+        ),
     };
-    if changed == 0 {
-        return explain(tx, write).await.map(Some);
-    }
-    if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write {
-        index(tx, s).await?;
-    }
-    Ok(None)
+    Ok(Statement::new(Role::Apply(i), sql, args))
 }
 
-/// Why a conditional statement changed no row.
+/// The statements that bring the sandbox's rows in the index tables in line with its record.
+fn index(plan: &mut Vec<Statement>, s: &Sandbox) {
+    let id = || -> Arg { Box::new(s.id.to_string()) };
+    plan.push(Statement::new(Role::Index, "DELETE FROM sandbox_providers WHERE sandbox_id = $1", vec![id()]));
+    plan.push(Statement::new(Role::Index, "DELETE FROM sandbox_labels WHERE sandbox_id = $1", vec![id()]));
+    if !s.providers.is_empty() {
+        let providers: Vec<String> = s.providers.iter().cloned().collect();
+        let sql = "INSERT INTO sandbox_providers (sandbox_id, provider) SELECT $1, p FROM UNNEST($2::text[]) AS p";
+        plan.push(Statement::new(Role::Index, sql, vec![id(), Box::new(providers)]));
+    }
+    if !s.spec.labels.is_empty() {
+        let keys: Vec<String> = s.spec.labels.keys().cloned().collect();
+        let values: Vec<String> = s.spec.labels.values().cloned().collect();
+        let sql = "INSERT INTO sandbox_labels (sandbox_id, key, value) SELECT $1, k, v FROM UNNEST($2::text[], $3::text[]) AS l (k, v)";
+        plan.push(Statement::new(Role::Index, sql, vec![id(), Box::new(keys), Box::new(values)]));
+    }
+}
+
+/// Runs a plan in `tx`: the first conflict, read in the plan's order.
+async fn run(tx: &Transaction<'_>, writes: &[Write], plan: &[Statement]) -> TxResult<Result<(), Conflict>> {
+    // Prepared first (from the connection's cache but for the first use of each): a statement
+    // still being prepared would be sent after the ones behind it.
+    let mut prepared = Vec::with_capacity(plan.len());
+    for statement in plan {
+        prepared.push(tx.prepare_cached(&statement.sql).await?);
+    }
+    // `join_all` polls its futures first in order, and each sends its query on its first poll.
+    let args: Vec<_> = plan.iter().map(|statement| refs(&statement.args)).collect();
+    let answers = futures_util::future::join_all(prepared.iter().zip(&args).map(|(p, args)| tx.query(p, args)));
+    for (statement, answer) in plan.iter().zip(answers.await) {
+        let rows = answer?;
+        match statement.role {
+            Role::Version(i) => {
+                let key = writes[i].key();
+                let current = version_in(&rows, &key)?;
+                if current != writes[i].expected() {
+                    return Ok(Err(Conflict { key, expected: writes[i].expected(), current }));
+                }
+            }
+            Role::Name(i) => {
+                if let Some(holder) = holder_in(&rows)?
+                    && holder.key != writes[i].key()
+                {
+                    return Ok(Err(holder));
+                }
+            }
+            Role::Apply(i) if rows.is_empty() => return explain(tx, &writes[i]).await.map(Err),
+            Role::Apply(_) | Role::Index => {}
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Why a conditional statement changed no row although its condition held when read: another
+/// transaction committed in between.
 async fn explain(tx: &Transaction<'_>, write: &Write) -> TxResult<Conflict> {
     let key = write.key();
     let current = version_of(tx, &key).await?;
@@ -630,31 +746,13 @@ async fn explain(tx: &Transaction<'_>, write: &Write) -> TxResult<Conflict> {
         return Ok(Conflict { key, expected: write.expected(), current });
     }
     // The version held, so only the name's uniqueness can have refused the row.
-    if let Write::CreateSandbox(s) = write
-        && let Some(conflict) = name_conflict(tx, &s.name).await?
-    {
-        return Ok(conflict);
+    if let Write::CreateSandbox(s) = write {
+        let Statement { sql, args, .. } = name_query(0, &s.name);
+        if let Some(conflict) = holder_in(&query(tx, &sql, &args).await?)? {
+            return Ok(conflict);
+        }
     }
     Err(StoreError::Unavailable(format!("a write to {key:?} changed no row although its condition held")).into())
-}
-
-/// Brings the sandbox's rows in the index tables in line with its record.
-async fn index(tx: &Transaction<'_>, s: &Sandbox) -> TxResult<()> {
-    let id = s.id.as_str();
-    execute(tx, "DELETE FROM sandbox_providers WHERE sandbox_id = $1", &[&id]).await?;
-    execute(tx, "DELETE FROM sandbox_labels WHERE sandbox_id = $1", &[&id]).await?;
-    if !s.providers.is_empty() {
-        let providers: Vec<&str> = s.providers.iter().map(String::as_str).collect();
-        let sql = "INSERT INTO sandbox_providers (sandbox_id, provider) SELECT $1, p FROM UNNEST($2::text[]) AS p";
-        execute(tx, sql, &[&id, &providers]).await?;
-    }
-    if !s.spec.labels.is_empty() {
-        let keys: Vec<&str> = s.spec.labels.keys().map(String::as_str).collect();
-        let values: Vec<&str> = s.spec.labels.values().map(String::as_str).collect();
-        let sql = "INSERT INTO sandbox_labels (sandbox_id, key, value) SELECT $1, k, v FROM UNNEST($2::text[], $3::text[]) AS l (k, v)";
-        execute(tx, sql, &[&id, &keys, &values]).await?;
-    }
-    Ok(())
 }
 
 #[async_trait]

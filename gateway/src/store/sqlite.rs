@@ -214,6 +214,23 @@ impl SqliteStore {
         .map_err(|e| StoreError::Unavailable(format!("store read did not complete: {e}")))?
     }
 
+    /// The record `sql` selects by `key`. A few microseconds from a warm page cache, less than
+    /// handing it to the blocking pool and back costs (the most frequent read there is: every
+    /// Get and every decision reads one), so it runs where it is called when a read connection
+    /// is free: WAL readers never wait for the writer, and while the gateway holds the database
+    /// open no other process can take the exclusive lock that would hold them up (an operator's
+    /// `PRAGMA locking_mode=EXCLUSIVE` is refused as busy).
+    async fn record<T: Record + Send + 'static>(
+        &self,
+        sql: &'static str,
+        key: String,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(conn) = self.readers.conns.iter().find_map(|c| c.try_lock().ok()) {
+            return read_one(&conn, sql, &key);
+        }
+        self.read(move |conn| read_one(conn, sql, &key)).await
+    }
+
     /// Runs `f` on the writer thread, in a transaction of its own.
     async fn alone<T: Send + 'static>(
         &self,
@@ -772,14 +789,11 @@ impl Store for SqliteStore {
     }
 
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
-        let id = id.clone();
-        self.read(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE id = ?1", id.as_str()))
-            .await
+        self.record("SELECT id, version, record FROM sandboxes WHERE id = ?1", id.to_string()).await
     }
 
     async fn sandbox_by_name(&self, name: &str) -> Result<Option<Sandbox>, StoreError> {
-        let name = name.to_owned();
-        self.read(move |conn| read_one(conn, "SELECT id, version, record FROM sandboxes WHERE name = ?1", &name)).await
+        self.record("SELECT id, version, record FROM sandboxes WHERE name = ?1", name.to_owned()).await
     }
 
     async fn list_sandboxes_at(

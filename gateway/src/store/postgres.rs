@@ -593,20 +593,12 @@ fn apply(i: usize, write: &Write) -> Result<Statement, StoreError> {
             "INSERT INTO {} (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
             T::TABLE
         );
-        let args: Vec<Arg> =
-            vec![Box::new(record.key().to_string()), version(record.version())?, Box::new(encode(record)?)];
-        Ok(Statement::new(Role::Apply(i), sql, args))
+        Ok(Statement::new(Role::Apply(i), sql, named_row(record, None)?))
     }
     fn update_named<T: Record>(i: usize, record: &T, expected: u64) -> Result<Statement, StoreError> {
         let sql =
             format!("UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4 RETURNING 1", T::TABLE);
-        let args: Vec<Arg> = vec![
-            Box::new(record.key().to_string()),
-            version(record.version())?,
-            Box::new(encode(record)?),
-            version(expected)?,
-        ];
-        Ok(Statement::new(Role::Apply(i), sql, args))
+        Ok(Statement::new(Role::Apply(i), sql, named_row(record, Some(expected))?))
     }
     fn remove_named<T: Record>(i: usize, name: &str, expected: u64) -> Result<Statement, StoreError> {
         let sql = format!("DELETE FROM {} WHERE name = $1 AND version = $2 RETURNING 1", T::TABLE);
@@ -618,25 +610,14 @@ fn apply(i: usize, write: &Write) -> Result<Statement, StoreError> {
              ON CONFLICT DO NOTHING RETURNING id, version, record) \
              INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
              SELECT id, version, FALSE, record FROM made RETURNING 1",
-            vec![
-                Box::new(s.id.to_string()),
-                Box::new(s.name.to_string()),
-                version(s.resource_version)?,
-                Box::new(encode(s)?),
-            ],
+            sandbox_row(s, None)?,
         ),
         Write::UpdateSandbox { record: s, expected } => (
             "WITH made AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
              WHERE id = $1 AND version = $5 RETURNING id, version, record) \
              INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
              SELECT id, version, FALSE, record FROM made RETURNING 1",
-            vec![
-                Box::new(s.id.to_string()),
-                Box::new(s.name.to_string()),
-                version(s.resource_version)?,
-                Box::new(encode(s)?),
-                version(*expected)?,
-            ],
+            sandbox_row(s, Some(*expected))?,
         ),
         Write::RemoveSandbox { id, expected } => (
             "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \
@@ -660,28 +641,51 @@ fn apply(i: usize, write: &Write) -> Result<Statement, StoreError> {
         Write::CreateExec(e) => (
             "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT DO NOTHING RETURNING 1",
-            vec![
-                Box::new(e.sandbox.to_string()),
-                Box::new(e.id.as_str().to_string()),
-                version(e.resource_version)?,
-                Box::new(!e.state.is_terminal()),
-                Box::new(encode(e)?),
-            ],
+            exec_row(e, None)?,
         ),
         Write::UpdateExec { record: e, expected } => (
             "UPDATE execs SET version = $3, open = $4, record = $5 \
              WHERE sandbox_id = $1 AND id = $2 AND version = $6 RETURNING 1",
-            vec![
-                Box::new(e.sandbox.to_string()),
-                Box::new(e.id.as_str().to_string()),
-                version(e.resource_version)?,
-                Box::new(!e.state.is_terminal()),
-                Box::new(encode(e)?),
-                version(*expected)?,
-            ],
+            exec_row(e, Some(*expected))?,
         ),
     };
     Ok(Statement::new(Role::Apply(i), sql, args))
+}
+
+// A record's row as its statements take it: its columns, then, for an update, the version it
+// must have.
+
+fn named_row<T: Record>(record: &T, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {
+    let row: Vec<Arg> = vec![Box::new(record.key().to_string()), version(record.version())?, Box::new(encode(record)?)];
+    with_expected(row, expected)
+}
+
+fn sandbox_row(s: &Sandbox, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {
+    let row: Vec<Arg> = vec![
+        Box::new(s.id.to_string()),
+        Box::new(s.name.to_string()),
+        version(s.resource_version)?,
+        Box::new(encode(s)?),
+    ];
+    with_expected(row, expected)
+}
+
+fn exec_row(e: &Exec, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {
+    let row: Vec<Arg> = vec![
+        Box::new(e.sandbox.to_string()),
+        Box::new(e.id.as_str().to_string()),
+        version(e.resource_version)?,
+        Box::new(!e.state.is_terminal()),
+        Box::new(encode(e)?),
+    ];
+    with_expected(row, expected)
+}
+
+fn with_expected(mut row: Vec<Arg>, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {
+    if let Some(expected) = expected {
+        row.push(version(expected)?);
+    }
+    Ok(row)
 }
 
 /// The statements that bring the sandbox's rows in the index tables in line with its record.

@@ -919,6 +919,7 @@ async fn a_restarted_gateway_adopts_running_sandboxes(runtime: Runtime) {
 async fn two_gateways_racing_on_one_sandbox_get_only_what_the_contract_allows(runtime: Runtime) {
     let Some(target) = target(runtime, "race").await else { return };
     let schema = format!("race_{runtime:?}").to_lowercase();
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
     let Some(url) = crate::pg::fresh_schema(&schema).await else { return };
     let data = DataDir::new();
     crate::several::race_on_one_sandbox(&data, &url, &target.gateway_args(), image_for(&target)).await;

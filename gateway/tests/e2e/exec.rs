@@ -393,6 +393,7 @@ async fn an_exec_outlives_a_gateway_restart_and_reads_whole_after_it() {
 /// connected (on the killed one, it moves to the other; on the other, it never left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_gateways_an_exec_made_through_one_is_read_whole_through_another_after_it_died() {
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
     let Some(url) = crate::pg::fresh_schema("exec_two_gateways").await else { return };
     let data = DataDir::new();
     let args = |name: &'static str| ["--store", url.as_str(), "--name", name, "--lease-ttl", "2s"];
@@ -422,6 +423,7 @@ async fn several_gateways_an_exec_made_through_one_is_read_whole_through_another
 /// supervisor keeps on the host).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_gateways_an_exec_is_read_whole_through_either_while_both_live() {
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
     let Some(url) = crate::pg::fresh_schema("exec_both_gateways").await else { return };
     let data = DataDir::new();
     let args = |name: &'static str| ["--store", url.as_str(), "--name", name];

@@ -203,6 +203,7 @@ async fn a_fleet_watch_refuses_cursors_it_cannot_resume_from() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_watch_through_one_gateway_sees_the_writes_made_through_another() {
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
     let Some(url) = pg::fresh_schema("fleet_watch_two_gateways").await else { return };
     // One data directory, as gateways sharing a store on one host run: the lease holder's
     // process driver must see the runs the other gateway's started (with a directory each, it

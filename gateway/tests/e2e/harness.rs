@@ -16,6 +16,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
+/// The PostgreSQL server the tests of this binary share, one of which stops and restarts it:
+/// every test on PostgreSQL holds this shared while it runs, that one exclusively, so that none
+/// meets the outage it makes.
+pub static POSTGRES_SERVER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;

@@ -22,6 +22,7 @@ fn ci_postgres(verb: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_is_unavailable_then_the_gateway_recovers_by_itself() {
+    let _server = crate::harness::POSTGRES_SERVER.write().await;
     let Some(url) = pg::fresh_schema("database_outage").await else { return };
     let data = DataDir::new();
     let gateway = Gateway::start(&data, &["--store", &url]).await;

@@ -88,6 +88,7 @@ async fn assert_linearizable(history: &History, readers: Vec<tokio::task::JoinHa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_survive_the_lease_holder_killed_mid_workload() {
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
     let Some(url) = pg::fresh_schema("three_gateways").await else { return };
     let data = DataDir::new();
     let ttl = format!("{}ms", LEASE_TTL.as_millis());

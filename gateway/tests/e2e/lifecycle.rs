@@ -74,8 +74,11 @@ async fn a_real_exit_of_the_restarted_workload_is_an_error_with_its_code() {
     let mut sandboxes = gateway.sandboxes().await;
     // The first run idles; every later run exits 3 shortly after starting.
     let command = ["sh", "-c", "if [ -e ran ]; then sleep 0.5; exit 3; fi; touch ran; exec sleep 3600"];
-    create(&mut sandboxes, "flaky", &command, &[]).await;
+    let id = create(&mut sandboxes, "flaky", &command, &[]).await.id;
     wait_phase(&mut sandboxes, "flaky", pb::Phase::Ready).await;
+    // Ready is the supervisor's connection: under load, a stop at once could end the first run
+    // before its `touch`, and the second would then idle as the first (seen in CI).
+    assert_eq!(workspace_file_once(&data.path, &id, "ran", "").await.as_deref(), Some(""));
     lifecycle(&mut sandboxes, "stop", "flaky").await.unwrap();
     wait_phase(&mut sandboxes, "flaky", pb::Phase::Stopped).await;
     lifecycle(&mut sandboxes, "start", "flaky").await.unwrap();

@@ -117,13 +117,15 @@ impl Driver for NoopDriver {
 #[path = "../tests/support/postgres.rs"]
 mod pg;
 
-/// A gateway's engine on `store`; gateways sharing a store share one runtime too.
-fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>) -> Engine {
-    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), 1)
+/// Gateway `n`'s engine on `store`; gateways sharing a store share one runtime too. Each has
+/// its own seed, as each server draws one: gateways with one seed would make the same sandbox
+/// ids, and their creates would conflict.
+fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n: u64) -> Engine {
+    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), n)
 }
 
 fn engine(dir: &std::path::Path) -> Engine {
-    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default())
+    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default(), 0)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -190,8 +192,8 @@ async fn rpc_load(
 ) -> (f64, Duration, Duration, usize) {
     let driver = Arc::new(NoopDriver::default());
     let mut addresses = Vec::new();
-    for store in stores {
-        addresses.push(serve(&engine_on(store, Arc::clone(&driver))).await);
+    for (n, store) in (0..).zip(stores) {
+        addresses.push(serve(&engine_on(store, Arc::clone(&driver), n)).await);
     }
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -644,7 +646,7 @@ async fn upstream() -> std::net::SocketAddr {
 /// sandbox allowed `upstream`, and the supervisor's proxy listener for that sandbox's run: the
 /// listener's address.
 async fn egress_proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> std::net::SocketAddr {
-    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default());
+    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0);
     let spec = SandboxSpec {
         image: "i".into(),
         command: vec!["true".into()],

@@ -69,6 +69,7 @@ conformance!(
     transactions_are_atomic,
     sandbox_pages,
     label_selected_pages,
+    label_selection_follows_writes,
     provider_pages,
     sandboxes_using_follows_writes,
     versions_increase_and_reads_see_writes,
@@ -438,6 +439,46 @@ async fn label_selected_pages(store: Shared) {
     // A key is matched as a whole, not as a prefix or a pattern.
     assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("tea", "a")])).await, &[0], &[]);
     assert_pages(&all_sandbox_pages(&store, 3, &selector(&[("te%", "a")])).await, &[0], &[]);
+}
+
+async fn label_selection_follows_writes(store: Shared) {
+    let mut a = sandbox("sb-a", "alpha");
+    let labels = &mut std::sync::Arc::make_mut(&mut a.spec).labels;
+    labels.extend([("team", "a"), ("tier", "gold"), ("zone", "x")].map(|(k, v)| (k.to_string(), v.to_string())));
+    create(&store, &a).await;
+    let b = sandbox("sb-b", "beta");
+    create(&store, &b).await;
+    let selected = async |pairs: &[(&str, &str)]| -> Vec<String> {
+        let page = store.list_sandboxes(&PageRequest { after: None, limit: 10 }, &selector(pairs)).await.unwrap();
+        names(&page.items).into_iter().map(str::to_string).collect()
+    };
+    assert_eq!(selected(&[("team", "a"), ("zone", "x")]).await, ["alpha"]);
+
+    // One label's value changes, one goes, one stays, one comes; another sandbox gains one.
+    let mut a2 = bumped(&a);
+    let labels = &mut std::sync::Arc::make_mut(&mut a2.spec).labels;
+    labels.insert("team".into(), "b".into());
+    labels.remove("tier");
+    labels.insert("owner".into(), "ops".into());
+    let mut b2 = bumped(&b);
+    std::sync::Arc::make_mut(&mut b2.spec).labels.insert("team".into(), "b".into());
+    for s in [&a2, &b2] {
+        store.commit(&[Write::UpdateSandbox { record: s.clone(), expected: 1 }]).await.unwrap();
+    }
+    assert_eq!(selected(&[("team", "a")]).await, Vec::<String>::new());
+    assert_eq!(selected(&[("team", "b")]).await, ["alpha", "beta"]);
+    assert_eq!(selected(&[("tier", "gold")]).await, Vec::<String>::new());
+    assert_eq!(selected(&[("zone", "x"), ("owner", "ops"), ("team", "b")]).await, ["alpha"]);
+
+    // A write that leaves the labels alone leaves the selection alone.
+    let a3 = bumped(&a2);
+    store.commit(&[Write::UpdateSandbox { record: a3, expected: 2 }]).await.unwrap();
+    assert_eq!(selected(&[("zone", "x"), ("owner", "ops"), ("team", "b")]).await, ["alpha"]);
+    // A refused write changes none of them.
+    let mut stale = bumped(&a2);
+    std::sync::Arc::make_mut(&mut stale.spec).labels.clear();
+    assert!(store.commit(&[Write::UpdateSandbox { record: stale, expected: 2 }]).await.is_err());
+    assert_eq!(selected(&[("zone", "x")]).await, ["alpha"]);
 }
 
 async fn provider_pages(store: Shared) {

@@ -2,23 +2,26 @@
 //! does every check: nothing is replicated by Berth itself.
 //!
 //! The schema is SQLite's (see `codec`): each record whole, as JSON, beside the columns queried
-//! by, and the two index tables (provider references, labels) kept in step in the same
-//! transaction. Names are compared in the "C" collation, so pages come in the same byte order
+//! by, and the two index tables (provider references, labels) kept in step by the record's own
+//! write statement. Names are compared in the "C" collation, so pages come in the same byte order
 //! as from the other stores whatever the database's locale.
 //!
 //! A transaction first checks every condition against the state before it (reporting the
 //! first that fails, as the other stores do), then applies the writes as conditional
 //! statements; a statement that changes no row means another transaction got there first, and
-//! the whole transaction rolls back with that conflict. Two transactions that lock the same
-//! records in different orders may deadlock, and a rename may meet a name taken in between:
-//! PostgreSQL aborts one of them, which is then run again from its checks (nothing of it
-//! applied), a few times at most.
+//! the whole transaction rolls back. A lone write skips the checks and runs as its statement
+//! alone, which is atomic by itself; should it change nothing, it runs again as a transaction
+//! whose checks say why. Two transactions that lock the same records in different orders may
+//! deadlock, and a rename may meet a name taken in between: PostgreSQL aborts one of them, which
+//! is then run again from its checks (nothing of it applied), a few times at most.
 //!
 //! When the database cannot be reached, every operation fails as unavailable after the pool's
 //! timeouts; the pool reconnects by itself once the database is back.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -118,7 +121,40 @@ CREATE TABLE change_log (
 );
 INSERT INTO change_log (singleton, head, trimmed_through) VALUES (TRUE, 0, 0);
 "#,
+    // A condition that does not hold fails its transaction, saying what it found: see `plan`.
+    r#"
+CREATE FUNCTION berth_expect_version(current BIGINT, expected BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+    IF current IS DISTINCT FROM expected THEN
+        RAISE EXCEPTION 'a record is not at the version its write expects'
+            USING ERRCODE = 'BR001', DETAIL = coalesce(current::TEXT, '');
+    END IF;
+END
+$$;
+CREATE FUNCTION berth_expect_name_free(holder TEXT, version BIGINT, writer TEXT) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+    IF holder <> writer THEN
+        RAISE EXCEPTION 'the name a write gives its sandbox is taken'
+            USING ERRCODE = 'BR002', DETAIL = version::TEXT || ' ' || holder;
+    END IF;
+END
+$$;
+CREATE FUNCTION berth_expect_rows(n BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+BEGIN
+    IF n = 0 THEN
+        RAISE EXCEPTION 'a conditional write changed no row' USING ERRCODE = 'BR003';
+    END IF;
+END
+$$;
+"#,
 ];
+
+/// The SQLSTATEs of a condition that did not hold: `berth_expect_version`'s (its detail the
+/// version found, empty for none), `berth_expect_name_free`'s (its detail the holder's version and
+/// id), and `berth_expect_rows`'s.
+const VERSION_DIFFERS: &str = "BR001";
+const NAME_TAKEN: &str = "BR002";
+const UNCHANGED: &str = "BR003";
 
 /// Gives every committed, unsequenced change log entry the next positions, in the order they
 /// were written, and moves the head past them; trims the log to the newest `$1` entries in steps
@@ -381,23 +417,111 @@ impl PostgresStore {
         Ok(Listing { page: codec::page(items, limit), cursor: position(cursor)? })
     }
 
-    /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
-    async fn try_commit(&self, client: &mut Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
-        let plan = plan(writes)?;
-        let tx = client.transaction().await.map_err(|e| self.error(&e))?;
-        // Dropping `tx` on any early return rolls back whatever was applied.
-        match run(&tx, writes, &plan).await {
-            Ok(Ok(())) => {}
-            Ok(Err(conflict)) => return Err(CommitError::Conflict(conflict)),
-            Err(TxError::Db(e)) if retryable(&e) => return Ok(None),
-            Err(TxError::Db(e)) => return Err(self.error(&e).into()),
-            Err(TxError::Store(e)) => return Err(e.into()),
+    /// A commit's attempts: PostgreSQL may abort a transaction for a reason that passes. A lone
+    /// write is first tried as its statement alone, atomic as it stands: one round trip, no
+    /// transaction around it. Should it change nothing, the attempts after it run the whole plan,
+    /// whose conditions say why.
+    async fn run_commit(&self, client: &Object, writes: &[Write]) -> Result<(), CommitError> {
+        if let [write] = writes
+            && let Some(()) = self.try_alone(client, write).await?
+        {
+            return Ok(());
         }
-        match tx.commit().await {
-            Ok(()) => Ok(Some(())),
-            Err(e) if retryable(&e) => Ok(None),
-            // The reply to COMMIT was lost: the transaction may have landed, as after any timeout.
+        for _ in 1..ATTEMPTS {
+            if let Some(()) = self.try_commit(client, writes).await? {
+                return Ok(());
+            }
+        }
+        match self.try_commit(client, writes).await? {
+            Some(()) => Ok(()),
+            None => Err(StoreError::Unavailable(format!(
+                "postgres {}: the transaction was aborted {ATTEMPTS} times by concurrent ones",
+                self.target
+            ))
+            .into()),
+        }
+    }
+
+    /// One attempt at a lone write, outside a transaction; `Ok(None)` when it changed nothing or
+    /// was aborted.
+    async fn try_alone(&self, client: &Object, write: &Write) -> Result<Option<()>, CommitError> {
+        let statement = apply(write)?;
+        let prepared = client.prepare_cached(&statement.sql).await.map_err(|e| self.error(&e))?;
+        match client.query(&prepared, &refs(&statement.args)).await {
+            Ok(_) => Ok(Some(())),
+            Err(e) if e.code().is_some_and(|c| c.code() == UNCHANGED) || retryable(&e) => Ok(None),
+            // Without a code, the connection failed: the write may have landed, as after any
+            // timeout.
             Err(e) => Err(self.error(&e).into()),
+        }
+    }
+
+    /// One attempt at a transaction; `Ok(None)` when PostgreSQL aborted it and it may be run again.
+    async fn try_commit(&self, client: &Object, writes: &[Write]) -> Result<Option<()>, CommitError> {
+        let plan = plan(writes)?;
+        let e = |e: tokio_postgres::Error| CommitError::from(self.error(&e));
+        // Prepared first (from the connection's cache but for the first use of each), outside the
+        // transaction: a statement still being prepared would be sent after the ones behind it.
+        let mut prepared = Vec::with_capacity(plan.len());
+        for statement in &plan {
+            prepared.push(client.prepare_cached(&statement.sql).await.map_err(e)?);
+        }
+        // BEGIN on its own: were it sent with the rest and failed, the rest would each commit.
+        client.batch_execute("BEGIN").await.map_err(e)?;
+        // `join_all` polls its futures first in order, and each sends its query on its first poll.
+        let args: Vec<_> = plan.iter().map(|statement| refs(&statement.args)).collect();
+        let answers = futures_util::future::join_all(prepared.iter().zip(&args).map(|(p, args)| client.query(p, args)));
+        // Every answer is read before any is looked at: the connection is then idle again.
+        let answers = answers.await;
+        let Some((statement, first)) =
+            plan.iter().zip(&answers).find_map(|(statement, answer)| Some((statement, answer.as_ref().err()?)))
+        else {
+            // The COMMIT, last, succeeded with nothing before it failed: the transaction landed.
+            return Ok(Some(()));
+        };
+        if first.code().is_none() {
+            // The connection failed, perhaps after the COMMIT was sent: the transaction may have
+            // landed, as after any timeout.
+            return Err(self.error(first).into());
+        }
+        // A statement failed, so the COMMIT rolled back, and every one after it failed unrun. The
+        // conditions come first, in the order of the writes: the first to fail is the conflict.
+        if let Some(conflict) = conflict_in(statement.role, first, writes)? {
+            return Err(CommitError::Conflict(conflict));
+        }
+        // Every condition held, and a write still found its record changed (or its name taken):
+        // another transaction committed in between, which the next attempt's conditions see.
+        if first.code().is_some_and(|c| c.code() == UNCHANGED) || retryable(first) {
+            Ok(None)
+        } else {
+            Err(self.error(first).into())
+        }
+    }
+}
+
+/// A pooled connection lent to one commit. A commit abandoned part way (its caller gone) may
+/// leave it inside a transaction with answers still to come: unless given back, it leaves the
+/// pool and closes (PostgreSQL then rolls the transaction back) rather than serve the next caller.
+struct Lent(Option<Object>);
+
+impl Lent {
+    /// Back to the pool, idle: the commit read every answer.
+    fn give_back(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        self.0.as_ref().expect("emptied only by give_back and drop, which consume it")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(Object::take(client));
         }
     }
 }
@@ -423,17 +547,12 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Aborted by PostgreSQL for a reason that passes: run the transaction again. A transaction
-/// already aborted is one of them: a write's statement that changed no row is explained after
-/// the whole plan ran, and a statement behind it may have failed for the same reason (the index
-/// rows of a sandbox another transaction's create kept from being made); the next attempt's
-/// conditions then say what happened.
+/// Aborted by PostgreSQL for a reason that passes: run the transaction again.
 fn retryable(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c| {
         *c == SqlState::T_R_DEADLOCK_DETECTED
             || *c == SqlState::T_R_SERIALIZATION_FAILURE
             || *c == SqlState::UNIQUE_VIOLATION
-            || *c == SqlState::IN_FAILED_SQL_TRANSACTION
     })
 }
 
@@ -449,132 +568,128 @@ fn decode<T: Record>(row: &Row) -> Result<T, StoreError> {
     codec::decode(&key, version, json)
 }
 
-/// What can go wrong inside a transaction: the database, or a record that cannot be stored.
-enum TxError {
-    Db(tokio_postgres::Error),
-    Store(StoreError),
-}
-
-impl From<tokio_postgres::Error> for TxError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        TxError::Db(e)
-    }
-}
-
-impl From<StoreError> for TxError {
-    fn from(e: StoreError) -> Self {
-        TxError::Store(e)
-    }
-}
-
-type TxResult<T> = Result<T, TxError>;
-
 /// An argument of a planned statement, owned: every statement is built before the first is sent.
 type Arg = Box<dyn ToSql + Sync + Send>;
 
-/// What a statement of a transaction's plan is for: how its rows are read.
+/// What a statement of a transaction's plan is for: what its failure means.
 #[derive(Clone, Copy)]
 enum Role {
-    /// The version of write `i`'s record before the transaction: its condition.
+    /// Write `i`'s condition on its record's version.
     Version(usize),
-    /// Who holds the name write `i` gives its sandbox.
-    Name(usize),
-    /// Write `i`'s conditional statement: it returns a row for each record it changed.
-    Apply(usize),
-    /// Keeps an index table in step; its rows say nothing.
-    Index,
+    /// A write's condition that its sandbox's name is free.
+    Name,
+    /// A write's conditional statement.
+    Apply,
+    /// Ends the plan. After a failed statement it rolls back instead.
+    Commit,
 }
 
 struct Statement {
-    sql: String,
+    sql: Cow<'static, str>,
     args: Vec<Arg>,
     role: Role,
 }
 
 impl Statement {
-    fn new(role: Role, sql: impl Into<String>, args: Vec<Arg>) -> Self {
+    fn new(role: Role, sql: impl Into<Cow<'static, str>>, args: Vec<Arg>) -> Self {
         Self { sql: sql.into(), args, role }
     }
 }
 
-/// A transaction's statements, in the order PostgreSQL runs them: every condition against the
-/// state before it (in the order of the writes, so the first that fails is the one reported, as
-/// the other stores report it), then each write's statements. All are sent before the first
-/// answer comes back (tokio-postgres pipelines the queries of one connection), so a commit costs
-/// three round trips (BEGIN, the plan, COMMIT) whatever its size: the statements of a write whose
-/// condition failed run too, and are rolled back with the rest.
+/// A transaction's statements after its BEGIN, in the order PostgreSQL runs them: every
+/// condition against the state before it (in the order of the writes, so the first that fails is
+/// the one reported, as the other stores report it), then each write's statement, then COMMIT.
+/// A condition that does not hold, and a write's statement that changes no row (its condition
+/// stopped holding after it was checked), fail the transaction, so the COMMIT that follows rolls
+/// it back: the plan is sent whole before the first answer comes back (tokio-postgres pipelines
+/// the queries of one connection), and a commit costs two round trips (BEGIN, then the plan)
+/// whatever its size.
 fn plan(writes: &[Write]) -> Result<Vec<Statement>, StoreError> {
-    let mut plan = Vec::with_capacity(writes.len() * 6);
+    let mut plan = Vec::with_capacity(writes.len() * 3 + 1);
     for (i, write) in writes.iter().enumerate() {
-        let (sql, args) = version_query(&write.key());
-        plan.push(Statement::new(Role::Version(i), sql, args));
+        plan.push(version_check(i, write)?);
         if let Write::CreateSandbox(s) = write {
-            plan.push(name_query(i, &s.name));
+            plan.push(name_check(s));
         }
     }
-    for (i, write) in writes.iter().enumerate() {
+    for write in writes {
         // A rename onto a name another sandbox holds is that sandbox's conflict (should one take
         // it after this read, the unique index aborts the transaction and it runs again).
         if let Write::UpdateSandbox { record: s, .. } = write {
-            plan.push(name_query(i, &s.name));
+            plan.push(name_check(s));
         }
-        plan.push(apply(i, write)?);
-        if let Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } = write {
-            index(&mut plan, s);
-        }
+        plan.push(apply(write)?);
     }
+    plan.push(Statement::new(Role::Commit, "COMMIT", Vec::new()));
     Ok(plan)
 }
 
-fn version_query(key: &Key) -> (&'static str, Vec<Arg>) {
-    match key {
-        Key::Sandbox(id) => ("SELECT version FROM sandboxes WHERE id = $1", vec![Box::new(id.to_string())]),
-        Key::Provider(name) => ("SELECT version FROM providers WHERE name = $1", vec![Box::new(name.clone())]),
-        Key::Template(name) => ("SELECT version FROM templates WHERE name = $1", vec![Box::new(name.clone())]),
-        Key::Exec(sandbox, id) => (
-            "SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2",
-            vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string())],
+/// Write `i`'s condition on its record's version: it fails the transaction when the version
+/// differs from the one the write expects.
+fn version_check(i: usize, write: &Write) -> Result<Statement, StoreError> {
+    let expected: Arg = Box::new(write.expected().map(to_sql_version).transpose()?);
+    let (sql, args): (&'static str, Vec<Arg>) = match write.key() {
+        Key::Sandbox(id) => (
+            "SELECT berth_expect_version((SELECT version FROM sandboxes WHERE id = $1), $2::BIGINT)",
+            vec![Box::new(id.to_string()), expected],
         ),
-    }
+        Key::Provider(name) => (
+            "SELECT berth_expect_version((SELECT version FROM providers WHERE name = $1), $2::BIGINT)",
+            vec![Box::new(name), expected],
+        ),
+        Key::Template(name) => (
+            "SELECT berth_expect_version((SELECT version FROM templates WHERE name = $1), $2::BIGINT)",
+            vec![Box::new(name), expected],
+        ),
+        Key::Exec(sandbox, id) => (
+            "SELECT berth_expect_version((SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2), $3::BIGINT)",
+            vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string()), expected],
+        ),
+    };
+    Ok(Statement::new(Role::Version(i), sql, args))
 }
 
-/// The version a [`version_query`] of `key` found.
-fn version_in(rows: &[Row], key: &Key) -> TxResult<Option<u64>> {
-    let Some(row) = rows.first() else {
+/// A write's condition that no other sandbox holds the name it gives sandbox `s`.
+fn name_check(s: &Sandbox) -> Statement {
+    Statement::new(
+        Role::Name,
+        "SELECT berth_expect_name_free(id, version, $2) FROM sandboxes WHERE name = $1",
+        vec![Box::new(s.name.to_string()), Box::new(s.id.to_string())],
+    )
+}
+
+/// The conflict `error`, the first a plan's statement met, reports: a condition that did not
+/// hold, what it found in its detail.
+fn conflict_in(role: Role, error: &tokio_postgres::Error, writes: &[Write]) -> Result<Option<Conflict>, StoreError> {
+    let Some(db) = error.as_db_error() else {
         return Ok(None);
     };
-    let version: i64 = row.try_get(0)?;
-    let version = match key {
-        Key::Sandbox(id) => from_sql_version::<Sandbox>(id.as_str(), version)?,
-        Key::Provider(name) => from_sql_version::<Provider>(name, version)?,
-        Key::Template(name) => from_sql_version::<Template>(name, version)?,
-        Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), version)?,
+    let found = db.detail().unwrap_or_default();
+    let number = |text: &str| {
+        text.parse::<i64>().map_err(|_| StoreError::Corrupt(format!("a condition reported the version {text:?}")))
     };
-    Ok(Some(version))
-}
-
-async fn version_of(tx: &Transaction<'_>, key: &Key) -> TxResult<Option<u64>> {
-    let (sql, args) = version_query(key);
-    version_in(&query(tx, sql, &args).await?, key)
-}
-
-fn name_query(i: usize, name: &str) -> Statement {
-    Statement::new(Role::Name(i), "SELECT id, version FROM sandboxes WHERE name = $1", vec![Box::new(name.to_string())])
-}
-
-/// The sandbox a [`name_query`] found holding the name, as the conflict a write of it reports.
-fn holder_in(rows: &[Row]) -> TxResult<Option<Conflict>> {
-    let Some(row) = rows.first() else {
-        return Ok(None);
+    let conflict = match (role, db.code().code()) {
+        (Role::Version(i), VERSION_DIFFERS) => {
+            let key = writes[i].key();
+            let current = match found {
+                "" => None,
+                v => Some(match &key {
+                    Key::Sandbox(id) => from_sql_version::<Sandbox>(id.as_str(), number(v)?)?,
+                    Key::Provider(name) => from_sql_version::<Provider>(name, number(v)?)?,
+                    Key::Template(name) => from_sql_version::<Template>(name, number(v)?)?,
+                    Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), number(v)?)?,
+                }),
+            };
+            Conflict { key, expected: writes[i].expected(), current }
+        }
+        (Role::Name, NAME_TAKEN) => {
+            let (version, holder) = found.split_once(' ').unwrap_or((found, ""));
+            let current = Some(from_sql_version::<Sandbox>(holder, number(version)?)?);
+            Conflict { key: Key::Sandbox(SandboxId::new(holder)), expected: None, current }
+        }
+        _ => return Ok(None),
     };
-    let id: String = row.try_get(0)?;
-    let current = Some(from_sql_version::<Sandbox>(&id, row.try_get(1)?)?);
-    Ok(Some(Conflict { key: Key::Sandbox(SandboxId::new(id)), expected: None, current }))
-}
-
-async fn query(tx: &Transaction<'_>, sql: &str, args: &[Arg]) -> TxResult<Vec<Row>> {
-    let statement = tx.prepare_cached(sql).await?;
-    Ok(tx.query(&statement, &refs(args)).await?)
+    Ok(Some(conflict))
 }
 
 fn refs(args: &[Arg]) -> Vec<&(dyn ToSql + Sync)> {
@@ -585,71 +700,108 @@ fn version(v: u64) -> Result<Arg, StoreError> {
     Ok(Box::new(to_sql_version(v)?))
 }
 
-/// Write `i`'s conditional statement. Each returns one row per record it changed.
-fn apply(i: usize, write: &Write) -> Result<Statement, StoreError> {
+/// A write's conditional statement: it fails when it changes no row.
+fn apply(write: &Write) -> Result<Statement, StoreError> {
     // The tables of records keyed by their name (providers, templates): one shape.
-    fn insert_named<T: Record>(i: usize, record: &T) -> Result<Statement, StoreError> {
-        let sql = format!(
+    fn insert_named<T: Record>(record: &T) -> Result<Statement, StoreError> {
+        let sql = expecting_rows(&format!(
             "INSERT INTO {} (name, version, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING 1",
             T::TABLE
-        );
-        Ok(Statement::new(Role::Apply(i), sql, named_row(record, None)?))
+        ));
+        Ok(Statement::new(Role::Apply, sql, named_row(record, None)?))
     }
-    fn update_named<T: Record>(i: usize, record: &T, expected: u64) -> Result<Statement, StoreError> {
-        let sql =
-            format!("UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4 RETURNING 1", T::TABLE);
-        Ok(Statement::new(Role::Apply(i), sql, named_row(record, Some(expected))?))
+    fn update_named<T: Record>(record: &T, expected: u64) -> Result<Statement, StoreError> {
+        let sql = expecting_rows(&format!(
+            "UPDATE {} SET version = $2, record = $3 WHERE name = $1 AND version = $4 RETURNING 1",
+            T::TABLE
+        ));
+        Ok(Statement::new(Role::Apply, sql, named_row(record, Some(expected))?))
     }
-    fn remove_named<T: Record>(i: usize, name: &str, expected: u64) -> Result<Statement, StoreError> {
-        let sql = format!("DELETE FROM {} WHERE name = $1 AND version = $2 RETURNING 1", T::TABLE);
-        Ok(Statement::new(Role::Apply(i), sql, vec![Box::new(name.to_string()), version(expected)?]))
+    fn remove_named<T: Record>(name: &str, expected: u64) -> Result<Statement, StoreError> {
+        let sql = expecting_rows(&format!("DELETE FROM {} WHERE name = $1 AND version = $2 RETURNING 1", T::TABLE));
+        Ok(Statement::new(Role::Apply, sql, vec![Box::new(name.to_string()), version(expected)?]))
     }
-    let (sql, args): (&str, Vec<Arg>) = match write {
-        Write::CreateSandbox(s) => (
-            "WITH made AS (INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT DO NOTHING RETURNING id, version, record) \
-             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-             SELECT id, version, FALSE, record FROM made RETURNING 1",
-            sandbox_row(s, None)?,
-        ),
-        Write::UpdateSandbox { record: s, expected } => (
-            "WITH made AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
-             WHERE id = $1 AND version = $5 RETURNING id, version, record) \
-             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-             SELECT id, version, FALSE, record FROM made RETURNING 1",
-            sandbox_row(s, Some(*expected))?,
-        ),
-        Write::RemoveSandbox { id, expected } => (
-            "WITH gone AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record) \
-             INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
-             SELECT id, version, TRUE, record FROM gone RETURNING 1",
-            vec![Box::new(id.to_string()), version(*expected)?],
-        ),
-        Write::CreateProvider(p) => return insert_named(i, p),
-        Write::UpdateProvider { record: p, expected } => return update_named(i, p, *expected),
-        Write::RemoveProvider { name, expected } => return remove_named::<Provider>(i, name, *expected),
-        Write::CreateTemplate(t) => return insert_named(i, t),
-        Write::UpdateTemplate { record: t, expected } => return update_named(i, t, *expected),
-        Write::RemoveTemplate { name, expected } => return remove_named::<Template>(i, name, *expected),
-        // Locked until the commit: a write to the sandbox committed after the condition was read
-        // makes this select no row (READ COMMITTED re-reads a locked row), and none can land
-        // after it.
-        Write::CheckSandbox { id, expected } => (
-            "SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE",
-            vec![Box::new(id.to_string()), version(*expected)?],
-        ),
-        Write::CreateExec(e) => (
+    static CREATE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
+        indexed("INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
+    });
+    static UPDATE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
+        indexed("UPDATE sandboxes SET name = $2, version = $3, record = $4 WHERE id = $1 AND version = $8")
+    });
+    // The index tables' rows go with the sandbox's (their foreign keys cascade).
+    static REMOVE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH changed AS (DELETE FROM sandboxes WHERE id = $1 AND version = $2 RETURNING id, version, record), \
+             {} SELECT berth_expect_rows(count(*)) FROM entry",
+            log_entry(true)
+        )
+    });
+    // Locked until the commit: a write to the sandbox committed after the condition was read
+    // makes this select no row (READ COMMITTED re-reads a locked row), and none can land after it.
+    static CHECK_SANDBOX: LazyLock<String> =
+        LazyLock::new(|| expecting_rows("SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE"));
+    static CREATE_EXEC: LazyLock<String> = LazyLock::new(|| {
+        expecting_rows(
             "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES ($1, $2, $3, $4, $5) \
              ON CONFLICT DO NOTHING RETURNING 1",
-            exec_row(e, None)?,
-        ),
-        Write::UpdateExec { record: e, expected } => (
+        )
+    });
+    static UPDATE_EXEC: LazyLock<String> = LazyLock::new(|| {
+        expecting_rows(
             "UPDATE execs SET version = $3, open = $4, record = $5 \
              WHERE sandbox_id = $1 AND id = $2 AND version = $6 RETURNING 1",
-            exec_row(e, Some(*expected))?,
-        ),
+        )
+    });
+    let (sql, args): (&'static LazyLock<String>, Vec<Arg>) = match write {
+        Write::CreateSandbox(s) => (&CREATE_SANDBOX, sandbox_row(s, None)?),
+        Write::UpdateSandbox { record: s, expected } => (&UPDATE_SANDBOX, sandbox_row(s, Some(*expected))?),
+        Write::RemoveSandbox { id, expected } => (&REMOVE_SANDBOX, vec![Box::new(id.to_string()), version(*expected)?]),
+        Write::CreateProvider(p) => return insert_named(p),
+        Write::UpdateProvider { record: p, expected } => return update_named(p, *expected),
+        Write::RemoveProvider { name, expected } => return remove_named::<Provider>(name, *expected),
+        Write::CreateTemplate(t) => return insert_named(t),
+        Write::UpdateTemplate { record: t, expected } => return update_named(t, *expected),
+        Write::RemoveTemplate { name, expected } => return remove_named::<Template>(name, *expected),
+        Write::CheckSandbox { id, expected } => (&CHECK_SANDBOX, vec![Box::new(id.to_string()), version(*expected)?]),
+        Write::CreateExec(e) => (&CREATE_EXEC, exec_row(e, None)?),
+        Write::UpdateExec { record: e, expected } => (&UPDATE_EXEC, exec_row(e, Some(*expected))?),
     };
-    Ok(Statement::new(Role::Apply(i), sql, args))
+    Ok(Statement::new(Role::Apply, sql.as_str(), args))
+}
+
+/// `sql`, a statement returning a row for each it changed, made to fail when it changes none.
+fn expecting_rows(sql: &str) -> String {
+    format!("WITH changed AS ({sql}) SELECT berth_expect_rows(count(*)) FROM changed")
+}
+
+/// The change log's entry for the sandbox row the common table expression `changed` returns, as
+/// one named `entry`.
+fn log_entry(removed: bool) -> String {
+    format!(
+        "entry AS (INSERT INTO sandbox_changes (sandbox_id, version, removed, record) \
+         SELECT id, version, {removed}, record FROM changed RETURNING 1)"
+    )
+}
+
+/// The statement of a sandbox write that keeps it: `change`, a conditional write of its row
+/// (`$1` its id) logged in the change log, with the index tables brought in line with the
+/// record (`$5`, `$6` and `$7` its providers, label keys and label values; rows that stay are
+/// left alone). It fails when it changes no row, which undoes all of it.
+fn indexed(change: &str) -> String {
+    format!(
+        "WITH changed AS ({change} RETURNING id, version, record), {}, \
+         providers_gone AS (DELETE FROM sandbox_providers \
+             WHERE sandbox_id = (SELECT id FROM changed) AND provider <> ALL ($5::TEXT[])), \
+         providers_made AS (INSERT INTO sandbox_providers (sandbox_id, provider) \
+             SELECT id, p FROM changed, UNNEST($5::TEXT[]) AS p ON CONFLICT DO NOTHING), \
+         labels_gone AS (DELETE FROM sandbox_labels \
+             WHERE sandbox_id = (SELECT id FROM changed) AND key <> ALL ($6::TEXT[])), \
+         labels_made AS (INSERT INTO sandbox_labels (sandbox_id, key, value) \
+             SELECT id, k, v FROM changed, UNNEST($6::TEXT[], $7::TEXT[]) AS l (k, v) \
+             ON CONFLICT (sandbox_id, key) DO UPDATE SET value = EXCLUDED.value \
+             WHERE sandbox_labels.value <> EXCLUDED.value) \
+         SELECT berth_expect_rows(count(*)) FROM entry",
+        log_entry(false)
+    )
 }
 
 // A record's row as its statements take it: its columns, then, for an update, the version it
@@ -661,11 +813,17 @@ fn named_row<T: Record>(record: &T, expected: Option<u64>) -> Result<Vec<Arg>, S
 }
 
 fn sandbox_row(s: &Sandbox, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {
+    let providers: Vec<String> = s.providers.iter().cloned().collect();
+    let keys: Vec<String> = s.spec.labels.keys().cloned().collect();
+    let values: Vec<String> = s.spec.labels.values().cloned().collect();
     let row: Vec<Arg> = vec![
         Box::new(s.id.to_string()),
         Box::new(s.name.to_string()),
         version(s.resource_version)?,
         Box::new(encode(s)?),
+        Box::new(providers),
+        Box::new(keys),
+        Box::new(values),
     ];
     with_expected(row, expected)
 }
@@ -686,77 +844,6 @@ fn with_expected(mut row: Vec<Arg>, expected: Option<u64>) -> Result<Vec<Arg>, S
         row.push(version(expected)?);
     }
     Ok(row)
-}
-
-/// The statements that bring the sandbox's rows in the index tables in line with its record.
-fn index(plan: &mut Vec<Statement>, s: &Sandbox) {
-    let id = || -> Arg { Box::new(s.id.to_string()) };
-    plan.push(Statement::new(Role::Index, "DELETE FROM sandbox_providers WHERE sandbox_id = $1", vec![id()]));
-    plan.push(Statement::new(Role::Index, "DELETE FROM sandbox_labels WHERE sandbox_id = $1", vec![id()]));
-    if !s.providers.is_empty() {
-        let providers: Vec<String> = s.providers.iter().cloned().collect();
-        let sql = "INSERT INTO sandbox_providers (sandbox_id, provider) SELECT $1, p FROM UNNEST($2::text[]) AS p";
-        plan.push(Statement::new(Role::Index, sql, vec![id(), Box::new(providers)]));
-    }
-    if !s.spec.labels.is_empty() {
-        let keys: Vec<String> = s.spec.labels.keys().cloned().collect();
-        let values: Vec<String> = s.spec.labels.values().cloned().collect();
-        let sql = "INSERT INTO sandbox_labels (sandbox_id, key, value) SELECT $1, k, v FROM UNNEST($2::text[], $3::text[]) AS l (k, v)";
-        plan.push(Statement::new(Role::Index, sql, vec![id(), Box::new(keys), Box::new(values)]));
-    }
-}
-
-/// Runs a plan in `tx`: the first conflict, read in the plan's order.
-async fn run(tx: &Transaction<'_>, writes: &[Write], plan: &[Statement]) -> TxResult<Result<(), Conflict>> {
-    // Prepared first (from the connection's cache but for the first use of each): a statement
-    // still being prepared would be sent after the ones behind it.
-    let mut prepared = Vec::with_capacity(plan.len());
-    for statement in plan {
-        prepared.push(tx.prepare_cached(&statement.sql).await?);
-    }
-    // `join_all` polls its futures first in order, and each sends its query on its first poll.
-    let args: Vec<_> = plan.iter().map(|statement| refs(&statement.args)).collect();
-    let answers = futures_util::future::join_all(prepared.iter().zip(&args).map(|(p, args)| tx.query(p, args)));
-    for (statement, answer) in plan.iter().zip(answers.await) {
-        let rows = answer?;
-        match statement.role {
-            Role::Version(i) => {
-                let key = writes[i].key();
-                let current = version_in(&rows, &key)?;
-                if current != writes[i].expected() {
-                    return Ok(Err(Conflict { key, expected: writes[i].expected(), current }));
-                }
-            }
-            Role::Name(i) => {
-                if let Some(holder) = holder_in(&rows)?
-                    && holder.key != writes[i].key()
-                {
-                    return Ok(Err(holder));
-                }
-            }
-            Role::Apply(i) if rows.is_empty() => return explain(tx, &writes[i]).await.map(Err),
-            Role::Apply(_) | Role::Index => {}
-        }
-    }
-    Ok(Ok(()))
-}
-
-/// Why a conditional statement changed no row although its condition held when read: another
-/// transaction committed in between.
-async fn explain(tx: &Transaction<'_>, write: &Write) -> TxResult<Conflict> {
-    let key = write.key();
-    let current = version_of(tx, &key).await?;
-    if current != write.expected() {
-        return Ok(Conflict { key, expected: write.expected(), current });
-    }
-    // The version held, so only the name's uniqueness can have refused the row.
-    if let Write::CreateSandbox(s) = write {
-        let Statement { sql, args, .. } = name_query(0, &s.name);
-        if let Some(conflict) = holder_in(&query(tx, &sql, &args).await?)? {
-            return Ok(conflict);
-        }
-    }
-    Err(StoreError::Unavailable(format!("a write to {key:?} changed no row although its condition held")).into())
 }
 
 #[async_trait]
@@ -901,20 +988,10 @@ impl Store for PostgresStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
-        let mut client = self.client().await?;
-        for _ in 1..ATTEMPTS {
-            if let Some(()) = self.try_commit(&mut client, writes).await? {
-                return Ok(());
-            }
-        }
-        match self.try_commit(&mut client, writes).await? {
-            Some(()) => Ok(()),
-            None => Err(StoreError::Unavailable(format!(
-                "postgres {}: the transaction was aborted {ATTEMPTS} times by concurrent ones",
-                self.target
-            ))
-            .into()),
-        }
+        let lent = Lent(Some(self.client().await?));
+        let outcome = self.run_commit(&lent, writes).await;
+        lent.give_back();
+        outcome
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease, StoreError> {

@@ -515,20 +515,29 @@ fn postgres(runtime: &tokio::runtime::Runtime, quick: bool) {
     match std::env::var("BERTH_TEST_POSTGRES_URL") {
         Err(_) => println!("PostgreSQL: skipped (set BERTH_TEST_POSTGRES_URL; ci/bench does)"),
         Ok(_) => {
-            let (clients, cycles) = if quick { (4, 2) } else { (64, 8) };
+            let (clients, cycles) = if quick { (4, 2) } else { (64, 24) };
             println!("{clients} clients on PostgreSQL (gRPC over loopback TCP, no-op driver)");
-            println!("{:>9} {:>10} {:>12} {:>12} {:>12}", "gateways", "rpcs", "rpc/s", "p50", "p99");
-            for gateways in [1, 3] {
+            println!(
+                "{:>9} {:>12} {:>10} {:>12} {:>12} {:>12}",
+                "gateways", "connections", "rpcs", "rpc/s", "p50", "p99"
+            );
+            let default = berth_gateway::store::postgres::CONNECTIONS;
+            // Three gateways with the default pool each hold three times the server processes;
+            // with three connections each they hold about one gateway's.
+            for (gateways, connections) in [(1, default), (3, default), (3, 3)] {
                 let (rate, p50, p99, n) = runtime.block_on(async {
-                    let url = pg::fresh_schema(&format!("bench_{gateways}_gateways")).await.unwrap();
+                    let url = pg::fresh_schema(&format!("bench_{gateways}_gateways_{connections}")).await.unwrap();
+                    let settings = berth_gateway::store::postgres::Settings { connections, ..Default::default() };
                     let mut stores: Vec<Arc<dyn Store>> = Vec::new();
                     for _ in 0..gateways {
-                        stores.push(Arc::new(PostgresStore::connect(&url).await.unwrap()));
+                        stores.push(Arc::new(PostgresStore::connect_with(&url, settings).await.unwrap()));
                     }
                     rpc_load(stores, clients, cycles).await
                 });
-                println!("{gateways:>9} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
-                let label = format!("{clients} clients, {gateways} gateway(s) on PostgreSQL");
+                println!("{gateways:>9} {connections:>12} {n:>10} {rate:>12.0} {:>12?} {:>12?}", p50, p99);
+                let each =
+                    if connections == default { String::new() } else { format!(", {connections} connections each") };
+                let label = format!("{clients} clients, {gateways} gateway(s) on PostgreSQL{each}");
                 figure(&format!("lifecycle RPCs, {label}"), rate, "rpc/s");
                 figure(&format!("RPC p50, {label}"), p50.as_secs_f64() * 1e3, "ms");
                 figure(&format!("RPC p99, {label}"), p99.as_secs_f64() * 1e3, "ms");

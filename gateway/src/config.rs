@@ -165,6 +165,10 @@ pub struct Flags {
     /// resume from a cursor that many changes old. [default: 10000]
     #[arg(long, env = "BERTH_CHANGES_KEPT")]
     pub changes_kept: Option<u64>,
+    /// How many connections this gateway keeps to a PostgreSQL store at most: gateways sharing
+    /// a server share its max_connections. [default: 8]
+    #[arg(long, env = "BERTH_STORE_CONNECTIONS")]
+    pub store_connections: Option<usize>,
     /// Pins a host name to addresses for the egress proxy, before DNS (as curl's --resolve):
     /// NAME=ADDRESS[,ADDRESS...] (repeatable).
     #[arg(long = "egress-resolve", env = "BERTH_EGRESS_RESOLVE", value_delimiter = ' ', value_parser = crate::egress::pin)]
@@ -202,6 +206,7 @@ struct File {
     max_pool: Option<u32>,
     heartbeat: Option<String>,
     changes_kept: Option<u64>,
+    store_connections: Option<usize>,
     egress_resolve: Option<Vec<String>>,
     log: Option<String>,
     log_format: Option<LogFormat>,
@@ -232,6 +237,7 @@ pub struct Config {
     pub max_pool: u32,
     pub heartbeat: Duration,
     pub changes_kept: u64,
+    pub store_connections: usize,
     pub egress_resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     pub log: String,
     pub log_format: LogFormat,
@@ -265,6 +271,7 @@ impl fmt::Debug for Config {
             .field("max_pool", &self.max_pool)
             .field("heartbeat", &self.heartbeat)
             .field("changes_kept", &self.changes_kept)
+            .field("store_connections", &self.store_connections)
             .field("egress_resolve", &self.egress_resolve)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
@@ -329,6 +336,13 @@ impl Config {
         if changes_kept == 0 {
             return Err("changes_kept: 0 would keep no change for a watch to resume from; give at least 1".into());
         }
+        let store_connections = match (flags.store_connections.or(file.store_connections), &store) {
+            (Some(0), _) => return Err("store_connections: 0 connections could serve no call; give at least 1".into()),
+            (Some(_), StoreLocation::Sqlite(_)) => {
+                return Err("store_connections: applies to a postgres:// store, and the store is SQLite".into());
+            }
+            (n, _) => n.unwrap_or(crate::store::postgres::CONNECTIONS),
+        };
         let egress_resolve = if flags.egress_resolve.is_empty() {
             file.egress_resolve
                 .unwrap_or_default()
@@ -378,6 +392,7 @@ impl Config {
             max_pool: flags.max_pool.or(file.max_pool).unwrap_or(berth_core::validate::Limits::default().max_pool),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             changes_kept,
+            store_connections,
             egress_resolve,
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
@@ -454,5 +469,20 @@ mod tests {
             let err = load(bad).unwrap_err();
             assert!(err.starts_with("store:"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn store_connections_size_a_postgres_pool_only() {
+        let load = |store: &str, connections: Option<usize>| {
+            Config::load(Flags { store: Some(store.into()), store_connections: connections, ..Flags::default() })
+        };
+        let pg = "postgres://db/berth";
+        assert_eq!(load(pg, None).unwrap().store_connections, crate::store::postgres::CONNECTIONS);
+        assert_eq!(load(pg, Some(3)).unwrap().store_connections, 3);
+        let err = load(pg, Some(0)).unwrap_err();
+        assert!(err.starts_with("store_connections: 0"), "{err}");
+        let err = load("sqlite", Some(4)).unwrap_err();
+        assert!(err.starts_with("store_connections:") && err.contains("SQLite"), "{err}");
+        assert!(load("sqlite", None).is_ok());
     }
 }

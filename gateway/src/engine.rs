@@ -234,18 +234,32 @@ impl Engine {
         observation: &Observation,
         read: Option<Sandbox>,
     ) -> Result<Decision, ApiError> {
-        let store = &self.inner.store;
-        // The record's name is its lock; a record read before the lock was taken is re-read
-        // under it, unless the caller read it (a stale one then costs one conflict, not more).
-        let (mut current, reread) = match read {
-            Some(record) => (Some(record), false),
-            None => (store.sandbox(id).await?, true),
-        };
-        let lock = current.as_ref().map(|s| RecordKey::Sandbox(s.name.to_string()));
-        let _held = self.inner.writers.hold(lock.into_iter().collect()).await;
-        if reread && current.is_some() {
-            current = store.sandbox(id).await?;
+        match read {
+            Some(record) => self.observe_under_lock(id, observation, Some(record), false).await,
+            None => {
+                let before = self.inner.store.sandbox(id).await?;
+                self.observe_under_lock(id, observation, before, true).await
+            }
         }
+    }
+
+    /// [`Engine::observe`], given the record as read before the sandbox's writer lock is taken:
+    /// the record's name is its lock. If `reread`, the record is read again under the lock;
+    /// else the caller's record is used as it is (a stale one then costs one conflict, not more).
+    async fn observe_under_lock(
+        &self,
+        id: &SandboxId,
+        observation: &Observation,
+        before: Option<Sandbox>,
+        reread: bool,
+    ) -> Result<Decision, ApiError> {
+        let store = &self.inner.store;
+        let lock = before.as_ref().map(|s| RecordKey::Sandbox(s.name.to_string()));
+        let _held = self.inner.writers.hold(lock.into_iter().collect()).await;
+        let mut current = match before {
+            Some(_) if reread => store.sandbox(id).await?,
+            before => before,
+        };
         let mut retry = Retry::new(self.inner.settings.retry, Kind::Sandbox, id.as_str());
         loop {
             let decision = merge(current.as_ref(), id, observation, self.now())?;
@@ -450,7 +464,8 @@ impl Engine {
             }
             match self.call_driver(effect, record.as_ref()).await {
                 Ok(observation) => {
-                    if let Err(e) = self.observe(id, &observation, None).await {
+                    // The record read before the call names the lock; it is read again under it.
+                    if let Err(e) = self.observe_under_lock(id, &observation, record, true).await {
                         warn!(sandbox = %id, error = %e, "cannot record the driver's reply; recovery will re-drive it");
                     }
                     return;

@@ -196,7 +196,11 @@ pub async fn run(config: Config) -> Result<(), String> {
             Arc::new(SqliteStore::keeping_changes(path, config.changes_kept).map_err(|e| e.to_string())?)
         }
         StoreLocation::Postgres(url) => {
-            Arc::new(PostgresStore::keeping_changes(url, config.changes_kept).await.map_err(|e| e.to_string())?)
+            let settings = crate::store::postgres::Settings {
+                changes_kept: config.changes_kept,
+                connections: config.store_connections,
+            };
+            Arc::new(PostgresStore::connect_with(url, settings).await.map_err(|e| e.to_string())?)
         }
     };
     bind_to_store(data, &config.store, store.identity())?;

@@ -115,7 +115,8 @@ macro_rules! trimmed_log {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $check() {
                     let Some(url) = super::pg::fresh_schema(stringify!($check)).await else { return };
-                    let store = super::PostgresStore::keeping_changes(&url, super::KEPT).await.unwrap();
+                    let settings = berth_gateway::store::postgres::Settings { changes_kept: super::KEPT, ..Default::default() };
+                    let store = super::PostgresStore::connect_with(&url, settings).await.unwrap();
                     super::$check(std::sync::Arc::new(store)).await;
                 }
             )*
@@ -1005,6 +1006,47 @@ mod postgres_only {
         let err =
             PostgresStore::connect(&format!("{url}?options=-csearch_path%3Dtest_newer_schema")).await.err().unwrap();
         assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("newer than this build")), "{err:?}");
+    }
+
+    /// A commit whose caller goes away (a cancelled RPC) may stop anywhere: before its BEGIN,
+    /// inside its transaction, after its COMMIT. Whatever the point, it lands whole or not at
+    /// all, and the connection it had serves no later commit from inside its transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_commit_abandoned_part_way_lands_whole_or_not_and_leaves_no_transaction_open() {
+        let Some(url) = fresh_schema("abandoned_commits").await else { return };
+        // One connection, so that the commit after an abandoned one gets its connection.
+        let settings = berth_gateway::store::postgres::Settings { connections: 1, ..Default::default() };
+        let store = PostgresStore::connect_with(&url, settings).await.unwrap();
+        let (observer, connection) =
+            tokio_postgres::connect(&server_url("abandoned_commits").unwrap(), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let exists = async |table: &str, name: &str| {
+            let sql = format!("SELECT 1 FROM test_abandoned_commits.{table} WHERE name = $1");
+            observer.query_opt(&sql, &[&name]).await.unwrap().is_some()
+        };
+        let commit = |i: u64| {
+            [
+                Write::CreateSandbox(sandbox(&format!("sb-a{i}"), &format!("a{i}"))),
+                Write::CreateProvider(provider(&format!("p{i}"))),
+            ]
+        };
+        // The moments given reach from none to twice a whole commit's time on this machine now.
+        let started = std::time::Instant::now();
+        for i in 1000..1010 {
+            store.commit(&commit(i)).await.unwrap();
+        }
+        let whole = started.elapsed() / 10;
+        for i in 0..300u64 {
+            let (a, p) = (format!("a{i}"), format!("p{i}"));
+            let writes = commit(i);
+            let finished = tokio::time::timeout(whole * (i as u32) / 150, store.commit(&writes)).await.is_ok();
+            let b = format!("b{i}");
+            store.commit(&[Write::CreateSandbox(sandbox(&format!("sb-b{i}"), &b))]).await.unwrap();
+            assert!(exists("sandboxes", &b).await, "commit {i} after an abandoned one is visible to others");
+            let (sandbox_landed, provider_landed) = (exists("sandboxes", &a).await, exists("providers", &p).await);
+            assert_eq!(sandbox_landed, provider_landed, "abandoned commit {i} landed whole or not at all");
+            assert!(sandbox_landed || !finished, "commit {i} finished, so it landed");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -196,8 +196,24 @@ const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 /// Serializes schema migrations between gateways starting together (an advisory lock's key).
 const MIGRATION_LOCK: i64 = 0x6265_7274_685f_6462; // "berth_db"
 
-/// Connections each gateway keeps at most.
-const POOL_SIZE: usize = 16;
+/// Connections each gateway keeps at most, unless told otherwise.
+pub const CONNECTIONS: usize = 8;
+
+/// How one gateway uses a PostgreSQL store.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// How many of the newest change log entries are kept.
+    pub changes_kept: u64,
+    /// How many connections the gateway keeps at most (each a server process): gateways sharing
+    /// a server share its `max_connections`, and on a small server fewer connections are faster.
+    pub connections: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { changes_kept: super::CHANGES_KEPT, connections: CONNECTIONS }
+    }
+}
 
 /// How long an operation waits for a connection, to connect, or for the server to answer the
 /// pool's health check, before it fails as unavailable.
@@ -223,12 +239,12 @@ impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`, or
     /// any form libpq accepts) and brings its schema up to date.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Self::keeping_changes(url, super::CHANGES_KEPT).await
+        Self::connect_with(url, Settings::default()).await
     }
 
-    /// [`PostgresStore::connect`], keeping only the newest `keep` change log entries.
-    pub async fn keeping_changes(url: &str, keep: u64) -> Result<Self, StoreError> {
-        let keep = i64::try_from(keep.max(1)).unwrap_or(i64::MAX);
+    /// [`PostgresStore::connect`], with `settings`.
+    pub async fn connect_with(url: &str, settings: Settings) -> Result<Self, StoreError> {
+        let keep = i64::try_from(settings.changes_kept.max(1)).unwrap_or(i64::MAX);
         // The parser's message never quotes the URL, so never its password.
         let mut config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Unavailable(format!("the store URL is not a PostgreSQL URL: {e}")))?;
@@ -239,7 +255,7 @@ impl PostgresStore {
         let target = target(&config);
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
+            .max_size(settings.connections.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(TIMEOUT))
             .create_timeout(Some(TIMEOUT))

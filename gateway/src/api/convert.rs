@@ -78,13 +78,14 @@ pub fn unix_millis(ms: i64) -> Timestamp {
     Timestamp::from_unix_millis(ms)
 }
 
-pub fn spec_to_wire(spec: &SandboxSpec) -> pb::SandboxSpec {
+/// A spec as the wire shows it, taking its strings (a record just read owns its spec alone).
+pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
     let millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     pb::SandboxSpec {
-        image: spec.image.clone(),
-        command: spec.command.clone(),
-        env: spec.env.clone(),
-        labels: spec.labels.clone(),
+        image: spec.image,
+        command: spec.command,
+        env: spec.env,
+        labels: spec.labels,
         lifetime: Some(pb::Lifetime {
             ttl_ms: spec.lifetime.ttl.map(millis),
             idle_timeout_ms: spec.lifetime.idle_timeout.map(millis),
@@ -135,19 +136,28 @@ fn intent(intent: Intent) -> pb::Intent {
     }
 }
 
-fn failure(f: &Failure) -> pb::Failure {
-    pb::Failure { reason: f.reason.to_string(), exit_code: f.exit_code, message: f.message.clone() }
+fn failure(f: Failure) -> pb::Failure {
+    pb::Failure { reason: f.reason.to_string(), exit_code: f.exit_code, message: f.message }
 }
 
-pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
+/// A sandbox as every read API shows it, taking the record's strings where it holds them alone.
+pub fn sandbox(s: Sandbox) -> pb::Sandbox {
+    let egress_providers = s.egress_providers.intersection(&s.providers).cloned().collect();
+    let derived = (
+        s.completed(),
+        berth_core::restart::scheduled(&s).map(Timestamp::unix_millis),
+        s.template.as_deref().is_some_and(|t| berth_core::template::is_member(&s, t)),
+        berth_core::lifetime::idle_pending(&s).map(|(since, _)| since.unix_millis()),
+    );
+    let (completed, next_restart_unix_ms, pool_member, active_at_unix_ms) = derived;
     pb::Sandbox {
         id: s.id.to_string(),
         name: s.name.to_string(),
-        spec: Some(spec_to_wire(&s.spec)),
-        providers: s.providers.iter().cloned().collect(),
+        spec: Some(spec_to_wire(std::sync::Arc::unwrap_or_clone(s.spec))),
+        providers: std::sync::Arc::unwrap_or_clone(s.providers).into_iter().collect(),
         intent: intent(s.intent) as i32,
         phase: phase(&s.phase) as i32,
-        failure: match &s.phase {
+        failure: match s.phase {
             Phase::Error(f) => Some(failure(f)),
             _ => None,
         },
@@ -155,16 +165,16 @@ pub fn sandbox(s: &Sandbox) -> pb::Sandbox {
         generation: s.generation,
         created_at_unix_ms: s.created_at.unix_millis(),
         updated_at_unix_ms: s.updated_at.unix_millis(),
-        completed: s.completed(),
+        completed,
         deadline_unix_ms: s.deadline.map(Timestamp::unix_millis),
         expired_at_unix_ms: s.expired_at.map(Timestamp::unix_millis),
         restart_count: s.restarts.count,
-        next_restart_unix_ms: berth_core::restart::scheduled(s).map(Timestamp::unix_millis),
-        template: s.template.clone().unwrap_or_default(),
-        pool_member: s.template.as_deref().is_some_and(|t| berth_core::template::is_member(s, t)),
-        active_at_unix_ms: berth_core::lifetime::idle_pending(s).map(|(since, _)| since.unix_millis()),
+        next_restart_unix_ms,
+        template: s.template.unwrap_or_default(),
+        pool_member,
+        active_at_unix_ms,
         idle_expired_at_unix_ms: s.idle_expired_at.map(Timestamp::unix_millis),
-        egress_providers: s.egress_providers.intersection(&s.providers).cloned().collect(),
+        egress_providers,
     }
 }
 

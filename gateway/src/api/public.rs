@@ -51,7 +51,7 @@ pub(super) fn page(size: u32, token: String) -> Result<PageRequest, Status> {
 
 pub(super) fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {
     match outcome {
-        Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(&s)) })),
+        Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(s)) })),
         other => Err(Status::internal(format!("a sandbox command returned {other:?}"))),
     }
 }
@@ -92,7 +92,7 @@ impl Sandboxes for SandboxApi {
         let name = request.into_inner().name;
         validate::dns_label("name", &name).map_err(core_invalid)?;
         match self.engine.store().sandbox_by_name(&name).await.map_err(ApiError::from)? {
-            Some(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(&s)) })),
+            Some(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(s)) })),
             None => Err(Status::not_found(format!("sandbox '{name}' not found"))),
         }
     }
@@ -108,7 +108,7 @@ impl Sandboxes for SandboxApi {
         let store = self.engine.store();
         let listing = store.list_sandboxes_at(&page, &selector).await.map_err(ApiError::from)?;
         Ok(Response::new(pb::ListSandboxesReply {
-            sandboxes: listing.page.items.iter().map(convert::sandbox).collect(),
+            sandboxes: listing.page.items.into_iter().map(convert::sandbox).collect(),
             next_page_token: listing.page.next.unwrap_or_default(),
             cursor: watch::cursor(store.as_ref(), listing.cursor),
         }))

@@ -36,7 +36,7 @@ impl TemplateApi {
         let ready = members.iter().filter(|s| s.phase.kind() == PhaseKind::Ready).count();
         Ok(pb::Template {
             name: template.name.clone(),
-            spec: Some(convert::spec_to_wire(&template.spec)),
+            spec: Some(convert::spec_to_wire(template.spec.clone())),
             resource_version: template.resource_version,
             created_at_unix_ms: template.created_at.unix_millis(),
             updated_at_unix_ms: template.updated_at.unix_millis(),

@@ -28,11 +28,11 @@ const RESYNC: Duration = Duration::from_secs(1);
 /// Change log entries read at a time.
 const BATCH: usize = 256;
 
-fn event(sandbox: &Sandbox, removed: bool, cursor: String) -> pb::SandboxEvent {
+fn event(sandbox: Sandbox, removed: bool, cursor: String) -> pb::SandboxEvent {
     pb::SandboxEvent {
+        name: sandbox.name.to_string(),
         sandbox: (!removed).then(|| convert::sandbox(sandbox)),
         removed,
-        name: sandbox.name.to_string(),
         cursor,
     }
 }
@@ -112,7 +112,7 @@ pub async fn one(engine: Engine, name: String) -> Result<EventStream, Status> {
     tokio::spawn(async move {
         let id = record.id.clone();
         let mut last = record.resource_version;
-        if tx.send(Ok(event(&record, false, String::new()))).await.is_err() {
+        if tx.send(Ok(event(record, false, String::new()))).await.is_err() {
             return;
         }
         while let Some(woken) = next_wake(&engine, &mut changes, &tx).await {
@@ -130,7 +130,7 @@ pub async fn one(engine: Engine, name: String) -> Result<EventStream, Status> {
             let sent = match current {
                 Some(s) if s.resource_version > last => {
                     last = s.resource_version;
-                    tx.send(Ok(event(&s, false, String::new()))).await
+                    tx.send(Ok(event(s, false, String::new()))).await
                 }
                 Some(_) => Ok(()),
                 None => {
@@ -195,7 +195,7 @@ pub async fn fleet(engine: Engine, selector: BTreeMap<String, String>, cursor: S
                 at = entry.seq;
                 if selects(&selector, &entry.sandbox) {
                     told = at;
-                    let sent = tx.send(Ok(event(&entry.sandbox, entry.removed, self::cursor(store.as_ref(), at))));
+                    let sent = tx.send(Ok(event(entry.sandbox, entry.removed, self::cursor(store.as_ref(), at))));
                     if sent.await.is_err() {
                         return;
                     }

@@ -148,6 +148,11 @@ const READERS: usize = 4;
 /// The most commits one group takes: a bound on how long the first waits for the last.
 const MAX_GROUP: usize = 512;
 
+/// The longest page of sandboxes read where it is asked for (see `read_here`): the API's
+/// default page, a hundred records of a few kilobytes each, is a few hundred microseconds of
+/// work, most of it decoding the records, which the reply's encoding would follow anyway.
+const SHORT_PAGE: usize = 100;
+
 /// The change log's newest position: the last seq handed out, even if trimmed since.
 const HEAD: &str = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'sandbox_changes'), 0)";
 
@@ -214,21 +219,30 @@ impl SqliteStore {
         .map_err(|e| StoreError::Unavailable(format!("store read did not complete: {e}")))?
     }
 
-    /// The record `sql` selects by `key`. A few microseconds from a warm page cache, less than
-    /// handing it to the blocking pool and back costs (the most frequent read there is: every
-    /// Get and every decision reads one), so it runs where it is called when a read connection
-    /// is free: WAL readers never wait for the writer, and while the gateway holds the database
-    /// open no other process can take the exclusive lock that would hold them up (an operator's
-    /// `PRAGMA locking_mode=EXCLUSIVE` is refused as busy).
+    /// Runs the read `f` where it is called when a read connection is free, else as `read` does.
+    /// Only for reads whose work is small and bounded (one record, a short page in name order):
+    /// from a warm page cache that is a few microseconds, less than handing it to the blocking
+    /// pool and back costs, and every Get, every decision's read and most List calls are one.
+    /// WAL readers never wait for the writer, and while the gateway holds the database open no
+    /// other process can take the exclusive lock that would hold them up (an operator's `PRAGMA
+    /// locking_mode=EXCLUSIVE` is refused as busy).
+    async fn read_here<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if let Some(conn) = self.readers.conns.iter().find_map(|c| c.try_lock().ok()) {
+            return f(&conn);
+        }
+        self.read(f).await
+    }
+
+    /// The record `sql` selects by `key`.
     async fn record<T: Record + Send + 'static>(
         &self,
         sql: &'static str,
         key: String,
     ) -> Result<Option<T>, StoreError> {
-        if let Some(conn) = self.readers.conns.iter().find_map(|c| c.try_lock().ok()) {
-            return read_one(&conn, sql, &key);
-        }
-        self.read(move |conn| read_one(conn, sql, &key)).await
+        self.read_here(move |conn| read_one(conn, sql, &key)).await
     }
 
     /// Runs `f` on the writer thread, in a transaction of its own.
@@ -817,15 +831,21 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY s.name LIMIT ?");
         let limit = request.limit;
-        self.read(move |conn| {
+        let listing = move |conn: &Connection| {
             // One snapshot for both: the position then the page.
             let tx = conn.unchecked_transaction()?;
             let cursor = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
             let page = read_page(&tx, &sql, args, limit)?;
             tx.commit()?;
             Ok(Listing { page, cursor })
-        })
-        .await
+        };
+        // A selector may scan the whole table for a page's matches; a short page in name order
+        // reads its records and stops.
+        if selector.is_empty() && limit <= SHORT_PAGE {
+            self.read_here(listing).await
+        } else {
+            self.read(listing).await
+        }
     }
 
     async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {

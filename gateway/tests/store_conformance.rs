@@ -1008,6 +1008,31 @@ mod postgres_only {
         assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("newer than this build")), "{err:?}");
     }
 
+    /// A row written before rows kept the key of their index tables' contents (or whose key is
+    /// otherwise not the record's) is written whole, index tables included, and keeps the key after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_row_without_its_index_key_gets_its_index_tables_written() {
+        let Some(store) = postgres("index_key").await else { return };
+        let (admin, connection) =
+            tokio_postgres::connect(&server_url("index_key").unwrap(), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let mut a = super::sandbox("sb-a", "alpha");
+        std::sync::Arc::make_mut(&mut a.providers).insert("p1".into());
+        store.commit(&[Write::CreateSandbox(a.clone())]).await.unwrap();
+        admin.batch_execute("UPDATE test_index_key.sandboxes SET indexed = NULL").await.unwrap();
+        let mut a2 = super::bumped(&a);
+        a2.providers = std::sync::Arc::new(["p2".to_string()].into());
+        store.commit(&[Write::UpdateSandbox { record: a2.clone(), expected: 1 }]).await.unwrap();
+        assert_eq!(store.sandboxes_using("p1").await.unwrap(), vec![]);
+        assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![a2.clone()]);
+        let row = admin.query_one("SELECT indexed FROM test_index_key.sandboxes", &[]).await.unwrap();
+        assert_eq!(row.get::<_, Option<String>>(0).as_deref(), Some(r#"[["p2"],{}]"#));
+        // The next write that leaves them alone changes the record only.
+        let a3 = super::bumped(&a2);
+        store.commit(&[Write::UpdateSandbox { record: a3.clone(), expected: 2 }]).await.unwrap();
+        assert_eq!(store.sandboxes_using("p2").await.unwrap(), vec![a3]);
+    }
+
     /// A commit whose caller goes away (a cancelled RPC) may stop anywhere: before its BEGIN,
     /// inside its transaction, after its COMMIT. Whatever the point, it lands whole or not at
     /// all, and the connection it had serves no later commit from inside its transaction.

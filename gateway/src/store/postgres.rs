@@ -147,6 +147,10 @@ BEGIN
 END
 $$;
 "#,
+    // What the index tables hold for the row (see `index_key`); NULL until its next write.
+    r#"
+ALTER TABLE sandboxes ADD COLUMN indexed TEXT;
+"#,
 ];
 
 /// The SQLSTATEs of a condition that did not hold: `berth_expect_version`'s (its detail the
@@ -435,7 +439,8 @@ impl PostgresStore {
 
     /// A commit's attempts: PostgreSQL may abort a transaction for a reason that passes. A lone
     /// write is first tried as its statement alone, atomic as it stands: one round trip, no
-    /// transaction around it. Should it change nothing, the attempts after it run the whole plan,
+    /// transaction around it (and, for an update that leaves its providers and labels alone, no
+    /// index table touched). Should it change nothing, the attempts after it run the whole plan,
     /// whose conditions say why.
     async fn run_commit(&self, client: &Object, writes: &[Write]) -> Result<(), CommitError> {
         if let [write] = writes
@@ -461,7 +466,10 @@ impl PostgresStore {
     /// One attempt at a lone write, outside a transaction; `Ok(None)` when it changed nothing or
     /// was aborted.
     async fn try_alone(&self, client: &Object, write: &Write) -> Result<Option<()>, CommitError> {
-        let statement = apply(write)?;
+        let statement = match write {
+            Write::UpdateSandbox { record, expected } => lean_update(record, *expected)?,
+            write => apply(write)?,
+        };
         let prepared = client.prepare_cached(&statement.sql).await.map_err(|e| self.error(&e))?;
         match client.query(&prepared, &refs(&statement.args)).await {
             Ok(_) => Ok(Some(())),
@@ -738,10 +746,15 @@ fn apply(write: &Write) -> Result<Statement, StoreError> {
         Ok(Statement::new(Role::Apply, sql, vec![Box::new(name.to_string()), version(expected)?]))
     }
     static CREATE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
-        indexed("INSERT INTO sandboxes (id, name, version, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
+        indexed(
+            "INSERT INTO sandboxes (id, name, version, record, indexed) VALUES ($1, $2, $3, $4, $8) \
+             ON CONFLICT DO NOTHING",
+        )
     });
     static UPDATE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
-        indexed("UPDATE sandboxes SET name = $2, version = $3, record = $4 WHERE id = $1 AND version = $8")
+        indexed(
+            "UPDATE sandboxes SET name = $2, version = $3, record = $4, indexed = $8 WHERE id = $1 AND version = $9",
+        )
     });
     // The index tables' rows go with the sandbox's (their foreign keys cascade).
     static REMOVE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
@@ -800,8 +813,9 @@ fn log_entry(removed: bool) -> String {
 
 /// The statement of a sandbox write that keeps it: `change`, a conditional write of its row
 /// (`$1` its id) logged in the change log, with the index tables brought in line with the
-/// record (`$5`, `$6` and `$7` its providers, label keys and label values; rows that stay are
-/// left alone). It fails when it changes no row, which undoes all of it.
+/// record (`$5`, `$6` and `$7` its providers, label keys and label values, `$8` their
+/// `index_key`; rows that stay are left alone). It fails when it changes no row, which undoes
+/// all of it.
 fn indexed(change: &str) -> String {
     format!(
         "WITH changed AS ({change} RETURNING id, version, record), {}, \
@@ -840,8 +854,41 @@ fn sandbox_row(s: &Sandbox, expected: Option<u64>) -> Result<Vec<Arg>, StoreErro
         Box::new(providers),
         Box::new(keys),
         Box::new(values),
+        Box::new(index_key(s)?),
     ];
     with_expected(row, expected)
+}
+
+/// What the index tables hold for sandbox `s`: its providers and labels, in a canonical text
+/// (both sets are ordered).
+fn index_key(s: &Sandbox) -> Result<String, StoreError> {
+    serde_json::to_string(&(&*s.providers, &s.spec.labels))
+        .map_err(|e| StoreError::Unavailable(format!("sandbox {}: cannot encode its index key: {e}", s.id)))
+}
+
+/// A lone update of a sandbox that leaves its index tables alone: it applies only if the row's
+/// index key is the record's (`$6`), so the providers and labels it holds are unchanged; else it
+/// changes nothing, and the commit runs again as a transaction, which brings the tables in line.
+/// Most writes (every phase change) are such, and the index tables' statements are most of a
+/// write's work for the server.
+fn lean_update(s: &Sandbox, expected: u64) -> Result<Statement, StoreError> {
+    static LEAN: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH changed AS (UPDATE sandboxes SET name = $2, version = $3, record = $4 \
+             WHERE id = $1 AND version = $5 AND indexed = $6 RETURNING id, version, record), \
+             {} SELECT berth_expect_rows(count(*)) FROM entry",
+            log_entry(false)
+        )
+    });
+    let args: Vec<Arg> = vec![
+        Box::new(s.id.to_string()),
+        Box::new(s.name.to_string()),
+        version(s.resource_version)?,
+        Box::new(encode(s)?),
+        version(expected)?,
+        Box::new(index_key(s)?),
+    ];
+    Ok(Statement::new(Role::Apply, LEAN.as_str(), args))
 }
 
 fn exec_row(e: &Exec, expected: Option<u64>) -> Result<Vec<Arg>, StoreError> {

@@ -143,6 +143,9 @@ pub enum Outcome {
     /// The record as read is still current: what a merge that changes nothing answers, so that
     /// the reports most merges are (a steady poll, a stale snapshot) copy nothing.
     Unchanged,
+    /// The sandbox as the decision's write records it: what a merge that changes the record
+    /// answers, so that the record is not copied a second time ([`Decision::sandbox`] reads it).
+    Written,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,14 +160,26 @@ impl Decision {
         Self { writes: Vec::new(), effects, outcome }
     }
 
+    /// The sandbox this decision leaves: its outcome's, or the one its write records.
+    pub fn sandbox(&self) -> Option<&Sandbox> {
+        match &self.outcome {
+            Outcome::Sandbox(s) => Some(s),
+            Outcome::Written => self.writes.iter().find_map(|w| match w {
+                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
+                _ => None,
+            }),
+            _ => None,
+        }
+    }
+
     /// The phase change this decision makes to `before`, for logging: `(old, new)`, with `None`
     /// for a record that does not exist on that side.
     pub fn phase_change(&self, before: Option<&Sandbox>) -> Option<(Option<PhaseKind>, Option<PhaseKind>)> {
         let old = before.map(|s| s.phase.kind());
-        let new = match &self.outcome {
-            Outcome::Sandbox(s) => Some(s.phase.kind()),
-            Outcome::Removed => None,
-            Outcome::Provider(_) | Outcome::Template(_) | Outcome::Unchanged => return None,
+        let new = match (&self.outcome, self.sandbox()) {
+            (_, Some(s)) => Some(s.phase.kind()),
+            (Outcome::Removed, _) => None,
+            _ => return None,
         };
         (old != new && !self.writes.is_empty()).then_some((old, new))
     }
@@ -172,9 +187,19 @@ impl Decision {
 
 /// The next version of `before`: `resource_version` + 1 and `updated_at` = `now`.
 pub(crate) fn update_sandbox(before: &Sandbox, mut next: Sandbox, now: Timestamp) -> (Write, Sandbox) {
+    next_version(before, &mut next, now);
+    (Write::UpdateSandbox { record: next.clone(), expected: before.resource_version }, next)
+}
+
+/// [`update_sandbox`]'s write alone, for a decision that answers [`Outcome::Written`].
+pub(crate) fn sandbox_update(before: &Sandbox, mut next: Sandbox, now: Timestamp) -> Write {
+    next_version(before, &mut next, now);
+    Write::UpdateSandbox { record: next, expected: before.resource_version }
+}
+
+fn next_version(before: &Sandbox, next: &mut Sandbox, now: Timestamp) {
     next.resource_version = before.resource_version + 1;
     next.updated_at = now;
-    (Write::UpdateSandbox { record: next.clone(), expected: before.resource_version }, next)
 }
 
 /// Records the attachment of `provider` in its version, so that a racing provider delete conflicts.

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use crate::decision::{Decision, Effect, Outcome, Write, update_sandbox};
+use crate::decision::{Decision, Effect, Outcome, Write, sandbox_update};
 use crate::error::Error;
 use crate::record::{ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
 
@@ -524,7 +524,6 @@ impl Merge<'_> {
             _ => return Decision::unchanged(Outcome::Unchanged, effects),
         };
         crate::restart::schedule(before, &mut next, now);
-        let (write, next) = update_sandbox(before, next, now);
-        Decision { writes: vec![write], effects, outcome: Outcome::Sandbox(next) }
+        Decision { writes: vec![sandbox_update(before, next, now)], effects, outcome: Outcome::Written }
     }
 }

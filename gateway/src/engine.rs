@@ -338,10 +338,7 @@ impl Engine {
         if !decision.writes.is_empty() {
             self.inner.store.commit(&decision.writes).await?;
             if let Some((old, new)) = decision.phase_change(before) {
-                let after = match &decision.outcome {
-                    Outcome::Sandbox(s) => Some(s),
-                    _ => None,
-                };
+                let after = decision.sandbox();
                 let record = after.or(before);
                 if let Some(r) = record {
                     self.inner.metrics.phase_changed(&r.id, old, new);

@@ -281,7 +281,8 @@ fn which_ends_restart_depends_on_the_mode() {
         as_of_version: None,
     };
     let d = merge(Some(&before), &before.id, &gone, at(5)).unwrap();
-    let Outcome::Sandbox(after) = d.outcome else { panic!() };
+    assert_eq!(d.outcome, Outcome::Written);
+    let Some(after) = d.sandbox() else { panic!("{d:?}") };
     assert!(matches!(after.phase, Phase::Error(Failure { reason: FailureReason::ComputeResourceMissing, .. })));
     assert_eq!(after.restarts.next_at, Some(at(7)));
 }

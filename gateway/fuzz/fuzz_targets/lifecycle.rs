@@ -170,13 +170,16 @@ fuzz_target!(|steps: Vec<Step>| {
         };
         let Ok(decision) = result else { continue };
         apply(&mut record, &decision);
-        if let Outcome::Sandbox(s) = &decision.outcome
+        if let Some(s) = decision.sandbox()
             && !decision.writes.is_empty()
         {
             assert_eq!(Some(s), record.as_ref(), "the outcome is the record written");
         }
         if decision.outcome == Outcome::Unchanged {
             assert!(decision.writes.is_empty(), "an unchanged outcome writes nothing");
+        }
+        if decision.outcome == Outcome::Written {
+            assert_eq!(decision.writes.len(), 1, "a written outcome is its one write's record");
         }
         let (Some(b), Some(a)) = (&before, &record) else { continue };
         let is_command = matches!(step, Step::Create | Step::Stop(_) | Step::Start(_) | Step::Delete(_));

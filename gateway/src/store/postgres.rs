@@ -473,7 +473,7 @@ impl PostgresStore {
         let prepared = client.prepare_cached(&statement.sql).await.map_err(|e| self.error(&e))?;
         match client.query(&prepared, &refs(&statement.args)).await {
             Ok(_) => Ok(Some(())),
-            Err(e) if e.code().is_some_and(|c| c.code() == UNCHANGED) || retryable(&e) => Ok(None),
+            Err(e) if retryable(&e) => Ok(None),
             // Without a code, the connection failed: the write may have landed, as after any
             // timeout.
             Err(e) => Err(self.error(&e).into()),
@@ -515,11 +515,7 @@ impl PostgresStore {
         }
         // Every condition held, and a write still found its record changed (or its name taken):
         // another transaction committed in between, which the next attempt's conditions see.
-        if first.code().is_some_and(|c| c.code() == UNCHANGED) || retryable(first) {
-            Ok(None)
-        } else {
-            Err(self.error(first).into())
-        }
+        if retryable(first) { Ok(None) } else { Err(self.error(first).into()) }
     }
 }
 
@@ -571,12 +567,15 @@ fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Aborted by PostgreSQL for a reason that passes: run the transaction again.
+/// Aborted by PostgreSQL for a reason that passes, or a write that changed nothing although its
+/// conditions held when checked: run the commit again, as a transaction, whose checks then see
+/// what happened.
 fn retryable(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c| {
         *c == SqlState::T_R_DEADLOCK_DETECTED
             || *c == SqlState::T_R_SERIALIZATION_FAILURE
             || *c == SqlState::UNIQUE_VIOLATION
+            || c.code() == UNCHANGED
     })
 }
 
@@ -846,17 +845,19 @@ fn sandbox_row(s: &Sandbox, expected: Option<u64>) -> Result<Vec<Arg>, StoreErro
     let providers: Vec<String> = s.providers.iter().cloned().collect();
     let keys: Vec<String> = s.spec.labels.keys().cloned().collect();
     let values: Vec<String> = s.spec.labels.values().cloned().collect();
-    let row: Vec<Arg> = vec![
+    let mut row = sandbox_columns(s)?;
+    row.extend::<[Arg; 4]>([Box::new(providers), Box::new(keys), Box::new(values), Box::new(index_key(s)?)]);
+    with_expected(row, expected)
+}
+
+/// A sandbox row's own columns: id, name, version, record.
+fn sandbox_columns(s: &Sandbox) -> Result<Vec<Arg>, StoreError> {
+    Ok(vec![
         Box::new(s.id.to_string()),
         Box::new(s.name.to_string()),
         version(s.resource_version)?,
         Box::new(encode(s)?),
-        Box::new(providers),
-        Box::new(keys),
-        Box::new(values),
-        Box::new(index_key(s)?),
-    ];
-    with_expected(row, expected)
+    ])
 }
 
 /// What the index tables hold for sandbox `s`: its providers and labels, in a canonical text
@@ -880,14 +881,8 @@ fn lean_update(s: &Sandbox, expected: u64) -> Result<Statement, StoreError> {
             log_entry(false)
         )
     });
-    let args: Vec<Arg> = vec![
-        Box::new(s.id.to_string()),
-        Box::new(s.name.to_string()),
-        version(s.resource_version)?,
-        Box::new(encode(s)?),
-        version(expected)?,
-        Box::new(index_key(s)?),
-    ];
+    let mut args = sandbox_columns(s)?;
+    args.extend([version(expected)?, Box::new(index_key(s)?)]);
     Ok(Statement::new(Role::Apply, LEAN.as_str(), args))
 }
 

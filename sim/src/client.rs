@@ -469,9 +469,12 @@ impl Client {
         result
     }
 
-    /// Follows a sandbox until `done` holds or `within` passes.
+    /// Waits up to `within` for the sandbox to be `done`, never past the fault phase: a wait is
+    /// part of a fault-phase operation, and one that ran on would take the quiet phase from the
+    /// heal that lets every sandbox converge (a start that failed just before the end waits for
+    /// a user in Error, never reaching Ready by itself).
     async fn wait(&mut self, name: &str, within: Duration, done: impl Fn(&pb::Sandbox) -> bool) -> Option<pb::Sandbox> {
-        let deadline = now() + within;
+        let deadline = (now() + within).min(self.world.scenario.fault_phase);
         while now() < deadline {
             let s = self.get(name).await?;
             if done(&s) {

@@ -191,13 +191,8 @@ pub(crate) fn update_sandbox(before: &Sandbox, mut next: Sandbox, now: Timestamp
     (Write::UpdateSandbox { record: next.clone(), expected: before.resource_version }, next)
 }
 
-/// [`update_sandbox`]'s write alone, for a decision that answers [`Outcome::Written`].
-pub(crate) fn sandbox_update(before: &Sandbox, mut next: Sandbox, now: Timestamp) -> Write {
-    next_version(before, &mut next, now);
-    Write::UpdateSandbox { record: next, expected: before.resource_version }
-}
-
-fn next_version(before: &Sandbox, next: &mut Sandbox, now: Timestamp) {
+/// Makes `next` the version after `before`, written at `now`.
+pub(crate) fn next_version(before: &Sandbox, next: &mut Sandbox, now: Timestamp) {
     next.resource_version = before.resource_version + 1;
     next.updated_at = now;
 }

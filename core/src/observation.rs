@@ -5,9 +5,7 @@
 //! record, and nowhere else. The fence that tells the current generation's run from earlier ones
 //! is stored in the record, so every path consults the same one.
 
-use std::borrow::Cow;
-
-use crate::decision::{Decision, Effect, Outcome, Write, sandbox_update};
+use crate::decision::{Decision, Effect, Outcome, Write, next_version};
 use crate::error::Error;
 use crate::record::{ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
 
@@ -142,7 +140,7 @@ pub fn merge(
     let Some(sandbox) = current else {
         return orphan(id, observation);
     };
-    let mut merge = Merge { before: sandbox, next: Cow::Borrowed(sandbox), effects: Vec::new(), remove: false };
+    let mut merge = Merge { before: sandbox, writes: Vec::new(), effects: Vec::new(), remove: false };
     if sandbox.is(PhaseKind::Deleting) {
         merge.deleting(observation);
     } else {
@@ -183,17 +181,34 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
 
 struct Merge<'a> {
     before: &'a Sandbox,
-    /// The record as merged so far: copied only once something is to change, as most reports
-    /// (a steady poll, a stale snapshot) change nothing.
-    next: Cow<'a, Sandbox>,
+    /// The decision's writes: none while nothing changes (most reports, a steady poll or a
+    /// stale snapshot, change nothing); once something is to change, the record's update, the
+    /// record copied once straight into it and merged in place there.
+    writes: Vec<Write>,
     effects: Vec<Effect>,
     /// The record ends: the runtime confirmed a delete.
     remove: bool,
 }
 
 impl Merge<'_> {
+    /// The record as merged so far.
+    fn next(&self) -> &Sandbox {
+        match self.writes.first() {
+            Some(Write::UpdateSandbox { record, .. }) => record,
+            _ => self.before,
+        }
+    }
+
     fn edit(&mut self) -> &mut Sandbox {
-        self.next.to_mut()
+        if self.writes.is_empty() {
+            let expected = self.before.resource_version;
+            self.writes = vec![Write::UpdateSandbox { record: self.before.clone(), expected }];
+        }
+        match &mut self.writes[0] {
+            Write::UpdateSandbox { record, .. } => record,
+            // `edit` alone writes here, and only the record's update.
+            _ => unreachable!("a merge writes only its record's update"),
+        }
     }
 
     /// Rule 1: a Deleting sandbox waits only for the runtime to confirm that everything is gone.
@@ -213,7 +228,7 @@ impl Merge<'_> {
     fn apply(&mut self, observation: &Observation) {
         let generation = self.before.generation;
         #[cfg(feature = "bugs")]
-        if let Some(reply) = crate::bugs::rotate_late(self.next.to_mut(), observation) {
+        if let Some(reply) = crate::bugs::rotate_late(self.edit(), observation) {
             self.start_reply(reply);
             return;
         }
@@ -230,7 +245,9 @@ impl Merge<'_> {
                 self.runtime(*state, *as_of_version, bypass);
             }
             Observation::Started { generation: g, reply } if *g == generation => self.start_reply(reply),
-            Observation::Stopped { generation: g, state } if *g == generation && self.next.is(PhaseKind::Stopping) => {
+            Observation::Stopped { generation: g, state }
+                if *g == generation && self.next().is(PhaseKind::Stopping) =>
+            {
                 self.stop_reply(*state);
             }
             // A stop reply of an older generation, merged late (its gateway was held up), says
@@ -264,24 +281,24 @@ impl Merge<'_> {
     }
 
     fn owns(&self, started_at: Timestamp) -> bool {
-        owns_run(&self.next, started_at)
+        owns_run(self.next(), started_at)
     }
 
     /// Rules 2 and 3.
     fn exited(&mut self, marker: ExitMarker, attributed: bool) {
-        if self.next.last_exit.is_none_or(|last| marker.finished_at > last.finished_at) {
+        if self.next().last_exit.is_none_or(|last| marker.finished_at > last.finished_at) {
             self.edit().last_exit = Some(marker);
         }
         if !attributed && !self.owns(marker.started_at) {
             return; // Rule 2: a stale exit, whatever path brought it.
         }
-        if let Run::Ended(known) = self.next.run
+        if let Run::Ended(known) = self.next().run
             && marker.finished_at <= known.finished_at
         {
             return;
         }
         self.edit().run = Run::Ended(marker);
-        match (self.next.intent, self.next.phase.kind()) {
+        match (self.next().intent, self.next().phase.kind()) {
             (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.edit().phase = Phase::Stopped,
             // DESIGN 9.3: the supervisor ends with its command's code, so 0 is a completion.
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
@@ -304,7 +321,7 @@ impl Merge<'_> {
             // supervisor that could not read its memory cgroup): the runtime's is better.
             (Intent::Running, PhaseKind::Error)
                 if marker.out_of_memory
-                    && matches!(&self.next.phase, Phase::Error(f) if f.reason == FailureReason::MainProcessExited) =>
+                    && matches!(&self.next().phase, Phase::Error(f) if f.reason == FailureReason::MainProcessExited) =>
             {
                 let failure = self.out_of_memory(marker.exit_code);
                 self.edit().phase = Phase::Error(failure);
@@ -315,7 +332,7 @@ impl Merge<'_> {
 
     /// DESIGN 10: a run killed for memory says so, with the limit it ran into.
     fn out_of_memory(&self, exit_code: i32) -> Failure {
-        let limit = match self.next.spec.limits.memory_bytes {
+        let limit = match self.next().spec.limits.memory_bytes {
             Some(bytes) => format!("its memory limit of {bytes} bytes"),
             None => "the memory the host had for it".to_string(),
         };
@@ -332,14 +349,14 @@ impl Merge<'_> {
             // unsettled fence attributes none by its start time alone), but one that started
             // after every exit seen is alive: with intent Stopped it is stopped again, whoever's
             // it is (DESIGN 3.6). A start that landed after its stop was acknowledged ends so.
-            if matches!(self.next.run, Run::Pending | Run::Started { at: None })
-                && self.next.last_exit.is_none_or(|last| started_at > last.finished_at)
+            if matches!(self.next().run, Run::Pending | Run::Started { at: None })
+                && self.next().last_exit.is_none_or(|last| started_at > last.finished_at)
             {
                 self.stop_if_unwanted();
             }
             return;
         }
-        match self.next.run {
+        match self.next().run {
             Run::Pending | Run::Started { at: None } => self.edit().run = Run::Started { at: Some(started_at) },
             Run::Started { at: Some(at) } if started_at > at => self.restarted_out_of_band(),
             Run::Started { at: Some(_) } => {}
@@ -357,8 +374,8 @@ impl Merge<'_> {
     /// started the new one (rule 7: only a new generation is Ready again). With intent Stopped,
     /// the level-based stop below ends it.
     fn restarted_out_of_band(&mut self) {
-        if self.next.intent == Intent::Running
-            && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        if self.next().intent == Intent::Running
+            && matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
         {
             self.edit().fail(Failure {
                 reason: FailureReason::ContainerExited,
@@ -370,13 +387,13 @@ impl Merge<'_> {
 
     /// DESIGN 3.6: intent Stopped but a run is alive: stop it again (level-based).
     fn stop_if_unwanted(&mut self) {
-        if self.next.intent != Intent::Stopped {
+        if self.next().intent != Intent::Stopped {
             return;
         }
-        if matches!(self.next.phase.kind(), PhaseKind::Stopped | PhaseKind::Error) {
+        if matches!(self.next().phase.kind(), PhaseKind::Stopped | PhaseKind::Error) {
             self.edit().phase = Phase::Stopping;
         }
-        self.effects.push(Effect::Stop { sandbox: self.next.id.clone(), generation: self.next.generation });
+        self.effects.push(Effect::Stop { sandbox: self.next().id.clone(), generation: self.next().generation });
     }
 
     /// Rule 6, with the two fences absence can have: the runtime's time of a removal event,
@@ -387,14 +404,14 @@ impl Merge<'_> {
         }
         // Until this generation's run is known to have started, its start may not have created
         // the resource yet (and will, if it was removed).
-        if self.next.run == Run::Pending {
+        if self.next().run == Run::Pending {
             return;
         }
         self.missing();
     }
 
     fn missing(&mut self) {
-        if let Phase::Error(failure) = &self.next.phase
+        if let Phase::Error(failure) = &self.next().phase
             && failure.reason == FailureReason::ComputeResourceMissing
         {
             return;
@@ -412,16 +429,16 @@ impl Merge<'_> {
             StartReply::Exited(marker) => self.exited(*marker, true),
             // It ran, so this is a loss (rule 6), not a start that failed.
             StartReply::Gone => {
-                if self.next.run == Run::Pending {
+                if self.next().run == Run::Pending {
                     self.edit().run = Run::Started { at: None };
                 }
                 self.missing();
             }
             StartReply::Failed { message } => {
                 // The one thing that moves a sandbox whose run has not begun to Error.
-                if self.next.run == Run::Pending
-                    && self.next.intent == Intent::Running
-                    && matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
+                if self.next().run == Run::Pending
+                    && self.next().intent == Intent::Running
+                    && matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
                 {
                     self.edit().fail(Failure {
                         reason: FailureReason::StartFailed,
@@ -437,7 +454,7 @@ impl Merge<'_> {
     fn stop_reply(&mut self, state: RuntimeState) {
         match state {
             // Nothing of this generation ever ran: nothing was lost, and the next start creates it.
-            RuntimeState::Absent { .. } if self.next.run == Run::Pending => self.edit().phase = Phase::Stopped,
+            RuntimeState::Absent { .. } if self.next().run == Run::Pending => self.edit().phase = Phase::Stopped,
             RuntimeState::Absent { .. } => self.missing(),
             RuntimeState::Created => self.edit().phase = Phase::Stopped,
             RuntimeState::Exited(marker) => {
@@ -451,26 +468,26 @@ impl Merge<'_> {
 
     /// Rule 4 (the generation was checked before).
     fn supervisor_connected(&mut self) {
-        if self.next.intent != Intent::Running {
+        if self.next().intent != Intent::Running {
             return;
         }
-        if self.next.run == Run::Pending {
+        if self.next().run == Run::Pending {
             self.edit().run = Run::Started { at: None };
         }
         // Rule 7: only a run still starting becomes Ready; Error and Stopped need a new generation.
-        if matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting) {
+        if matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting) {
             self.edit().phase = Phase::Ready;
         }
     }
 
     /// Whether a report of the main process's end can still end this generation's run.
     fn main_process_may_end(&mut self) -> bool {
-        if self.next.intent != Intent::Running
-            || !matches!(self.next.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        if self.next().intent != Intent::Running
+            || !matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
         {
             return false;
         }
-        if self.next.run == Run::Pending {
+        if self.next().run == Run::Pending {
             self.edit().run = Run::Started { at: None };
         }
         true
@@ -510,7 +527,7 @@ impl Merge<'_> {
     }
 
     fn finish(self, now: Timestamp) -> Decision {
-        let Merge { before, next, mut effects, remove } = self;
+        let Merge { before, mut writes, mut effects, remove } = self;
         effects.dedup();
         if remove {
             return Decision {
@@ -519,11 +536,13 @@ impl Merge<'_> {
                 outcome: Outcome::Removed,
             };
         }
-        let mut next = match next {
-            Cow::Owned(next) if next != *before => next,
+        match writes.first_mut() {
+            Some(Write::UpdateSandbox { record, .. }) if *record != *before => {
+                crate::restart::schedule(before, record, now);
+                next_version(before, record, now);
+            }
             _ => return Decision::unchanged(Outcome::Unchanged, effects),
-        };
-        crate::restart::schedule(before, &mut next, now);
-        Decision { writes: vec![sandbox_update(before, next, now)], effects, outcome: Outcome::Written }
+        }
+        Decision { writes, effects, outcome: Outcome::Written }
     }
 }

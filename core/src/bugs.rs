@@ -235,7 +235,7 @@ pub fn claim_over(
         {
             *expected = current;
             record.resource_version = current + 1;
-            over.outcome = Outcome::Sandbox(record.clone());
+            over.outcome = Outcome::Sandbox(Box::new(record.clone()));
         }
     }
     Some(over)

@@ -354,7 +354,7 @@ fn commit(before: &Sandbox, next: Sandbox, extra: Vec<Write>, effects: Vec<Effec
     let (write, next) = update_sandbox(before, next, now);
     let mut writes = vec![write];
     writes.extend(extra);
-    Decision { writes, effects, outcome: Outcome::Sandbox(next) }
+    Decision { writes, effects, outcome: Outcome::Sandbox(next.into()) }
 }
 
 /// What a create names.
@@ -393,7 +393,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     Ok(Decision {
         writes,
         effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],
-        outcome: Outcome::Sandbox(record),
+        outcome: Outcome::Sandbox(record.into()),
     })
 }
 
@@ -426,7 +426,7 @@ pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: T
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
     Ok(match stopping(sandbox)? {
         Some((next, effects)) => commit(sandbox, next, vec![], effects, now),
-        None => Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]),
+        None => Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]),
     })
 }
 
@@ -454,7 +454,7 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
 fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     match sandbox.phase.kind() {
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
-            Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]))
+            Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]))
         }
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
@@ -488,7 +488,7 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
 /// written as a Start writes one.
 fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
     if !restart::due(sandbox, now) {
-        return Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]);
+        return Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]);
     }
     let (mut next, effect) = new_generation(sandbox);
     next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
@@ -499,7 +499,7 @@ fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
 /// passed; as the spec says, a stop or a delete.
 fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::due(sandbox, deadline, now) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
     }
     let (mut next, effects) = expiring(sandbox)?;
     next.expired_at = Some(now);
@@ -510,7 +510,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
 /// idle that long since and no exec is open; as the spec says, a stop or a delete.
 fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::idle_due(sandbox, since, open_execs, now) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
     }
     let (mut next, effects) = expiring(sandbox)?;
     next.idle_expired_at = Some(now);
@@ -531,7 +531,7 @@ fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
 fn touch(sandbox: &Sandbox, now: Timestamp) -> Decision {
     match lifetime::touch(sandbox, now) {
         Some(next) => commit(sandbox, next, vec![], vec![], now),
-        None => Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]),
+        None => Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]),
     }
 }
 
@@ -591,7 +591,7 @@ fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
         // Repeating a delete re-drives the runtime: Deleting is never stuck.
         let effect = Effect::Delete { sandbox: sandbox.id.clone() };
-        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![effect]));
+        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![effect]));
     }
     let (next, effects) = deleting(sandbox);
     Ok(commit(sandbox, next, vec![], effects, now))
@@ -614,7 +614,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
         .get(provider)
         .ok_or_else(|| Error::UnknownProvider { provider: provider.to_string(), field: "provider" })?;
     if sandbox.providers.contains(provider) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
     }
     if sandbox.providers.len() >= validate::MAX_PROVIDERS {
         return Err(Error::invalid(
@@ -639,7 +639,7 @@ fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision,
         return Err(wrong_phase(sandbox, "detach a provider from"));
     }
     if !sandbox.providers.contains(provider) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(sandbox.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
     }
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).remove(provider);
@@ -676,7 +676,7 @@ fn create_provider(
     Ok(Decision {
         writes: vec![Write::CreateProvider(record.clone())],
         effects: vec![],
-        outcome: Outcome::Provider(record),
+        outcome: Outcome::Provider(record.into()),
     })
 }
 

@@ -131,13 +131,14 @@ impl Effect {
 }
 
 /// What the caller gets back.
-// One per operation, moved straight to the caller: boxing would only add an allocation.
-#[allow(clippy::large_enum_variant)]
+// The records are boxed so that the outcome most decisions carry (a merge's `Written` or
+// `Unchanged`) does not make every `Result<Decision, _>` the size of a record, moved and copied
+// on each return: one allocation for a command's reply is cheaper than that on every merge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Sandbox(Sandbox),
-    Provider(Provider),
-    Template(crate::template::Template),
+    Sandbox(Box<Sandbox>),
+    Provider(Box<Provider>),
+    Template(Box<crate::template::Template>),
     /// The record is gone (or, for an observation, there was none).
     Removed,
     /// The record as read is still current: what a merge that changes nothing answers, so that

@@ -121,7 +121,7 @@ pub(crate) fn create(
     Ok(Decision {
         writes: vec![Write::CreateTemplate(record.clone())],
         effects: vec![],
-        outcome: Outcome::Template(record),
+        outcome: Outcome::Template(record.into()),
     })
 }
 
@@ -135,11 +135,11 @@ pub(crate) fn set_pool(
     validate_pool(min_ready, &reads.limits)?;
     let template = versioned(request, reads, name)?;
     if template.min_ready == min_ready {
-        return Ok(Decision::unchanged(Outcome::Template(template.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Template(Box::new(template.clone())), vec![]));
     }
     let next = Template { min_ready, ..template.clone() };
     let (write, next) = update_template(template, next, now);
-    Ok(Decision { writes: vec![write], effects: vec![], outcome: Outcome::Template(next) })
+    Ok(Decision { writes: vec![write], effects: vec![], outcome: Outcome::Template(next.into()) })
 }
 
 /// Removes the template. Its members not yet claimed go with it (the refill loop deletes
@@ -158,7 +158,7 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     let Some(template) = &reads.template else { return Ok(Decision::unchanged(Outcome::Removed, vec![])) };
     let members = reads.members.iter().filter(|s| is_member(s, &template.name)).count();
     if members >= template.min_ready as usize {
-        return Ok(Decision::unchanged(Outcome::Template(template.clone()), vec![]));
+        return Ok(Decision::unchanged(Outcome::Template(Box::new(template.clone())), vec![]));
     }
     let mut spec = template.spec.clone();
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());
@@ -169,7 +169,7 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     Ok(Decision {
         writes: vec![Write::CreateSandbox(member.clone()), bump],
         effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],
-        outcome: Outcome::Sandbox(member),
+        outcome: Outcome::Sandbox(member.into()),
     })
 }
 
@@ -214,7 +214,7 @@ pub(crate) fn claim(
     let (write, next) = update_sandbox(member, next, now);
     let mut writes = vec![write];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));
-    Ok(Decision { writes, effects: vec![], outcome: Outcome::Sandbox(next) })
+    Ok(Decision { writes, effects: vec![], outcome: Outcome::Sandbox(next.into()) })
 }
 
 fn update_template(before: &Template, mut next: Template, now: Timestamp) -> (Write, Template) {

@@ -20,7 +20,7 @@ fn provider(w: &mut World, name: &str, rules: &[&str]) -> Provider {
         endpoints: endpoints(rules),
     };
     match w.request(command, None).unwrap() {
-        Outcome::Provider(p) => p,
+        Outcome::Provider(p) => *p,
         other => panic!("{other:?}"),
     }
 }

@@ -25,7 +25,7 @@ fn ready() -> Sandbox {
     sandbox.phase = Phase::Ready;
     sandbox.run = Run::Started { at: None };
     sandbox.resource_version = 4;
-    sandbox
+    *sandbox
 }
 
 fn admitted(sandbox: &Sandbox) -> Exec {

@@ -51,7 +51,7 @@ pub(super) fn page(size: u32, token: String) -> Result<PageRequest, Status> {
 
 pub(super) fn sandbox_reply(outcome: Outcome) -> Result<Response<pb::SandboxReply>, Status> {
     match outcome {
-        Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(s)) })),
+        Outcome::Sandbox(s) => Ok(Response::new(pb::SandboxReply { sandbox: Some(convert::sandbox(*s)) })),
         other => Err(Status::internal(format!("a sandbox command returned {other:?}"))),
     }
 }

@@ -141,8 +141,10 @@ async fn a_fleet_watch_resumed_from_its_last_cursor_across_a_gateway_restart_mis
     read_until(&mut events, &mut seen, removed("a2")).await;
     lifecycle(&mut sandboxes, "start", "a1").await.unwrap();
     read_until(&mut events, &mut seen, ready("a1")).await;
-    // Ready can come before the driver's start reply, one write more: the watch gets there too.
-    let current = get(&mut sandboxes, "a1").await.unwrap().resource_version;
+    // Ready can come before the driver's start reply, one write more, and that write may land
+    // after any read: the watch must get to a1 as read after its Ready, whichever that is.
+    let a1 = get(&mut sandboxes, "a1").await.unwrap();
+    let current = a1.resource_version;
     if said(seen.last().unwrap()).1 < current {
         let caught_up = move |e: &pb::SandboxEvent| said(e).0 == "a1" && said(e).1 >= current;
         read_until(&mut events, &mut seen, caught_up).await;
@@ -154,7 +156,6 @@ async fn a_fleet_watch_resumed_from_its_last_cursor_across_a_gateway_restart_mis
     let by_sandbox = versions(&seen);
     assert_whole(&by_sandbox, "a1", a1_listed + 1, false);
     assert_whole(&by_sandbox, "a2", 1, true);
-    let a1 = get(&mut sandboxes, "a1").await.unwrap();
     assert_eq!(by_sandbox["a1"].last().unwrap().0, a1.resource_version, "the watch reached a1 as it is");
 }
 

@@ -1,7 +1,7 @@
 //! One seeded run: the hosts, the fault schedule, the phases, and the verdict.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use berth_core::bugs::{self, Bug};
@@ -88,29 +88,21 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     let (kernel_tx, kernel_rx) = mpsc::unbounded_channel();
     let (spawn_tx, spawn_rx) = mpsc::unbounded_channel();
     let runtime = Runtime::new(world.clone(), spawn_tx);
-    // The runtime and the checker share a host: neither has an address of its own (the gateways
-    // reach the runtime over channels, and the checker reads the store and the world), so a host
-    // apiece would only cost every step a host more to tick. The runtime never crashes, and the
-    // run ends once the checker has judged it. It is ticked first, as the runtime's own host
-    // was: the gateways' calls reach it over channels, outside the simulated network, so a call
-    // made in one step is served in the next, never at a time before it was made.
-    sim.client("runtime", runtime_and_checker(runtime, calls_rx, kernel_rx, world.clone()));
-    let links = RuntimeLinks { calls: calls_tx.clone(), kernel: kernel_tx };
+    // The runtime model, the supervisors and the checker share a host. Of the three, only the
+    // supervisors talk over the simulated network (to the gateways), so the host is theirs as
+    // the network sees it: a partition of "supervisors" cuts their sessions. The gateways reach
+    // the runtime over channels and the checker reads the store and the world, so a host apiece
+    // would only cost every step a host more to tick, and every pair of hosts a link more for
+    // turmoil to walk. The host never crashes, and the run ends once the checker has judged it.
+    // It is ticked first: the gateways' calls reach the runtime outside the simulated network,
+    // so a call made in one step is served in the next, never at a time before it was made.
+    let host = RuntimeHost { runtime, calls: calls_rx, kernel: kernel_rx, spawns: spawn_rx };
+    sim.client("supervisors", host.run(world.clone(), calls_tx.clone()));
+    let links = RuntimeLinks { calls: calls_tx, kernel: kernel_tx };
     for g in 0..scenario.gateways {
         let (w, links) = (world.clone(), links.clone());
         sim.host(gateway_host(g), move || gateway(w.clone(), links.clone(), g));
     }
-    let spawn_rx = Mutex::new(Some(spawn_rx));
-    let w = world.clone();
-    sim.host("supervisors", move || {
-        let (world, spawns, calls) = (w.clone(), lock(&spawn_rx).take(), calls_tx.clone());
-        async move {
-            match spawns {
-                Some(spawns) => supervisors(world, spawns, calls).await,
-                None => Ok(()),
-            }
-        }
-    });
     for i in 0..scenario.clients {
         sim.client(client_host(i), client(world.clone(), i));
     }
@@ -164,22 +156,38 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     }
 }
 
-/// The runtime's host: the runtime serves while the checker judges; a runtime that fails fails
-/// the run.
-async fn runtime_and_checker(
+/// What runs on the runtime's host: the runtime model serving the gateways' calls, the runs'
+/// supervisors it spawns, and the checker.
+struct RuntimeHost {
     runtime: Arc<Runtime>,
     calls: mpsc::UnboundedReceiver<crate::runtime::Request>,
     kernel: mpsc::UnboundedReceiver<crate::kernel::KernelCall>,
-    world: Arc<World>,
-) -> turmoil::Result {
-    let checks = check_continuously(world);
-    tokio::pin!(checks);
-    tokio::select! {
-        biased;
-        checked = &mut checks => checked,
-        served = runtime.serve(calls, kernel) => {
-            served?;
-            checks.await
+    spawns: mpsc::UnboundedReceiver<crate::runtime::Spawn>,
+}
+
+impl RuntimeHost {
+    /// Serves until the checker has judged the run; a runtime or supervisors that fail fail it.
+    async fn run(
+        self,
+        world: Arc<World>,
+        supervisor_calls: mpsc::UnboundedSender<crate::runtime::Request>,
+    ) -> turmoil::Result {
+        let Self { runtime, calls, kernel, spawns } = self;
+        // The runtime and the supervisors serve for as long as the run lasts: each ends the host
+        // only by failing.
+        let served = async {
+            runtime.serve(calls, kernel).await?;
+            std::future::pending().await
+        };
+        let supervised = async {
+            supervisors(world.clone(), spawns, supervisor_calls).await?;
+            std::future::pending().await
+        };
+        tokio::select! {
+            biased;
+            checked = check_continuously(world.clone()) => checked,
+            failed = served => failed,
+            failed = supervised => failed,
         }
     }
 }

@@ -39,20 +39,20 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
-            Bug::EventBypassesFence => (1, Invariant::I1),
-            Bug::DeleteWithoutRetry => (8, Invariant::I3),
+            Bug::EventBypassesFence => (0, Invariant::I1),
+            Bug::DeleteWithoutRetry => (5, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
             Bug::EffectWithoutRecheck => (0, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (3, Invariant::I1),
+            Bug::FenceFromRecordedExit => (25, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (160, Invariant::L1),
+            Bug::TenureFromAnswer => (11, Invariant::L1),
             Bug::ExecRetryRunsTwice => (14, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
-            Bug::ExpiryIgnoresRenew => (1, Invariant::T1),
+            Bug::ExpiryIgnoresRenew => (0, Invariant::T1),
             Bug::ClaimWithoutCas => (0, Invariant::P1),
-            Bug::IdleIgnoresExecs => (1, Invariant::T1),
+            Bug::IdleIgnoresExecs => (0, Invariant::T1),
             Bug::EgressFromAttach => (0, Invariant::N1),
         };
         caught_at(bug, seed, invariant);

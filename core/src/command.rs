@@ -287,19 +287,19 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         }
         Command::ExpireSandbox { deadline, .. } => match &reads.sandbox {
             Some(sandbox) => expire(sandbox, *deadline, now),
-            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+            None => Ok(Decision::gone()),
         },
         Command::ExpireIdle { since, .. } => match &reads.sandbox {
             Some(sandbox) => expire_idle(sandbox, *since, reads.open_execs, now),
-            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+            None => Ok(Decision::gone()),
         },
         Command::TouchSandbox { id, .. } => match &reads.sandbox {
             Some(sandbox) if sandbox.id == *id => Ok(touch(sandbox, now)),
-            _ => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+            _ => Ok(Decision::gone()),
         },
         Command::RestartSandbox { .. } => match &reads.sandbox {
             Some(sandbox) => Ok(restart(sandbox, now)),
-            None => Ok(Decision::unchanged(Outcome::Removed, vec![])),
+            None => Ok(Decision::gone()),
         },
         Command::DeleteSandbox { .. } => {
             let sandbox = existing(request, reads)?;
@@ -426,7 +426,7 @@ pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: T
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
     Ok(match stopping(sandbox)? {
         Some((next, effects)) => commit(sandbox, next, vec![], effects, now),
-        None => Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]),
+        None => Decision::sandbox_as_is(sandbox),
     })
 }
 
@@ -453,9 +453,7 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
 
 fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     match sandbox.phase.kind() {
-        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
-            Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]))
-        }
+        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => Ok(Decision::sandbox_as_is(sandbox)),
         // A stop that has not finished has no exit marker to fence the new generation with.
         PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
         PhaseKind::Stopped | PhaseKind::Error => {
@@ -488,7 +486,7 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
 /// written as a Start writes one.
 fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
     if !restart::due(sandbox, now) {
-        return Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]);
+        return Decision::sandbox_as_is(sandbox);
     }
     let (mut next, effect) = new_generation(sandbox);
     next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
@@ -499,7 +497,7 @@ fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
 /// passed; as the spec says, a stop or a delete.
 fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::due(sandbox, deadline, now) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
+        return Ok(Decision::sandbox_as_is(sandbox));
     }
     let (mut next, effects) = expiring(sandbox)?;
     next.expired_at = Some(now);
@@ -510,7 +508,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
 /// idle that long since and no exec is open; as the spec says, a stop or a delete.
 fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::idle_due(sandbox, since, open_execs, now) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
+        return Ok(Decision::sandbox_as_is(sandbox));
     }
     let (mut next, effects) = expiring(sandbox)?;
     next.idle_expired_at = Some(now);
@@ -531,7 +529,7 @@ fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
 fn touch(sandbox: &Sandbox, now: Timestamp) -> Decision {
     match lifetime::touch(sandbox, now) {
         Some(next) => commit(sandbox, next, vec![], vec![], now),
-        None => Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]),
+        None => Decision::sandbox_as_is(sandbox),
     }
 }
 
@@ -614,7 +612,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
         .get(provider)
         .ok_or_else(|| Error::UnknownProvider { provider: provider.to_string(), field: "provider" })?;
     if sandbox.providers.contains(provider) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
+        return Ok(Decision::sandbox_as_is(sandbox));
     }
     if sandbox.providers.len() >= validate::MAX_PROVIDERS {
         return Err(Error::invalid(
@@ -639,7 +637,7 @@ fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision,
         return Err(wrong_phase(sandbox, "detach a provider from"));
     }
     if !sandbox.providers.contains(provider) {
-        return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![]));
+        return Ok(Decision::sandbox_as_is(sandbox));
     }
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).remove(provider);

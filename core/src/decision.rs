@@ -161,6 +161,21 @@ impl Decision {
         Self { writes: Vec::new(), effects, outcome }
     }
 
+    /// The answer of a command that finds nothing to do: the sandbox as it is.
+    pub(crate) fn sandbox_as_is(sandbox: &Sandbox) -> Self {
+        Self::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), Vec::new())
+    }
+
+    /// The answer of a template command that finds nothing to do: the template as it is.
+    pub(crate) fn template_as_is(template: &Template) -> Self {
+        Self::unchanged(Outcome::Template(Box::new(template.clone())), Vec::new())
+    }
+
+    /// The answer of a command whose record is gone: nothing to do, reported as removed.
+    pub(crate) fn gone() -> Self {
+        Self::unchanged(Outcome::Removed, Vec::new())
+    }
+
     /// The sandbox this decision leaves: its outcome's, or the one its write records.
     pub fn sandbox(&self) -> Option<&Sandbox> {
         match &self.outcome {

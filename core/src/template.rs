@@ -135,7 +135,7 @@ pub(crate) fn set_pool(
     validate_pool(min_ready, &reads.limits)?;
     let template = versioned(request, reads, name)?;
     if template.min_ready == min_ready {
-        return Ok(Decision::unchanged(Outcome::Template(Box::new(template.clone())), vec![]));
+        return Ok(Decision::template_as_is(template));
     }
     let next = Template { min_ready, ..template.clone() };
     let (write, next) = update_template(template, next, now);
@@ -155,10 +155,10 @@ pub(crate) fn delete(request: &Request, reads: &Reads, name: &str) -> Result<Dec
 
 /// One refill: a new member named `name` with id `id`, if the pool is short.
 pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) -> Result<Decision, Error> {
-    let Some(template) = &reads.template else { return Ok(Decision::unchanged(Outcome::Removed, vec![])) };
+    let Some(template) = &reads.template else { return Ok(Decision::gone()) };
     let members = reads.members.iter().filter(|s| is_member(s, &template.name)).count();
     if members >= template.min_ready as usize {
-        return Ok(Decision::unchanged(Outcome::Template(Box::new(template.clone())), vec![]));
+        return Ok(Decision::template_as_is(template));
     }
     let mut spec = template.spec.clone();
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());

@@ -611,17 +611,26 @@ async fn concurrent_compare_and_swap_loses_no_update(store: Shared) {
 
 /// Many commits at once (which SQLite's writer takes as one group): the one commit that wins a
 /// contested name applies whole, every commit that loses it applies nothing (not even its
-/// uncontested write), and the uncontested commits all apply, each told its own outcome.
+/// uncontested write), a commit that gives one name twice applies nothing (it passes every
+/// check and fails only as it applies), and the uncontested commits all apply, each told its
+/// own outcome.
 async fn commits_arriving_together_each_get_their_own_outcome(store: Shared) {
     const CONTESTED: usize = 24;
     const FREE: usize = 24;
-    let tasks: Vec<_> = (0..CONTESTED + FREE)
+    const TWICE: usize = 8;
+    let twice = |i: usize| (CONTESTED + FREE..CONTESTED + FREE + TWICE).contains(&i);
+    let tasks: Vec<_> = (0..CONTESTED + FREE + TWICE)
         .map(|i| {
             let store = Arc::clone(&store);
             tokio::spawn(async move {
                 let mut writes = vec![Write::CreateSandbox(sandbox(&format!("sb-{i}"), &format!("own-{i}")))];
                 if i < CONTESTED {
                     writes.push(Write::CreateSandbox(sandbox(&format!("sb-{i}-shared"), "shared")));
+                }
+                if twice(i) {
+                    for copy in ["a", "b"] {
+                        writes.push(Write::CreateSandbox(sandbox(&format!("sb-{i}-{copy}"), &format!("twice-{i}"))));
+                    }
                 }
                 (i, store.commit(&writes).await)
             })
@@ -631,18 +640,24 @@ async fn commits_arriving_together_each_get_their_own_outcome(store: Shared) {
     for task in tasks {
         let (i, outcome) = task.await.unwrap();
         match outcome {
-            Ok(()) => winners.extend((i < CONTESTED).then_some(i)),
+            Ok(()) => {
+                assert!(!twice(i), "commit {i} gave one name twice and applied");
+                winners.extend((i < CONTESTED).then_some(i));
+            }
             Err(CommitError::Conflict(c)) => {
-                assert!(i < CONTESTED, "commit {i} contested nothing: {c:?}");
+                assert!(i < CONTESTED || twice(i), "commit {i} contested nothing: {c:?}");
                 assert_eq!((c.expected, c.current), (None, Some(1)), "{c:?}");
             }
             Err(e) => panic!("commit {i}: {e}"),
         }
     }
     assert_eq!(winners.len(), 1, "one commit gets the name: {winners:?}");
-    for i in 0..CONTESTED + FREE {
-        let applied = i >= CONTESTED || winners == [i];
+    for i in 0..CONTESTED + FREE + TWICE {
+        let applied = (CONTESTED..CONTESTED + FREE).contains(&i) || winners == [i];
         assert_eq!(read(&store, &format!("sb-{i}")).await.is_some(), applied, "commit {i}");
+        if twice(i) {
+            assert_eq!(store.sandbox_by_name(&format!("twice-{i}")).await.unwrap(), None, "commit {i}");
+        }
     }
     let shared = store.sandbox_by_name("shared").await.unwrap().unwrap();
     assert_eq!(shared.id.as_str(), format!("sb-{}-shared", winners[0]));

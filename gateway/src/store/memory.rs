@@ -266,6 +266,9 @@ impl Store for MemoryStore {
         for write in writes {
             t.check(write).map_err(CommitError::Conflict)?;
         }
+        if let Some(conflict) = super::one_name_twice(writes) {
+            return Err(CommitError::Conflict(conflict));
+        }
         for write in writes {
             t.apply(write, self.keep);
         }

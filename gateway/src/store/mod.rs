@@ -13,12 +13,30 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Provider, Sandbox, SandboxId, Timestamp, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
 
 mod codec;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
+
+/// The conflict of a commit that gives one name to two of its sandboxes: the first to claim it
+/// holds it, as a unique index keeps the first row that takes a name. A commit's conditions are
+/// checked on the state before it, so they cannot see this; no attempt of the commit can pass.
+pub(crate) fn one_name_twice(writes: &[Write]) -> Option<Conflict> {
+    let mut claims: Vec<&Sandbox> = Vec::new();
+    writes.iter().find_map(|write| {
+        let (Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. }) = write else { return None };
+        // A sandbox written again in the commit gives up the name it claimed before.
+        claims.retain(|claim| claim.id != s.id);
+        if let Some(holder) = claims.iter().find(|claim| claim.name == s.name) {
+            let key = Key::Sandbox(holder.id.clone());
+            return Some(Conflict { key, expected: None, current: Some(holder.resource_version) });
+        }
+        claims.push(s);
+        None
+    })
+}
 
 /// Where a page starts and how long it is. Pages are ordered by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -513,8 +513,15 @@ impl PostgresStore {
         if let Some(conflict) = conflict_in(statement.role, first, writes)? {
             return Err(CommitError::Conflict(conflict));
         }
-        // Every condition held, and a write still found its record changed (or its name taken):
-        // another transaction committed in between, which the next attempt's conditions see.
+        // Every condition held, and a write still found its name taken: by the commit itself,
+        // which every attempt would find again,
+        if first.code() == Some(&SqlState::UNIQUE_VIOLATION)
+            && let Some(conflict) = super::one_name_twice(writes)
+        {
+            return Err(CommitError::Conflict(conflict));
+        }
+        // or by another transaction that committed in between (or a write found its record
+        // changed), which the next attempt's conditions see.
         if retryable(first) { Ok(None) } else { Err(self.error(first).into()) }
     }
 }

@@ -723,25 +723,84 @@ fn index(tx: &Connection, s: &Sandbox) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// One commit's writes, all or none, on the state before them.
-fn commit(conn: &Connection, writes: &[Write]) -> Result<(), CommitError> {
+/// The first of a commit's writes whose condition fails on the state before them, if any.
+fn first_conflict(conn: &Connection, writes: &[Write]) -> Result<Option<Conflict>, StoreError> {
     for write in writes {
         if let Some(conflict) = check(conn, write)? {
-            return Err(CommitError::Conflict(conflict));
+            return Ok(Some(conflict));
         }
     }
-    for write in writes {
-        if let Some(conflict) = apply(conn, write)? {
-            return Err(CommitError::Conflict(conflict));
-        }
-    }
-    Ok(())
+    Ok(None)
 }
 
-/// A group of commits in one transaction, each in its savepoint: the outcome of each, once the
-/// transaction holding those that applied is durable. An error of the transaction itself is
-/// every commit's.
+/// Applies a commit's checked writes, stopping at the first that conflicts with the commit's
+/// own earlier ones (see `apply`).
+fn apply_all(conn: &Connection, writes: &[Write]) -> Result<Option<Conflict>, StoreError> {
+    for write in writes {
+        if let Some(conflict) = apply(conn, write)? {
+            return Ok(Some(conflict));
+        }
+    }
+    Ok(None)
+}
+
+/// One commit's writes, all or none, on the state before them.
+fn commit(conn: &Connection, writes: &[Write]) -> Result<(), CommitError> {
+    let conflict = match first_conflict(conn, writes)? {
+        Some(conflict) => Some(conflict),
+        None => apply_all(conn, writes)?,
+    };
+    conflict.map_or(Ok(()), |c| Err(CommitError::Conflict(c)))
+}
+
+/// A group of commits in one transaction: the outcome of each, once the transaction holding
+/// those that applied is durable. An error of the transaction itself is every commit's.
+///
+/// Each commit's checks read the state the group's earlier commits left, and checks write
+/// nothing, so a commit refused by them needs nothing undone; one that passes them fails to
+/// apply only against its own writes (one name given twice, a rename onto a taken name) or on an
+/// error. So the group is first committed without savepoints, which cost the writer more than
+/// the checks do, and only a group in which a checked commit failed to apply is rolled back and
+/// redone with a savepoint per commit, so that commit's writes roll back alone.
 fn commit_group(
+    conn: &mut Connection,
+    group: &[Vec<Write>],
+    keep: u64,
+) -> Result<Vec<Result<(), CommitError>>, StoreError> {
+    match commit_group_unless_one_fails_to_apply(conn, group, keep)? {
+        Some(outcomes) => Ok(outcomes),
+        None => commit_group_in_savepoints(conn, group, keep),
+    }
+}
+
+/// The group's outcomes, or `None` (and nothing written) if a commit that passed its checks
+/// failed to apply.
+fn commit_group_unless_one_fails_to_apply(
+    conn: &mut Connection,
+    group: &[Vec<Write>],
+    keep: u64,
+) -> Result<Option<Vec<Result<(), CommitError>>>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut outcomes = Vec::with_capacity(group.len());
+    for writes in group {
+        let outcome = match first_conflict(&tx, writes) {
+            Ok(Some(conflict)) => Err(CommitError::Conflict(conflict)),
+            Err(e) => Err(CommitError::Store(e)),
+            // Dropping the transaction rolls back the whole group.
+            Ok(None) => match apply_all(&tx, writes) {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) | Err(_) => return Ok(None),
+            },
+        };
+        outcomes.push(outcome);
+    }
+    trim(&tx, keep)?;
+    tx.commit()?;
+    Ok(Some(outcomes))
+}
+
+/// The group in one transaction, each commit in its savepoint.
+fn commit_group_in_savepoints(
     conn: &mut Connection,
     group: &[Vec<Write>],
     keep: u64,

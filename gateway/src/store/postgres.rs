@@ -513,9 +513,10 @@ impl PostgresStore {
         if let Some(conflict) = conflict_in(statement.role, first, writes)? {
             return Err(CommitError::Conflict(conflict));
         }
-        // Every condition held, and a write still found its name taken: by the commit itself,
-        // which every attempt would find again,
-        if first.code() == Some(&SqlState::UNIQUE_VIOLATION)
+        // Every condition held, and a write still changed nothing or found its name taken: by
+        // the commit itself (a create's `ON CONFLICT DO NOTHING` answers `UNCHANGED`, an update
+        // a unique violation), which every attempt would find again,
+        if matches!(statement.role, Role::Apply)
             && let Some(conflict) = super::one_name_twice(writes)
         {
             return Err(CommitError::Conflict(conflict));

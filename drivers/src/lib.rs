@@ -20,6 +20,7 @@ pub use berth_logs as logs;
 pub mod files;
 pub mod process;
 mod sandbox_lock;
+mod state_file;
 pub mod tombstone;
 
 /// A failed file-system step, as a driver error: the caller may try again.

@@ -14,7 +14,6 @@
 //! per sandbox (see `sandbox_lock`) keeps two of them from acting on one sandbox at once.
 
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -31,6 +30,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "fault-points")]
 use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
+use crate::state_file;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
@@ -279,19 +279,6 @@ pub struct ContainerDriver<E> {
     tombstones: Tombstones,
 }
 
-/// Writes a file only its owner reads, atomically.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), DriverError> {
-    let tmp = path.with_extension("tmp");
-    let result = (|| {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| io(&format!("writing {}", path.display()), e))
-}
-
 /// Whether an executable is statically linked (has no ELF interpreter): a container's
 /// userland may have no C library to run anything else.
 pub fn is_static(path: &Path) -> std::io::Result<bool> {
@@ -355,13 +342,7 @@ impl<E: Engine> ContainerDriver<E> {
     }
 
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
-        let path = self.dir(sandbox).join("driver.json");
-        let file = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display())))?,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(&format!("reading {}", path.display()), e)),
-        };
+        let Some(file) = state_file::read_json(&self.dir(sandbox).join("driver.json"))? else { return Ok(None) };
         Ok(Some(match file {
             DriverFile::Started(started) => started,
             DriverFile::Legacy { generation } => Started { gate: StartRecord::confirmed(generation), previous: None },
@@ -369,8 +350,7 @@ impl<E: Engine> ContainerDriver<E> {
     }
 
     fn record_started(&self, sandbox: &SandboxId, started: Started) -> Result<(), DriverError> {
-        let record = serde_json::to_vec(&started).map_err(|e| DriverError::Failed(e.to_string()))?;
-        write_private(&self.dir(sandbox).join("driver.json"), &record)
+        state_file::write_json(&self.dir(sandbox).join("driver.json"), &started)
     }
 
     fn spec(&self, launch: &Launch) -> ContainerSpec {
@@ -454,8 +434,8 @@ impl<E: Engine> ContainerDriver<E> {
         let mut env = launch.spec.env.clone();
         env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
         let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
-        write_private(&dir.join("env"), &env)?;
-        write_private(&dir.join("token"), launch.token.expose().as_bytes())
+        state_file::write(&dir.join("env"), &env, 0o600)?;
+        state_file::write(&dir.join("token"), launch.token.expose().as_bytes(), 0o600)
     }
 
     /// Stops the container and waits until it has fully exited; its final state.

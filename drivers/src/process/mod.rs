@@ -39,8 +39,7 @@
 //! the command runs as the gateway's user.
 
 use std::collections::BTreeMap;
-use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -55,6 +54,7 @@ use self::os::{HostOs, Os, Signal, SpawnSpec};
 #[cfg(feature = "fault-points")]
 use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
+use crate::state_file::{self, read_json, write_json};
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
@@ -135,34 +135,6 @@ struct Inner<O> {
     tombstones: Tombstones,
     events: broadcast::Sender<(SandboxId, RuntimeState)>,
     monitor: Once,
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, DriverError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display()))),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io(&format!("reading {}", path.display()), e)),
-    }
-}
-
-/// Writes atomically (temporary file, then rename), so a reader never sees half a file.
-fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DriverError> {
-    let tmp = path.with_extension("tmp");
-    let result = (|| {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    result.map_err(|e| io(&format!("writing {}", path.display()), e))
-}
-
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), DriverError> {
-    let bytes = serde_json::to_vec(value).map_err(|e| DriverError::Failed(e.to_string()))?;
-    write_file(path, &bytes, 0o600)
 }
 
 impl ProcessDriver {
@@ -292,11 +264,8 @@ impl<O: Os> Inner<O> {
 
     /// The generation whose supervisor last began, as it wrote it.
     fn began(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
-        match std::fs::read_to_string(self.run_dir(sandbox).join(BEGAN_FILE)) {
-            Ok(text) => Ok(text.trim().parse().ok()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io("reading the run's began file", e)),
-        }
+        let text = state_file::read(&self.run_dir(sandbox).join(BEGAN_FILE))?;
+        Ok(text.and_then(|text| std::str::from_utf8(&text).ok()?.trim().parse().ok()))
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {

@@ -40,12 +40,12 @@ pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, D
         .map_err(|e| DriverError::Failed(format!("{} is unreadable: {e}", path.display())))
 }
 
-/// Writes `bytes` with permissions `mode`, atomically (a temporary file, synced, then renamed
-/// over the old).
-pub(crate) fn write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DriverError> {
+/// Writes `bytes` for the file's owner alone to read (they may hold a token or credentials),
+/// atomically: a temporary file, synced, then renamed over the old.
+pub(crate) fn write(path: &Path, bytes: &[u8]) -> Result<(), DriverError> {
     let tmp = path.with_extension("tmp");
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
@@ -53,10 +53,10 @@ pub(crate) fn write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), DriverEr
     result.map_err(|e| io(&format!("writing {}", path.display()), e))
 }
 
-/// Writes `value` as JSON only its owner reads, atomically.
+/// Writes `value` as JSON, as [`write`] does.
 pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), DriverError> {
     let bytes = serde_json::to_vec(value).map_err(|e| DriverError::Failed(e.to_string()))?;
-    write(path, &bytes, 0o600)
+    write(path, &bytes)
 }
 
 #[cfg(test)]
@@ -64,13 +64,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_record_written_reads_back_and_a_missing_file_is_none() {
+    fn a_record_written_reads_back_for_its_owner_alone_and_a_missing_file_is_none() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         assert_eq!(read_json::<Vec<u32>>(&path).unwrap(), None);
         write_json(&path, &vec![1u32, 2, 3]).unwrap();
         assert_eq!(read_json::<Vec<u32>>(&path).unwrap(), Some(vec![1, 2, 3]));
         assert!(!path.with_extension("tmp").exists(), "the temporary file is renamed away");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "only the owner reads it");
     }
 
     #[test]
@@ -78,7 +80,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big");
         let bytes: Vec<u8> = (0..TYPICAL_SIZE * 9 + 7).map(|i| (i % 251) as u8).collect();
-        write(&path, &bytes, 0o600).unwrap();
+        write(&path, &bytes).unwrap();
         assert_eq!(read(&path).unwrap(), Some(bytes));
     }
 
@@ -86,7 +88,7 @@ mod tests {
     fn an_unreadable_record_names_its_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("exit.json");
-        write(&path, b"{not json", 0o600).unwrap();
+        write(&path, b"{not json").unwrap();
         let error = read_json::<Vec<u32>>(&path).unwrap_err().to_string();
         assert!(error.contains("exit.json"), "{error}");
     }

@@ -434,8 +434,8 @@ impl<E: Engine> ContainerDriver<E> {
         let mut env = launch.spec.env.clone();
         env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
         let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
-        state_file::write(&dir.join("env"), &env, 0o600)?;
-        state_file::write(&dir.join("token"), launch.token.expose().as_bytes(), 0o600)
+        state_file::write(&dir.join("env"), &env)?;
+        state_file::write(&dir.join("token"), launch.token.expose().as_bytes())
     }
 
     /// Stops the container and waits until it has fully exited; its final state.

@@ -613,7 +613,7 @@ fn command_name(request: &Request) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
 
     use async_trait::async_trait;
     use berth_core::exec::{Exec, ExecId};
@@ -742,7 +742,8 @@ mod tests {
         }
     }
 
-    fn ready_sandbox(name: &str) -> Sandbox {
+    /// A sandbox named `name` at version 1 whose run is up.
+    pub(crate) fn ready_sandbox(name: &str) -> Sandbox {
         Sandbox {
             egress_providers: Default::default(),
             id: SandboxId::new(format!("sb-{name}")),

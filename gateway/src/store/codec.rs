@@ -2,6 +2,9 @@
 //! name, version). SQLite and PostgreSQL share these rules, so a record reads back the same from
 //! either, and a damaged row is reported the same way.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
 use berth_core::exec::Exec;
 use berth_core::template::Template;
 use berth_core::{Provider, Sandbox};
@@ -11,13 +14,17 @@ use serde::de::DeserializeOwned;
 use super::{Page, StoreError};
 
 /// What the store needs to know of a record kept as JSON.
-pub(super) trait Record: Serialize + DeserializeOwned {
+pub(super) trait Record: Serialize + DeserializeOwned + Clone {
     const TABLE: &'static str;
     /// The primary key: the sandbox id, the provider name.
     fn key(&self) -> &str;
     /// What pages are ordered by.
     fn name(&self) -> &str;
     fn version(&self) -> u64;
+    /// Where `decoded` keeps records of this kind, if it keeps them.
+    fn kept(_decoded: &Decoded) -> Option<&Mutex<HashMap<String, Self>>> {
+        None
+    }
 }
 
 impl Record for Sandbox {
@@ -30,6 +37,9 @@ impl Record for Sandbox {
     }
     fn version(&self) -> u64 {
         self.resource_version
+    }
+    fn kept(decoded: &Decoded) -> Option<&Mutex<HashMap<String, Self>>> {
+        Some(&decoded.sandboxes)
     }
 }
 
@@ -78,10 +88,45 @@ pub(super) fn corrupt<T: Record>(key: &str, what: impl std::fmt::Display) -> Sto
     StoreError::Corrupt(format!("{} {key:?}: {what}", T::TABLE))
 }
 
-/// Decodes a row's `(key, version, record)` columns. The columns must agree with the record:
-/// conditions are checked against the version column, so a disagreement would make them lie.
-pub(super) fn decode<T: Record>(key: &str, version: i64, json: &str) -> Result<T, StoreError> {
-    let version = from_sql_version::<T>(key, version)?;
+/// The sandboxes a store last decoded, by id. Every write of a sandbox makes its version one
+/// more (I5), and ids are never reused, so a row whose version is the one decoded before holds
+/// the same record: it is handed out again, for a few reference counts (its spec and providers
+/// are shared), where decoding its JSON costs about a microsecond and a dozen allocations, most
+/// of a ListSandboxes' work. Sandboxes deleted, here or by another gateway, stay until the map
+/// is full; then it starts again empty, so it holds at most [`DECODED_KEPT`].
+#[derive(Default)]
+pub(super) struct Decoded {
+    sandboxes: Mutex<HashMap<String, Sandbox>>,
+}
+
+/// How many records [`Decoded`] holds at most: a few megabytes.
+const DECODED_KEPT: usize = 4_096;
+
+impl Decoded {
+    /// Decodes a row's `(key, version, record)` columns. The columns must agree with the
+    /// record: conditions are checked against the version column, so a disagreement would make
+    /// them lie.
+    pub(super) fn decode<T: Record>(&self, key: &str, version: i64, json: &str) -> Result<T, StoreError> {
+        let version = from_sql_version::<T>(key, version)?;
+        let kept = T::kept(self).map(|kept| kept.lock().unwrap_or_else(PoisonError::into_inner));
+        if let Some(record) = kept.as_ref().and_then(|kept| kept.get(key)).filter(|r| r.version() == version) {
+            return Ok(record.clone());
+        }
+        // Decoded without the lock, which other readers' hits need.
+        drop(kept);
+        let record = decode::<T>(key, version, json)?;
+        if let Some(kept) = T::kept(self) {
+            let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            if kept.len() >= DECODED_KEPT && !kept.contains_key(key) {
+                kept.clear();
+            }
+            kept.insert(key.to_owned(), record.clone());
+        }
+        Ok(record)
+    }
+}
+
+fn decode<T: Record>(key: &str, version: u64, json: &str) -> Result<T, StoreError> {
     // Only where decoding failed, never serde's message: it may quote the record's contents,
     // and those include provider credentials.
     let record: T = serde_json::from_str(json).map_err(|e| {
@@ -131,4 +176,63 @@ pub(super) fn page<T: Record>(mut rows: Vec<T>, limit: usize) -> Page<T> {
         None
     };
     Page { items: rows, next }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_core::Timestamp;
+
+    use super::*;
+    use crate::engine::tests::ready_sandbox;
+
+    fn json(record: &impl Serialize) -> String {
+        serde_json::to_string(record).unwrap()
+    }
+
+    #[test]
+    fn a_row_at_the_version_decoded_before_is_handed_out_again_and_a_newer_one_decoded() {
+        let decoded = Decoded::default();
+        let first = ready_sandbox("a");
+        let key = first.id.to_string();
+        assert_eq!(decoded.decode::<Sandbox>(&key, 1, &json(&first)).unwrap(), first);
+        // Not decoded again: the same version is the same record, whatever the column holds.
+        assert_eq!(decoded.decode::<Sandbox>(&key, 1, "not read").unwrap(), first);
+        let mut second = first.clone();
+        second.resource_version = 2;
+        second.updated_at = Timestamp(2);
+        assert_eq!(decoded.decode::<Sandbox>(&key, 2, &json(&second)).unwrap(), second);
+        assert_eq!(decoded.decode::<Sandbox>(&key, 2, "not read").unwrap(), second);
+        // A version the row does not match is still checked, never answered from what is kept.
+        assert!(matches!(decoded.decode::<Sandbox>(&key, 3, &json(&second)), Err(StoreError::Corrupt(_))));
+        assert!(matches!(decoded.decode::<Sandbox>(&key, 1, "{"), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn records_other_than_sandboxes_are_decoded_every_time() {
+        let decoded = Decoded::default();
+        let provider = Provider {
+            name: "p".into(),
+            kind: "test".into(),
+            credentials: Default::default(),
+            endpoints: Default::default(),
+            resource_version: 1,
+            created_at: Timestamp(1),
+            updated_at: Timestamp(1),
+        };
+        assert_eq!(decoded.decode::<Provider>("p", 1, &json(&provider)).unwrap(), provider);
+        assert!(matches!(decoded.decode::<Provider>("p", 1, "{"), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn it_holds_at_most_its_bound_and_always_the_newest() {
+        let decoded = Decoded::default();
+        for i in 0..=DECODED_KEPT {
+            let mut s = ready_sandbox("a");
+            s.id = berth_core::SandboxId::new(format!("sb-{i}"));
+            decoded.decode::<Sandbox>(s.id.as_str(), 1, &json(&s)).unwrap();
+        }
+        let kept = decoded.sandboxes.lock().unwrap();
+        assert!(kept.len() <= DECODED_KEPT, "{} kept", kept.len());
+        assert!(kept.contains_key(&format!("sb-{DECODED_KEPT}")));
+    }
 }

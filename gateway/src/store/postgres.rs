@@ -34,7 +34,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
-use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
+use super::codec::{self, Decoded, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
 use crate::clock::{Clock, SystemClock};
 
@@ -237,6 +237,7 @@ pub struct PostgresStore {
     clock_offset: AtomicI64,
     /// How many change log entries are kept.
     keep: i64,
+    decoded: Decoded,
 }
 
 impl PostgresStore {
@@ -266,7 +267,14 @@ impl PostgresStore {
             .recycle_timeout(Some(TIMEOUT))
             .build()
             .map_err(|e| StoreError::Unavailable(format!("postgres {target}: {e}")))?;
-        let mut store = Self { pool, target, identity: String::new(), clock_offset: AtomicI64::new(0), keep };
+        let mut store = Self {
+            pool,
+            target,
+            identity: String::new(),
+            clock_offset: AtomicI64::new(0),
+            keep,
+            decoded: Decoded::default(),
+        };
         store.migrate().await?;
         store.identity = store.identify().await?;
         store.measure_clock(&store.client().await?).await?;
@@ -351,18 +359,27 @@ impl PostgresStore {
         tx.commit().await.map_err(|e| self.error(&e))
     }
 
+    /// Decodes a `(key, version, record)` row.
+    fn decode<T: Record>(&self, row: &Row) -> Result<T, StoreError> {
+        let key: String =
+            row.try_get(0).map_err(|e| StoreError::Corrupt(format!("{}: unreadable key: {e}", T::TABLE)))?;
+        let version: i64 = row.try_get(1).map_err(|e| corrupt::<T>(&key, format!("unreadable version: {e}")))?;
+        let json: &str = row.try_get(2).map_err(|e| corrupt::<T>(&key, format!("unreadable record: {e}")))?;
+        self.decoded.decode(&key, version, json)
+    }
+
     async fn read_one<T: Record>(&self, sql: &str, key: &str) -> Result<Option<T>, StoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(|e| self.error(&e))?;
         let row = client.query_opt(&statement, &[&key]).await.map_err(|e| self.error(&e))?;
-        row.map(|r| decode(&r)).transpose()
+        row.map(|r| self.decode(&r)).transpose()
     }
 
     async fn read_all<T: Record>(&self, sql: &str, args: &[&(dyn ToSql + Sync)]) -> Result<Vec<T>, StoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(|e| self.error(&e))?;
         let rows = client.query(&statement, args).await.map_err(|e| self.error(&e))?;
-        rows.iter().map(decode).collect()
+        rows.iter().map(|r| self.decode(r)).collect()
     }
 
     /// A page from a query selecting `(key, version, record)` ordered by name whose last
@@ -432,7 +449,7 @@ impl PostgresStore {
         };
         let statement = tx.prepare_cached(sql).await.map_err(e)?;
         let found = tx.query(&statement, &args).await.map_err(e)?;
-        let items = found.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+        let items = found.iter().map(|r| self.decode(r)).collect::<Result<Vec<_>, _>>()?;
         tx.commit().await.map_err(e)?;
         Ok(Listing { page: codec::page(items, limit), cursor: position(cursor)? })
     }
@@ -589,14 +606,6 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
 
 fn position(n: i64) -> Result<u64, StoreError> {
     u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("the change log holds a negative position {n}")))
-}
-
-/// Decodes a `(key, version, record)` row.
-fn decode<T: Record>(row: &Row) -> Result<T, StoreError> {
-    let key: String = row.try_get(0).map_err(|e| StoreError::Corrupt(format!("{}: unreadable key: {e}", T::TABLE)))?;
-    let version: i64 = row.try_get(1).map_err(|e| corrupt::<T>(&key, format!("unreadable version: {e}")))?;
-    let json: &str = row.try_get(2).map_err(|e| corrupt::<T>(&key, format!("unreadable record: {e}")))?;
-    codec::decode(&key, version, json)
 }
 
 /// An argument of a planned statement, owned: every statement is built before the first is sent.
@@ -991,7 +1000,7 @@ impl Store for PostgresStore {
             let id: String = row.try_get(3).map_err(e)?;
             let version: i64 = row.try_get(4).map_err(e)?;
             let json: &str = row.try_get(6).map_err(|e| corrupt::<Sandbox>(&id, format!("unreadable change: {e}")))?;
-            let sandbox = codec::decode(&id, version, json)?;
+            let sandbox = self.decoded.decode(&id, version, json)?;
             changes.entries.push(Logged { seq: position(seq)?, sandbox, removed: row.try_get(5).map_err(e)? });
         }
         Ok(changes)

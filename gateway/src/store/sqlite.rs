@@ -43,7 +43,7 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
-use super::codec::{self, Record, corrupt, encode, from_sql_version, to_sql_version};
+use super::codec::{self, Decoded, Record, corrupt, encode, from_sql_version, to_sql_version};
 use super::{CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
 use crate::clock::Clock;
 
@@ -165,6 +165,7 @@ pub struct SqliteStore {
 struct Readers {
     conns: Vec<Mutex<Connection>>,
     next: AtomicUsize,
+    decoded: Decoded,
 }
 
 /// What the writer thread is given to do.
@@ -196,13 +197,14 @@ impl SqliteStore {
             .name("berth-sqlite-writer".into())
             .spawn(move || write_loop(conn, &jobs, keep))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the store's writer thread: {e}")))?;
-        Ok(Self { readers: Arc::new(Readers { conns, next: AtomicUsize::new(0) }), writer, identity })
+        let readers = Readers { conns, next: AtomicUsize::new(0), decoded: Decoded::default() };
+        Ok(Self { readers: Arc::new(readers), writer, identity })
     }
 
     /// Runs the read `f` on a read connection on tokio's blocking pool: a free one if any.
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&Connection, &Decoded) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let readers = Arc::clone(&self.readers);
         tokio::task::spawn_blocking(move || {
@@ -213,7 +215,7 @@ impl SqliteStore {
                 Some(conn) => conn,
                 None => readers.conns[start % n].lock().unwrap_or_else(PoisonError::into_inner),
             };
-            f(&conn)
+            f(&conn, &readers.decoded)
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("store read did not complete: {e}")))?
@@ -228,10 +230,10 @@ impl SqliteStore {
     /// locking_mode=EXCLUSIVE` is refused as busy).
     async fn read_here<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&Connection, &Decoded) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         if let Some(conn) = self.readers.conns.iter().find_map(|c| c.try_lock().ok()) {
-            return f(&conn);
+            return f(&conn, &self.readers.decoded);
         }
         self.read(f).await
     }
@@ -242,7 +244,7 @@ impl SqliteStore {
         sql: &'static str,
         key: String,
     ) -> Result<Option<T>, StoreError> {
-        self.read_here(move |conn| read_one(conn, sql, &key)).await
+        self.read_here(move |conn, decoded| read_one(conn, decoded, sql, &key)).await
     }
 
     /// Runs `f` on the writer thread, in a transaction of its own.
@@ -409,30 +411,35 @@ impl From<rusqlite::Error> for StoreError {
 }
 
 /// Decodes a `(key, version, record)` row.
-fn decode<T: Record>(row: &Row<'_>) -> Result<T, StoreError> {
+fn decode<T: Record>(decoded: &Decoded, row: &Row<'_>) -> Result<T, StoreError> {
     let key: String = row.get(0).map_err(|e| StoreError::Corrupt(format!("{}: unreadable key: {e}", T::TABLE)))?;
     let version: i64 = row.get(1).map_err(|e| corrupt::<T>(&key, format!("unreadable version: {e}")))?;
     let json = row
         .get_ref(2)
         .and_then(|v| Ok(v.as_str()?))
         .map_err(|e| corrupt::<T>(&key, format!("unreadable record: {e}")))?;
-    codec::decode(&key, version, json)
+    decoded.decode(&key, version, json)
 }
 
 /// One record at most, from a query selecting `(key, version, record)`.
-fn read_one<T: Record>(conn: &Connection, sql: &str, key: &str) -> Result<Option<T>, StoreError> {
+fn read_one<T: Record>(conn: &Connection, decoded: &Decoded, sql: &str, key: &str) -> Result<Option<T>, StoreError> {
     let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query([key])?;
-    rows.next()?.map(decode).transpose()
+    rows.next()?.map(|row| decode(decoded, row)).transpose()
 }
 
 /// Every record a query selecting `(key, version, record)` returns.
-fn read_all<T: Record>(conn: &Connection, sql: &str, args: Vec<Value>) -> Result<Vec<T>, StoreError> {
+fn read_all<T: Record>(
+    conn: &Connection,
+    decoded: &Decoded,
+    sql: &str,
+    args: Vec<Value>,
+) -> Result<Vec<T>, StoreError> {
     let mut stmt = conn.prepare_cached(sql)?;
     let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(decode(row)?);
+        out.push(decode(decoded, row)?);
     }
     Ok(out)
 }
@@ -441,12 +448,13 @@ fn read_all<T: Record>(conn: &Connection, sql: &str, args: Vec<Value>) -> Result
 /// is the row limit.
 fn read_page<T: Record>(
     conn: &Connection,
+    decoded: &Decoded,
     sql: &str,
     mut args: Vec<Value>,
     limit: usize,
 ) -> Result<Page<T>, StoreError> {
     args.push(Value::Integer(codec::row_limit(limit)));
-    Ok(codec::page(read_all(conn, sql, args)?, limit))
+    Ok(codec::page(read_all(conn, decoded, sql, args)?, limit))
 }
 
 fn version_of(tx: &Connection, key: &Key) -> Result<Option<u64>, StoreError> {
@@ -623,7 +631,7 @@ fn to_sql_position(n: u64) -> Result<i64, StoreError> {
 }
 
 /// The change log after `after`, read in one snapshot.
-fn changes(conn: &Connection, after: u64, limit: usize) -> Result<Changes, StoreError> {
+fn changes(conn: &Connection, decoded: &Decoded, after: u64, limit: usize) -> Result<Changes, StoreError> {
     let tx = conn.unchecked_transaction()?;
     let head = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
     let trimmed_through = trimmed_through(&tx)?;
@@ -637,7 +645,7 @@ fn changes(conn: &Connection, after: u64, limit: usize) -> Result<Changes, Store
         let id: String = row.get(1)?;
         let version: i64 = row.get(2)?;
         let json = row.get_ref(4)?.as_str().map_err(|e| corrupt::<Sandbox>(&id, format!("unreadable change: {e}")))?;
-        let sandbox = codec::decode(&id, version, json)?;
+        let sandbox = decoded.decode(&id, version, json)?;
         entries.push(Logged { seq, sandbox, removed: row.get(3)? });
     }
     drop(rows);
@@ -669,20 +677,22 @@ fn remove_named<T: Record>(tx: &Connection, name: &str, expected: u64) -> Result
     Ok(tx.prepare_cached(&sql)?.execute(params![name, to_sql_version(expected)?])?)
 }
 
-fn read_named<T: Record>(conn: &Connection, name: &str) -> Result<Option<T>, StoreError> {
-    read_one(conn, &format!("SELECT name, version, record FROM {} WHERE name = ?1", T::TABLE), name)
+fn read_named<T: Record>(conn: &Connection, decoded: &Decoded, name: &str) -> Result<Option<T>, StoreError> {
+    read_one(conn, decoded, &format!("SELECT name, version, record FROM {} WHERE name = ?1", T::TABLE), name)
 }
 
-fn page_named<T: Record>(conn: &Connection, request: &PageRequest) -> Result<Page<T>, StoreError> {
+fn page_named<T: Record>(conn: &Connection, decoded: &Decoded, request: &PageRequest) -> Result<Page<T>, StoreError> {
     match &request.after {
         Some(after) => read_page(
             conn,
+            decoded,
             &format!("SELECT name, version, record FROM {} WHERE name > ? ORDER BY name LIMIT ?", T::TABLE),
             vec![Value::Text(after.clone())],
             request.limit,
         ),
         None => read_page(
             conn,
+            decoded,
             &format!("SELECT name, version, record FROM {} ORDER BY name LIMIT ?", T::TABLE),
             Vec::new(),
             request.limit,
@@ -890,11 +900,11 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY s.name LIMIT ?");
         let limit = request.limit;
-        let listing = move |conn: &Connection| {
+        let listing = move |conn: &Connection, decoded: &Decoded| {
             // One snapshot for both: the position then the page.
             let tx = conn.unchecked_transaction()?;
             let cursor = sql_position(tx.query_row(HEAD, [], |row| row.get(0))?)?;
-            let page = read_page(&tx, &sql, args, limit)?;
+            let page = read_page(&tx, decoded, &sql, args, limit)?;
             tx.commit()?;
             Ok(Listing { page, cursor })
         };
@@ -908,14 +918,15 @@ impl Store for SqliteStore {
     }
 
     async fn changes(&self, after: u64, limit: usize) -> Result<Changes, StoreError> {
-        self.read(move |conn| changes(conn, after, limit)).await
+        self.read(move |conn, decoded| changes(conn, decoded, after, limit)).await
     }
 
     async fn sandboxes_using(&self, provider: &str) -> Result<Vec<Sandbox>, StoreError> {
         let provider = provider.to_owned();
-        self.read(move |conn| {
+        self.read(move |conn, decoded| {
             read_all(
                 conn,
+                decoded,
                 "SELECT s.id, s.version, s.record FROM sandbox_providers p JOIN sandboxes s ON s.id = p.sandbox_id \
                  WHERE p.provider = ?1 ORDER BY s.name",
                 vec![Value::Text(provider)],
@@ -926,29 +937,30 @@ impl Store for SqliteStore {
 
     async fn provider(&self, name: &str) -> Result<Option<Provider>, StoreError> {
         let name = name.to_owned();
-        self.read(move |conn| read_named(conn, &name)).await
+        self.read(move |conn, decoded| read_named(conn, decoded, &name)).await
     }
 
     async fn list_providers(&self, request: &PageRequest) -> Result<Page<Provider>, StoreError> {
         let request = request.clone();
-        self.read(move |conn| page_named(conn, &request)).await
+        self.read(move |conn, decoded| page_named(conn, decoded, &request)).await
     }
 
     async fn template(&self, name: &str) -> Result<Option<Template>, StoreError> {
         let name = name.to_owned();
-        self.read(move |conn| read_named(conn, &name)).await
+        self.read(move |conn, decoded| read_named(conn, decoded, &name)).await
     }
 
     async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
         let request = request.clone();
-        self.read(move |conn| page_named(conn, &request)).await
+        self.read(move |conn, decoded| page_named(conn, decoded, &request)).await
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
         let args = vec![Value::Text(sandbox.to_string()), Value::Text(id.to_string())];
         let found = self
-            .read(move |conn| {
-                read_all(conn, "SELECT id, version, record FROM execs WHERE sandbox_id = ?1 AND id = ?2", args)
+            .read(move |conn, decoded| {
+                let sql = "SELECT id, version, record FROM execs WHERE sandbox_id = ?1 AND id = ?2";
+                read_all(conn, decoded, sql, args)
             })
             .await?;
         Ok(found.into_iter().next())
@@ -963,19 +975,21 @@ impl Store for SqliteStore {
         }
         sql.push_str(" ORDER BY id LIMIT ?");
         let limit = request.limit;
-        self.read(move |conn| read_page(conn, &sql, args, limit)).await
+        self.read(move |conn, decoded| read_page(conn, decoded, &sql, args, limit)).await
     }
 
     async fn open_execs(&self, sandbox: Option<&SandboxId>) -> Result<Vec<Exec>, StoreError> {
         let sandbox = sandbox.map(|s| s.to_string());
-        self.read(move |conn| match sandbox {
+        self.read(move |conn, decoded| match sandbox {
             Some(id) => read_all(
                 conn,
+                decoded,
                 "SELECT id, version, record FROM execs WHERE open = 1 AND sandbox_id = ?1 ORDER BY id",
                 vec![Value::Text(id)],
             ),
             None => read_all(
                 conn,
+                decoded,
                 "SELECT id, version, record FROM execs WHERE open = 1 ORDER BY sandbox_id, id",
                 Vec::new(),
             ),

@@ -256,9 +256,6 @@ enum Read {
 /// How many sandboxes the read load's gateway holds: a ListSandboxes reply has them all.
 const READ_FLEET: usize = 16;
 
-/// `clients` clients each making `calls` reads of one kind against a gateway holding
-/// [`READ_FLEET`] sandboxes, with Nagle's algorithm on in the clients or not. Rate, p50, p99,
-/// calls and the reply's size in bytes.
 /// The name of the gateway's threads in the read benchmark: its runtime's workers and blocking
 /// pool (the store's reads), apart from the clients'.
 const GATEWAY_THREADS: &str = "bench-gateway";
@@ -277,7 +274,9 @@ fn gateway_cpu() -> Duration {
     Duration::from_nanos(nanos)
 }
 
-/// Rate, p50, p99, calls, the reply's size, and the gateway's CPU time per call.
+/// `clients` clients each making `calls` reads of one kind against a gateway holding
+/// [`READ_FLEET`] sandboxes, with Nagle's algorithm on in the clients or not. Rate, p50, p99,
+/// calls, the reply's size in bytes, and the gateway's CPU time per call.
 async fn read_load(
     read: Read,
     nagle: bool,

@@ -21,8 +21,8 @@ pub(super) trait Record: Serialize + DeserializeOwned + Clone {
     /// What pages are ordered by.
     fn name(&self) -> &str;
     fn version(&self) -> u64;
-    /// Where `decoded` keeps records of this kind, if it keeps them.
-    fn kept(_decoded: &Decoded) -> Option<&Mutex<HashMap<String, Self>>> {
+    /// Where `decoded` keeps records of this kind, each with its JSON, if it keeps them.
+    fn kept(_decoded: &Decoded) -> Option<&Mutex<HashMap<String, (String, Self)>>> {
         None
     }
 }
@@ -38,7 +38,7 @@ impl Record for Sandbox {
     fn version(&self) -> u64 {
         self.resource_version
     }
-    fn kept(decoded: &Decoded) -> Option<&Mutex<HashMap<String, Self>>> {
+    fn kept(decoded: &Decoded) -> Option<&Mutex<HashMap<String, (String, Self)>>> {
         Some(&decoded.sandboxes)
     }
 }
@@ -88,15 +88,17 @@ pub(super) fn corrupt<T: Record>(key: &str, what: impl std::fmt::Display) -> Sto
     StoreError::Corrupt(format!("{} {key:?}: {what}", T::TABLE))
 }
 
-/// The sandboxes a store last decoded, by id. Every write of a sandbox makes its version one
-/// more (I5), and ids are never reused, so a row whose version is the one decoded before holds
-/// the same record: it is handed out again, for a few reference counts (its spec and providers
-/// are shared), where decoding its JSON costs about a microsecond and a dozen allocations, most
-/// of a ListSandboxes' work. Sandboxes deleted, here or by another gateway, stay until the map
-/// is full; then it starts again empty, so it holds at most [`DECODED_KEPT`].
+/// The sandboxes a store last decoded, by id, each with the JSON it was decoded from. A row
+/// whose version column and JSON are the ones decoded before decodes to the same record, so it is
+/// handed out again: a comparison of the bytes and a few reference counts (the spec and providers
+/// are shared), where decoding costs about a microsecond and a dozen allocations, most of a
+/// ListSandboxes' work. Whatever the writers do (a sandbox deleted and made again under its id,
+/// a row rewritten in place), a row that differs in any byte is decoded. Sandboxes deleted, here
+/// or by another gateway, stay until the map is full; then it starts again empty, so it holds at
+/// most [`DECODED_KEPT`].
 #[derive(Default)]
 pub(super) struct Decoded {
-    sandboxes: Mutex<HashMap<String, Sandbox>>,
+    sandboxes: Mutex<HashMap<String, (String, Sandbox)>>,
 }
 
 /// How many records [`Decoded`] holds at most: a few megabytes.
@@ -109,7 +111,9 @@ impl Decoded {
     pub(super) fn decode<T: Record>(&self, key: &str, version: i64, json: &str) -> Result<T, StoreError> {
         let version = from_sql_version::<T>(key, version)?;
         let kept = T::kept(self).map(|kept| kept.lock().unwrap_or_else(PoisonError::into_inner));
-        if let Some(record) = kept.as_ref().and_then(|kept| kept.get(key)).filter(|r| r.version() == version) {
+        let hit =
+            kept.as_ref().and_then(|kept| kept.get(key)).filter(|(from, r)| r.version() == version && from == json);
+        if let Some((_, record)) = hit {
             return Ok(record.clone());
         }
         // Decoded without the lock, which other readers' hits need.
@@ -120,7 +124,7 @@ impl Decoded {
             if kept.len() >= DECODED_KEPT && !kept.contains_key(key) {
                 kept.clear();
             }
-            kept.insert(key.to_owned(), record.clone());
+            kept.insert(key.to_owned(), (json.to_owned(), record.clone()));
         }
         Ok(record)
     }
@@ -190,21 +194,24 @@ mod tests {
     }
 
     #[test]
-    fn a_row_at_the_version_decoded_before_is_handed_out_again_and_a_newer_one_decoded() {
+    fn a_row_is_decoded_again_unless_its_version_and_json_are_the_ones_decoded_before() {
         let decoded = Decoded::default();
         let first = ready_sandbox("a");
         let key = first.id.to_string();
         assert_eq!(decoded.decode::<Sandbox>(&key, 1, &json(&first)).unwrap(), first);
-        // Not decoded again: the same version is the same record, whatever the column holds.
-        assert_eq!(decoded.decode::<Sandbox>(&key, 1, "not read").unwrap(), first);
-        let mut second = first.clone();
+        assert_eq!(decoded.decode::<Sandbox>(&key, 1, &json(&first)).unwrap(), first);
+        // Deleted and made again under its id, at version 1 again: the row is new.
+        let mut again = first.clone();
+        again.phase = berth_core::Phase::Provisioning;
+        assert_eq!(decoded.decode::<Sandbox>(&key, 1, &json(&again)).unwrap(), again);
+        let mut second = again.clone();
         second.resource_version = 2;
         second.updated_at = Timestamp(2);
         assert_eq!(decoded.decode::<Sandbox>(&key, 2, &json(&second)).unwrap(), second);
-        assert_eq!(decoded.decode::<Sandbox>(&key, 2, "not read").unwrap(), second);
-        // A version the row does not match is still checked, never answered from what is kept.
+        // A version column the record disagrees with, or a damaged row, is still refused.
         assert!(matches!(decoded.decode::<Sandbox>(&key, 3, &json(&second)), Err(StoreError::Corrupt(_))));
-        assert!(matches!(decoded.decode::<Sandbox>(&key, 1, "{"), Err(StoreError::Corrupt(_))));
+        assert!(matches!(decoded.decode::<Sandbox>(&key, 2, "{"), Err(StoreError::Corrupt(_))));
+        assert_eq!(decoded.decode::<Sandbox>(&key, 2, &json(&second)).unwrap(), second);
     }
 
     #[test]

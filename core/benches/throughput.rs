@@ -16,18 +16,14 @@ fn t(n: i64) -> Timestamp {
 
 fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
     let fence = ExitMarker { started_at: t(50), finished_at: t(100), exit_code: 143, out_of_memory: false };
+    let spec = SandboxSpec {
+        image: "berth/sandbox:1".into(),
+        command: vec!["sleep".into(), "infinity".into()],
+        env: [("HOME".to_string(), "/workspace".to_string())].into(),
+        labels: [("team".to_string(), "platform".to_string())].into(),
+        ..SandboxSpec::default()
+    };
     Sandbox {
-        egress_providers: Default::default(),
-        id: SandboxId::new(format!("sb-{i:08}")),
-        name: format!("box-{i}").into(),
-        spec: SandboxSpec {
-            image: "berth/sandbox:1".into(),
-            command: vec!["sleep".into(), "infinity".into()],
-            env: [("HOME".to_string(), "/workspace".to_string())].into(),
-            labels: [("team".to_string(), "platform".to_string())].into(),
-            ..SandboxSpec::default()
-        }
-        .into(),
         providers: std::sync::Arc::new(["openai".to_string()].into()),
         intent,
         phase,
@@ -36,14 +32,8 @@ fn sandbox(i: usize, phase: Phase, intent: Intent, run: Run) -> Sandbox {
         exit_fence: ExitFence { marker: Some(fence), settled: true },
         run,
         last_exit: Some(fence),
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: t(1),
         updated_at: t(2),
+        ..Sandbox::new(SandboxId::new(format!("sb-{i:08}")), &format!("box-{i}"), spec, t(1))
     }
 }
 

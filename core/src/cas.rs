@@ -45,7 +45,8 @@ impl Retry {
 
     /// The retry state of an API command.
     pub fn for_request(policy: RetryPolicy, request: &Request) -> Self {
-        let (kind, name) = request.subject();
+        let plan = request.plan();
+        let (kind, name) = plan.subject();
         #[allow(unused_mut)]
         let mut retry = Self::new(policy, kind, name);
         #[cfg(feature = "bugs")]

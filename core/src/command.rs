@@ -120,15 +120,15 @@ pub struct Request {
 /// What the executor read before deciding (read again before every retry).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reads {
-    /// The sandbox named by [`Request::sandbox_name`].
+    /// The sandbox the plan names ([`crate::plan::Plan::sandbox`]).
     pub sandbox: Option<Sandbox>,
-    /// The providers named by [`Request::providers_to_read`] that exist.
+    /// The providers the plan reads ([`crate::plan::Plan::providers_to_read`]) that exist.
     pub providers: BTreeMap<String, Provider>,
     /// For a provider delete: every sandbox that references it.
     pub users: Vec<Sandbox>,
     /// The gateway's bounds (configuration, not a read, but an input all the same).
     pub limits: validate::Limits,
-    /// The template named by [`Request::template_name`].
+    /// The template the plan names.
     pub template: Option<Template>,
     /// For a fill or a claim: the template's pool members not yet claimed.
     pub members: Vec<Sandbox>,
@@ -141,116 +141,11 @@ impl Request {
         Self { command, expected_version }
     }
 
-    /// The sandbox to read, by name.
-    pub fn sandbox_name(&self) -> Option<&str> {
-        match &self.command {
-            Command::CreateSandbox { name, .. }
-            | Command::StopSandbox { name }
-            | Command::StartSandbox { name }
-            | Command::DeleteSandbox { name }
-            | Command::RenewSandbox { name, .. }
-            | Command::ExpireSandbox { name, .. }
-            | Command::ExpireIdle { name, .. }
-            | Command::TouchSandbox { name, .. }
-            | Command::RestartSandbox { name } => Some(name),
-            Command::AttachProvider { sandbox, .. } | Command::DetachProvider { sandbox, .. } => Some(sandbox),
-            Command::CreateProvider { .. }
-            | Command::DeleteProvider { .. }
-            | Command::CreateTemplate { .. }
-            | Command::SetPool { .. }
-            | Command::DeleteTemplate { .. }
-            | Command::FillPool { .. }
-            | Command::ClaimSandbox { .. } => None,
-        }
-    }
-
-    /// The template to read, by name.
-    pub fn template_name(&self) -> Option<&str> {
-        match &self.command {
-            Command::CreateTemplate { name, .. } | Command::DeleteTemplate { name } => Some(name),
-            Command::SetPool { template, .. }
-            | Command::FillPool { template, .. }
-            | Command::ClaimSandbox { template, .. } => Some(template),
-            _ => None,
-        }
-    }
-
-    /// Whether the sandbox's open execs are to be counted too.
-    pub fn reads_open_execs(&self) -> bool {
-        matches!(self.command, Command::ExpireIdle { .. })
-    }
-
-    /// Whether the template's pool members are to be read too.
-    pub fn reads_members(&self) -> bool {
-        matches!(self.command, Command::FillPool { .. } | Command::ClaimSandbox { .. })
-    }
-
-    /// The providers to read, once the sandbox has been read.
-    pub fn providers_to_read(&self, sandbox: Option<&Sandbox>) -> BTreeSet<String> {
-        match &self.command {
-            Command::CreateSandbox { providers, .. } => providers.clone(),
-            Command::AttachProvider { provider, .. } => {
-                let mut names = sandbox.map(|s| BTreeSet::clone(&s.providers)).unwrap_or_default();
-                names.insert(provider.clone());
-                names
-            }
-            Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => [name.clone()].into(),
-            Command::ClaimSandbox { providers, .. } => providers.clone(),
-            _ => BTreeSet::new(),
-        }
-    }
-
-    /// The provider whose users (referencing sandboxes) must be read.
-    pub fn provider_users(&self) -> Option<&str> {
-        match &self.command {
-            Command::DeleteProvider { name } => Some(name),
-            _ => None,
-        }
-    }
-
-    /// The record a client-supplied version refers to: `(kind, name)`.
-    pub fn subject(&self) -> (Kind, &str) {
-        match &self.command {
-            Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => (Kind::Provider, name),
-            Command::CreateTemplate { .. } | Command::SetPool { .. } | Command::DeleteTemplate { .. } => {
-                (Kind::Template, self.template_name().unwrap_or_default())
-            }
-            _ => (Kind::Sandbox, self.sandbox_name().unwrap_or_default()),
-        }
-    }
-
-    /// Names are DNS labels everywhere: a malformed one is INVALID_ARGUMENT, never NOT_FOUND.
-    fn validate_names(&self) -> Result<(), Error> {
-        match &self.command {
-            Command::CreateSandbox { name, .. }
-            | Command::StopSandbox { name }
-            | Command::StartSandbox { name }
-            | Command::DeleteSandbox { name }
-            | Command::RenewSandbox { name, .. }
-            | Command::ExpireSandbox { name, .. }
-            | Command::ExpireIdle { name, .. }
-            | Command::TouchSandbox { name, .. }
-            | Command::RestartSandbox { name }
-            | Command::CreateProvider { name, .. }
-            | Command::DeleteProvider { name }
-            | Command::FillPool { name, .. } => validate::dns_label("name", name),
-            Command::CreateTemplate { name, .. } | Command::DeleteTemplate { name } => {
-                template::validate_name("name", name)
-            }
-            Command::SetPool { template, .. } | Command::ClaimSandbox { template, .. } => {
-                template::validate_name("template", template)
-            }
-            Command::AttachProvider { sandbox, provider } | Command::DetachProvider { sandbox, provider } => {
-                validate::dns_label("sandbox", sandbox)?;
-                validate::dns_label("provider", provider)
-            }
-        }
-    }
-
     pub(crate) fn check_version(&self, current: u64) -> Result<(), Error> {
         match self.expected_version {
             Some(expected) if expected != current => {
-                let (kind, name) = self.subject();
+                let plan = self.plan();
+                let (kind, name) = plan.subject();
                 Err(Error::StaleVersion { kind, name: name.to_string(), expected, current: Some(current) })
             }
             _ => Ok(()),
@@ -268,7 +163,7 @@ impl Request {
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
-    request.validate_names()?;
+    request.plan().validate_names()?;
     match &request.command {
         Command::CreateSandbox { id, name, spec, providers, deadline } => {
             create_sandbox(request, reads, Created { id, name, spec, providers, deadline: *deadline }, now)
@@ -339,7 +234,7 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
 /// The sandbox a command is about, with the client's version checked first: a stale version is
 /// ABORTED whatever the phase (I4).
 fn existing<'a>(request: &Request, reads: &'a Reads) -> Result<&'a Sandbox, Error> {
-    let name = request.sandbox_name().unwrap_or_default();
+    let name = request.plan().sandbox.map(|s| s.name).unwrap_or_default();
     let sandbox =
         reads.sandbox.as_ref().ok_or_else(|| Error::NotFound { kind: Kind::Sandbox, name: name.to_string() })?;
     request.check_version(sandbox.resource_version)?;
@@ -386,7 +281,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         providers,
         deadline,
         active_at: lifetime::clock_from(&spec.lifetime, now),
-        ..first_record(id, name, spec.clone(), now)
+        ..Sandbox::new(id.clone(), name, spec.clone(), now)
     };
     let mut writes = vec![Write::CreateSandbox(record.clone())];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));
@@ -395,32 +290,6 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],
         outcome: Outcome::Sandbox(record.into()),
     })
-}
-
-/// A new sandbox's first record: generation 1, about to be provisioned, nothing run yet.
-pub(crate) fn first_record(id: &SandboxId, name: &str, spec: SandboxSpec, now: Timestamp) -> Sandbox {
-    Sandbox {
-        id: id.clone(),
-        name: name.into(),
-        spec: spec.into(),
-        providers: Default::default(),
-        egress_providers: Default::default(),
-        intent: Intent::Running,
-        phase: Phase::Provisioning,
-        resource_version: 1,
-        generation: 1,
-        exit_fence: ExitFence { marker: None, settled: true },
-        run: Run::Pending,
-        last_exit: None,
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Restarts::default(),
-        template: None,
-        created_at: now,
-        updated_at: now,
-    }
 }
 
 fn stop(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {

@@ -139,6 +139,8 @@ pub enum Outcome {
     Sandbox(Box<Sandbox>),
     Provider(Box<Provider>),
     Template(Box<crate::template::Template>),
+    /// The exec as an exec rule leaves it ([`crate::exec`]).
+    Exec(Box<Exec>),
     /// The record is gone (or, for an observation, there was none).
     Removed,
     /// The record as read is still current: what a merge that changes nothing answers, so that
@@ -172,7 +174,7 @@ impl Decision {
     }
 
     /// The answer of a command whose record is gone: nothing to do, reported as removed.
-    pub(crate) fn gone() -> Self {
+    pub fn gone() -> Self {
         Self::unchanged(Outcome::Removed, Vec::new())
     }
 
@@ -184,6 +186,14 @@ impl Decision {
                 Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => Some(s),
                 _ => None,
             }),
+            _ => None,
+        }
+    }
+
+    /// The exec an exec rule's decision leaves.
+    pub fn exec(&self) -> Option<&Exec> {
+        match &self.outcome {
+            Outcome::Exec(e) => Some(e),
             _ => None,
         }
     }

@@ -16,7 +16,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::{Write, update_sandbox};
+use crate::decision::{Decision, Outcome, Write, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::record::{Intent, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
 use crate::{lifetime, validate};
@@ -203,17 +203,10 @@ pub struct Exec {
     pub updated_at: Timestamp,
 }
 
-/// A change of an exec: the transaction that writes it, and the exec as it then stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
-    pub writes: Vec<Write>,
-    pub exec: Exec,
-}
-
 impl Exec {
     /// The next version of this record, as a conditional write; an end restarts `sandbox`'s
-    /// idle clock with it.
-    fn update(&self, next: Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Change {
+    /// idle clock with it. The decision's outcome is the exec as it then stands.
+    fn update(&self, next: Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Decision {
         let mut next = next;
         next.resource_version = self.resource_version + 1;
         next.updated_at = now;
@@ -221,7 +214,12 @@ impl Exec {
         if next.state.is_terminal() && !self.state.is_terminal() {
             writes.extend(activity(sandbox, now));
         }
-        Change { writes, exec: next }
+        Decision { writes, effects: Vec::new(), outcome: Outcome::Exec(Box::new(next)) }
+    }
+
+    /// What a rule that changes nothing answers: the exec as it is.
+    fn as_is(&self) -> Decision {
+        Decision { writes: Vec::new(), effects: Vec::new(), outcome: Outcome::Exec(Box::new(self.clone())) }
     }
 }
 
@@ -240,26 +238,12 @@ fn activity(sandbox: Option<&Sandbox>, now: Timestamp) -> Option<Write> {
     }
 }
 
-/// What an admission decided.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
-    /// Empty when the exec already existed: a retry runs nothing again.
-    pub writes: Vec<Write>,
-    pub exec: Exec,
-}
-
-impl Admission {
-    /// Whether this admission made the exec (rather than finding it).
-    pub fn is_new(&self) -> bool {
-        !self.writes.is_empty()
-    }
-}
-
 /// Admits `spec` as exec `id` of the sandbox named `name`, against what was read: the sandbox
 /// and the exec of that id, if any. A retry of an existing exec returns it unchanged whatever
 /// the sandbox is doing now; the same id with another command is ALREADY_EXISTS. A new exec
 /// needs the sandbox Ready, and is conditional on the very sandbox version read (and restarts
-/// its idle clock, if it has one).
+/// its idle clock, if it has one). The decision's outcome is the exec; it writes nothing for an
+/// exec that already existed, so a retry runs nothing again.
 pub fn admit(
     name: &str,
     id: &ExecId,
@@ -267,7 +251,7 @@ pub fn admit(
     sandbox: Option<&Sandbox>,
     existing: Option<&Exec>,
     now: Timestamp,
-) -> Result<Admission, Error> {
+) -> Result<Decision, Error> {
     validate::dns_label("sandbox", name)?;
     spec.validate()?;
     let sandbox = sandbox.ok_or_else(|| Error::NotFound { kind: Kind::Sandbox, name: name.to_string() })?;
@@ -275,7 +259,7 @@ pub fn admit(
         if exec.spec != *spec {
             return Err(Error::AlreadyExists { kind: Kind::Exec, name: id.to_string() });
         }
-        return Ok(Admission { writes: Vec::new(), exec: exec.clone() });
+        return Ok(exec.as_is());
     }
     if sandbox.phase.kind() != PhaseKind::Ready {
         return Err(Error::WrongPhase {
@@ -299,7 +283,7 @@ pub fn admit(
     let condition = activity(Some(sandbox), now)
         .unwrap_or_else(|| Write::CheckSandbox { id: sandbox.id.clone(), expected: sandbox.resource_version });
     let writes = vec![condition, Write::CreateExec(exec.clone())];
-    Ok(Admission { writes, exec })
+    Ok(Decision { writes, effects: Vec::new(), outcome: Outcome::Exec(Box::new(exec)) })
 }
 
 /// What an exec's run reports of it over its supervisor session.
@@ -321,46 +305,40 @@ pub enum Report {
 /// Applies a report from the supervisor session of `generation`, the exec's sandbox being
 /// `sandbox`. A session of another generation is never this exec's run (E2), and a terminal
 /// state is final: both change nothing.
-pub fn report(
-    exec: &Exec,
-    sandbox: Option<&Sandbox>,
-    generation: u64,
-    report: &Report,
-    now: Timestamp,
-) -> Option<Change> {
+pub fn report(exec: &Exec, sandbox: Option<&Sandbox>, generation: u64, report: &Report, now: Timestamp) -> Decision {
     if generation != exec.generation || exec.state.is_terminal() {
-        return None;
+        return exec.as_is();
     }
     let mut next = exec.clone();
     match report {
         Report::Started if exec.state == ExecState::Admitted => next.state = ExecState::Running,
-        Report::Started => return None,
+        Report::Started => return exec.as_is(),
         Report::Ended { end, message, output_bytes } => {
             next.state = ExecState::Ended { end: *end, message: message.clone() };
             next.output_bytes = Some(*output_bytes);
         }
         Report::Lost { message } => next.state = ExecState::Lost { message: message.clone() },
     }
-    Some(exec.update(next, sandbox, now))
+    exec.update(next, sandbox, now)
 }
 
 /// Commits a cancel: the run kills the exec (or never starts it) and reports it Cancelled. An
 /// exec that already ended stays as it ended.
-pub fn cancel(exec: &Exec, now: Timestamp) -> Option<Change> {
+pub fn cancel(exec: &Exec, now: Timestamp) -> Decision {
     if exec.state.is_terminal() || exec.cancel_requested {
-        return None;
+        return exec.as_is();
     }
     let mut next = exec.clone();
     next.cancel_requested = true;
-    Some(exec.update(next, None, now))
+    exec.update(next, None, now)
 }
 
 /// Ends an exec whose run is over (E3): its sandbox was deleted, stopped, started again, or its
 /// run ended or failed. A stop or delete cancels it; anything else lost it. An exec whose run
 /// may still be alive and serving it is left to that run.
-pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<Change> {
+pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Decision {
     if exec.state.is_terminal() {
-        return None;
+        return exec.as_is();
     }
     let state = match sandbox {
         None => ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was deleted".into() },
@@ -369,7 +347,7 @@ pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<
             let ended = matches!(s.run, Run::Ended(_));
             let live = matches!(s.phase.kind(), PhaseKind::Ready);
             if !replaced && !ended && live {
-                return None;
+                return exec.as_is();
             }
             match s.intent {
                 Intent::Stopped => {
@@ -389,5 +367,5 @@ pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Option<
     };
     let mut next = exec.clone();
     next.state = state;
-    Some(exec.update(next, sandbox, now))
+    exec.update(next, sandbox, now)
 }

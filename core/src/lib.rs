@@ -6,6 +6,7 @@
 //!
 //! - [`record`]: sandboxes and providers (DESIGN 3.1)
 //! - [`command`]: API commands decided against a read (3.2)
+//! - [`plan`]: what each command reads, holds and is called
 //! - [`cas`]: what to do after a conflicting write (3.3)
 //! - [`identity`]: runtime identity tokens (3.4)
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
@@ -34,6 +35,7 @@ pub mod lease;
 pub mod lifetime;
 pub mod limits;
 pub mod observation;
+pub mod plan;
 pub mod record;
 pub mod recovery;
 pub mod restart;

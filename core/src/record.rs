@@ -273,6 +273,34 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// A new sandbox's first record: generation 1, about to be provisioned, nothing run yet,
+    /// attached to nothing. Every other record is this one changed by the rules (or, in a test,
+    /// by struct update syntax over it), so a field added here reaches them all.
+    pub fn new(id: SandboxId, name: &str, spec: SandboxSpec, now: Timestamp) -> Self {
+        Self {
+            id,
+            name: name.into(),
+            spec: spec.into(),
+            providers: Default::default(),
+            egress_providers: Default::default(),
+            intent: Intent::Running,
+            phase: Phase::Provisioning,
+            resource_version: 1,
+            generation: 1,
+            exit_fence: ExitFence { marker: None, settled: true },
+            run: Run::Pending,
+            last_exit: None,
+            deadline: None,
+            expired_at: None,
+            active_at: None,
+            idle_expired_at: None,
+            restarts: Restarts::default(),
+            template: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
     /// Whether the current generation's command completed (exited 0) by itself: the only way
     /// to be Stopped while the intent is still Running (DESIGN 9.3).
     pub fn completed(&self) -> bool {

@@ -60,30 +60,17 @@ pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{ExitFence, Phase, SandboxId, SandboxSpec};
+    use crate::record::{Phase, SandboxId, SandboxSpec};
 
     fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         Sandbox {
-            egress_providers: Default::default(),
-            id: SandboxId::new("sb"),
-            name: "box".into(),
-            spec: SandboxSpec::default().into(),
-            providers: Default::default(),
             intent,
             phase,
             resource_version: 3,
             generation: 2,
-            exit_fence: ExitFence { marker: None, settled: true },
             run,
-            last_exit: None,
-            deadline: None,
-            expired_at: None,
-            active_at: None,
-            idle_expired_at: None,
-            restarts: Default::default(),
-            template: None,
-            created_at: Timestamp::default(),
             updated_at: Timestamp::from_unix_nanos(1_000),
+            ..Sandbox::new(SandboxId::new("sb"), "box", SandboxSpec::default(), Timestamp::default())
         }
     }
 

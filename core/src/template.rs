@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Reads, Request, check_credentials, first_record, resolve_providers};
+use crate::command::{Reads, Request, check_credentials, resolve_providers};
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::lifetime::{self, Renewal};
@@ -164,7 +164,7 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());
     // The deadline and the idle clock start at the claim: a member waiting in the pool does
     // not age.
-    let member = Sandbox { template: Some(template.name.clone()), ..first_record(id, name, spec, now) };
+    let member = Sandbox { template: Some(template.name.clone()), ..Sandbox::new(id.clone(), name, spec, now) };
     let (bump, _) = update_template(template, Template { made: template.made + 1, ..template.clone() }, now);
     Ok(Decision {
         writes: vec![Write::CreateSandbox(member.clone()), bump],

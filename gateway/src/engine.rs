@@ -7,32 +7,34 @@
 //! against the record just before it runs (a later decision may have superseded it), and the
 //! driver's reply is merged like any other observation.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token};
+use berth_core::plan::Lock;
 use berth_core::template::POOL_LABEL;
 use berth_core::{
-    Conflict, Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, Write, decide, merge,
-    recovery,
+    Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge, recovery,
 };
 use berth_drivers::{Driver, DriverError, Launch};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use tokio::sync::broadcast;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::error::ApiError;
-use crate::record_locks::{RecordKey, RecordLocks};
+use crate::record_locks::RecordLocks;
 use crate::sessions::Sessions;
-use crate::store::{CommitError, PageRequest, Store};
+use crate::store::{PageRequest, Store};
+use transact::{Run, Transaction};
 
 pub mod activity;
 pub mod execs;
 pub mod files;
 pub mod logs;
+mod transact;
 
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
@@ -199,35 +201,15 @@ impl Engine {
     /// Runs an API command: decide, commit (re-deciding after conflicts), then run its effects.
     pub async fn execute(&self, request: &Request) -> Result<Outcome, ApiError> {
         admit(self.inner.driver.as_ref(), &request.command)?;
-        let _held = self.inner.writers.hold(written_records(request)).await;
-        let mut retry = Retry::for_request(self.inner.settings.retry, request);
-        loop {
-            let reads = self.read(request).await?;
-            let decision = decide(request, &reads, self.now())?;
-            match self.commit(&decision, reads.sandbox.as_ref(), command_name(request)).await {
-                Ok(()) => return Ok(decision.outcome),
-                Err(CommitError::Conflict(c)) => {
-                    #[cfg(feature = "bugs")]
-                    if let Some(over) = berth_core::bugs::claim_over(&request.command, &decision, &c) {
-                        self.commit(&over, None, command_name(request)).await.map_err(|e| match e {
-                            CommitError::Conflict(c) => ApiError::from(berth_core::Error::Contention {
-                                kind: Kind::Sandbox,
-                                name: format!("{:?}", c.key),
-                                attempts: 2,
-                            }),
-                            CommitError::Store(e) => e.into(),
-                        })?;
-                        return Ok(over.outcome);
-                    }
-                    self.wait_after_conflict(&mut retry, &c, command_name(request)).await?
-                }
-                Err(CommitError::Store(e)) => return Err(e.into()),
-            }
-        }
+        let plan = request.plan();
+        let run =
+            Run { locks: plan.locks(), retry: Retry::for_request(self.inner.settings.retry, request), read: None };
+        Ok(self.transact(&CommandTransaction(request), run).await?.outcome)
     }
 
     /// Merges one observation about sandbox `id`. `read` is the record if the caller has just
-    /// read it (a sweep does); it is re-read after a conflict.
+    /// read it (a sweep does): it is used as it is (a stale one then costs one conflict), and
+    /// read again after a conflict.
     pub async fn observe(
         &self,
         id: &SandboxId,
@@ -244,8 +226,7 @@ impl Engine {
     }
 
     /// [`Engine::observe`], given the record as read before the sandbox's writer lock is taken:
-    /// the record's name is its lock. If `reread`, the record is read again under the lock;
-    /// else the caller's record is used as it is (a stale one then costs one conflict, not more).
+    /// the record's name is its lock. If `reread`, the record is read again under the lock.
     async fn observe_under_lock(
         &self,
         id: &SandboxId,
@@ -253,130 +234,10 @@ impl Engine {
         before: Option<Sandbox>,
         reread: bool,
     ) -> Result<Decision, ApiError> {
-        let store = &self.inner.store;
-        let lock = before.as_ref().map(|s| RecordKey::Sandbox(s.name.to_string()));
-        let _held = self.inner.writers.hold(lock.into_iter().collect()).await;
-        let mut current = match before {
-            Some(_) if reread => store.sandbox(id).await?,
-            before => before,
-        };
-        let mut retry = Retry::new(self.inner.settings.retry, Kind::Sandbox, id.as_str());
-        loop {
-            let decision = merge(current.as_ref(), id, observation, self.now())?;
-            match self.commit(&decision, current.as_ref(), observation.source_name()).await {
-                Ok(()) => return Ok(decision),
-                Err(CommitError::Conflict(c)) => {
-                    self.wait_after_conflict(&mut retry, &c, observation.source_name()).await?;
-                    current = store.sandbox(id).await?;
-                }
-                Err(CommitError::Store(e)) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// Waits as core's retry rule says after a conflicting write, or gives up. Giving up on a
-    /// server-owned write breaks I3, so it is logged: it means another gateway kept winning.
-    async fn wait_after_conflict(&self, retry: &mut Retry, conflict: &Conflict, what: &str) -> Result<(), ApiError> {
-        self.inner.metrics.conflict(what);
-        match retry.after_conflict(conflict, self.random()) {
-            Ok(wait) => {
-                tokio::time::sleep(wait).await;
-                Ok(())
-            }
-            Err(e) => {
-                if matches!(e, berth_core::Error::Contention { .. }) {
-                    self.inner.metrics.gave_up(what);
-                    warn!(record = ?conflict.key, what, error = %e, "conditional writes kept conflicting; gave up");
-                }
-                Err(e.into())
-            }
-        }
-    }
-
-    async fn read(&self, request: &Request) -> Result<Reads, ApiError> {
-        let store = &self.inner.store;
-        let sandbox = match request.sandbox_name() {
-            Some(name) => store.sandbox_by_name(name).await?,
-            None => None,
-        };
-        let mut providers = BTreeMap::new();
-        for name in request.providers_to_read(sandbox.as_ref()) {
-            if let Some(p) = store.provider(&name).await? {
-                providers.insert(name, p);
-            }
-        }
-        let users = match request.provider_users() {
-            Some(p) => store.sandboxes_using(p).await?,
-            None => Vec::new(),
-        };
-        let template = match request.template_name() {
-            Some(name) => store.template(name).await?,
-            None => None,
-        };
-        let mut members = Vec::new();
-        if let (true, Some(t)) = (request.reads_members(), &template) {
-            let selector = BTreeMap::from([(POOL_LABEL.to_string(), t.name.clone())]);
-            let mut page = PageRequest { after: None, limit: 500 };
-            loop {
-                let batch = store.list_sandboxes(&page, &selector).await?;
-                members.extend(batch.items);
-                match batch.next {
-                    Some(next) => page.after = Some(next),
-                    None => break,
-                }
-            }
-        }
-        let open_execs = match (request.reads_open_execs(), &sandbox) {
-            (true, Some(s)) => store.open_execs(Some(&s.id)).await?.len(),
-            _ => 0,
-        };
-        Ok(Reads { sandbox, providers, users, limits: self.inner.settings.limits, template, members, open_execs })
-    }
-
-    /// Commits a decision, logs its phase change, tells watchers, and queues its effects.
-    async fn commit(&self, decision: &Decision, before: Option<&Sandbox>, cause: &str) -> Result<(), CommitError> {
-        if !decision.writes.is_empty() {
-            self.inner.store.commit(&decision.writes).await?;
-            if let Some((old, new)) = decision.phase_change(before) {
-                let after = decision.sandbox();
-                let record = after.or(before);
-                if let Some(r) = record {
-                    self.inner.metrics.phase_changed(&r.id, old, new);
-                }
-                info!(
-                    sandbox = record.map(|s| &*s.name).unwrap_or_default(),
-                    id = record.map(|s| s.id.as_str()).unwrap_or_default(),
-                    generation = record.map(|s| s.generation).unwrap_or_default(),
-                    version_before = before.map(|s| s.resource_version),
-                    version_after = after.map(|s| s.resource_version),
-                    old_phase = ?old,
-                    new_phase = ?new,
-                    reason = after.and_then(|s| match &s.phase {
-                        berth_core::Phase::Error(f) => Some(f.message.as_str()),
-                        _ => None,
-                    }),
-                    cause,
-                    "phase change"
-                );
-            }
-            self.announce(&decision.writes);
-        }
-        self.dispatch(&decision.effects);
-        Ok(())
-    }
-
-    /// Tells watchers (and this gateway's timers) of the sandbox writes just committed.
-    pub(crate) fn announce(&self, writes: &[Write]) {
-        for write in writes {
-            let change = match write {
-                Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => {
-                    Change { id: s.id.clone(), sandbox: Some(s.clone()) }
-                }
-                Write::RemoveSandbox { id, .. } => Change { id: id.clone(), sandbox: None },
-                _ => continue,
-            };
-            let _ = self.inner.changes.send(change);
-        }
+        let locks = before.iter().map(|s| Lock::Sandbox(s.name.to_string())).collect();
+        let retry = Retry::new(self.inner.settings.retry, Kind::Sandbox, id.as_str());
+        let read = if reread { None } else { Some(before) };
+        self.transact(&ObservationTransaction { id, observation }, Run { locks, retry, read }).await
     }
 
     /// Queues effects behind those of the same sandbox; an identical one already queued is
@@ -535,8 +396,6 @@ impl Engine {
     }
 }
 
-/// The records a command may write, which its writer holds: the sandbox it names, and the
-/// providers whose versions it bumps or whose record it makes or removes.
 /// DESIGN 10: a spec whose limits this gateway's driver cannot enforce is refused before
 /// anything is written (limits out of bounds first, as the core refuses them).
 fn admit(driver: &dyn Driver, command: &berth_core::Command) -> Result<(), berth_core::Error> {
@@ -549,66 +408,95 @@ fn admit(driver: &dyn Driver, command: &berth_core::Command) -> Result<(), berth
     }
 }
 
-fn written_records(request: &Request) -> BTreeSet<RecordKey> {
-    use berth_core::Command;
-    let mut keys: BTreeSet<RecordKey> =
-        request.sandbox_name().map(|n| RecordKey::Sandbox(n.to_string())).into_iter().collect();
-    match &request.command {
-        Command::CreateSandbox { providers, .. } => keys.extend(providers.iter().cloned().map(RecordKey::Provider)),
-        Command::AttachProvider { provider, .. } => {
-            keys.insert(RecordKey::Provider(provider.clone()));
-        }
-        Command::CreateProvider { name, .. } | Command::DeleteProvider { name } => {
-            keys.insert(RecordKey::Provider(name.clone()));
-        }
-        // Claims and fills of one template take turns here; those of other gateways conflict.
-        Command::CreateTemplate { name: template, .. }
-        | Command::SetPool { template, .. }
-        | Command::DeleteTemplate { name: template } => {
-            keys.insert(RecordKey::Template(template.clone()));
-        }
-        Command::FillPool { template, name, .. } => {
-            keys.insert(RecordKey::Template(template.clone()));
-            keys.insert(RecordKey::Sandbox(name.clone()));
-        }
-        Command::ClaimSandbox { template, providers, .. } => {
-            keys.insert(RecordKey::Template(template.clone()));
-            keys.extend(providers.iter().cloned().map(RecordKey::Provider));
-        }
-        Command::StopSandbox { .. }
-        | Command::StartSandbox { .. }
-        | Command::DeleteSandbox { .. }
-        | Command::RenewSandbox { .. }
-        | Command::ExpireSandbox { .. }
-        | Command::ExpireIdle { .. }
-        | Command::TouchSandbox { .. }
-        | Command::RestartSandbox { .. }
-        | Command::DetachProvider { .. } => {}
+/// An API command, decided by [`berth_core::decide`] on what its plan reads.
+struct CommandTransaction<'a>(&'a Request);
+
+impl Transaction for CommandTransaction<'_> {
+    type Read = Reads;
+
+    fn what(&self) -> &'static str {
+        self.0.plan().name
     }
-    keys
+
+    async fn read(&self, engine: &Engine) -> Result<Reads, ApiError> {
+        let store = &engine.inner.store;
+        let plan = self.0.plan();
+        let sandbox = match plan.sandbox {
+            Some(s) => store.sandbox_by_name(s.name).await?,
+            None => None,
+        };
+        let mut providers = BTreeMap::new();
+        for name in plan.providers_to_read(sandbox.as_ref()) {
+            if let Some(p) = store.provider(&name).await? {
+                providers.insert(name, p);
+            }
+        }
+        let users = match plan.users_of {
+            Some(p) => store.sandboxes_using(p).await?,
+            None => Vec::new(),
+        };
+        let template = match plan.template {
+            Some(t) => store.template(t.name).await?,
+            None => None,
+        };
+        let mut members = Vec::new();
+        if let (true, Some(t)) = (plan.members, &template) {
+            let selector = BTreeMap::from([(POOL_LABEL.to_string(), t.name.clone())]);
+            let mut page = PageRequest { after: None, limit: 500 };
+            loop {
+                let batch = store.list_sandboxes(&page, &selector).await?;
+                members.extend(batch.items);
+                match batch.next {
+                    Some(next) => page.after = Some(next),
+                    None => break,
+                }
+            }
+        }
+        let open_execs = match (plan.open_execs, &sandbox) {
+            (true, Some(s)) => store.open_execs(Some(&s.id)).await?.len(),
+            _ => 0,
+        };
+        let limits = engine.inner.settings.limits;
+        Ok(Reads { sandbox, providers, users, limits, template, members, open_execs })
+    }
+
+    fn decide(&self, reads: &Reads, now: berth_core::Timestamp) -> Result<Decision, berth_core::Error> {
+        decide(self.0, reads, now)
+    }
+
+    fn before<'r>(&self, reads: &'r Reads) -> Option<&'r Sandbox> {
+        reads.sandbox.as_ref()
+    }
+
+    #[cfg(feature = "bugs")]
+    fn over_conflict(&self, decision: &Decision, conflict: &berth_core::Conflict) -> Option<Decision> {
+        berth_core::bugs::claim_over(&self.0.command, decision, conflict)
+    }
 }
 
-fn command_name(request: &Request) -> &'static str {
-    use berth_core::Command;
-    match request.command {
-        Command::CreateSandbox { .. } => "CreateSandbox",
-        Command::StopSandbox { .. } => "StopSandbox",
-        Command::StartSandbox { .. } => "StartSandbox",
-        Command::DeleteSandbox { .. } => "DeleteSandbox",
-        Command::RenewSandbox { .. } => "RenewSandbox",
-        Command::ExpireSandbox { .. } => "ExpireSandbox",
-        Command::ExpireIdle { .. } => "ExpireIdle",
-        Command::TouchSandbox { .. } => "TouchSandbox",
-        Command::RestartSandbox { .. } => "RestartSandbox",
-        Command::AttachProvider { .. } => "AttachProvider",
-        Command::DetachProvider { .. } => "DetachProvider",
-        Command::CreateProvider { .. } => "CreateProvider",
-        Command::DeleteProvider { .. } => "DeleteProvider",
-        Command::CreateTemplate { .. } => "CreateTemplate",
-        Command::SetPool { .. } => "SetPool",
-        Command::DeleteTemplate { .. } => "DeleteTemplate",
-        Command::FillPool { .. } => "FillPool",
-        Command::ClaimSandbox { .. } => "ClaimSandbox",
+/// An observation of sandbox `id`, merged by [`berth_core::merge`] into the record as stored.
+struct ObservationTransaction<'a> {
+    id: &'a SandboxId,
+    observation: &'a Observation,
+}
+
+impl Transaction for ObservationTransaction<'_> {
+    type Read = Option<Sandbox>;
+
+    fn what(&self) -> &'static str {
+        self.observation.source_name()
+    }
+
+    async fn read(&self, engine: &Engine) -> Result<Option<Sandbox>, ApiError> {
+        Ok(engine.inner.store.sandbox(self.id).await?)
+    }
+
+    fn decide(&self, current: &Option<Sandbox>, now: berth_core::Timestamp) -> Result<Decision, berth_core::Error> {
+        merge(current.as_ref(), self.id, self.observation, now)
+    }
+
+    fn before<'r>(&self, current: &'r Option<Sandbox>) -> Option<&'r Sandbox> {
+        current.as_ref()
     }
 }
 
@@ -617,12 +505,12 @@ pub(crate) mod tests {
 
     use async_trait::async_trait;
     use berth_core::exec::{Exec, ExecId};
-    use berth_core::{Command, Phase, Provider, RuntimeState, SandboxSpec, StartReply, Timestamp};
+    use berth_core::{Command, Phase, Provider, RuntimeState, SandboxSpec, StartReply, Timestamp, Write};
     use berth_drivers::{ListPage, WatchStream};
 
     use super::*;
     use crate::store::memory::MemoryStore;
-    use crate::store::{Lease, Page, PageRequest, StoreError};
+    use crate::store::{CommitError, Lease, Page, PageRequest, StoreError};
 
     /// The in-memory store, giving other tasks a turn before every call, as a real store's
     /// round trip does: writers that do not take turns on a record then interleave.
@@ -744,27 +632,11 @@ pub(crate) mod tests {
 
     /// A sandbox named `name` at version 1 whose run is up.
     pub(crate) fn ready_sandbox(name: &str) -> Sandbox {
+        let spec = SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() };
         Sandbox {
-            egress_providers: Default::default(),
-            id: SandboxId::new(format!("sb-{name}")),
-            name: name.into(),
-            spec: SandboxSpec { command: vec!["sleep".into()], ..SandboxSpec::default() }.into(),
-            providers: Default::default(),
-            intent: berth_core::Intent::Running,
             phase: Phase::Ready,
-            resource_version: 1,
-            generation: 1,
-            exit_fence: berth_core::ExitFence { marker: None, settled: true },
             run: berth_core::Run::Started { at: Some(Timestamp(1)) },
-            last_exit: None,
-            deadline: None,
-            expired_at: None,
-            active_at: None,
-            idle_expired_at: None,
-            restarts: Default::default(),
-            template: None,
-            created_at: Timestamp(1),
-            updated_at: Timestamp(1),
+            ..Sandbox::new(SandboxId::new(format!("sb-{name}")), name, spec, Timestamp(1))
         }
     }
 

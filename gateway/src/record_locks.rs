@@ -14,31 +14,24 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use berth_core::plan::Lock;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
-
-/// A record a writer may hold.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum RecordKey {
-    Sandbox(String),
-    Provider(String),
-    Template(String),
-}
 
 #[derive(Default)]
 pub struct RecordLocks {
-    locks: Mutex<BTreeMap<RecordKey, Arc<AsyncMutex<()>>>>,
+    locks: Mutex<BTreeMap<Lock, Arc<AsyncMutex<()>>>>,
 }
 
 /// Held while one read-decide-commit runs; releasing it forgets locks nobody else wants.
 pub struct Held<'a> {
     owner: &'a RecordLocks,
-    guards: Vec<(RecordKey, OwnedMutexGuard<()>)>,
+    guards: Vec<(Lock, OwnedMutexGuard<()>)>,
 }
 
 impl RecordLocks {
     /// Waits for every lock of `keys`. A set is ordered, and every writer takes its locks in
     /// that order, so two writers never wait on each other in a cycle.
-    pub async fn hold(&self, keys: BTreeSet<RecordKey>) -> Held<'_> {
+    pub async fn hold(&self, keys: BTreeSet<Lock>) -> Held<'_> {
         let mut guards = Vec::with_capacity(keys.len());
         for key in keys {
             let lock = {
@@ -75,8 +68,8 @@ mod tests {
 
     use super::*;
 
-    fn keys(names: &[&str]) -> BTreeSet<RecordKey> {
-        names.iter().map(|n| RecordKey::Sandbox((*n).to_string())).collect()
+    fn keys(names: &[&str]) -> BTreeSet<Lock> {
+        names.iter().map(|n| Lock::Sandbox((*n).to_string())).collect()
     }
 
     #[tokio::test]

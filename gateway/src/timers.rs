@@ -181,21 +181,16 @@ fn ids(schedule: &Schedule) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use berth_core::lifetime::Lifetime;
 
     use super::*;
 
     fn with_deadline(id: &str, deadline: Option<i64>) -> Sandbox {
-        let mut s: Sandbox = serde_json::from_value(serde_json::json!({
-            "id": id, "name": id, "spec": {"image": "i", "command": ["c"], "env": {}, "labels": {}},
-            "providers": [], "intent": "Running", "phase": "Ready", "resource_version": 1, "generation": 1,
-            "exit_fence": {"marker": null, "settled": true}, "run": "Pending", "last_exit": null,
-            "created_at": 0, "updated_at": 0
-        }))
-        .unwrap();
-        std::sync::Arc::make_mut(&mut s.spec).lifetime = Lifetime::default();
-        s.deadline = deadline.map(Timestamp);
-        s
+        let spec = berth_core::SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() };
+        Sandbox {
+            phase: berth_core::Phase::Ready,
+            deadline: deadline.map(Timestamp),
+            ..Sandbox::new(SandboxId::new(id), id, spec, Timestamp(0))
+        }
     }
 
     #[test]

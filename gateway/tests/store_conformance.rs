@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use berth_core::exec::{Exec, ExecEnd, ExecId, ExecSpec, ExecState};
-use berth_core::{
-    Conflict, ExitFence, Intent, Key, Phase, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp, Write,
-};
+use berth_core::{Conflict, Intent, Key, Phase, Provider, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp, Write};
 use berth_gateway::store::memory::MemoryStore;
 use berth_gateway::store::postgres::PostgresStore;
 use berth_gateway::store::sqlite::SqliteStore;
@@ -127,35 +125,14 @@ macro_rules! trimmed_log {
 trimmed_log!(the_change_log_keeps_its_newest_entries_and_says_what_it_dropped);
 
 fn sandbox(id: &str, name: &str) -> Sandbox {
-    Sandbox {
-        egress_providers: Default::default(),
-        id: SandboxId::new(id),
-        name: name.into(),
-        spec: SandboxSpec {
-            image: "alpine:3".into(),
-            command: vec!["sleep".into(), "infinity".into()],
-            env: [("GREETING".to_string(), "hello".to_string())].into(),
-            labels: BTreeMap::new(),
-            ..SandboxSpec::default()
-        }
-        .into(),
-        providers: Default::default(),
-        intent: Intent::Running,
-        phase: Phase::Provisioning,
-        resource_version: 1,
-        generation: 1,
-        exit_fence: ExitFence { marker: None, settled: true },
-        run: Run::Pending,
-        last_exit: None,
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: Timestamp::from_unix_millis(1),
-        updated_at: Timestamp::from_unix_millis(1),
-    }
+    let spec = SandboxSpec {
+        image: "alpine:3".into(),
+        command: vec!["sleep".into(), "infinity".into()],
+        env: [("GREETING".to_string(), "hello".to_string())].into(),
+        labels: BTreeMap::new(),
+        ..SandboxSpec::default()
+    };
+    Sandbox::new(SandboxId::new(id), name, spec, Timestamp::from_unix_millis(1))
 }
 
 fn provider(name: &str) -> Provider {

@@ -36,10 +36,6 @@ fn record(kind: PhaseKind) -> Sandbox {
         PhaseKind::Error => (error_phase(), Intent::Running, Run::Ended(marker(500))),
     };
     Sandbox {
-        egress_providers: Default::default(),
-        id: SandboxId::new("sb-1"),
-        name: "box".into(),
-        spec: spec().into(),
         providers: std::sync::Arc::new(["p1".to_string()].into()),
         intent,
         phase,
@@ -48,14 +44,8 @@ fn record(kind: PhaseKind) -> Sandbox {
         exit_fence: ExitFence { marker: Some(marker(100)), settled: true },
         run,
         last_exit: Some(marker(500)),
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: Timestamp::from_unix_millis(1),
         updated_at: Timestamp::from_unix_millis(2),
+        ..Sandbox::new(SandboxId::new("sb-1"), "box", spec(), Timestamp::from_unix_millis(1))
     }
 }
 

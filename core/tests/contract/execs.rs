@@ -1,9 +1,9 @@
 //! Exec admission, fencing and end states (DESIGN 8.1, E1-E3): exact writes for given inputs.
 
-use berth_core::exec::{self, Admission, Change, Exec, ExecEnd, ExecId, ExecSpec, ExecState, Report};
+use berth_core::exec::{self, Exec, ExecEnd, ExecId, ExecSpec, ExecState, Report};
 use berth_core::{
-    Code, Command, Error, ExitMarker, Failure, FailureReason, Intent, Outcome, Phase, Request, Run, Sandbox, Timestamp,
-    Write,
+    Code, Command, Decision, Error, ExitMarker, Failure, FailureReason, Intent, Outcome, Phase, Request, Run, Sandbox,
+    Timestamp, Write,
 };
 
 use crate::world::{Store, World};
@@ -29,7 +29,22 @@ fn ready() -> Sandbox {
 }
 
 fn admitted(sandbox: &Sandbox) -> Exec {
-    exec::admit(&sandbox.name, &id("e1"), &spec(), Some(sandbox), None, NOW).unwrap().exec
+    changed(exec::admit(&sandbox.name, &id("e1"), &spec(), Some(sandbox), None, NOW).unwrap()).1
+}
+
+/// A rule's decision that writes: its writes, and the exec it leaves. An exec rule moves no
+/// sandbox through a runtime, so it never has effects.
+fn changed(decision: Decision) -> (Vec<Write>, Exec) {
+    assert!(!decision.writes.is_empty(), "{decision:?} writes nothing");
+    assert!(decision.effects.is_empty());
+    let Outcome::Exec(exec) = decision.outcome else { panic!("an exec rule answered {:?}", decision.outcome) };
+    (decision.writes, *exec)
+}
+
+/// Asserts a rule's decision changes nothing and answers `exec` as it is.
+#[track_caller]
+fn unchanged(decision: Decision, exec: &Exec) {
+    assert_eq!(decision, Decision { writes: vec![], effects: vec![], outcome: Outcome::Exec(Box::new(exec.clone())) });
 }
 
 fn field_of(err: Error) -> String {
@@ -43,7 +58,7 @@ fn field_of(err: Error) -> String {
 #[test]
 fn an_exec_is_admitted_for_the_ready_generation_conditional_on_the_sandbox_version_read() {
     let sandbox = ready();
-    let Admission { writes, exec } = exec::admit("box", &id("e1"), &spec(), Some(&sandbox), None, NOW).unwrap();
+    let (writes, exec) = changed(exec::admit("box", &id("e1"), &spec(), Some(&sandbox), None, NOW).unwrap());
     let expected = Exec {
         sandbox: sandbox.id.clone(),
         id: id("e1"),
@@ -71,9 +86,7 @@ fn a_retry_with_the_same_id_returns_the_exec_as_it_is_and_writes_nothing_whateve
     let mut stopped = sandbox.clone();
     stopped.phase = Phase::Stopped;
     for now in [&sandbox, &stopped] {
-        let again = exec::admit("box", &id("e1"), &spec(), Some(now), Some(&exec), LATER).unwrap();
-        assert!(!again.is_new());
-        assert_eq!((again.writes, again.exec), (vec![], exec.clone()));
+        unchanged(exec::admit("box", &id("e1"), &spec(), Some(now), Some(&exec), LATER).unwrap(), &exec);
     }
 }
 
@@ -153,55 +166,54 @@ fn reports_move_an_exec_forward_only_from_its_own_generation() {
     let sandbox = ready();
     let exec = admitted(&sandbox);
     let g = exec.generation;
-    let Change { writes, exec: running } = exec::report(&exec, Some(&sandbox), g, &Report::Started, LATER).unwrap();
+    let (writes, running) = changed(exec::report(&exec, Some(&sandbox), g, &Report::Started, LATER));
     assert_eq!(running.state, ExecState::Running);
     assert_eq!((running.resource_version, running.updated_at), (2, LATER));
     assert_eq!(writes, [Write::UpdateExec { record: running.clone(), expected: 1 }]);
     // Another generation's session is never this exec's run (E2).
     for other in [g - 1, g + 1] {
-        assert_eq!(exec::report(&exec, Some(&sandbox), other, &Report::Started, LATER), None);
+        unchanged(exec::report(&exec, Some(&sandbox), other, &Report::Started, LATER), &exec);
         let end = Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0 };
-        assert_eq!(exec::report(&running, Some(&sandbox), other, &end, LATER), None);
+        unchanged(exec::report(&running, Some(&sandbox), other, &end, LATER), &running);
     }
-    assert_eq!(
-        exec::report(&running, Some(&sandbox), g, &Report::Started, LATER),
-        None,
-        "a repeated start changes nothing"
-    );
+    // A repeated start changes nothing.
+    unchanged(exec::report(&running, Some(&sandbox), g, &Report::Started, LATER), &running);
     let end = Report::Ended { end: ExecEnd::Exited(7), message: String::new(), output_bytes: 12 };
-    let ended = exec::report(&running, Some(&sandbox), g, &end, LATER).unwrap().exec;
+    let (_, ended) = changed(exec::report(&running, Some(&sandbox), g, &end, LATER));
     assert_eq!(ended.state, ExecState::Ended { end: ExecEnd::Exited(7), message: String::new() });
     assert_eq!(ended.output_bytes, Some(12));
     // Terminal states are final: a later report, cancel or settle changes nothing.
     let late = Report::Ended { end: ExecEnd::Cancelled, message: String::new(), output_bytes: 99 };
-    assert_eq!(exec::report(&ended, Some(&sandbox), g, &late, LATER), None);
-    assert_eq!(exec::cancel(&ended, LATER), None);
-    assert_eq!(exec::settle(&ended, None, LATER), None);
+    unchanged(exec::report(&ended, Some(&sandbox), g, &late, LATER), &ended);
+    unchanged(exec::cancel(&ended, LATER), &ended);
+    unchanged(exec::settle(&ended, None, LATER), &ended);
     // An exec can end without a start report (it ended before the report went out).
-    assert!(exec::report(&exec, Some(&sandbox), g, &end, LATER).is_some());
+    changed(exec::report(&exec, Some(&sandbox), g, &end, LATER));
     // A run of its generation that restarted out of band reports it lost, never ran again.
     let lost = Report::Lost { message: "its run restarted".into() };
-    let gone = exec::report(&running, Some(&sandbox), g, &lost, LATER).unwrap().exec;
+    let (_, gone) = changed(exec::report(&running, Some(&sandbox), g, &lost, LATER));
     assert_eq!(gone.state, ExecState::Lost { message: "its run restarted".into() });
-    assert_eq!(exec::report(&gone, Some(&sandbox), g, &end, LATER), None, "lost is final");
+    // Lost is final.
+    unchanged(exec::report(&gone, Some(&sandbox), g, &end, LATER), &gone);
 }
 
 #[test]
 fn a_cancel_is_committed_once_and_never_touches_an_ended_exec() {
     let sandbox = ready();
     let exec = admitted(&sandbox);
-    let Change { writes, exec: cancelled } = exec::cancel(&exec, LATER).unwrap();
+    let (writes, cancelled) = changed(exec::cancel(&exec, LATER));
     assert!(cancelled.cancel_requested);
     assert_eq!(cancelled.state, ExecState::Admitted, "the run ends it, and says how");
     assert_eq!(writes, [Write::UpdateExec { record: cancelled.clone(), expected: 1 }]);
-    assert_eq!(exec::cancel(&cancelled, LATER), None);
+    unchanged(exec::cancel(&cancelled, LATER), &cancelled);
 }
 
 #[test]
 fn an_exec_whose_run_is_over_is_ended_and_one_whose_run_lives_is_left_to_it() {
     let sandbox = ready();
     let exec = admitted(&sandbox);
-    assert_eq!(exec::settle(&exec, Some(&sandbox), LATER), None, "Ready, same generation: the run serves it");
+    // Ready, same generation: the run serves it.
+    unchanged(exec::settle(&exec, Some(&sandbox), LATER), &exec);
     let cancelled = |message: &str| ExecState::Ended { end: ExecEnd::Cancelled, message: message.into() };
     let mut stopping = sandbox.clone();
     (stopping.phase, stopping.intent) = (Phase::Stopping, Intent::Stopped);
@@ -231,7 +243,7 @@ fn an_exec_whose_run_is_over_is_ended_and_one_whose_run_lives_is_left_to_it() {
         ),
     ];
     for (sandbox, state) in cases {
-        let Change { writes, exec: ended } = exec::settle(&exec, sandbox, LATER).unwrap();
+        let (writes, ended) = changed(exec::settle(&exec, sandbox, LATER));
         assert_eq!(ended.state, state);
         assert_eq!(writes, [Write::UpdateExec { record: ended.clone(), expected: 1 }]);
         assert!(ended.state.is_terminal());

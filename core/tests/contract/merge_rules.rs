@@ -24,11 +24,6 @@ fn fence() -> ExitMarker {
 
 fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
     Sandbox {
-        egress_providers: Default::default(),
-        id: SandboxId::new("sb-1"),
-        name: "box".into(),
-        spec: spec().into(),
-        providers: Default::default(),
         intent,
         phase,
         resource_version: 10,
@@ -36,14 +31,7 @@ fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         exit_fence: ExitFence { marker: Some(fence()), settled: true },
         run,
         last_exit: Some(fence()),
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: t(0),
-        updated_at: t(0),
+        ..Sandbox::new(SandboxId::new("sb-1"), "box", spec(), t(0))
     }
 }
 

@@ -151,24 +151,25 @@ impl Store {
 
     /// What the executor reads for `request`.
     pub fn reads(&self, request: &Request) -> Reads {
-        let sandbox = request.sandbox_name().and_then(|n| self.by_name(n)).cloned();
-        let providers = request
+        let plan = request.plan();
+        let sandbox = plan.sandbox.and_then(|s| self.by_name(s.name)).cloned();
+        let providers = plan
             .providers_to_read(sandbox.as_ref())
             .into_iter()
             .filter_map(|n| self.providers.get(&n).map(|p| (n, p.clone())))
             .collect();
-        let users = request
-            .provider_users()
+        let users = plan
+            .users_of
             .map(|p| self.sandboxes.values().filter(|s| s.providers.contains(p)).cloned().collect())
             .unwrap_or_default();
-        let template = request.template_name().and_then(|n| self.templates.get(n)).cloned();
-        let members = match (request.reads_members(), &template) {
+        let template = plan.template.and_then(|t| self.templates.get(t.name)).cloned();
+        let members = match (plan.members, &template) {
             (true, Some(t)) => {
                 self.sandboxes.values().filter(|s| berth_core::template::is_member(s, &t.name)).cloned().collect()
             }
             _ => Vec::new(),
         };
-        let open_execs = match (request.reads_open_execs(), &sandbox) {
+        let open_execs = match (plan.open_execs, &sandbox) {
             (true, Some(s)) => self.execs.values().filter(|e| e.sandbox == s.id && !e.state.is_terminal()).count(),
             _ => 0,
         };

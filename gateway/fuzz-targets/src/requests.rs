@@ -29,32 +29,18 @@ fn check_request(request: Request) {
 /// Reads where the named sandbox and providers exist, so deeper rules are reached too.
 fn populated(request: &Request) -> Reads {
     let mut reads = Reads::default();
-    if let Some(name) = request.sandbox_name() {
+    let plan = request.plan();
+    if let Some(name) = plan.sandbox {
         let spec = berth_core::SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() };
         reads.sandbox = Some(berth_core::Sandbox {
-            egress_providers: Default::default(),
-            id: SandboxId::new("sb-fuzz"),
-            name: name.into(),
-            spec: spec.into(),
-            providers: Default::default(),
-            intent: berth_core::Intent::Running,
             phase: berth_core::Phase::Ready,
             resource_version: 3,
-            generation: 1,
             exit_fence: Default::default(),
             run: berth_core::Run::Started { at: None },
-            last_exit: None,
-            deadline: None,
-            expired_at: None,
-            active_at: None,
-            idle_expired_at: None,
-            restarts: Default::default(),
-            template: None,
-            created_at: Timestamp::default(),
-            updated_at: Timestamp::default(),
+            ..berth_core::Sandbox::new(SandboxId::new("sb-fuzz"), name.name, spec, Timestamp::default())
         });
     }
-    for name in request.providers_to_read(reads.sandbox.as_ref()) {
+    for name in plan.providers_to_read(reads.sandbox.as_ref()) {
         let provider = berth_core::Provider {
             endpoints: Default::default(),
             name: name.clone(),

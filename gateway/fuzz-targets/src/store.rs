@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
-use berth_core::{Intent, Key, Phase, Run, Sandbox, SandboxId, SandboxSpec, Timestamp, Write};
+use berth_core::{Key, Sandbox, SandboxId, SandboxSpec, Timestamp, Write};
 use berth_gateway::store::sqlite::SqliteStore;
 use berth_gateway::store::{CommitError, Store};
 
@@ -36,27 +36,11 @@ enum Op {
 }
 
 fn sandbox(record: u8, name: u8, version: u64) -> Sandbox {
+    let spec = SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() };
     Sandbox {
-        egress_providers: Default::default(),
-        id: SandboxId::new(format!("sb-{record}")),
-        name: format!("n{name}").into(),
-        spec: SandboxSpec { image: "i".into(), command: vec!["c".into()], ..Default::default() }.into(),
-        providers: Default::default(),
-        intent: Intent::Running,
-        phase: Phase::Provisioning,
         resource_version: version,
-        generation: 1,
         exit_fence: Default::default(),
-        run: Run::Pending,
-        last_exit: None,
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: Timestamp::default(),
-        updated_at: Timestamp::default(),
+        ..Sandbox::new(SandboxId::new(format!("sb-{record}")), &format!("n{name}"), spec, Timestamp::default())
     }
 }
 

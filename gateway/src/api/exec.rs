@@ -58,7 +58,7 @@ async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
     match engine.exec_ended(&last.sandbox, &last.id).await {
         Ok(exec) => Ok(exec),
         Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
-            Ok(exec::settle(last, None, engine.now()).map_or_else(|| last.clone(), |c| c.exec))
+            Ok(exec::settle(last, None, engine.now()).exec().map_or_else(|| last.clone(), Exec::clone))
         }
         Err(e) => Err(e.into()),
     }

@@ -40,7 +40,7 @@ impl Engine {
                     () = tokio::time::sleep(every) => {}
                 }
                 if let Err(e) = engine.execute(&request).await {
-                    warn!(sandbox = %request.sandbox_name().unwrap_or_default(), error = %e, "cannot count an open stream as activity; tried again in a quarter of the idle timeout");
+                    warn!(sandbox = %request.plan().sandbox.map(|s| s.name).unwrap_or_default(), error = %e, "cannot count an open stream as activity; tried again in a quarter of the idle timeout");
                 }
             }
         }))))

@@ -2,21 +2,22 @@
 //! each a conditional write re-decided after a conflict, and carrying execs to the supervisor
 //! session of the run they were admitted for.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use berth_core::exec::{self, Change, Exec, ExecId, ExecSpec, Report};
+use berth_core::cas::Retry;
+use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
 use berth_core::identity::RuntimeIdentity;
-use berth_core::{Kind, PhaseKind, Sandbox, SandboxId, Timestamp};
+use berth_core::{Decision, Kind, PhaseKind, Sandbox, SandboxId, Timestamp};
 use berth_drivers::logs::{Log, Read};
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
 use tracing::warn;
 
 use super::Engine;
+use super::transact::{Run, Transaction};
 use crate::error::ApiError;
 use crate::sessions::{Session, Sessions};
-use crate::store::CommitError;
 
 /// How often every open exec is looked at, for runs that ended through another gateway.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -87,62 +88,29 @@ impl Engine {
     /// Admits exec `id` in the sandbox named `name`, or finds it (a retry). Its run is handed
     /// it by whoever reads its output first, or by the next session of that run to open.
     pub async fn admit_exec(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
-        let store = &self.inner.store;
-        let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
-        loop {
-            let sandbox = store.sandbox_by_name(name).await?;
-            let existing = match &sandbox {
-                Some(s) => store.exec(&s.id, id).await?,
-                None => None,
-            };
-            let admission = exec::admit(name, id, spec, sandbox.as_ref(), existing.as_ref(), self.now())?;
-            if !admission.is_new() {
-                return Ok(admission.exec);
-            }
-            match store.commit(&admission.writes).await {
-                Ok(()) => {
-                    self.inner.metrics.exec_admitted();
-                    self.inner.exec_changes.send_replace(());
-                    self.announce(&admission.writes);
-                    return Ok(admission.exec);
-                }
-                Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, "Exec").await?,
-                Err(CommitError::Store(e)) => return Err(e.into()),
-            }
-        }
+        let retry = Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+        let decision =
+            self.transact(&Admit { name, id, spec }, Run { locks: BTreeSet::new(), retry, read: None }).await?;
+        Ok(decision.exec().expect("an admission decides on an exec").clone())
     }
 
-    /// Applies `change` (one of core's exec rules) to the exec as stored, with its sandbox as
+    /// Applies `rule` (one of core's exec rules) to the exec as stored, with its sandbox as
     /// stored, until it commits or has nothing to change. The exec as it then stands, if it
     /// exists.
-    async fn change_exec(
+    async fn change_exec<F>(
         &self,
         sandbox: &SandboxId,
         id: &ExecId,
-        what: &str,
-        change: impl Fn(&Exec, Option<&Sandbox>, Timestamp) -> Option<Change>,
-    ) -> Result<Option<Exec>, ApiError> {
-        let store = &self.inner.store;
-        let mut retry = berth_core::cas::Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
-        loop {
-            let Some(current) = store.exec(sandbox, id).await? else { return Ok(None) };
-            let record = store.sandbox(sandbox).await?;
-            let Some(Change { writes, exec: next }) = change(&current, record.as_ref(), self.now()) else {
-                return Ok(Some(current));
-            };
-            match store.commit(&writes).await {
-                Ok(()) => {
-                    if next.state.is_terminal() && !current.state.is_terminal() {
-                        self.inner.metrics.exec_ended(next.state.name());
-                    }
-                    self.inner.exec_changes.send_replace(());
-                    self.announce(&writes);
-                    return Ok(Some(next));
-                }
-                Err(CommitError::Conflict(c)) => self.wait_after_conflict(&mut retry, &c, what).await?,
-                Err(CommitError::Store(e)) => return Err(e.into()),
-            }
-        }
+        what: &'static str,
+        rule: F,
+    ) -> Result<Option<Exec>, ApiError>
+    where
+        F: Fn(&Exec, Option<&Sandbox>, Timestamp) -> Decision + Sync,
+    {
+        let retry = Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+        let change = ChangeExec { sandbox, id, what, rule };
+        let decision = self.transact(&change, Run { locks: BTreeSet::new(), retry, read: None }).await?;
+        Ok(decision.exec().cloned())
     }
 
     /// What the run `identity` reports of one of its execs.
@@ -251,5 +219,74 @@ impl Engine {
     /// Told of every exec write made here.
     pub fn exec_changes(&self) -> tokio::sync::watch::Receiver<()> {
         self.inner.exec_changes.subscribe()
+    }
+}
+
+/// An exec's admission: decided on the sandbox it names and the exec of that id, if any.
+struct Admit<'a> {
+    name: &'a str,
+    id: &'a ExecId,
+    spec: &'a ExecSpec,
+}
+
+impl Transaction for Admit<'_> {
+    type Read = (Option<Sandbox>, Option<Exec>);
+
+    fn what(&self) -> &'static str {
+        "Exec"
+    }
+
+    async fn read(&self, engine: &Engine) -> Result<Self::Read, ApiError> {
+        let store = &engine.inner.store;
+        let sandbox = store.sandbox_by_name(self.name).await?;
+        let existing = match &sandbox {
+            Some(s) => store.exec(&s.id, self.id).await?,
+            None => None,
+        };
+        Ok((sandbox, existing))
+    }
+
+    fn decide(&self, (sandbox, existing): &Self::Read, now: Timestamp) -> Result<Decision, berth_core::Error> {
+        exec::admit(self.name, self.id, self.spec, sandbox.as_ref(), existing.as_ref(), now)
+    }
+
+    fn before<'r>(&self, (sandbox, _): &'r Self::Read) -> Option<&'r Sandbox> {
+        sandbox.as_ref()
+    }
+}
+
+/// One of core's exec rules applied to an exec as stored: decided on the exec and its sandbox.
+struct ChangeExec<'a, F> {
+    sandbox: &'a SandboxId,
+    id: &'a ExecId,
+    what: &'static str,
+    rule: F,
+}
+
+impl<F> Transaction for ChangeExec<'_, F>
+where
+    F: Fn(&Exec, Option<&Sandbox>, Timestamp) -> Decision + Sync,
+{
+    type Read = Option<(Exec, Option<Sandbox>)>;
+
+    fn what(&self) -> &'static str {
+        self.what
+    }
+
+    async fn read(&self, engine: &Engine) -> Result<Self::Read, ApiError> {
+        let store = &engine.inner.store;
+        let Some(exec) = store.exec(self.sandbox, self.id).await? else { return Ok(None) };
+        Ok(Some((exec, store.sandbox(self.sandbox).await?)))
+    }
+
+    fn decide(&self, read: &Self::Read, now: Timestamp) -> Result<Decision, berth_core::Error> {
+        Ok(match read {
+            Some((exec, sandbox)) => (self.rule)(exec, sandbox.as_ref(), now),
+            None => Decision::gone(),
+        })
+    }
+
+    fn before<'r>(&self, read: &'r Self::Read) -> Option<&'r Sandbox> {
+        read.as_ref().and_then(|(_, sandbox)| sandbox.as_ref())
     }
 }

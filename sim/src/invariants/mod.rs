@@ -69,27 +69,13 @@ pub(crate) fn sandbox(
     phase: berth_core::Phase,
     generation: u64,
 ) -> berth_core::Sandbox {
+    let id = berth_core::SandboxId::new(format!("id-{name}"));
     berth_core::Sandbox {
-        egress_providers: Default::default(),
-        id: berth_core::SandboxId::new(format!("id-{name}")),
-        name: name.into(),
-        spec: Default::default(),
-        providers: Default::default(),
         intent,
         phase,
-        resource_version: 1,
         generation,
         exit_fence: berth_core::ExitFence::default(),
-        run: berth_core::Run::Pending,
-        last_exit: None,
-        deadline: None,
-        expired_at: None,
-        active_at: None,
-        idle_expired_at: None,
-        restarts: Default::default(),
-        template: None,
-        created_at: berth_core::Timestamp::default(),
-        updated_at: berth_core::Timestamp::default(),
+        ..berth_core::Sandbox::new(id, name, Default::default(), berth_core::Timestamp::default())
     }
 }
 

@@ -149,7 +149,7 @@ async fn latency_figures(
 }
 
 async fn serve(engine: &Engine) -> String {
-    let routes = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
+    let (routes, _) = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(
@@ -686,7 +686,7 @@ async fn egress_proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> 
     let token = berth_core::identity::derive_token(engine.key(), &identity).expose().to_string();
     let socket = dir.join("gateway.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let routes = berth_gateway::api::routes(&engine, "bench-token", Duration::from_secs(5)).await;
+    let (routes, _) = berth_gateway::api::routes(&engine, "bench-token", Duration::from_secs(5)).await;
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_routes(routes)

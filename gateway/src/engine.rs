@@ -270,7 +270,8 @@ impl Engine {
         self.inner.refill.notified().await;
     }
 
-    /// Asks every long-lived stream (supervisor sessions, watches) to end.
+    /// Asks every long-lived stream (supervisor sessions, egress, watches, exec output, logs
+    /// followed) to end.
     pub fn shut_down(&self) {
         self.inner.shutdown.send_replace(true);
     }
@@ -279,6 +280,11 @@ impl Engine {
     pub async fn shutting_down(&self) {
         let mut rx = self.inner.shutdown.subscribe();
         let _ = rx.wait_for(|down| *down).await;
+    }
+
+    /// Whether the gateway is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.inner.shutdown.borrow()
     }
 
     /// Whether any effect is queued or running.

@@ -13,6 +13,11 @@ pub enum ApiError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Driver(#[from] berth_drivers::DriverError),
+    /// What every long-lived stream ends with when its gateway stops: the client is to reconnect
+    /// (a watch from its cursor, an exec or logs from the offset it got to), to another gateway
+    /// or to this one once it is back.
+    #[error("the gateway is shutting down: reconnect, to another gateway or to this one once it is back")]
+    ShuttingDown,
 }
 
 impl From<ApiError> for Status {
@@ -25,6 +30,7 @@ impl From<ApiError> for Status {
             ApiError::Store(StoreError::Corrupt(_)) => Status::internal(message),
             ApiError::Driver(berth_drivers::DriverError::Unavailable(_)) => Status::unavailable(message),
             ApiError::Driver(berth_drivers::DriverError::Failed(_)) => Status::failed_precondition(message),
+            ApiError::ShuttingDown => Status::unavailable(message),
         }
     }
 }

@@ -50,6 +50,14 @@ pub fn supervisor_socket(name: &str) -> String {
 }
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
+/// How long a shutdown waits for connections to close once their streams were told to end. A
+/// client that reads takes the little left in its stream (what an exec or the logs wrote
+/// before the signal, then UNAVAILABLE) in well under a second; one that does not read holds
+/// its connection open for good, and must not hold the stop up until a service manager kills
+/// the gateway (Docker waits 10 s by default). Past this the gateway exits with the connection
+/// open, and its client reconnects as after a crash. A shutdown therefore lasts at most the
+/// longer of this and [`DRAIN_FOR`], which only effects under way reach.
+const STREAMS_END_WITHIN: Duration = Duration::from_secs(3);
 /// The most request metadata (HTTP/2 header list, as HPACK counts it) a call may carry. hyper's
 /// default, 16 KiB, refuses a larger one with HTTP 431 before any gRPC status exists, so a
 /// client sees UNKNOWN; within this limit the call reaches authentication and validation.
@@ -171,7 +179,9 @@ fn seed() -> Result<u64, String> {
     Ok(u64::from_le_bytes(buf))
 }
 
-/// Runs a gateway until SIGINT or SIGTERM.
+/// Runs a gateway until SIGINT or SIGTERM, then shuts it down within [`STREAMS_END_WITHIN`]
+/// (or [`DRAIN_FOR`] while effects are under way). Tasks still running then (a connection whose
+/// client does not read, say) are left to the caller to drop without waiting.
 pub async fn run(config: Config) -> Result<(), String> {
     let data = &config.data_dir;
     std::fs::DirBuilder::new()
@@ -263,7 +273,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
     tokio::spawn(engine.clone().settle_execs_forever());
 
-    let routes = crate::api::routes(&engine, &token, config.heartbeat).await;
+    let (routes, health) = crate::api::routes(&engine, &token, config.heartbeat).await;
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -311,22 +321,36 @@ pub async fn run(config: Config) -> Result<(), String> {
     );
 
     shutdown_signal().await;
-    info!("shutting down: no new requests; letting effects under way finish");
+    info!(
+        "shutting down: no new requests, every stream ends (its client reconnects); letting effects under way finish"
+    );
     let _ = stop_tx.send(true);
     engine.shut_down();
+    health.shut_down().await;
     // Reconcile stops and the lease is given up, so another gateway takes over at once. A store
     // that does not answer cannot hold the shutdown up: the lease then lapses by itself.
-    let deadline = tokio::time::Instant::now() + DRAIN_FOR;
-    if tokio::time::timeout_at(deadline, leading).await.is_err() {
-        warn!("the store did not take the reconcile lease back in time; it lapses by itself");
-    }
-    while engine.busy() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = tcp.await;
-    let _ = local.await;
-    for task in [metrics, http].into_iter().flatten() {
-        let _ = task.await;
+    let effects = async {
+        let deadline = tokio::time::Instant::now() + DRAIN_FOR;
+        if tokio::time::timeout_at(deadline, leading).await.is_err() {
+            warn!("the store did not take the reconcile lease back in time; it lapses by itself");
+        }
+        while engine.busy() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let connections = async {
+        let _ = tcp.await;
+        let _ = local.await;
+        for task in [metrics, http].into_iter().flatten() {
+            let _ = task.await;
+        }
+    };
+    let (_, closed) = tokio::join!(effects, tokio::time::timeout(STREAMS_END_WITHIN, connections));
+    if closed.is_err() {
+        warn!(
+            within = ?STREAMS_END_WITHIN,
+            "connections still open after their streams were told to end (clients not reading); exiting with them open"
+        );
     }
     let _ = std::fs::remove_file(&socket);
     info!("stopped; sandboxes keep running and are adopted at the next start");

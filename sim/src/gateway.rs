@@ -100,7 +100,9 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     tokio::spawn(engine.clone().settle_execs_forever());
-    let routes = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
+    // Health is left as it is: a simulated gateway is never shut down through the server's
+    // path, only its lease loop is stopped.
+    let (routes, _health) = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(net::fixed_date))
         .add_routes(routes)

@@ -5,6 +5,8 @@
 //! goes (its gateway died, the connection broke) the stream waits for the next and reads on
 //! from the offset it got to, so a reader sees every kept byte once, in order, at its offset;
 //! it ends with the exec's final state, which the run's report or the sweep always brings (E3).
+//! A gateway shutting down ends it with UNAVAILABLE once what was kept on disk up to then is
+//! sent: the client attaches again from its offset, elsewhere or after the restart.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -77,7 +79,9 @@ async fn follow(
     let mut sessions = engine.sessions().changed();
     let end = loop {
         sessions.borrow_and_update();
-        let session = engine.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed());
+        // A gateway shutting down loses its sessions: the stream reads on from disk to its end.
+        let session =
+            engine.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed() && !engine.is_shutting_down());
         let Some(session) = session else {
             // No session here: its run is served through another gateway, reconnecting, or over.
             // What its supervisor kept on disk is read meanwhile (any gateway on the sandbox's
@@ -90,6 +94,7 @@ async fn follow(
             let over = current.state.is_terminal();
             let sent = match engine.read_exec_output(&exec, offset, READ_MAX, over).await {
                 Ok(Read::Data(chunks)) => {
+                    let read = chunks.iter().map(|c| c.data.len()).sum();
                     let mut sent = Ok(());
                     for c in chunks {
                         offset = c.offset + c.data.len() as u64;
@@ -97,6 +102,10 @@ async fn follow(
                         if sent.is_err() {
                             break;
                         }
+                    }
+                    // An exec that ended reads on to its end, which is all there is to send.
+                    if sent.is_ok() && !over && super::logs::caught_up_at_shutdown(&engine, read, READ_MAX) {
+                        break Err(ApiError::ShuttingDown.into());
                     }
                     Some(sent)
                 }
@@ -119,7 +128,10 @@ async fn follow(
                 Some(Err(_)) => return,
                 None => {}
             }
+            // All that was on disk is sent: a gateway shutting down ends the stream here, since
+            // nothing more reaches it (no session, no exec report).
             tokio::select! {
+                () = engine.shutting_down() => break Err(ApiError::ShuttingDown.into()),
                 _ = sessions.changed() => {}
                 () = tokio::time::sleep(SESSION_WAIT) => {}
                 () = tx.closed() => return,
@@ -137,11 +149,17 @@ async fn follow(
         };
         let mut consumed = 0;
         let ended = loop {
+            // At a shutdown what the session brought and was not sent yet is read from disk
+            // above, from `offset`, like all the run kept.
             let event = tokio::select! {
                 event = events.recv() => event,
                 () = tx.closed() => {
                     session.stop_reading(subscription);
                     return;
+                }
+                () = engine.shutting_down() => {
+                    session.stop_reading(subscription);
+                    break false;
                 }
             };
             let sent = match event {
@@ -178,12 +196,19 @@ async fn follow(
 }
 
 /// Passes the client's stdin, window sizes and signals to the exec's run until the client's
-/// side closes. A session this stream has not used yet is told of the exec first, so input
-/// never reaches a run before the exec does.
+/// side closes, or the gateway shuts down: a request side held open would keep the call, and
+/// with it the shutdown, waiting after the output's stream ended. A session this stream has not
+/// used yet is told of the exec first, so input never reaches a run before the exec does.
 async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
     let mut told: Option<std::sync::Arc<crate::sessions::Session>> = None;
     let exec_id = exec.id.to_string();
-    while let Ok(Some(message)) = inbound.message().await {
+    loop {
+        let message = tokio::select! {
+            biased;
+            () = engine.shutting_down() => return,
+            message = inbound.message() => message,
+        };
+        let Ok(Some(message)) = message else { return };
         let Some(input) = message.input else { continue };
         let m = match input {
             Input::Stdin(data) => {

@@ -1,5 +1,7 @@
 //! The public logs API (DESIGN 8.2): a generation's main-process output from an offset, read
 //! through the driver, which keeps it on the sandbox's host while the run goes on and after.
+//! A follow ends with UNAVAILABLE when the gateway shuts down, once it has sent all there was:
+//! the client reads on from its offset, elsewhere or after the restart.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -48,6 +50,14 @@ pub(crate) fn chunk(c: logs::Chunk) -> pb::OutputChunk {
     pb::OutputChunk { stream: stream.into(), offset: c.offset, data: c.data }
 }
 
+/// Whether a stream following output ends after sending a read of `read` bytes (of at most
+/// `max`): the gateway is shutting down and the read was short, so the stream caught up with
+/// what was written. Waiting for a read that finds nothing would let a run that writes without
+/// pause keep the stream, and the shutdown, going until the bound.
+pub(crate) fn caught_up_at_shutdown(engine: &Engine, read: usize, max: usize) -> bool {
+    read < max && engine.is_shutting_down()
+}
+
 /// Streams `of`'s output from `offset` to `tx`, then its end.
 async fn stream(
     engine: Engine,
@@ -61,6 +71,7 @@ async fn stream(
         let sent = match engine.read_logs(&of, offset, READ_MAX).await {
             Err(e) => break Err(e.into()),
             Ok(Read::Data(chunks)) => {
+                let read = chunks.iter().map(|c| c.data.len()).sum();
                 let mut sent = Ok(());
                 for c in chunks {
                     offset = c.offset + c.data.len() as u64;
@@ -68,6 +79,9 @@ async fn stream(
                     if sent.is_err() {
                         break;
                     }
+                }
+                if sent.is_ok() && caught_up_at_shutdown(&engine, read, READ_MAX) {
+                    break Err(ApiError::ShuttingDown.into());
                 }
                 sent
             }
@@ -83,6 +97,7 @@ async fn stream(
             }
             Ok(Read::Wait) => {
                 tokio::select! {
+                    () = engine.shutting_down() => break Err(ApiError::ShuttingDown.into()),
                     () = tokio::time::sleep(FOLLOW_EVERY) => {}
                     () = tx.closed() => return,
                 }

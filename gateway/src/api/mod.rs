@@ -23,22 +23,47 @@ use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
 use berth_proto::v1::supervisor_server::SupervisorServer;
 use berth_proto::v1::templates_server::TemplatesServer;
+use tonic::server::NamedService;
 use tonic::service::Routes;
+use tonic_health::ServingStatus;
 
 use crate::engine::Engine;
 
-/// Every service of a gateway, ready to serve on any listener.
-pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes {
+/// The services' statuses the health service reports.
+pub struct Health {
+    reporter: tonic_health::server::HealthReporter,
+    served: [&'static str; 8],
+}
+
+impl Health {
+    /// A health watch is a stream like any other: at a shutdown it hears NOT_SERVING (the whole
+    /// server's, "", too), then ends, as a service's status dropped ends its watches, so that a
+    /// load balancer watching neither misses the shutdown nor holds it up.
+    pub async fn shut_down(mut self) {
+        for name in self.served.into_iter().chain([""]) {
+            self.reporter.set_service_status(name, ServingStatus::NotServing).await;
+            self.reporter.clear_service_status(name).await;
+        }
+    }
+}
+
+/// Every service of a gateway, ready to serve on any listener, and their health.
+pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Routes, Health) {
     let auth = auth::BearerAuth::new(token);
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<SandboxesServer<public::SandboxApi>>().await;
-    health.set_serving::<ProvidersServer<public::ProviderApi>>().await;
-    health.set_serving::<ExecsServer<exec::ExecApi>>().await;
-    health.set_serving::<LogsServer<logs::LogsApi>>().await;
-    health.set_serving::<FilesServer<files::FilesApi>>().await;
-    health.set_serving::<TemplatesServer<templates::TemplateApi>>().await;
-    health.set_serving::<GatewayServer<info::GatewayApi>>().await;
-    health.set_serving::<SupervisorServer<supervisor::SupervisorApi>>().await;
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let served = [
+        SandboxesServer::<public::SandboxApi>::NAME,
+        ProvidersServer::<public::ProviderApi>::NAME,
+        ExecsServer::<exec::ExecApi>::NAME,
+        LogsServer::<logs::LogsApi>::NAME,
+        FilesServer::<files::FilesApi>::NAME,
+        TemplatesServer::<templates::TemplateApi>::NAME,
+        GatewayServer::<info::GatewayApi>::NAME,
+        SupervisorServer::<supervisor::SupervisorApi>::NAME,
+    ];
+    for name in served {
+        reporter.set_service_status(name, ServingStatus::Serving).await;
+    }
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(berth_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -71,5 +96,5 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> Routes
         .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
         .add_service(health_service)
         .add_service(reflection);
-    routes.routes()
+    (routes.routes(), Health { reporter, served })
 }

@@ -90,7 +90,7 @@ async fn serve_session(
         let received = tokio::select! {
             biased;
             () = engine.shutting_down() => {
-                let _ = tx.send(Err(Status::unavailable("the gateway is shutting down; reconnect"))).await;
+                let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
                 break;
             }
             // A supervisor sends a heartbeat every interval: this long without a word, the
@@ -207,16 +207,25 @@ const EGRESS_CHUNK: usize = 64 * 1024;
 
 /// Carries an opened egress connection's bytes both ways until each side has ended: the
 /// sandbox's end of stream shuts the upstream's write side, the upstream's end of file ends
-/// the reply stream.
+/// the reply stream. A gateway shutting down cuts both at once (the connection cannot outlive
+/// it, and waiting would hold the shutdown up to its bound), the reply with UNAVAILABLE.
 async fn splice(
+    engine: Engine,
     connection: Box<dyn crate::egress::Connection>,
     mut inbound: Streaming<pb::EgressUp>,
     tx: mpsc::Sender<Result<pb::EgressDown, Status>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut read, mut write) = tokio::io::split(connection);
+    let engine = &engine;
     let up = async move {
-        while let Ok(Some(message)) = inbound.message().await {
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = engine.shutting_down() => break,
+                message = inbound.message() => message,
+            };
+            let Ok(Some(message)) = message else { break };
             match message.message {
                 Some(pb::egress_up::Message::Data(data)) => {
                     if write.write_all(&data).await.is_err() {
@@ -235,6 +244,10 @@ async fn splice(
             // A sandbox gone away is noticed even while the upstream is silent: its connection
             // is not held open for good.
             let read = tokio::select! {
+                () = engine.shutting_down() => {
+                    let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
+                    break;
+                }
                 read = read.read(&mut buffer) => read,
                 () = tx.closed() => break,
             };
@@ -269,7 +282,7 @@ impl Supervisor for SupervisorApi {
         let (tx, rx) = mpsc::channel(8);
         let connected = pb::EgressDown { message: Some(pb::egress_down::Message::Connected(addr.to_string())) };
         let _ = tx.send(Ok(connected)).await;
-        tokio::spawn(splice(connection, inbound, tx));
+        tokio::spawn(splice(self.engine.clone(), connection, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -84,7 +84,7 @@ async fn next_wake(
     tokio::select! {
         biased;
         () = engine.shutting_down() => {
-            let _ = tx.send(Err(Status::unavailable("the gateway is shutting down"))).await;
+            let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
             None
         }
         () = tx.closed() => None,

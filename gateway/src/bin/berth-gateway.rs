@@ -26,7 +26,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(berth_gateway::server::run(config)) {
+    let served = runtime.block_on(berth_gateway::server::run(config));
+    // The shutdown is over, within its bound: what still runs (a connection past the bound, a
+    // blocking task) is dropped as a crash would drop it, which every part is made to survive,
+    // rather than waited for without a deadline.
+    runtime.shutdown_background();
+    match served {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

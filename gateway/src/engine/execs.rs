@@ -175,7 +175,8 @@ impl Engine {
     }
 
     /// The exec once it is terminal: it always becomes so (E3), by its run's report or by the
-    /// sweep once the run is over.
+    /// sweep once the run is over. Neither comes to a gateway shutting down (its sessions and
+    /// its sweep end), so then it is [`ApiError::ShuttingDown`], unless it is terminal already.
     pub async fn exec_ended(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Exec, ApiError> {
         let mut changes = self.inner.exec_changes.subscribe();
         loop {
@@ -189,7 +190,11 @@ impl Engine {
             if exec.state.is_terminal() {
                 return Ok(exec);
             }
-            let _ = tokio::time::timeout(REREAD, changes.changed()).await;
+            tokio::select! {
+                biased;
+                () = self.shutting_down() => return Err(ApiError::ShuttingDown),
+                _ = tokio::time::timeout(REREAD, changes.changed()) => {}
+            }
         }
     }
 

@@ -178,9 +178,29 @@ impl Gateway {
     }
 
     pub fn terminate(&mut self) {
+        self.sigterm();
+        let _ = self.child.wait();
+    }
+
+    /// Asks the gateway to stop, as a service manager does, without waiting for it.
+    pub fn sigterm(&self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
+    }
+
+    /// How the gateway exited, if it did within `limit`. Polled, so that the test's other tasks
+    /// (clients reading their streams to the end) run meanwhile.
+    pub async fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

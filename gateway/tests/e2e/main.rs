@@ -26,5 +26,6 @@ mod pools;
 mod postgres;
 mod providers;
 mod several;
+mod shutdown;
 mod store_binding;
 mod store_labels;

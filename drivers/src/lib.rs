@@ -15,9 +15,12 @@ use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, StartReply};
 use futures_util::Stream;
 
 pub mod container;
+pub mod env;
 /// The logs' format, for whoever reads what [`Driver::logs`] returns.
 pub use berth_logs as logs;
 pub mod files;
+/// What drivers and supervisors exchange, for the simulator's stand-ins of the supervisor.
+pub use berth_handoff as handoff;
 pub mod process;
 mod sandbox_lock;
 mod state_file;

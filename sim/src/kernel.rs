@@ -12,7 +12,8 @@ use std::sync::Arc;
 use berth_core::SandboxId;
 use berth_core::identity::verify_token;
 use berth_drivers::DriverError;
-use berth_drivers::process::ExitFile;
+use berth_drivers::handoff::exit::Exit;
+use berth_drivers::handoff::{began, flag, var};
 use berth_drivers::process::os::SpawnSpec;
 use berth_gateway::store::Store;
 use futures_util::FutureExt;
@@ -120,7 +121,7 @@ pub fn end_process(
     if let Some(path) = exit_file {
         record_exit(
             &path,
-            ExitFile {
+            Exit {
                 exit_code: code,
                 finished_at: now.unix_nanos(),
                 generation: None,
@@ -135,13 +136,8 @@ pub fn end_process(
 
 /// Writes the exit as berth-supervisor does: atomically, and not at all where its run's folder
 /// is gone.
-fn record_exit(path: &Path, exit: ExitFile) {
-    let tmp = path.with_extension("tmp");
-    if let Ok(body) = serde_json::to_vec(&exit)
-        && std::fs::write(&tmp, body).is_ok()
-    {
-        let _ = std::fs::rename(&tmp, path);
-    }
+fn record_exit(path: &Path, exit: Exit) {
+    let _ = berth_drivers::handoff::write(path, &exit.to_bytes());
 }
 
 /// D1 as a signal (`what`) lands on a group of `generation`: against the record. The in-memory
@@ -181,7 +177,7 @@ impl Runtime {
     /// Starts a supervisor's process group. Like berth-supervisor, it takes its identity from
     /// its environment's token, and exits at once (code 2, nothing recorded) without a valid one.
     fn spawn_process(&self, spec: SpawnSpec) -> Result<Spawned, DriverError> {
-        let Some(sandbox) = spec.env.get("BERTH_SANDBOX_ID").map(|id| SandboxId::new(id.clone())) else {
+        let Some(sandbox) = spec.env.get(var::SANDBOX_ID).map(|id| SandboxId::new(id.clone())) else {
             return Err(DriverError::Failed("the simulated host runs only supervisors".to_string()));
         };
         // fork fails before its effect (EAGAIN): the runtime refused the start.
@@ -191,14 +187,14 @@ impl Runtime {
             let _ = self.refused(&sandbox, berth_drivers::container::EngineError::Refused(error.to_string()));
             return Err(error);
         }
-        let named = spec.env.get("BERTH_GENERATION").and_then(|g| g.parse().ok()).unwrap_or(0);
-        let token = spec.env.get("BERTH_RUNTIME_TOKEN").cloned();
+        let named = spec.env.get(var::GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+        let token = spec.env.get(var::RUNTIME_TOKEN).cloned();
         let generation = token.as_deref().and_then(|t| verify_token(self.key(), t).ok()).map(|i| i.generation);
         let arg = |name: &str| spec.args.iter().position(|a| a == name).and_then(|i| spec.args.get(i + 1));
-        let exit_file = arg("--exit-file");
+        let exit_file = arg(&flag::arg(flag::EXIT_FILE));
         // berth-supervisor's first act: here one step with the spawn.
-        if let Some(began) = arg("--began-file") {
-            let _ = std::fs::write(began, named.to_string());
+        if let Some(path) = arg(&flag::arg(flag::BEGAN_FILE)) {
+            let _ = std::fs::write(path, began::to_bytes(named));
         }
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);
@@ -207,7 +203,7 @@ impl Runtime {
             let mut m = lock(&self.world.runtime);
             let pid = m.free_pid();
             let kernel_start = m.next_kernel_start();
-            if let Some(name) = spec.env.get("BERTH_SANDBOX_NAME") {
+            if let Some(name) = spec.env.get(var::SANDBOX_NAME) {
                 m.name_sandbox(&sandbox, name);
             }
             let name = m.name(&sandbox);

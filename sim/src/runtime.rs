@@ -25,6 +25,7 @@ use berth_drivers::container::{
     ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Start, Status, container_name,
     sandbox_of_container,
 };
+use berth_drivers::handoff::{began, flag, token};
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -119,10 +120,12 @@ impl Container {
         }
     }
 
-    /// Where the file the supervisor's `flag` names is on the host, through the container's binds.
-    fn host_file(&self, flag: &str) -> Option<PathBuf> {
+    /// Where the file the supervisor's flag `name` names is on the host, through the container's
+    /// binds.
+    fn host_file(&self, name: &str) -> Option<PathBuf> {
         let args = &self.spec.command;
-        let inside = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1))?;
+        let flag = flag::arg(name);
+        let inside = args.iter().position(|a| *a == flag).and_then(|i| args.get(i + 1))?;
         self.spec.binds.iter().find_map(|bind| {
             let rest = Path::new(inside).strip_prefix(&bind.target).ok()?;
             Some(bind.source.join(rest))
@@ -466,7 +469,7 @@ impl Runtime {
         let files = lock(&self.world.runtime)
             .containers
             .get(id)
-            .map(|c| (c.host_file("--token-file"), c.host_file("--began-file")));
+            .map(|c| (c.host_file(flag::TOKEN_FILE), c.host_file(flag::BEGAN_FILE)));
         let (token_file, began_file) = files.unzip();
         let Some(token_file) = token_file else {
             return self
@@ -474,11 +477,11 @@ impl Runtime {
                 .map(|()| Start::Began);
         };
         // The supervisor reads its token as it starts.
-        let token = token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string());
+        let token = token_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| token::parse(&t).to_string());
         let generation = token.as_deref().and_then(|t| verify_token(&self.key, t).ok()).map(|i| i.generation);
         // Then records the generation it began as, as berth-supervisor's `--began-file` does.
         if let (Some(path), Some(generation)) = (began_file.flatten(), generation) {
-            let _ = std::fs::write(path, generation.to_string());
+            let _ = std::fs::write(path, began::to_bytes(generation));
         }
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);

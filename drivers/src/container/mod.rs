@@ -24,6 +24,7 @@ use async_trait::async_trait;
 use berth_core::limits::ResourceLimits;
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_handoff::{began, flag, token, var};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -77,9 +78,8 @@ const STOP_SLACK: Duration = Duration::from_secs(10);
 const REPLACE_GRACE: Duration = Duration::from_secs(10);
 /// The capability every sandbox goes without: making device nodes.
 pub(crate) const NO_DEVICE_NODES: &str = "MKNOD";
-/// Where a run's supervisor says which generation it began as (`--began-file`), in the logs'
-/// host directory, and how long a start waits for it to say so of a run it did not begin.
-const BEGAN_FILE: &str = "began";
+/// How long a start waits for a run it did not begin to say which generation it began as
+/// (`--began-file`, in the logs' host directory).
 const BEGAN_WAIT: Duration = Duration::from_secs(2);
 
 pub fn container_name(sandbox: &SandboxId) -> String {
@@ -358,18 +358,18 @@ impl<E: Engine> ContainerDriver<E> {
         let mut command = vec![
             "--gateway".to_string(),
             "unix:/run/berth/gateway".to_string(),
-            "--token-file".into(),
-            "/run/berth/state/token".into(),
-            "--env-file".into(),
-            "/run/berth/state/env".into(),
+            flag::arg(flag::TOKEN_FILE),
+            format!("/run/berth/state/{}", token::FILE),
+            flag::arg(flag::ENV_FILE),
+            format!("/run/berth/state/{}", berth_handoff::env::FILE),
             // In the container's own layer: it outlives `docker restart`, as the execs a
             // generation started must.
             "--exec-log".into(),
             "/run/berth/execs".into(),
             "--logs".into(),
             "/run/berth/logs".into(),
-            "--began-file".into(),
-            format!("/run/berth/logs/{BEGAN_FILE}"),
+            flag::arg(flag::BEGAN_FILE),
+            format!("/run/berth/logs/{}", began::FILE),
             // What the runtime keeps of the container's output (`docker logs`) stays the same.
             "--echo-output".into(),
             "--egress-proxy".into(),
@@ -391,13 +391,10 @@ impl<E: Engine> ContainerDriver<E> {
             image: launch.spec.image.clone(),
             entrypoint: vec!["/run/berth/bin/berth-supervisor".into()],
             command,
-            env: [
-                ("BERTH_SANDBOX_ID".to_string(), id.to_string()),
-                ("BERTH_SANDBOX_NAME".to_string(), launch.name.clone()),
-            ]
-            .into_iter()
-            .chain(proxy_env())
-            .collect(),
+            env: [(var::SANDBOX_ID.to_string(), id.to_string()), (var::SANDBOX_NAME.to_string(), launch.name.clone())]
+                .into_iter()
+                .chain(proxy_env())
+                .collect(),
             labels,
             binds: vec![
                 Bind {
@@ -431,11 +428,9 @@ impl<E: Engine> ContainerDriver<E> {
     /// Installs the generation's identity and environment where its supervisor reads them.
     fn install(&self, launch: &Launch) -> Result<(), DriverError> {
         let dir = self.dir(&launch.sandbox);
-        let mut env = launch.spec.env.clone();
-        env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
-        let env = serde_json::to_vec(&env).map_err(|e| DriverError::Failed(e.to_string()))?;
-        state_file::write(&dir.join("env"), &env)?;
-        state_file::write(&dir.join("token"), launch.token.expose().as_bytes())
+        let env = crate::env::container_run(launch).expose();
+        state_file::write(&dir.join(berth_handoff::env::FILE), &berth_handoff::env::to_bytes(&env))?;
+        state_file::write(&dir.join(token::FILE), launch.token.expose().as_bytes())
     }
 
     /// Stops the container and waits until it has fully exited; its final state.
@@ -653,7 +648,7 @@ impl<E: Engine> ContainerDriver<E> {
     /// already. The sandbox's own command could write it too, but a lie there harms only that
     /// sandbox (its run, kept under the wrong generation, is rejected and ends).
     async fn began_as(&self, sandbox: &SandboxId, generation: u64) -> bool {
-        let path = self.logs_dir(sandbox).join(BEGAN_FILE);
+        let path = self.logs_dir(sandbox).join(began::FILE);
         let deadline = tokio::time::Instant::now() + BEGAN_WAIT;
         loop {
             // The sandbox can write there: never through a link, a number at most.
@@ -663,9 +658,9 @@ impl<E: Engine> ContainerDriver<E> {
                 .open(&path)
                 .ok()
                 .and_then(|file| {
-                    let mut text = String::new();
-                    std::io::Read::read_to_string(&mut std::io::Read::take(file, 32), &mut text).ok()?;
-                    text.trim().parse::<u64>().ok()
+                    let mut bytes = Vec::new();
+                    std::io::Read::read_to_end(&mut std::io::Read::take(file, began::MAX_BYTES), &mut bytes).ok()?;
+                    began::parse(&bytes)
                 });
             if began == Some(generation) {
                 return true;

@@ -8,8 +8,8 @@
 //! ```text
 //! <root>/<sandbox id>/workspace/      the command's working directory, kept across stop and start
 //! <root>/<sandbox id>/run/state.json  the newest run: generation, pid, its kernel start time, start time
-//! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver)
-//! <root>/<sandbox id>/run/began       the generation whose supervisor began (its first act)
+//! <root>/<sandbox id>/run/exit.json   how that run ended (written by the supervisor, else by the driver; berth-handoff)
+//! <root>/<sandbox id>/run/began       the generation whose supervisor began (its first act; berth-handoff)
 //! <root>/<sandbox id>/run/output.log  the supervisor's own output
 //! <root>/<sandbox id>/logs/           the command's output, per generation (berth-logs)
 //! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
@@ -47,6 +47,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_handoff::exit::Exit;
+use berth_handoff::{began, exit, flag};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -70,8 +72,6 @@ const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// The folder under the root holding each sandbox's newest started generation. Its leading dot
 /// keeps it apart from sandbox ids.
 const STARTED_DIR: &str = ".started";
-/// Where a run's supervisor writes its generation as it begins, under the run's folder.
-const BEGAN_FILE: &str = "began";
 
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
@@ -109,19 +109,6 @@ struct Begun {
 enum StartedFile {
     Begun(Begun),
     Legacy(u64),
-}
-
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct ExitFile {
-    pub exit_code: i32,
-    pub finished_at: i64,
-    /// Set when the driver recorded the exit itself, for a run whose supervisor died without
-    /// recording one: the generation of that run. A supervisor's own record has none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<u64>,
-    /// The supervisor saw the kernel kill the command for memory.
-    #[serde(default)]
-    pub out_of_memory: bool,
 }
 
 pub struct ProcessDriver<O: Os = HostOs> {
@@ -244,7 +231,7 @@ impl<O: Os> Inner<O> {
             // run may have happened and is never run again (its compute resource is missing).
             true
         } else if self.began(sandbox)? == Some(generation)
-            || read_json::<ExitFile>(&self.run_dir(sandbox).join("exit.json"))?
+            || read_json::<Exit>(&self.run_dir(sandbox).join(exit::FILE))?
                 .is_some_and(|exit| exit.generation.is_none_or(|g| g == generation))
         {
             // Its supervisor is gone, but lived long enough to say it began, or to record an
@@ -264,8 +251,8 @@ impl<O: Os> Inner<O> {
 
     /// The generation whose supervisor last began, as it wrote it.
     fn began(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
-        let text = state_file::read(&self.run_dir(sandbox).join(BEGAN_FILE))?;
-        Ok(text.and_then(|text| std::str::from_utf8(&text).ok()?.trim().parse().ok()))
+        let bytes = state_file::read(&self.run_dir(sandbox).join(began::FILE))?;
+        Ok(bytes.and_then(|bytes| began::parse(&bytes)))
     }
 
     fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
@@ -275,20 +262,20 @@ impl<O: Os> Inner<O> {
     /// How `run` ended. A run that died without its supervisor recording the exit gets one
     /// recorded now, once, so every later look reports the same finish time.
     fn ended(&self, sandbox: &SandboxId, run: &RunFile, code_if_unknown: i32) -> Result<ExitMarker, DriverError> {
-        let path = self.run_dir(sandbox).join("exit.json");
-        let exit = match read_json::<ExitFile>(&path)? {
+        let path = self.run_dir(sandbox).join(exit::FILE);
+        let exit = match read_json::<Exit>(&path)? {
             Some(exit) => exit,
             None => {
                 self.kill_group(run, Signal::Kill);
                 self.os.kill_execs(sandbox);
                 let finished_at = self.os.now().max(run.started_at + 1);
-                let exit = ExitFile {
+                let exit = Exit {
                     exit_code: code_if_unknown,
                     finished_at,
                     generation: Some(run.generation),
                     out_of_memory: false,
                 };
-                write_json(&path, &exit)?;
+                state_file::write(&path, &exit.to_bytes())?;
                 exit
             }
         };
@@ -441,14 +428,14 @@ impl<O: Os> Inner<O> {
                 .create(d)
                 .map_err(|e| io(&format!("creating {}", d.display()), e))?;
         }
-        let exit_path = run_dir.join("exit.json");
-        let began_path = run_dir.join(BEGAN_FILE);
+        let exit_path = run_dir.join(exit::FILE);
+        let began_path = run_dir.join(began::FILE);
         for previous in [&exit_path, &began_path] {
             removed(std::fs::remove_file(previous), "clearing the previous run's records")?;
         }
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let mut args = vec!["--gateway".to_string(), self.config.gateway.clone()];
-        args.extend(["--exit-file".to_string(), path(&exit_path), "--began-file".to_string(), path(&began_path)]);
+        args.extend([flag::arg(flag::EXIT_FILE), path(&exit_path), flag::arg(flag::BEGAN_FILE), path(&began_path)]);
         // The execs a generation started, which a restart of its run must not start again.
         args.extend(["--exec-log".to_string(), path(&run_dir)]);
         args.extend(["--logs".to_string(), path(&self.logs_dir(&launch.sandbox))]);
@@ -457,20 +444,11 @@ impl<O: Os> Inner<O> {
         }
         args.push("--".to_string());
         args.extend(launch.spec.command.iter().cloned());
-        let mut env = BTreeMap::from([("HOME".to_string(), workspace.to_string_lossy().into_owned())]);
-        env.extend(launch.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        env.extend(launch.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
-        env.extend([
-            ("BERTH_SANDBOX_ID".to_string(), launch.sandbox.to_string()),
-            ("BERTH_GENERATION".to_string(), launch.generation.to_string()),
-            ("BERTH_SANDBOX_NAME".to_string(), launch.name.clone()),
-            ("BERTH_RUNTIME_TOKEN".to_string(), launch.token.expose().to_string()),
-        ]);
         let spec = SpawnSpec {
             program: self.config.supervisor.clone(),
             args,
+            env: crate::env::process_run(launch, &workspace).expose(),
             cwd: workspace,
-            env,
             log: run_dir.join("output.log"),
         };
         let started_at = self.os.now();

@@ -6,6 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::pin::Pin;
 use std::process::Stdio;
 
+use berth_handoff::var;
 use berth_proto::v1 as pb;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -109,14 +110,11 @@ fn launched(
 
 fn on_pipes(run: &pb::RunExec) -> std::io::Result<Launched> {
     let mut command = tokio::process::Command::new(&run.argv[0]);
+    command.args(&run.argv[1..]).envs(&run.env);
+    for name in var::KEPT_FROM_EXEC {
+        command.env_remove(name);
+    }
     command
-        .args(&run.argv[1..])
-        .envs(&run.env)
-        .env_remove("BERTH_RUNTIME_TOKEN")
-        .env_remove("BERTH_SUPERVISOR_GATEWAY")
-        // An exec leads its own process group: without its run's generation it is never taken
-        // for the run's supervisor, which the process driver finds by these variables.
-        .env_remove("BERTH_GENERATION")
         .stdin(if run.stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -144,13 +142,10 @@ fn on_terminal(run: &pb::RunExec) -> std::io::Result<Launched> {
     terminal
         .resize(size(&run.window.unwrap_or(pb::WindowSize { rows: 24, cols: 80 })))
         .map_err(std::io::Error::other)?;
-    let mut command = pty_process::Command::new(&run.argv[0])
-        .args(&run.argv[1..])
-        .envs(&run.env)
-        .env_remove("BERTH_RUNTIME_TOKEN")
-        .env_remove("BERTH_SUPERVISOR_GATEWAY")
-        .env_remove("BERTH_GENERATION")
-        .kill_on_drop(true);
+    let mut command = pty_process::Command::new(&run.argv[0]).args(&run.argv[1..]).envs(&run.env).kill_on_drop(true);
+    for name in var::KEPT_FROM_EXEC {
+        command = command.env_remove(name);
+    }
     if !run.env.contains_key("TERM") {
         command = command.env("TERM", "xterm");
     }
@@ -160,4 +155,33 @@ fn on_terminal(run: &pb::RunExec) -> std::io::Result<Launched> {
     let child = command.spawn(pts).map_err(std::io::Error::other)?;
     let (output, input) = terminal.into_split();
     Ok(launched(child, vec![(Box::new(output), Stream::Tty)], Input::Terminal(input)))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// An exec's environment is the gateway's message laid over the supervisor's own, but never
+    /// with the run's token, its gateway or its generation, even were the message to name them.
+    #[tokio::test]
+    async fn an_exec_gets_its_message_environment_without_what_the_supervisor_keeps() {
+        let env = [("KEPT", "yes"), (var::RUNTIME_TOKEN, "t"), (var::SUPERVISOR_GATEWAY, "g"), (var::GENERATION, "3")];
+        let run = pb::RunExec {
+            argv: vec!["env".into()],
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            ..Default::default()
+        };
+        let mut launched = Host.launch("x", &run).unwrap();
+        let (mut stdout, _) = launched.outputs.remove(0);
+        let mut printed = String::new();
+        stdout.read_to_string(&mut printed).await.unwrap();
+        assert_eq!(launched.exit.await.unwrap(), Exit::Code(0));
+        let names: Vec<&str> = printed.lines().filter_map(|line| line.split_once('=')).map(|(name, _)| name).collect();
+        assert!(printed.lines().any(|line| line == "KEPT=yes"), "{printed}");
+        for kept in var::KEPT_FROM_EXEC {
+            assert!(!names.contains(&kept), "{kept} reached the exec");
+        }
+    }
 }

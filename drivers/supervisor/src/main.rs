@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use berth_handoff::exit::Exit;
+use berth_handoff::{began, flag, var};
 use berth_proto::v1::Accepted;
 use berth_supervisor::cgroup;
 use berth_supervisor::exec::Execs;
@@ -30,22 +32,22 @@ struct Args {
     /// (each `*.sock` in it: the gateways sharing a data directory) or `http://host:port`.
     /// Several, separated by commas or given again: the session goes to any gateway that
     /// answers, and moves on to the next when its gateway goes away.
-    #[arg(long, env = "BERTH_SUPERVISOR_GATEWAY", value_delimiter = ',', required = true)]
+    #[arg(long, env = var::SUPERVISOR_GATEWAY, value_delimiter = ',', required = true)]
     gateway: Vec<String>,
     /// Where to record the command's exit code and finish time for the driver.
-    #[arg(long)]
+    #[arg(long = flag::EXIT_FILE)]
     exit_file: Option<PathBuf>,
     /// Where to record, once it has its token and before anything else, that this run began: the
     /// generation its token names. The process driver's proof that a run it lost track of (its
     /// gateway died as it spawned it, and the run died since without recording an exit) did
     /// begin; a container driver's word on which generation a run it did not start is.
-    #[arg(long)]
+    #[arg(long = flag::BEGAN_FILE)]
     began_file: Option<PathBuf>,
     /// The runtime token of this run.
-    #[arg(long, env = "BERTH_RUNTIME_TOKEN", hide_env_values = true, required_unless_present = "token_file")]
+    #[arg(long, env = var::RUNTIME_TOKEN, hide_env_values = true, required_unless_present = "token_file")]
     token: Option<String>,
     /// A file holding the runtime token (container drivers rewrite it before every start).
-    #[arg(long, conflicts_with = "token")]
+    #[arg(long = flag::TOKEN_FILE, conflicts_with = "token")]
     token_file: Option<PathBuf>,
     /// Where to keep the ids of the execs this generation's runs started, so that a run restarted
     /// out of band never runs one again. Without it, only this process remembers.
@@ -61,7 +63,7 @@ struct Args {
     echo_output: bool,
     /// A JSON object of environment variables for the command (the spec's and the providers'),
     /// read at start.
-    #[arg(long)]
+    #[arg(long = flag::ENV_FILE)]
     env_file: Option<PathBuf>,
     /// A cgroup directory to join before the command starts (the process driver's, holding the
     /// sandbox's limits); given again for each controller's. Failing to join one, the command
@@ -197,19 +199,19 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
 }
 
-/// Writes a record for the driver atomically, so it never reads half a file.
-fn write_record(path: &Path, body: &str, what: &str) {
-    let tmp = path.with_extension("tmp");
-    if let Err(e) = std::fs::write(&tmp, body).and_then(|()| std::fs::rename(&tmp, path)) {
+/// Writes a record for the driver (berth-handoff's format).
+fn write_record(path: &Path, bytes: &[u8], what: &str) {
+    if let Err(e) = berth_handoff::write(path, bytes) {
         log(format_args!("cannot record {what} in {}: {e}", path.display()));
     }
 }
 
 fn record_exit(path: &Path, exit: MainExit) {
-    let finished_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let finished_at = i64::try_from(since.as_nanos()).unwrap_or(i64::MAX);
     let MainExit { code, out_of_memory } = exit;
-    let body = format!("{{\"exit_code\":{code},\"finished_at\":{finished_at},\"out_of_memory\":{out_of_memory}}}");
-    write_record(path, &body, "the exit");
+    let exit = Exit { exit_code: code, finished_at, generation: None, out_of_memory };
+    write_record(path, &exit.to_bytes(), "the exit");
 }
 
 async fn stop(child: &mut tokio::process::Child) -> i32 {
@@ -258,9 +260,13 @@ async fn supervise(args: Args) -> ExitCode {
     let token = match (&args.token, &args.token_file) {
         (Some(token), _) => token.clone(),
         (None, path) => match path.as_ref().map(std::fs::read_to_string) {
-            Some(Ok(token)) => token.trim().to_string(),
+            Some(Ok(token)) => berth_handoff::token::parse(&token).to_string(),
             _ => {
-                log("no runtime token: pass --token, BERTH_RUNTIME_TOKEN or a readable --token-file");
+                log(format_args!(
+                    "no runtime token: pass --token, {} or a readable {}",
+                    var::RUNTIME_TOKEN,
+                    flag::arg(flag::TOKEN_FILE)
+                ));
                 return ExitCode::from(2);
             }
         },
@@ -269,7 +275,7 @@ async fn supervise(args: Args) -> ExitCode {
         None => Default::default(),
         Some(path) => match std::fs::read(path)
             .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            .and_then(|b| berth_handoff::env::parse(&b).map_err(|e| e.to_string()))
         {
             Ok(env) => env,
             Err(e) => {
@@ -284,7 +290,7 @@ async fn supervise(args: Args) -> ExitCode {
         return ExitCode::from(2);
     };
     if let Some(path) = &args.began_file {
-        write_record(path, &generation.to_string(), "the run's beginning");
+        write_record(path, &began::to_bytes(generation), "the run's beginning");
     }
     let logs = args.logs.as_ref().and_then(|dir| {
         berth_logs::prune(dir, generation)
@@ -310,11 +316,13 @@ async fn supervise(args: Args) -> ExitCode {
     // not start, or ended at once, from a running one.
     // Outside its cgroup the command would run without the limits it was given: it does not run.
     let spawned = joined.and_then(|()| {
-        tokio::process::Command::new(&args.command[0])
-            .args(&args.command[1..])
-            .env_remove("BERTH_RUNTIME_TOKEN")
-            .env_remove("BERTH_SUPERVISOR_GATEWAY")
-            .envs(&env)
+        let mut command = tokio::process::Command::new(&args.command[0]);
+        command.args(&args.command[1..]).envs(&env);
+        // After the environment file, so not even a file naming them could hand them on.
+        for name in var::KEPT_FROM_COMMAND {
+            command.env_remove(name);
+        }
+        command
             .stdout(piped())
             .stderr(piped())
             .spawn()

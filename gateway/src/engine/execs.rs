@@ -9,6 +9,7 @@ use berth_core::cas::Retry;
 use berth_core::exec::{self, Exec, ExecId, ExecSpec, Report};
 use berth_core::identity::RuntimeIdentity;
 use berth_core::{Decision, Kind, PhaseKind, Sandbox, SandboxId, Timestamp};
+use berth_drivers::env::{self, RunEnv};
 use berth_drivers::logs::{Log, Read};
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
@@ -25,14 +26,13 @@ const SWEEP_EVERY: Duration = Duration::from_secs(2);
 /// gateway, whose writes this one is not told of.
 const REREAD: Duration = Duration::from_millis(500);
 
-/// The message that has a supervisor run `exec` (or, cancelled first, only report it so), in
-/// `env`: the sandbox's environment under the exec's own.
-fn run_message(exec: &Exec, mut env: BTreeMap<String, String>) -> pb::RunExec {
-    env.extend(exec.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+/// The message that has a supervisor run `exec` (or, cancelled first, only report it so), with
+/// `env` (berth-drivers' `env::exec`).
+fn run_message(exec: &Exec, env: RunEnv) -> pb::RunExec {
     pb::RunExec {
         exec_id: exec.id.to_string(),
         argv: exec.spec.argv.clone(),
-        env,
+        env: env.expose(),
         cwd: exec.spec.cwd.clone(),
         tty: exec.spec.tty,
         stdin: exec.spec.stdin,
@@ -44,20 +44,20 @@ fn run_message(exec: &Exec, mut env: BTreeMap<String, String>) -> pb::RunExec {
 }
 
 impl Engine {
-    /// What a supervisor is told to run `exec` with: the sandbox's spec environment and the
-    /// credentials of the providers attached now (so a provider attached at a claim reaches
-    /// execs at once; the main process gets it at its next start), under the exec's own.
+    /// What a supervisor is told to run `exec` with: its environment by the drivers' rule, from
+    /// the sandbox as stored now and the providers attached now.
     pub async fn exec_run(&self, exec: &Exec) -> Result<pb::RunExec, ApiError> {
-        let mut env = BTreeMap::new();
+        let mut spec = BTreeMap::new();
+        let mut credentials = BTreeMap::new();
         if let Some(sandbox) = self.inner.store.sandbox(&exec.sandbox).await? {
-            env.extend(sandbox.spec.env.clone());
+            spec.clone_from(&sandbox.spec.env);
             for name in sandbox.providers.iter() {
                 if let Some(p) = self.inner.store.provider(name).await? {
-                    env.extend(p.credentials.iter().map(|(k, v)| (k.clone(), v.expose().to_string())));
+                    credentials.extend(p.credentials);
                 }
             }
         }
-        Ok(run_message(exec, env))
+        Ok(run_message(exec, env::exec(&spec, &credentials, &exec.spec.env)))
     }
 
     pub fn sessions(&self) -> &Sessions {

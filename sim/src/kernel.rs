@@ -86,6 +86,8 @@ pub struct Task {
     pub sandbox: SandboxId,
     /// The generation of the run whose tree it belongs to.
     pub generation: u64,
+    /// That run's supervisor's kernel start: which run of the generation it is.
+    pub run: u64,
     pub role: Role,
     /// How long after SIGTERM it exits; never, if `None` (it ignores the signal). A
     /// supervisor's handling is berth-supervisor's own.
@@ -151,11 +153,11 @@ impl RuntimeModel {
     /// Forks `parent` (running): the child is in its group and session, of its run.
     fn fork(&mut self, parent: (i32, u64), role: Role, on_term: Option<Duration>) -> Option<(i32, u64)> {
         let parent = self.running(parent.0, parent.1)?;
-        let (ppid, pgid, sid, sandbox, generation) =
-            (parent.pid, parent.pgid, parent.sid, parent.sandbox.clone(), parent.generation);
+        let (ppid, pgid, sid, sandbox, generation, run) =
+            (parent.pid, parent.pgid, parent.sid, parent.sandbox.clone(), parent.generation, parent.run);
         let pid = self.free_pid();
         let kernel_start = self.next_kernel_start();
-        let task = Task { pid, kernel_start, ppid, pgid, sid, sandbox, generation, role, on_term, zombie: None };
+        let task = Task { pid, kernel_start, ppid, pgid, sid, sandbox, generation, run, role, on_term, zombie: None };
         self.tasks.insert(pid, task);
         Some((pid, kernel_start))
     }
@@ -323,7 +325,9 @@ pub fn check_trees_gone(world: &World, bound: Duration) {
         checked
             .iter()
             .filter_map(|stop| {
-                let tree = m.running_tasks().filter(|t| t.sandbox == stop.sandbox);
+                // A run spawned after the stop (a late start of a stopped generation) is not one
+                // the stop stopped.
+                let tree = m.running_tasks().filter(|t| t.sandbox == stop.sandbox && t.run <= stop.spawned);
                 let left = tree.map(|t| (t.pid, t.generation, t.role, t.ppid == INIT));
                 d1_one_run::outlived_stop(&m.name(&stop.sandbox), stop.generation, bound, left)
             })
@@ -338,7 +342,9 @@ pub fn check_trees_gone(world: &World, bound: Duration) {
 /// delete (`None`); checked once [`check_trees_gone`]'s bound has passed.
 pub fn acknowledge(world: &World, sandbox: &SandboxId, generation: Option<u64>) {
     let at = crate::world::now();
-    lock(&world.runtime).acknowledged.push(Acknowledged { at, sandbox: sandbox.clone(), generation });
+    let mut m = lock(&world.runtime);
+    let spawned = m.kernel_starts;
+    m.acknowledged.push(Acknowledged { at, sandbox: sandbox.clone(), generation, spawned });
 }
 
 /// A stop (of runs up to `generation`) or a delete (`None`) a driver acknowledged at `at`.
@@ -346,6 +352,8 @@ pub struct Acknowledged {
     pub at: Duration,
     pub sandbox: SandboxId,
     pub generation: Option<u64>,
+    /// The last kernel start handed out by then: the runs it may have stopped started no later.
+    spawned: u64,
 }
 
 impl Runtime {
@@ -508,7 +516,9 @@ impl Runtime {
             let (role, on_term, zombie) = (Role::Supervisor, None, None);
             let generation = generation.unwrap_or(0);
             let sandbox = sandbox.clone();
-            let task = Task { pid, kernel_start, ppid, pgid: pid, sid, sandbox, generation, role, on_term, zombie };
+            let run = kernel_start;
+            let task =
+                Task { pid, kernel_start, ppid, pgid: pid, sid, sandbox, generation, run, role, on_term, zombie };
             m.tasks.insert(pid, task);
             (pid, kernel_start, problems)
         };

@@ -164,7 +164,7 @@ pub struct RuntimeModel {
     pub tasks: BTreeMap<i32, crate::kernel::Task>,
     /// Stops and deletes the drivers acknowledged, until D1 has checked what they left.
     pub acknowledged: Vec<crate::kernel::Acknowledged>,
-    kernel_starts: u64,
+    pub(crate) kernel_starts: u64,
     subscribers: Vec<Subscriber>,
     locks: BTreeMap<SandboxId, Arc<tokio::sync::Mutex<()>>>,
     last_time: i64,

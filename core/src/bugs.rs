@@ -61,10 +61,19 @@ pub enum Bug {
     /// N1: an attach opens the provider's endpoints to the running generation at once, not at
     /// its next start: the run gets more than the policy committed with its generation.
     EgressFromAttach,
+    /// D1 over trees: the process driver signals its run's supervisor alone where it should
+    /// signal the run's process group. The supervisor passes SIGTERM on to its command and
+    /// exits after it, but what the command started is never told, and lives on after an
+    /// acknowledged stop (init adopts it).
+    SignalsSupervisorOnly,
+    /// D1 over trees: the process driver ends a run's supervisor (or sees it end) but does not
+    /// make sure the rest of its group goes with it, so a child deaf to SIGTERM, or one left
+    /// running when the command ended by itself, outlives the acknowledged stop.
+    ChildLeftBehind,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 17] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -80,6 +89,8 @@ impl Bug {
         Bug::ClaimWithoutCas,
         Bug::IdleIgnoresExecs,
         Bug::EgressFromAttach,
+        Bug::SignalsSupervisorOnly,
+        Bug::ChildLeftBehind,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +110,8 @@ impl Bug {
             Bug::ClaimWithoutCas => "claim-without-cas",
             Bug::IdleIgnoresExecs => "idle-ignores-execs",
             Bug::EgressFromAttach => "egress-from-attach",
+            Bug::SignalsSupervisorOnly => "signals-supervisor-only",
+            Bug::ChildLeftBehind => "child-left-behind",
         }
     }
 
@@ -123,7 +136,9 @@ impl Bug {
             | Bug::ExecRetryRunsTwice
             | Bug::ExecNotFenced
             | Bug::IdleIgnoresExecs
-            | Bug::EgressFromAttach => 1,
+            | Bug::EgressFromAttach
+            | Bug::SignalsSupervisorOnly
+            | Bug::ChildLeftBehind => 1,
         }
     }
 

@@ -295,8 +295,8 @@ fn held(world: &World, runtime: &RuntimeModel) -> BTreeMap<SandboxId, &'static s
     for name in folders.filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')) {
         held.insert(SandboxId::new(name), "a folder");
     }
-    for (id, _, _) in runtime.live_processes() {
-        held.insert(id, "a live process");
+    for task in runtime.running_tasks() {
+        held.insert(task.sandbox.clone(), "a live process");
     }
     for id in runtime.containers.keys() {
         held.insert(id.clone(), "a container");

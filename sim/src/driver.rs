@@ -59,6 +59,9 @@ impl Driver for SimDriver {
         let what = format!("stop {} generation {generation}", self.name(sandbox));
         self.trace(what.clone());
         let reply = self.driver.stop(sandbox, generation, grace).await;
+        if reply.is_ok() {
+            crate::kernel::acknowledge(&self.world, sandbox, Some(generation));
+        }
         self.replied(what, reply)
     }
 
@@ -66,6 +69,9 @@ impl Driver for SimDriver {
         let what = format!("delete {}", self.name(sandbox));
         self.trace(what.clone());
         let reply = self.driver.delete(sandbox, grace).await;
+        if reply.is_ok() {
+            crate::kernel::acknowledge(&self.world, sandbox, None);
+        }
         self.replied(what, reply)
     }
 

@@ -1,20 +1,29 @@
-//! The simulated runtime host's kernel, under the real process driver: a process table whose
-//! pids are reused (the smallest free one, as a busy host hands them out soon after they free),
-//! each process's start time, the identity in its environment, process groups that end on
-//! SIGTERM once their supervisor recorded the exit, or at once on SIGKILL with no record, and
-//! exit files written where and as berth-supervisor writes them. Spawns cross from the gateway
-//! to this host and answer a moment later, so a gateway can die between a spawn and the
-//! driver's record of it. The gateway's side is [`crate::os::SimOs`].
+//! The simulated runtime host's kernel, under the real process driver: a process table as
+//! Linux keeps one. Each process has a parent, a process group and a session; a pid is handed
+//! out again as soon as nothing uses it as a process's, group's or session's id (the smallest
+//! free one, as a busy host hands them out soon after they free). A run is a tree: its
+//! supervisor leads a new group in its gateway's session (the driver's `setpgid`), its command
+//! runs as the supervisor's child in that group, and the command starts helpers of its own,
+//! some slow to heed SIGTERM or deaf to it, some that daemonize (fork twice, so init adopts
+//! them) without leaving the group. A signal to a pid reaches that process alone, a signal to a
+//! group every member; a parent that exits leaves its children to init, which reaps them, and
+//! a supervisor that exits is a zombie until its gateway reaps it (at once, or as it dies).
+//! Spawns cross from the gateway to this host and answer a moment later, so a gateway can die
+//! between a spawn and the driver's record of it; what a process does after a signal (its
+//! handler) happens on this host too, whatever becomes of the gateway that sent it. The
+//! gateway's side is [`crate::os::SimOs`].
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use berth_core::SandboxId;
 use berth_core::identity::verify_token;
 use berth_drivers::DriverError;
 use berth_drivers::handoff::exit::Exit;
 use berth_drivers::handoff::{began, flag, var};
-use berth_drivers::process::os::SpawnSpec;
+use berth_drivers::process::os::{Signal, SpawnSpec};
 use berth_gateway::store::Store;
 use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch};
@@ -25,8 +34,18 @@ use crate::world::{World, lock};
 
 /// The lowest pid the simulated host hands out.
 const FIRST_PID: i32 = 100;
+/// init: it adopts orphans and reaps them as they exit.
+const INIT: i32 = 1;
+/// How long berth-supervisor gives its command after SIGTERM before it kills it.
+const SUPERVISOR_STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// One process group: a run's supervisor and its workload.
+/// The pid of gateway `index`'s own process (no process of the table): the parent of the
+/// supervisors it spawns, and the session they stay in.
+fn gateway_pid(index: usize) -> i32 {
+    2 + index as i32
+}
+
+/// A run as its supervisor's process: what the driver spawned.
 pub struct Process {
     pub pid: i32,
     pub kernel_start: u64,
@@ -38,11 +57,49 @@ pub struct Process {
     exit_file: Option<PathBuf>,
     /// Its exit code once it ended, for the driver that spawned it.
     exit: watch::Sender<Option<i32>>,
+    /// Why its supervisor is stopping its command, once it is: told to terminate, or rejected.
+    stopping: Option<EndCause>,
 }
 
 impl Process {
     pub fn live(&self) -> bool {
         self.run.live()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Supervisor,
+    /// The sandbox's command, the supervisor's child.
+    Command,
+    /// Something the command started.
+    Helper,
+}
+
+/// A process of the table: running, or a zombie until its parent reaps it.
+pub struct Task {
+    pub pid: i32,
+    pub kernel_start: u64,
+    /// Its parent: init once the one that forked it exited.
+    pub ppid: i32,
+    pub pgid: i32,
+    pub sid: i32,
+    pub sandbox: SandboxId,
+    /// The generation of the run whose tree it belongs to.
+    pub generation: u64,
+    /// That run's supervisor's kernel start: which run of the generation it is.
+    pub run: u64,
+    pub role: Role,
+    /// How long after SIGTERM it exits; never, if `None` (it ignores the signal). A
+    /// supervisor's handling is berth-supervisor's own.
+    on_term: Option<Duration>,
+    /// Its exit code, once it exited and until its parent reaps it.
+    zombie: Option<i32>,
+}
+
+impl Task {
+    pub fn running(&self) -> bool {
+        self.zombie.is_none()
     }
 }
 
@@ -53,32 +110,97 @@ pub struct Spawned {
     pub exit: watch::Receiver<Option<i32>>,
 }
 
+/// What a process does after a signal or its child's exit: its handler, carried out on the
+/// runtime's host.
+pub enum Later {
+    /// `(pid, kernel start)` got SIGTERM.
+    Term(i32, u64),
+    /// The supervisor `(pid, kernel start)` saw its command exit with `code` (`cause`, unless it
+    /// was stopping it).
+    CommandExited { supervisor: (i32, u64), code: i32, cause: EndCause },
+}
+
 pub enum KernelCall {
     Spawn {
         gateway: usize,
         spec: SpawnSpec,
         reply: oneshot::Sender<Result<Spawned, DriverError>>,
     },
-    /// SIGTERM to a group: its supervisor stops the workload, records the exit, and exits.
-    Terminate {
-        sandbox: SandboxId,
-        pid: i32,
-        kernel_start: u64,
-    },
+    /// What the processes a gateway signalled do next.
+    Later(Later),
 }
 
 impl RuntimeModel {
-    /// The live process holding `pid`.
-    pub fn process(&self, pid: i32) -> Option<(&SandboxId, &Process)> {
-        self.processes.iter().find_map(|(id, ps)| ps.iter().find(|p| p.live() && p.pid == pid).map(|p| (id, p)))
+    /// The process the table holds at `pid` (running or a zombie).
+    pub fn task(&self, pid: i32) -> Option<&Task> {
+        self.tasks.get(&pid)
     }
 
+    fn running(&self, pid: i32, kernel_start: u64) -> Option<&Task> {
+        self.tasks.get(&pid).filter(|t| t.running() && t.kernel_start == kernel_start)
+    }
+
+    /// Every running process of the table.
+    pub fn running_tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.values().filter(|t| t.running())
+    }
+
+    /// Linux's rule: a pid is not handed out while it names a process, a group or a session.
     fn free_pid(&self) -> i32 {
-        let mut pid = FIRST_PID;
-        while self.process(pid).is_some() {
-            pid += 1;
+        let used: BTreeSet<i32> = self.tasks.values().flat_map(|t| [t.pid, t.pgid, t.sid]).collect();
+        (FIRST_PID..).find(|pid| !used.contains(pid)).expect("pids to spare")
+    }
+
+    /// Forks `parent` (running): the child is in its group and session, of its run.
+    fn fork(&mut self, parent: (i32, u64), role: Role, on_term: Option<Duration>) -> Option<(i32, u64)> {
+        let parent = self.running(parent.0, parent.1)?;
+        let (ppid, pgid, sid, sandbox, generation, run) =
+            (parent.pid, parent.pgid, parent.sid, parent.sandbox.clone(), parent.generation, parent.run);
+        let pid = self.free_pid();
+        let kernel_start = self.next_kernel_start();
+        let task = Task { pid, kernel_start, ppid, pgid, sid, sandbox, generation, run, role, on_term, zombie: None };
+        self.tasks.insert(pid, task);
+        Some((pid, kernel_start))
+    }
+
+    /// The running process `(pid, kernel start)` exits with `code`: its children go to init,
+    /// and it is reaped at once unless its parent is a gateway (a supervisor: a zombie until
+    /// its gateway reaps it). Its role and parent, if it was running.
+    fn exit(&mut self, pid: i32, kernel_start: u64, code: i32) -> Option<(Role, i32)> {
+        let task = self.tasks.get_mut(&pid).filter(|t| t.running() && t.kernel_start == kernel_start)?;
+        let (role, ppid) = (task.role, task.ppid);
+        if ppid < FIRST_PID && ppid != INIT {
+            task.zombie = Some(code);
+        } else {
+            self.tasks.remove(&pid);
         }
-        pid
+        let children: Vec<i32> = self.tasks.values().filter(|t| t.ppid == pid).map(|t| t.pid).collect();
+        for child in children {
+            match self.tasks.get_mut(&child) {
+                Some(t) if t.running() => t.ppid = INIT,
+                _ => {
+                    self.tasks.remove(&child);
+                }
+            }
+        }
+        Some((role, ppid))
+    }
+
+    /// A gateway lets go of its supervisor `(pid, kernel start)`: it reaps it if it exited,
+    /// and otherwise init adopts it (the gateway died).
+    fn reap(&mut self, pid: i32, kernel_start: u64) {
+        let Some(task) = self.tasks.get_mut(&pid).filter(|t| t.kernel_start == kernel_start) else { return };
+        if task.running() {
+            task.ppid = INIT;
+        } else {
+            self.tasks.remove(&pid);
+        }
+    }
+
+    /// The command of the supervisor `pid`, while it runs.
+    fn command_of(&self, pid: i32) -> Option<(i32, u64)> {
+        let command = self.tasks.values().find(|t| t.ppid == pid && t.role == Role::Command && t.running());
+        command.map(|t| (t.pid, t.kernel_start))
     }
 
     pub(crate) fn live_process_mut(
@@ -91,16 +213,41 @@ impl RuntimeModel {
         processes.iter_mut().find(|p| p.live() && p.pid == pid && p.kernel_start == kernel_start)
     }
 
-    /// Every live process: `(sandbox, pid, kernel start)`.
+    /// Every live run's supervisor: `(sandbox, pid, kernel start)`.
     pub fn live_processes(&self) -> Vec<(SandboxId, i32, u64)> {
         let all = self.processes.iter().flat_map(|(id, ps)| ps.iter().map(move |p| (id, p)));
         all.filter(|(_, p)| p.live()).map(|(id, p)| (id.clone(), p.pid, p.kernel_start)).collect()
     }
 }
 
-/// Ends a live process with `code`; its supervisor records the exit first unless it was killed
-/// outright (`recorded` false). Whether it was still live.
-pub fn end_process(
+/// Sends `signal` as kill(2) does: to the process `pid` if positive, to every process of the
+/// group `-pid` if negative. SIGKILL ends them at once (a supervisor's run with `cause`, and no
+/// exit recorded); what they do after SIGTERM, and what a supervisor does when its command
+/// dies, is returned for the runtime's host to carry out. The `(sandbox, generation)` of the
+/// supervisor it reached, if any: a run it stops (what is left of an ended one is no run).
+pub fn kill(world: &World, pid: i32, signal: Signal, cause: EndCause) -> (Option<(SandboxId, u64)>, Vec<Later>) {
+    let targets: Vec<(i32, u64, SandboxId, u64, Role)> = {
+        let m = lock(&world.runtime);
+        let hit = |t: &&Task| if pid > 0 { t.pid == pid } else { t.pgid == -pid };
+        let target = |t: &Task| (t.pid, t.kernel_start, t.sandbox.clone(), t.generation, t.role);
+        m.running_tasks().filter(hit).map(target).collect()
+    };
+    let supervisor = targets.iter().find(|t| t.4 == Role::Supervisor);
+    let reached = supervisor.map(|(_, _, sandbox, generation, _)| (sandbox.clone(), *generation));
+    let mut later = Vec::new();
+    for (pid, kernel_start, sandbox, _, _) in targets {
+        match signal {
+            Signal::Term => later.push(Later::Term(pid, kernel_start)),
+            Signal::Kill => later.extend(exit_task(world, &sandbox, pid, kernel_start, 137, cause, false)),
+        }
+    }
+    (reached, later)
+}
+
+/// The running process `(pid, kernel start)` of `sandbox`'s tree exits with `code`. A
+/// supervisor's run ends with `cause`, its exit recorded first unless it was killed outright
+/// (`recorded` false); a command's exit is its supervisor's to handle.
+fn exit_task(
     world: &World,
     sandbox: &SandboxId,
     pid: i32,
@@ -108,36 +255,50 @@ pub fn end_process(
     code: i32,
     cause: EndCause,
     recorded: bool,
-) -> bool {
+) -> Option<Later> {
     let now = world.runtime_time();
-    let (generation, exit_file) = {
+    let (role, ppid, ended) = {
         let mut m = lock(&world.runtime);
-        let Some(process) = m.live_process_mut(sandbox, pid, kernel_start) else { return false };
-        process.run.finished = Some((now, code, cause));
-        process.run.signal.send_replace(RunSignal::Ended);
-        process.exit.send_replace(Some(code));
-        (process.run.generation, process.exit_file.clone().filter(|_| recorded))
+        let (role, ppid) = m.exit(pid, kernel_start, code)?;
+        let ended = m.live_process_mut(sandbox, pid, kernel_start).map(|process| {
+            process.run.finished = Some((now, code, cause));
+            process.run.signal.send_replace(RunSignal::Ended);
+            process.exit.send_replace(Some(code));
+            (process.run.generation, process.exit_file.clone().filter(|_| recorded))
+        });
+        let supervisor = m.task(ppid).map(|t| (t.pid, t.kernel_start));
+        (role, supervisor, ended)
     };
-    if let Some(path) = exit_file {
-        record_exit(
-            &path,
-            Exit {
-                exit_code: code,
-                finished_at: now.unix_nanos(),
-                generation: None,
-                out_of_memory: cause == EndCause::OutOfMemory,
-            },
-        );
+    if let Some((generation, exit_file)) = ended {
+        if let Some(path) = exit_file {
+            record_exit(
+                &path,
+                Exit {
+                    exit_code: code,
+                    finished_at: now.unix_nanos(),
+                    generation: None,
+                    out_of_memory: cause == EndCause::OutOfMemory,
+                },
+            );
+        }
+        let name = lock(&world.runtime).name(sandbox);
+        world.event("runtime", "exited", format!("{name} generation {generation} pid {pid} code {code} ({cause:?})"));
     }
-    let name = lock(&world.runtime).name(sandbox);
-    world.event("runtime", "exited", format!("{name} generation {generation} pid {pid} code {code} ({cause:?})"));
-    true
+    match (role, ppid) {
+        (Role::Command, Some(supervisor)) => Some(Later::CommandExited { supervisor, code, cause }),
+        _ => None,
+    }
 }
 
 /// Writes the exit as berth-supervisor does: atomically, and not at all where its run's folder
 /// is gone.
 fn record_exit(path: &Path, exit: Exit) {
     let _ = berth_drivers::handoff::write(path, &exit.to_bytes());
+}
+
+/// A gateway lets go of the supervisor it spawned (see [`RuntimeModel::reap`]).
+pub fn reap(world: &World, pid: i32, kernel_start: u64) {
+    lock(&world.runtime).reap(pid, kernel_start);
 }
 
 /// D1 as a signal (`what`) lands on a group of `generation`: against the record. The in-memory
@@ -149,34 +310,167 @@ pub fn check_signal_wanted(world: &World, sandbox: &SandboxId, generation: u64, 
     }
 }
 
+/// D1 over trees: each acknowledged stop or delete at least `bound` old, against what of its
+/// sandbox's runs still runs.
+pub fn check_trees_gone(world: &World, bound: Duration) {
+    let due = crate::world::now().saturating_sub(bound);
+    let problems: Vec<String> = {
+        let mut m = lock(&world.runtime);
+        let (checked, waiting) = std::mem::take(&mut m.acknowledged).into_iter().partition(|a| a.at <= due);
+        m.acknowledged = waiting;
+        checked
+            .iter()
+            .filter_map(|stop| {
+                // A run spawned after the stop (a late start of a stopped generation) is not one
+                // the stop stopped.
+                let tree = m.running_tasks().filter(|t| t.sandbox == stop.sandbox && t.run <= stop.spawned);
+                let left = tree.map(|t| (t.pid, t.generation, t.role, t.ppid == INIT));
+                d1_one_run::outlived_stop(&m.name(&stop.sandbox), stop.generation, bound, left)
+            })
+            .collect()
+    };
+    for problem in problems {
+        world.violate(Invariant::D1, problem);
+    }
+}
+
+/// D1 over trees: a driver acknowledged a stop of `sandbox`'s runs up to `generation`, or its
+/// delete (`None`); checked once [`check_trees_gone`]'s bound has passed.
+pub fn acknowledge(world: &World, sandbox: &SandboxId, generation: Option<u64>) {
+    let at = crate::world::now();
+    let mut m = lock(&world.runtime);
+    let spawned = m.kernel_starts;
+    m.acknowledged.push(Acknowledged { at, sandbox: sandbox.clone(), generation, spawned });
+}
+
+/// A stop (of runs up to `generation`) or a delete (`None`) a driver acknowledged at `at`.
+pub struct Acknowledged {
+    pub at: Duration,
+    pub sandbox: SandboxId,
+    pub generation: Option<u64>,
+    /// The last kernel start handed out by then: the runs it may have stopped started no later.
+    spawned: u64,
+}
+
 impl Runtime {
     /// Serves the process driver's calls forever; each runs as a task of its own.
     pub async fn serve_kernel(self: Arc<Self>, mut calls: tokio::sync::mpsc::UnboundedReceiver<KernelCall>) {
         while let Some(call) = calls.recv().await {
-            let this = Arc::clone(&self);
-            tokio::spawn(async move {
-                match call {
-                    KernelCall::Spawn { gateway, spec, reply } => {
-                        let spawned = this.spawn_process(spec);
+            match call {
+                KernelCall::Spawn { gateway, spec, reply } => {
+                    let this = Arc::clone(&self);
+                    tokio::spawn(async move {
+                        let spawned = this.spawn_process(gateway, spec);
                         if spawned.is_ok() {
                             this.crash_after(gateway, "a spawn".to_string());
                         }
                         // fork and exec take a moment to come back.
                         tokio::time::sleep(this.between_millis(1, 6)).await;
                         let _ = reply.send(spawned);
-                    }
-                    KernelCall::Terminate { sandbox, pid, kernel_start } => {
-                        tokio::time::sleep(this.between(this.world.scenario.stop_duration)).await;
-                        end_process(&this.world, &sandbox, pid, kernel_start, 143, EndCause::Stopped, true);
-                    }
+                    });
                 }
-            });
+                KernelCall::Later(later) => self.carry_out(later),
+            }
         }
     }
 
-    /// Starts a supervisor's process group. Like berth-supervisor, it takes its identity from
-    /// its environment's token, and exits at once (code 2, nothing recorded) without a valid one.
-    fn spawn_process(&self, spec: SpawnSpec) -> Result<Spawned, DriverError> {
+    /// Signals as kill(2) from this host (see [`kill`]), and carries out what follows.
+    pub(crate) fn signal(self: &Arc<Self>, pid: i32, signal: Signal, cause: EndCause) {
+        for later in kill(&self.world, pid, signal, cause).1 {
+            self.carry_out(later);
+        }
+    }
+
+    /// Ends `(pid, kernel start)` of `sandbox` with `code`, and carries out what follows.
+    fn end(self: &Arc<Self>, sandbox: &SandboxId, (pid, kernel_start): (i32, u64), code: i32, cause: EndCause) {
+        if let Some(later) = exit_task(&self.world, sandbox, pid, kernel_start, code, cause, true) {
+            self.carry_out(later);
+        }
+    }
+
+    /// Runs `then` after `delay`, if `(pid, kernel start)` still runs by then.
+    fn after(
+        self: &Arc<Self>,
+        delay: Duration,
+        task: (i32, u64),
+        then: impl FnOnce(&Arc<Self>, SandboxId) + Send + 'static,
+    ) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let sandbox = lock(&this.world.runtime).running(task.0, task.1).map(|t| t.sandbox.clone());
+            if let Some(sandbox) = sandbox {
+                then(&this, sandbox);
+            }
+        });
+    }
+
+    pub(crate) fn carry_out(self: &Arc<Self>, later: Later) {
+        match later {
+            Later::Term(pid, kernel_start) => {
+                let Some((sandbox, role, on_term)) = lock(&self.world.runtime)
+                    .running(pid, kernel_start)
+                    .map(|t| (t.sandbox.clone(), t.role, t.on_term))
+                else {
+                    return;
+                };
+                match (role, on_term) {
+                    // berth-supervisor passes it on to its command, in case only it was signalled.
+                    (Role::Supervisor, _) => self.stop_command(&sandbox, (pid, kernel_start), EndCause::Stopped),
+                    (_, Some(delay)) => {
+                        self.after(delay, (pid, kernel_start), move |this, sandbox| {
+                            this.end(&sandbox, (pid, kernel_start), 143, EndCause::Stopped);
+                        });
+                    }
+                    (_, None) => {}
+                }
+            }
+            Later::CommandExited { supervisor, code, cause } => self.command_exited(supervisor, code, cause),
+        }
+    }
+
+    /// berth-supervisor stopping its command (told to terminate, or rejected: `cause`): SIGTERM
+    /// to the command alone, SIGKILL after its grace, then it records the exit and exits. With
+    /// no command left, it exits at once.
+    pub(crate) fn stop_command(self: &Arc<Self>, sandbox: &SandboxId, supervisor: (i32, u64), cause: EndCause) {
+        let command = {
+            let mut m = lock(&self.world.runtime);
+            let Some(process) = m.live_process_mut(sandbox, supervisor.0, supervisor.1) else { return };
+            if process.stopping.is_some() {
+                return;
+            }
+            process.stopping = Some(cause);
+            m.command_of(supervisor.0)
+        };
+        let Some(command) = command else {
+            return self.end(sandbox, supervisor, 143, cause);
+        };
+        self.signal(command.0, Signal::Term, cause);
+        self.after(SUPERVISOR_STOP_GRACE, command, move |this, _| this.signal(command.0, Signal::Kill, cause));
+    }
+
+    /// The supervisor's command exited: a supervisor stopping it records the exit and exits;
+    /// otherwise it reports the exit, and exits a moment later.
+    fn command_exited(self: &Arc<Self>, supervisor: (i32, u64), code: i32, cause: EndCause) {
+        let (sandbox, stopping) = {
+            let mut m = lock(&self.world.runtime);
+            let Some(sandbox) = m.running(supervisor.0, supervisor.1).map(|t| t.sandbox.clone()) else { return };
+            let Some(process) = m.live_process_mut(&sandbox, supervisor.0, supervisor.1) else { return };
+            (sandbox, process.stopping)
+        };
+        if let Some(cause) = stopping {
+            return self.end(&sandbox, supervisor, code, cause);
+        }
+        if self.main_exited(&sandbox, Some(supervisor), code, cause).is_some() {
+            let linger = self.draw(|d| d.millis(20, 500));
+            self.after(linger, supervisor, move |this, sandbox| this.end(&sandbox, supervisor, code, cause));
+        }
+    }
+
+    /// Starts a supervisor leading a new group, and its command. Like berth-supervisor, it
+    /// takes its identity from its environment's token, and exits at once (code 2, nothing
+    /// recorded) without a valid one.
+    fn spawn_process(self: &Arc<Self>, gateway: usize, spec: SpawnSpec) -> Result<Spawned, DriverError> {
         let Some(sandbox) = spec.env.get(var::SANDBOX_ID).map(|id| SandboxId::new(id.clone())) else {
             return Err(DriverError::Failed("the simulated host runs only supervisors".to_string()));
         };
@@ -211,8 +505,17 @@ impl Runtime {
             let problems = d1_one_run::spawned_twice(&name, earlier, generation);
             let run = Run::new(generation.unwrap_or(0), started_at, token.clone().unwrap_or_default(), signal);
             let exit_file = exit_file.map(PathBuf::from);
-            let process = Process { pid, kernel_start, named, run, exit_file, exit };
+            let process = Process { pid, kernel_start, named, run, exit_file, exit, stopping: None };
             m.processes.entry(sandbox.clone()).or_default().push(process);
+            // `setpgid(0, 0)`: a group of its own, in its gateway's session.
+            let (ppid, sid) = (gateway_pid(gateway), gateway_pid(gateway));
+            let (role, on_term, zombie) = (Role::Supervisor, None, None);
+            let generation = generation.unwrap_or(0);
+            let sandbox = sandbox.clone();
+            let run = kernel_start;
+            let task =
+                Task { pid, kernel_start, ppid, pgid: pid, sid, sandbox, generation, run, role, on_term, zombie };
+            m.tasks.insert(pid, task);
             (pid, kernel_start, problems)
         };
         let name = self.name(&sandbox);
@@ -222,21 +525,78 @@ impl Runtime {
         }
         match (generation, token) {
             (Some(generation), Some(token)) => {
+                self.start_command((pid, kernel_start));
                 self.supervise(Spawn { sandbox, generation, token, signal: watcher, ghost: false });
             }
             _ => {
-                end_process(&self.world, &sandbox, pid, kernel_start, 2, EndCause::SupervisorExit, false);
+                exit_task(&self.world, &sandbox, pid, kernel_start, 2, EndCause::SupervisorExit, false);
             }
         }
         Ok(Spawned { pid, kernel_start, exit: exit_rx })
     }
 
-    /// A live process of the sandbox (of `generation`, if given).
+    /// The supervisor's command, and what the command will start: a few helpers, forked in its
+    /// first seconds, some that end by themselves.
+    fn start_command(self: &Arc<Self>, supervisor: (i32, u64)) {
+        // Most commands end soon after SIGTERM; one in ten takes seconds, past the stop's grace.
+        let on_term = match self.draw(|d| d.below(10)) {
+            0 => self.between_millis(1_000, 8_000),
+            _ => self.between(self.world.scenario.stop_duration),
+        };
+        let Some(command) = lock(&self.world.runtime).fork(supervisor, Role::Command, Some(on_term)) else { return };
+        for _ in 0..self.draw(|d| d.below(4)) {
+            let at = self.between_millis(0, 3_000);
+            self.after(at, command, move |this, _| this.start_helper(command));
+        }
+    }
+
+    /// The command forks a helper: one in four daemonizes (its first fork exits at once, and
+    /// init adopts the second), all stay in the run's group. Most end soon after SIGTERM, some
+    /// take seconds, some ignore it; some end by themselves a while later.
+    fn start_helper(self: &Arc<Self>, command: (i32, u64)) {
+        let on_term = match self.draw(|d| d.below(10)) {
+            0..5 => Some(self.between_millis(10, 300)),
+            5..8 => Some(self.between_millis(2_000, 30_000)),
+            _ => None,
+        };
+        let daemon = self.draw(|d| d.chance(0.25));
+        let lifetime = self.draw(|d| d.chance(0.4)).then(|| self.between_millis(500, 20_000));
+        let helper = {
+            let mut m = lock(&self.world.runtime);
+            let Some(first) = m.fork(command, Role::Helper, on_term) else { return };
+            if daemon {
+                let second = m.fork(first, Role::Helper, on_term);
+                m.exit(first.0, first.1, 0);
+                second
+            } else {
+                Some(first)
+            }
+        };
+        if let (Some(helper), Some(lifetime)) = (helper, lifetime) {
+            self.after(lifetime, helper, move |this, sandbox| this.end(&sandbox, helper, 0, EndCause::WorkloadExit));
+        }
+    }
+
+    /// A live supervisor of the sandbox (of `generation`, if given).
     pub(crate) fn live_process(&self, sandbox: &SandboxId, generation: Option<u64>) -> Option<(i32, u64)> {
         let m = lock(&self.world.runtime);
         let processes = m.processes.get(sandbox)?;
         let mut live = processes.iter().filter(|p| p.live() && generation.is_none_or(|g| g == p.run.generation));
         live.next().map(|p| (p.pid, p.kernel_start))
+    }
+
+    /// The command of the live supervisor `(pid, kernel start)` exits by itself with `code`.
+    pub(crate) fn command_exits(
+        self: &Arc<Self>,
+        sandbox: &SandboxId,
+        supervisor: (i32, u64),
+        code: i32,
+        cause: EndCause,
+    ) {
+        let command = lock(&self.world.runtime).command_of(supervisor.0);
+        if let Some(command) = command {
+            self.end(sandbox, command, code, cause);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The gateway's side of the simulated kernel: an [`Os`] for the real process driver. Reading
 //! the process table and signalling act at once, as system calls do; a spawn crosses to the
-//! runtime's host and comes back a moment later; SIGTERM's effect (the supervisor recording the
-//! exit, then exiting) happens there, whatever becomes of the gateway meanwhile.
+//! runtime's host and comes back a moment later; what the signalled processes do next (their
+//! handlers: the supervisor stopping its command, recording the exit, then exiting) happens
+//! there, whatever becomes of the gateway meanwhile.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +17,19 @@ use tokio::sync::{mpsc, oneshot};
 use crate::kernel::{self, KernelCall};
 use crate::runtime::EndCause;
 use crate::world::{World, lock};
+
+/// Reaps the supervisor it stands for when dropped (see [`kernel::reap`]).
+struct Reaper {
+    world: Arc<World>,
+    pid: i32,
+    kernel_start: u64,
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        kernel::reap(&self.world, self.pid, self.kernel_start);
+    }
+}
 
 pub struct SimOs {
     world: Arc<World>,
@@ -42,7 +56,11 @@ impl Os for SimOs {
         self.kernel.send(KernelCall::Spawn { gateway: self.gateway, spec, reply }).map_err(|_| gone())?;
         let spawned = answer.await.map_err(|_| gone())??;
         let mut exit = spawned.exit;
+        // The driver's wait is what reaps the supervisor; a gateway that drops it (it died)
+        // leaves the supervisor to init.
+        let reaper = Reaper { world: Arc::clone(&self.world), pid: spawned.pid, kernel_start: spawned.kernel_start };
         let exit = Box::pin(async move {
+            let _reaper = reaper;
             loop {
                 if let Some(code) = *exit.borrow_and_update() {
                     return Some(code);
@@ -57,23 +75,18 @@ impl Os for SimOs {
 
     fn stat(&self, pid: i32) -> Option<ProcessStat> {
         let runtime = lock(&self.world.runtime);
-        runtime.process(pid).map(|(_, p)| ProcessStat { live: true, kernel_start: p.kernel_start })
+        runtime.task(pid).map(|t| ProcessStat { live: t.running(), kernel_start: t.kernel_start })
     }
 
-    fn signal_group(&self, pid: i32, signal: Signal) {
-        let Some((sandbox, kernel_start, generation)) =
-            lock(&self.world.runtime).process(pid).map(|(id, p)| (id.clone(), p.kernel_start, p.run.generation))
-        else {
-            return;
-        };
-        kernel::check_signal_wanted(&self.world, &sandbox, generation, &format!("{signal:?}"));
-        match signal {
-            Signal::Kill => {
-                kernel::end_process(&self.world, &sandbox, pid, kernel_start, 137, EndCause::Stopped, false);
-            }
-            Signal::Term => {
-                let _ = self.kernel.send(KernelCall::Terminate { sandbox, pid, kernel_start });
-            }
+    fn kill(&self, pid: i32, signal: Signal) {
+        let (reached, later) = kernel::kill(&self.world, pid, signal, EndCause::Stopped);
+        if let Some((sandbox, generation)) = reached {
+            let name = lock(&self.world.runtime).name(&sandbox);
+            self.world.event("runtime", "signalled", format!("{name} generation {generation}: kill -{signal:?} {pid}"));
+            kernel::check_signal_wanted(&self.world, &sandbox, generation, &format!("{signal:?}"));
+        }
+        for later in later {
+            let _ = self.kernel.send(KernelCall::Later(later));
         }
     }
 

@@ -192,7 +192,12 @@ impl RuntimeHost {
     }
 }
 
-/// The checker: I2 all along, then I7 and I8 once the quiet phase has ended.
+/// How long after a driver acknowledged a stop or delete anything of the stopped runs' process
+/// trees may still run (D1): SIGKILL takes effect at once, so this is slack for the checker's
+/// rounds, not time a driver is given.
+const D1_TREE_BOUND: Duration = Duration::from_secs(1);
+
+/// The checker: I2 and D1's process trees all along, then I7 and I8 once the quiet phase has ended.
 async fn check_continuously(world: Arc<World>) -> turmoil::Result {
     let scenario = world.scenario.clone();
     // An exit must be in the record within a few polls, however slow this seed's timings.
@@ -203,6 +208,7 @@ async fn check_continuously(world: Arc<World>) -> turmoil::Result {
     while crate::world::now() < scenario.total() {
         tokio::time::sleep(Duration::from_millis(250)).await;
         checker::check_exits_reported(&world, &bound).await;
+        crate::kernel::check_trees_gone(&world, D1_TREE_BOUND);
     }
     checker::check_converged(&world).await;
     if scenario.execs {

@@ -26,6 +26,7 @@ use berth_drivers::container::{
     sandbox_of_container,
 };
 use berth_drivers::handoff::{began, flag, token};
+use berth_drivers::process::os::Signal;
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -160,9 +161,13 @@ pub struct RuntimeModel {
     pub main_exits: Vec<(SandboxId, u64)>,
     /// The runs whose workload the kernel killed for memory, by generation.
     pub oom_kills: Vec<(SandboxId, u64)>,
-    /// Under the process driver: every process group each sandbox's supervisors led.
+    /// Under the process driver: every run each sandbox's supervisors led.
     pub processes: BTreeMap<SandboxId, Vec<crate::kernel::Process>>,
-    kernel_starts: u64,
+    /// Under the process driver: the host's process table, by pid.
+    pub tasks: BTreeMap<i32, crate::kernel::Task>,
+    /// Stops and deletes the drivers acknowledged, until D1 has checked what they left.
+    pub acknowledged: Vec<crate::kernel::Acknowledged>,
+    pub(crate) kernel_starts: u64,
     subscribers: Vec<Subscriber>,
     locks: BTreeMap<SandboxId, Arc<tokio::sync::Mutex<()>>>,
     last_time: i64,
@@ -290,7 +295,7 @@ impl Runtime {
         Arc::new(Self { world, draw: std::sync::Mutex::new(draw), supervisors, key })
     }
 
-    fn draw<T>(&self, f: impl FnOnce(&mut Draw) -> T) -> T {
+    pub(crate) fn draw<T>(&self, f: impl FnOnce(&mut Draw) -> T) -> T {
         f(&mut lock(&self.draw))
     }
 
@@ -344,9 +349,9 @@ impl Runtime {
         if let Call::SupervisorExited(id, generation) = &request.call {
             // A rejected berth-supervisor stops its workload, records the exit and exits.
             if !self.end_run(id, Some(*generation), 1, EndCause::SupervisorExit)
-                && let Some((pid, start)) = self.live_process(id, Some(*generation))
+                && let Some(supervisor) = self.live_process(id, Some(*generation))
             {
-                crate::kernel::end_process(&self.world, id, pid, start, 143, EndCause::SupervisorExit, true);
+                self.stop_command(id, supervisor, EndCause::SupervisorExit);
             }
             return;
         }
@@ -669,8 +674,9 @@ impl Runtime {
             }
             if self.fault(per_tick(f.kills)) {
                 if processes {
-                    if let Some((id, pid, start)) = self.pick_process() {
-                        crate::kernel::end_process(&self.world, &id, pid, start, 137, EndCause::Killed, false);
+                    // `kill -9 -PGID`: the run's whole group.
+                    if let Some((_, pid, _)) = self.pick_process() {
+                        self.signal(-pid, Signal::Kill, EndCause::Killed);
                     }
                 } else if let Some(id) = self.pick(|c| c.alive_generation().is_some()) {
                     self.end_run(&id, None, 137, EndCause::Killed);
@@ -718,7 +724,7 @@ impl Runtime {
 
     /// `rm -rf` of a sandbox's folder behind the process driver's back, its processes killed
     /// first (they hold it open).
-    fn remove_folder(&self) {
+    fn remove_folder(self: &Arc<Self>) {
         let Ok(entries) = std::fs::read_dir(&self.world.state_dir) else { return };
         let mut ids: Vec<SandboxId> = entries
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -727,14 +733,15 @@ impl Runtime {
             .collect();
         ids.sort();
         let Some(id) = self.pick_of(ids) else { return };
-        let live: Vec<(i32, u64)> = lock(&self.world.runtime)
-            .live_processes()
-            .into_iter()
-            .filter(|(of, _, _)| *of == id)
-            .map(|(_, pid, start)| (pid, start))
-            .collect();
-        for (pid, start) in live {
-            crate::kernel::end_process(&self.world, &id, pid, start, 137, EndCause::Removed, false);
+        let tree: Vec<i32> =
+            lock(&self.world.runtime).running_tasks().filter(|t| t.sandbox == id).map(|t| t.pid).collect();
+        // All of them dead before any supervisor could see its command go.
+        let mut later = Vec::new();
+        for pid in tree {
+            later.extend(crate::kernel::kill(&self.world, pid, Signal::Kill, EndCause::Removed).1);
+        }
+        for later in later {
+            self.carry_out(later);
         }
         let _ = std::fs::remove_dir_all(self.world.state_dir.join(id.as_str()));
         let at = self.world.runtime_time();
@@ -752,13 +759,35 @@ impl Runtime {
         let _ = self.start_run(id, true).await;
     }
 
-    /// The workload exits by itself: its supervisor reports it, then the run (the container's,
-    /// or the process group `(pid, kernel start)`) ends.
+    /// The workload exits by itself (the container's, or the command of the supervisor `(pid,
+    /// kernel start)`): its supervisor reports it, then the run ends.
     async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>) {
         // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for
         // memory (DESIGN 10), as the supervisor reports it: 137, out of memory.
         let code = self.draw(|d| d.below(10) as i32);
         let (code, cause) = if code == 9 { (137, EndCause::OutOfMemory) } else { (code, EndCause::WorkloadExit) };
+        if let Some(supervisor) = process {
+            return self.command_exits(id, supervisor, code, cause);
+        }
+        let Some(generation) = self.main_exited(id, None, code, cause) else { return };
+        let this = Arc::clone(self);
+        let id = id.clone();
+        let linger = self.draw(|d| d.millis(20, 500));
+        tokio::spawn(async move {
+            tokio::time::sleep(linger).await;
+            this.end_run(&id, Some(generation), code, cause);
+        });
+    }
+
+    /// Tells the live run (the container's, or that of the supervisor `(pid, kernel start)`)
+    /// that its workload exited with `code`, as its supervisor sees it: the run's generation.
+    pub(crate) fn main_exited(
+        &self,
+        id: &SandboxId,
+        process: Option<(i32, u64)>,
+        code: i32,
+        cause: EndCause,
+    ) -> Option<u64> {
         let out_of_memory = cause == EndCause::OutOfMemory;
         let generation = {
             let mut m = lock(&self.world.runtime);
@@ -766,7 +795,7 @@ impl Runtime {
                 None => m.containers.get_mut(id).and_then(Container::alive),
                 Some((pid, start)) => m.live_process_mut(id, pid, start).map(|p| &mut p.run),
             };
-            let Some(run) = run else { return };
+            let run = run?;
             run.signal.send_replace(RunSignal::MainExited { code, out_of_memory });
             let generation = run.generation;
             m.main_exits.push((id.clone(), generation));
@@ -776,20 +805,7 @@ impl Runtime {
             generation
         };
         self.world.event("runtime", "workload exits", format!("{} generation {generation} code {code}", self.name(id)));
-        let this = Arc::clone(self);
-        let id = id.clone();
-        let linger = self.draw(|d| d.millis(20, 500));
-        tokio::spawn(async move {
-            tokio::time::sleep(linger).await;
-            match process {
-                None => {
-                    this.end_run(&id, Some(generation), code, cause);
-                }
-                Some((pid, start)) => {
-                    crate::kernel::end_process(&this.world, &id, pid, start, code, cause, true);
-                }
-            }
-        });
+        Some(generation)
     }
 
     /// A supervisor of an ended run reconnects with its old token.

@@ -40,7 +40,7 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
             Bug::EventBypassesFence => (0, Invariant::I1),
-            Bug::DeleteWithoutRetry => (5, Invariant::I3),
+            Bug::DeleteWithoutRetry => (29, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
             Bug::EffectWithoutRecheck => (0, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
@@ -54,6 +54,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::ClaimWithoutCas => (0, Invariant::P1),
             Bug::IdleIgnoresExecs => (0, Invariant::T1),
             Bug::EgressFromAttach => (0, Invariant::N1),
+            Bug::SignalsSupervisorOnly => (1, Invariant::D1),
+            Bug::ChildLeftBehind => (1, Invariant::D1),
         };
         caught_at(bug, seed, invariant);
     }

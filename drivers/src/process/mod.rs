@@ -168,8 +168,27 @@ impl<O: Os> Inner<O> {
     fn kill_group(&self, run: &RunFile, signal: Signal) {
         let recycled = self.os.stat(run.pid).is_some_and(|stat| stat.kernel_start != run.kernel_start);
         if run.pid > 1 && !recycled {
-            self.os.signal_group(run.pid, signal);
+            #[cfg(feature = "bugs")]
+            if berth_core::bugs::on(berth_core::bugs::Bug::SignalsSupervisorOnly) {
+                return self.os.kill(run.pid, signal);
+            }
+            // The group (kill(2)'s negative pid): the supervisor, its command and whatever that
+            // started, orphans of it included; the supervisor alone would leave them.
+            self.os.kill(-run.pid, signal);
         }
+    }
+
+    /// Ends what a run's supervisor left of its group as it went: it goes once its command did,
+    /// which may leave what the command started (a helper deaf to SIGTERM, a daemon init
+    /// adopted) running in the group. Once nothing of the group lives, its pid may be another
+    /// run's: never signalled while that run's supervisor holds it ([`Self::kill_group`]), and
+    /// once that supervisor is gone too, what is left of its group is leftovers as well.
+    fn kill_leftovers(&self, run: &RunFile) {
+        #[cfg(feature = "bugs")]
+        if berth_core::bugs::on(berth_core::bugs::Bug::ChildLeftBehind) {
+            return;
+        }
+        self.kill_group(run, Signal::Kill);
     }
 
     fn dir(&self, sandbox: &SandboxId) -> PathBuf {
@@ -308,9 +327,8 @@ impl<O: Os> Inner<O> {
         crash: Option<CrashPoint>,
     ) -> Result<RuntimeState, DriverError> {
         self.settle(sandbox)?;
-        if let Some(run) = self.run_file(sandbox)?
-            && self.alive(&run)
-        {
+        let run = self.run_file(sandbox)?;
+        if let Some(run) = run.filter(|run| self.alive(run)) {
             self.kill_group(&run, Signal::Term);
             if crash == Some(CrashPoint::AfterStopAsked) {
                 return Err(crashed(CrashPoint::AfterStopAsked));
@@ -323,8 +341,11 @@ impl<O: Os> Inner<O> {
                 self.kill_group(&run, Signal::Kill);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            // The supervisor may have gone first; nothing of the group may outlive the stop.
-            self.kill_group(&run, Signal::Kill);
+        }
+        // Nothing of the group may outlive the stop, of a run stopped now or one whose
+        // supervisor went before.
+        if let Some(run) = run {
+            self.kill_leftovers(&run);
         }
         // Nor anything an exec of it started (a supervisor that got to stop them has).
         self.os.kill_execs(sandbox);

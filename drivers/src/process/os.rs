@@ -1,6 +1,6 @@
 //! What the process driver asks of the operating system: spawn a process group, read a
-//! process's state, signal a group, find a supervisor by the identity in its environment, and
-//! tell the time. [`HostOs`] is the real one (`/proc`, `killpg`, `tokio::process`); the
+//! process's state, signal a process or a group, find a supervisor by the identity in its environment, and
+//! tell the time. [`HostOs`] is the real one (`/proc`, `kill`, `tokio::process`); the
 //! simulator has its own, so the driver's bookkeeping runs there as it does here.
 
 use std::collections::BTreeMap;
@@ -65,8 +65,9 @@ pub trait Os: Send + Sync + 'static {
 
     fn stat(&self, pid: i32) -> Option<ProcessStat>;
 
-    /// Sends `signal` to the process group `pid` leads (the driver never names pid 0 or 1).
-    fn signal_group(&self, pid: i32, signal: Signal);
+    /// Sends `signal` as kill(2) does: to the process `pid` if positive, to every process of the
+    /// group `-pid` if negative (the driver never names 0, 1 or -1).
+    fn kill(&self, pid: i32, signal: Signal);
 
     /// The live leader of a process group whose environment says it is `generation`'s
     /// supervisor of `sandbox` (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`): its pid and kernel start.
@@ -166,12 +167,12 @@ impl Os for HostOs {
         proc_stat(pid).map(|(state, kernel_start)| ProcessStat { live: state != 'Z' && state != 'X', kernel_start })
     }
 
-    fn signal_group(&self, pid: i32, signal: Signal) {
+    fn kill(&self, pid: i32, signal: Signal) {
         let signal = match signal {
             Signal::Term => nix::sys::signal::Signal::SIGTERM,
             Signal::Kill => nix::sys::signal::Signal::SIGKILL,
         };
-        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), signal);
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
     }
 
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {

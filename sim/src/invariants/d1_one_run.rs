@@ -1,9 +1,14 @@
 //! D1 (DESIGN 11): a driver never runs two processes or containers for one generation, and a
 //! stop that was acknowledged stops what runs. Checked by the runtime host as each run starts
-//! (against the sandbox's earlier runs) and as each stop or signal lands (against the record).
+//! (against the sandbox's earlier runs), as each stop or signal lands (against the record), and
+//! a bound after each stop or delete a driver acknowledged (against the host's process table:
+//! nothing of a stopped run's tree, orphans init adopted included, may run by then).
+
+use std::time::Duration;
 
 use berth_core::{Intent, Sandbox};
 
+use crate::kernel::Role;
 use crate::runtime::Run;
 
 /// The problem with starting a run of `generation` in a container that already had `runs`, if
@@ -52,6 +57,31 @@ pub fn unwanted_stop(record: &Sandbox, hit: Option<u64>, how: &str) -> Option<St
     })
 }
 
+/// The problem with what of a sandbox's process tree still runs (`left`: pid, its run's
+/// generation, what it is, whether init adopted it) `bound` after a driver acknowledged a stop
+/// of its runs up to `generation` (a delete: `None`), if any of those runs' processes does.
+pub fn outlived_stop(
+    name: &str,
+    generation: Option<u64>,
+    bound: Duration,
+    left: impl IntoIterator<Item = (i32, u64, Role, bool)>,
+) -> Option<String> {
+    let mut left = left.into_iter().filter(|(_, g, _, _)| generation.is_none_or(|stopped| *g <= stopped));
+    let (pid, of, role, orphan) = left.next()?;
+    let what = match (role, orphan) {
+        (Role::Supervisor, _) => "supervisor",
+        (Role::Command, false) => "command",
+        (Role::Command, true) => "command (orphaned, adopted by init)",
+        (Role::Helper, false) => "command's child",
+        (Role::Helper, true) => "command's child (orphaned, adopted by init)",
+    };
+    let stop = match generation {
+        Some(generation) => format!("a stop of generation {generation}"),
+        None => "its delete".to_string(),
+    };
+    Some(format!("{name} generation {of}'s {what} pid {pid} still runs {bound:?} after {stop} was acknowledged"))
+}
+
 #[cfg(test)]
 mod tests {
     use berth_core::{Phase, Timestamp};
@@ -94,6 +124,25 @@ mod tests {
             ["sb1 generation 3 was spawned while its generation 2 still runs (pid 101)"]
         );
         assert_eq!(spawned_twice("sb1", [(100, &ended)], Some(1)), ["sb1 generation 1 was spawned a second time"]);
+    }
+
+    #[test]
+    fn a_process_of_a_stopped_run_left_running_fires() {
+        let bound = Duration::from_secs(1);
+        assert_eq!(
+            outlived_stop("sb1", Some(2), bound, [(140, 3, Role::Command, false), (120, 2, Role::Helper, true)])
+                .as_deref(),
+            Some(
+                "sb1 generation 2's command's child (orphaned, adopted by init) pid 120 still runs 1s after a stop of \
+                 generation 2 was acknowledged"
+            )
+        );
+        assert_eq!(outlived_stop("sb1", Some(2), bound, [(140, 3, Role::Supervisor, false)]), None, "a newer run");
+        assert_eq!(
+            outlived_stop("sb1", None, bound, [(140, 3, Role::Supervisor, false)]).as_deref(),
+            Some("sb1 generation 3's supervisor pid 140 still runs 1s after its delete was acknowledged")
+        );
+        assert_eq!(outlived_stop("sb1", None, bound, []), None);
     }
 
     #[test]

@@ -1,0 +1,102 @@
+//! `berth sandbox watch`: one sandbox's changes, or the fleet's, printed as they come.
+
+use std::collections::BTreeMap;
+
+use berth_proto::v1 as pb;
+use tonic::Status;
+
+use super::client::{Client, Failed, Reconnect};
+
+impl Client {
+    /// `berth sandbox watch NAME`: the sandbox, then every change, until it is gone.
+    pub(super) async fn watch_one(&mut self, name: String) -> Result<u8, Failed> {
+        let mut events =
+            self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
+        while let Some(event) = events.message().await? {
+            self.print_change(&name, event.sandbox.as_ref());
+        }
+        Ok(0)
+    }
+
+    /// `berth sandbox watch` without a name: the listing, then the fleet watch from its cursor;
+    /// after a lost connection the same watch from the last cursor, after a cursor the gateway
+    /// no longer reaches back to a new listing (printing what it changed).
+    pub(super) async fn watch_fleet(&mut self, selector: BTreeMap<String, String>) -> Result<u8, Failed> {
+        // What was printed of each sandbox: its id and version.
+        let mut shown: BTreeMap<String, (String, u64)> = BTreeMap::new();
+        let mut cursor: Option<String> = None;
+        let mut reconnect = Reconnect::new();
+        loop {
+            let opened = cursor.clone();
+            let ended = match cursor.clone() {
+                None => match self.list_all(&selector).await {
+                    Ok((all, first)) => {
+                        let listed: BTreeMap<String, (String, u64)> =
+                            all.iter().map(|s| (s.name.clone(), (s.id.clone(), s.resource_version))).collect();
+                        let gone: Vec<String> = shown.keys().filter(|n| !listed.contains_key(*n)).cloned().collect();
+                        for name in gone {
+                            self.print_change(&name, None);
+                        }
+                        for s in all.iter().filter(|s| shown.get(&s.name) != listed.get(&s.name)) {
+                            self.print_change(&s.name, Some(s));
+                        }
+                        shown = listed;
+                        cursor = Some(first);
+                        reconnect.progressed();
+                        continue;
+                    }
+                    Err(status) => status,
+                },
+                Some(from) => {
+                    let request = pb::WatchSandboxesRequest { label_selector: selector.clone(), cursor: from };
+                    match self.sandboxes.watch_sandboxes(request).await {
+                        Ok(events) => self.follow_fleet(events.into_inner(), &mut shown, &mut cursor).await,
+                        Err(status) => status,
+                    }
+                }
+            };
+            if cursor != opened {
+                reconnect.progressed();
+            }
+            if ended.code() == tonic::Code::FailedPrecondition {
+                eprintln!("berth: {}", ended.message());
+                cursor = None;
+            } else {
+                reconnect.after(self, ended, "watching from where it was").await?;
+            }
+        }
+    }
+
+    /// Prints the fleet watch's changes not yet shown; why it ended.
+    async fn follow_fleet(
+        &self,
+        mut events: tonic::Streaming<pb::SandboxEvent>,
+        shown: &mut BTreeMap<String, (String, u64)>,
+        cursor: &mut Option<String>,
+    ) -> Status {
+        loop {
+            let event = match events.message().await {
+                Ok(Some(event)) => event,
+                Ok(None) => return Status::unavailable("the gateway ended the watch"),
+                Err(status) => return status,
+            };
+            if event.name.is_empty() {
+                *cursor = Some(event.cursor);
+                continue;
+            }
+            match &event.sandbox {
+                _ if event.removed => {
+                    shown.remove(&event.name);
+                    self.print_change(&event.name, None);
+                }
+                // A listing of several pages can show a change the watch then brings again.
+                Some(s) if shown.get(&s.name).is_none_or(|(id, v)| *id != s.id || *v < s.resource_version) => {
+                    shown.insert(s.name.clone(), (s.id.clone(), s.resource_version));
+                    self.print_change(&s.name, Some(s));
+                }
+                _ => {}
+            }
+            *cursor = Some(event.cursor);
+        }
+    }
+}

@@ -80,6 +80,34 @@ impl From<Status> for Failed {
     }
 }
 
+/// Why a stream the CLI follows stopped before its end: the gateway's status (which may mean
+/// that it went away, see [`Reconnect`]), or the CLI's own failure.
+pub(super) enum Broke {
+    Status(Status),
+    Failed(Failed),
+}
+
+impl From<Status> for Broke {
+    fn from(s: Status) -> Self {
+        Broke::Status(s)
+    }
+}
+
+impl From<Failed> for Broke {
+    fn from(f: Failed) -> Self {
+        Broke::Failed(f)
+    }
+}
+
+impl From<Broke> for Failed {
+    fn from(b: Broke) -> Self {
+        match b {
+            Broke::Status(s) => s.into(),
+            Broke::Failed(f) => f,
+        }
+    }
+}
+
 /// Whether a stream ended with `code` because the gateway went away (a restart, a graceful
 /// shutdown's UNAVAILABLE, a lost connection), so that it is worth connecting again.
 fn lost(code: tonic::Code) -> bool {
@@ -108,10 +136,11 @@ impl Reconnect {
 
     /// After `ended` broke a stream of `client`'s off: the failure, unless the gateway went
     /// away; then says so, connects `client` again, and says how it goes on (`resume`).
-    pub(super) async fn after(&mut self, client: &mut Client, ended: Status, resume: &str) -> Result<(), Failed> {
-        if !lost(ended.code()) {
-            return Err(ended.into());
-        }
+    pub(super) async fn after(&mut self, client: &mut Client, ended: Broke, resume: &str) -> Result<(), Failed> {
+        let ended = match ended {
+            Broke::Status(s) if lost(s.code()) => s,
+            other => return Err(other.into()),
+        };
         eprintln!("berth: lost the gateway ({}); reconnecting", ended.message());
         loop {
             tokio::time::sleep(self.wait).await;

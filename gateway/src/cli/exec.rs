@@ -6,8 +6,8 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::Output;
-use super::client::{Client, Failed};
-use super::logs::write_chunk;
+use super::client::{Broke, Client, Failed, Reconnect};
+use super::logs::Position;
 use super::print::table;
 
 #[derive(Subcommand)]
@@ -87,6 +87,7 @@ impl Client {
     pub(super) async fn exec(&mut self, start: pb::ExecStart) -> Result<u8, Failed> {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let (interactive, tty) = (start.stdin, start.tty);
+        let (sandbox, id) = (start.sandbox.clone(), Some(start.exec_id.clone()).filter(|id| !id.is_empty()));
         let first = pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) };
         tx.send(first).await.map_err(|_| Failed("the request stream closed".into()))?;
         // Without stdin the request side stays open until the end all the same: closing it early
@@ -102,18 +103,56 @@ impl Client {
             Some(tx)
         };
         let events = self.execs.exec(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
-        let status = print_output(events).await;
+        let status = self.follow_output(&sandbox, id, Position(0), Some(events), interactive).await;
         drop(held);
         drop(raw);
         status
     }
 
+    /// Prints an exec's output from `events` (else from an attach at `at`) to its end, and
+    /// returns its exit status. Through a lost gateway it attaches again from the offset it
+    /// got to; not an exec it does not know the id of yet (it may not have been admitted), nor
+    /// an `interactive` one, whose stdin an attach would not pass on.
+    async fn follow_output(
+        &mut self,
+        sandbox: &str,
+        mut id: Option<String>,
+        mut at: Position,
+        mut events: Option<tonic::Streaming<pb::ExecOutput>>,
+        interactive: bool,
+    ) -> Result<u8, Failed> {
+        let mut reconnect = Reconnect::new();
+        loop {
+            let opened = match (events.take(), &id) {
+                (Some(events), _) => Ok(events),
+                (None, exec_id) => {
+                    let exec_id = exec_id.clone().unwrap_or_default();
+                    let request = pb::AttachExecRequest { sandbox: sandbox.to_string(), exec_id, offset: at.0 };
+                    self.execs.attach_exec(request).await.map(tonic::Response::into_inner)
+                }
+            };
+            let before = at.0;
+            let ended = match opened {
+                Ok(events) => print_output(events, &mut at, &mut id).await,
+                Err(status) => Err(status.into()),
+            };
+            if at.0 != before {
+                reconnect.progressed();
+            }
+            let broke = match (ended, &id) {
+                (Ok(status), _) => return Ok(status),
+                (Err(broke), Some(exec_id)) if !interactive => (broke, exec_id.clone()),
+                (Err(broke), _) => return Err(broke.into()),
+            };
+            let resume = format!("reading exec {} on from offset {}", broke.1, at.0);
+            reconnect.after(self, broke.0, &resume).await?;
+        }
+    }
+
     pub(super) async fn exec_command(&mut self, command: ExecCmd) -> Result<u8, Failed> {
         match command {
             ExecCmd::Attach { sandbox, id, offset } => {
-                let request = pb::AttachExecRequest { sandbox, exec_id: id, offset };
-                let events = self.execs.attach_exec(request).await?.into_inner();
-                print_output(events).await
+                self.follow_output(&sandbox, Some(id), Position(offset), None, false).await
             }
             ExecCmd::Get { sandbox, id } => {
                 let reply = self.execs.get_exec(pb::ExecRequest { sandbox, exec_id: id }).await?.into_inner();
@@ -201,13 +240,19 @@ async fn send_stdin(tx: tokio::sync::mpsc::Sender<pb::ExecInput>) {
     std::future::pending::<()>().await;
 }
 
-/// Writes an exec's output to stdout and stderr as it comes; the exit status of its end.
-async fn print_output(mut events: tonic::Streaming<pb::ExecOutput>) -> Result<u8, Failed> {
+/// Writes an exec's output to stdout and stderr as it comes, learning its id as it is
+/// admitted; the exit status of its end.
+async fn print_output(
+    mut events: tonic::Streaming<pb::ExecOutput>,
+    at: &mut Position,
+    id: &mut Option<String>,
+) -> Result<u8, Broke> {
     use pb::exec_output::Output as Event;
     while let Some(event) = events.message().await? {
         match event.output {
-            Some(Event::Chunk(chunk)) => write_chunk(&chunk)?,
-            Some(Event::Gap(gap)) => {
+            Some(Event::Chunk(chunk)) => at.write(&chunk)?,
+            Some(Event::Admitted(exec)) => *id = Some(exec.id),
+            Some(Event::Gap(gap)) if at.skip(&gap) => {
                 eprintln!("berth: output {}..{} is no longer kept (over the exec's cap)", gap.from, gap.to)
             }
             Some(Event::End(exec)) => {
@@ -216,8 +261,8 @@ async fn print_output(mut events: tonic::Streaming<pb::ExecOutput>) -> Result<u8
                 }
                 return Ok(exec_status(&exec));
             }
-            Some(Event::Admitted(_)) | None => {}
+            Some(Event::Gap(_)) | None => {}
         }
     }
-    Err(Failed("the gateway closed the exec's stream before it ended".into()))
+    Err(Failed("the gateway closed the exec's stream before it ended".into()).into())
 }

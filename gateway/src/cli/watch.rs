@@ -9,13 +9,41 @@ use super::client::{Client, Failed, Reconnect};
 
 impl Client {
     /// `berth sandbox watch NAME`: the sandbox, then every change, until it is gone.
+    /// Through a lost gateway it watches again, printing only what it had not printed.
     pub(super) async fn watch_one(&mut self, name: String) -> Result<u8, Failed> {
-        let mut events =
-            self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.clone() }).await?.into_inner();
-        while let Some(event) = events.message().await? {
-            self.print_change(&name, event.sandbox.as_ref());
+        // The sandbox as last printed (its id and version): a new watch starts with it again.
+        let mut shown: Option<(String, u64)> = None;
+        let mut reconnect = Reconnect::new();
+        loop {
+            let request = pb::WatchSandboxRequest { name: name.clone() };
+            let ended = match self.sandboxes.watch_sandbox(request).await {
+                // Deleted while the gateway was away: its removal is the watch's last line.
+                Err(status) if status.code() == tonic::Code::NotFound && shown.is_some() => {
+                    self.print_change(&name, None);
+                    return Ok(0);
+                }
+                Err(status) => status,
+                Ok(events) => {
+                    let mut events = events.into_inner();
+                    loop {
+                        let event = match events.message().await {
+                            Ok(Some(event)) => event,
+                            Ok(None) => return Ok(0),
+                            Err(status) => break status,
+                        };
+                        reconnect.progressed();
+                        let seen = |s: &pb::Sandbox| {
+                            shown.as_ref().is_some_and(|(id, version)| *id == s.id && *version >= s.resource_version)
+                        };
+                        if !event.sandbox.as_ref().is_some_and(seen) {
+                            shown = event.sandbox.as_ref().map(|s| (s.id.clone(), s.resource_version));
+                            self.print_change(&name, event.sandbox.as_ref());
+                        }
+                    }
+                }
+            };
+            reconnect.after(self, ended.into(), "watching from where it was").await?;
         }
-        Ok(0)
     }
 
     /// `berth sandbox watch` without a name: the listing, then the fleet watch from its cursor;
@@ -62,7 +90,7 @@ impl Client {
                 eprintln!("berth: {}", ended.message());
                 cursor = None;
             } else {
-                reconnect.after(self, ended, "watching from where it was").await?;
+                reconnect.after(self, ended.into(), "watching from where it was").await?;
             }
         }
     }

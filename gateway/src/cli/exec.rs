@@ -123,10 +123,10 @@ impl Client {
     ) -> Result<u8, Failed> {
         let mut reconnect = Reconnect::new();
         loop {
-            let opened = match (events.take(), &id) {
-                (Some(events), _) => Ok(events),
-                (None, exec_id) => {
-                    let exec_id = exec_id.clone().unwrap_or_default();
+            let opened = match events.take() {
+                Some(events) => Ok(events),
+                None => {
+                    let exec_id = id.clone().unwrap_or_default();
                     let request = pb::AttachExecRequest { sandbox: sandbox.to_string(), exec_id, offset: at.0 };
                     self.execs.attach_exec(request).await.map(tonic::Response::into_inner)
                 }
@@ -139,13 +139,13 @@ impl Client {
             if at.0 != before {
                 reconnect.progressed();
             }
-            let broke = match (ended, &id) {
+            let (broke, exec_id) = match (ended, &id) {
                 (Ok(status), _) => return Ok(status),
-                (Err(broke), Some(exec_id)) if !interactive => (broke, exec_id.clone()),
+                (Err(broke), Some(exec_id)) if !interactive => (broke, exec_id),
                 (Err(broke), _) => return Err(broke.into()),
             };
-            let resume = format!("reading exec {} on from offset {}", broke.1, at.0);
-            reconnect.after(self, broke.0, &resume).await?;
+            let resume = format!("reading exec {exec_id} on from offset {}", at.0);
+            reconnect.after(self, broke, &resume).await?;
         }
     }
 

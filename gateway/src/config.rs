@@ -42,7 +42,7 @@ impl StoreLocation {
     /// `sqlite` (the file in `data_dir`), `sqlite:PATH`, or `postgres://…` / `postgresql://…`.
     fn parse(value: &str, data_dir: &Path) -> Result<Self, String> {
         if value == "sqlite" {
-            Ok(StoreLocation::Sqlite(data_dir.join(crate::server::DATABASE_FILE)))
+            Ok(StoreLocation::Sqlite(crate::data_dir::database(data_dir)))
         } else if let Some(path) = value.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
             Ok(StoreLocation::Sqlite(PathBuf::from(path)))
         } else if value.starts_with("postgres://") || value.starts_with("postgresql://") {
@@ -279,15 +279,6 @@ impl fmt::Debug for Config {
     }
 }
 
-/// Where Berth keeps its data unless told otherwise.
-pub fn default_data_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    base.join("berth")
-}
-
 /// A gateway's name names files: keep it to a safe alphabet.
 fn gateway_name(name: String) -> Result<String, String> {
     let valid = (1..=64).contains(&name.len())
@@ -325,9 +316,9 @@ impl Config {
                 .map_err(|e| format!("cannot locate berth-supervisor: {e}"))?
                 .with_file_name("berth-supervisor"),
         };
-        let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(default_data_dir);
+        let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(crate::data_dir::default_path);
         let store = StoreLocation::parse(flags.store.or(file.store).as_deref().unwrap_or("sqlite"), &data_dir)?;
-        let name = gateway_name(flags.name.or(file.name).unwrap_or_else(|| crate::server::DEFAULT_NAME.to_string()))?;
+        let name = gateway_name(flags.name.or(file.name).unwrap_or_else(|| crate::data_dir::DEFAULT_NAME.to_string()))?;
         let lease_ttl = flags.lease_ttl.or(from_file("lease_ttl", file.lease_ttl)?).unwrap_or(Duration::from_secs(15));
         if lease_ttl < Duration::from_millis(300) {
             return Err(format!("lease_ttl: {lease_ttl:?} is too short to renew in time; give at least 300ms"));

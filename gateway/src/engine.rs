@@ -62,7 +62,7 @@ impl Default for EngineSettings {
             effect_retries: vec![Duration::from_millis(200), Duration::from_secs(1), Duration::from_secs(5)],
             files: berth_drivers::files::Limits::default(),
             limits: berth_core::validate::Limits::default(),
-            name: crate::server::DEFAULT_NAME.to_string(),
+            name: crate::data_dir::DEFAULT_NAME.to_string(),
             egress: Arc::new(crate::egress::HostUpstream::default()),
         }
     }

@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod data_dir;
 pub mod egress;
 pub mod engine;
 pub mod error;

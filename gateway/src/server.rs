@@ -1,13 +1,10 @@
-//! A production gateway: the data directory and its secrets, the store, the driver, the
+//! A production gateway: its data directory (see [`crate::data_dir`]), the store, the driver, the
 //! engine, recovery, the reconcile loops and the listeners, and a graceful shutdown.
 
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_core::identity::IdentityKey;
 use berth_drivers::Driver;
 use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
@@ -18,6 +15,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
 
 use crate::config::{Config, DriverKind, StoreLocation};
+use crate::data_dir::DataDir;
 use crate::engine::{Engine, EngineSettings};
 use crate::lease::{self, LeaseSettings};
 use crate::reconcile::ReconcileSettings;
@@ -25,29 +23,6 @@ use crate::store::Store;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 
-/// Files of the data directory.
-pub const API_TOKEN_FILE: &str = "api-token";
-pub const IDENTITY_KEY_FILE: &str = "identity.key";
-pub const DATABASE_FILE: &str = "berth.db";
-pub const INSTANCE_FILE: &str = "instance-id";
-/// The identity of the store the data directory belongs to (see [`bind_to_store`]).
-pub const STORE_ID_FILE: &str = "store-id";
-/// The gateway's name unless configured: the one gateway of a data directory.
-pub const DEFAULT_NAME: &str = "gateway";
-/// The supervisors' sockets, one per gateway, in a directory of their own: supervisors are
-/// given the directory and connect to any gateway listening in it, and containers mount it,
-/// which keeps working when a restarted gateway replaces its socket.
-pub const SOCKET_DIR: &str = "run";
-
-/// Where a gateway writes the address it listens on, for the CLI: `<name>.addr`.
-pub fn address_file(name: &str) -> String {
-    format!("{name}.addr")
-}
-
-/// A gateway's supervisor socket in [`SOCKET_DIR`]: `<name>.sock`.
-pub fn supervisor_socket(name: &str) -> String {
-    format!("{name}.sock")
-}
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for connections to close once their streams were told to end. A
@@ -63,116 +38,6 @@ const STREAMS_END_WITHIN: Duration = Duration::from_secs(3);
 /// client sees UNKNOWN; within this limit the call reaches authentication and validation.
 const MAX_HEADER_LIST: u32 = 64 * 1024;
 
-fn random_hex(bytes: usize) -> Result<String, String> {
-    let mut buf = vec![0u8; bytes];
-    getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
-    Ok(hex::encode(buf))
-}
-
-/// Makes `path` hold `contents`, readable by its owner only, unless it exists already. The file
-/// is written whole aside, then linked into place, so gateways sharing a data directory and
-/// starting together agree on one value and never read half of it. Whether this call made it.
-fn write_private(path: &Path, contents: &str) -> Result<bool, String> {
-    let aside = path.with_extension(format!("{}.tmp", random_hex(8)?));
-    let linked = write_aside(&aside, contents).and_then(|()| std::fs::hard_link(&aside, path));
-    let _ = std::fs::remove_file(&aside);
-    match linked {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(format!("creating {}: {e}", path.display())),
-    }
-}
-
-/// Writes `contents` to `path` readable by its owner only, in place of what was there: written
-/// aside, then renamed over it, so a reader sees the old contents or the new.
-fn replace_private(path: &Path, contents: &str) -> Result<(), String> {
-    let aside = path.with_extension(format!("{}.tmp", random_hex(8)?));
-    let written = write_aside(&aside, contents).and_then(|()| std::fs::rename(&aside, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&aside);
-    }
-    written.map_err(|e| format!("writing {}: {e}", path.display()))
-}
-
-/// A new file at `aside`, readable by its owner only, holding `contents` durably.
-fn write_aside(aside: &Path, contents: &str) -> std::io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(aside)?;
-    f.write_all(contents.as_bytes())?;
-    f.sync_all()
-}
-
-/// Reads a secret file, creating it with `bytes` random bytes on first start.
-fn secret(path: &Path, bytes: usize) -> Result<String, String> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => {
-            let mode = std::fs::metadata(path).map_err(|e| e.to_string())?.permissions().mode();
-            if mode & 0o077 != 0 {
-                return Err(format!(
-                    "{} is readable by others (mode {:o}); chmod 600 it",
-                    path.display(),
-                    mode & 0o777
-                ));
-            }
-            Ok(s.trim().to_string())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let value = random_hex(bytes)?;
-            if write_private(path, &value)? {
-                Ok(value)
-            } else {
-                // Another gateway sharing the data directory made it first: use theirs.
-                secret(path, bytes)
-            }
-        }
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
-    }
-}
-
-fn identity_key(path: &Path) -> Result<IdentityKey, String> {
-    let hex_key = secret(path, 32)?;
-    let bytes: [u8; 32] = hex::decode(&hex_key)
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| format!("{} does not hold a 32-byte hex key", path.display()))?;
-    Ok(IdentityKey::from_bytes(bytes))
-}
-
-/// Binds the data directory to the store the gateway runs on, or refuses a store that is not
-/// the one it is bound to. Sandboxes in the data directory (the process driver's, and the
-/// container drivers' state) belong to that store's records: on any other store they would have
-/// no record, and reconciling would delete them as orphans. A data directory without the file
-/// (a first start, or one from before stores had identities) is bound at this start. The file
-/// also says where the store was when it was bound, for the message.
-fn bind_to_store(data: &Path, location: &StoreLocation, identity: &str) -> Result<(), String> {
-    let path = data.join(STORE_ID_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if write_private(&path, &format!("{identity}\n{location}\n"))? {
-                return Ok(());
-            }
-            // Another gateway sharing the data directory bound it first: check against that.
-            return bind_to_store(data, location, identity);
-        }
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
-    };
-    let mut lines = text.lines();
-    let bound = lines.next().map(str::trim).filter(|id| !id.is_empty()).ok_or_else(|| {
-        format!("{} names no store; remove it to bind {} to this gateway's store", path.display(), data.display())
-    })?;
-    if bound == identity {
-        return Ok(());
-    }
-    let was = lines.next().map_or(String::new(), |w| format!("{w} when it was bound; "));
-    Err(format!(
-        "refusing to start: the data directory {} belongs to store {bound} ({was}see {}), not to this gateway's \
-         store {identity} ({location}), which would take its sandboxes for orphans and delete them. Is --store \
-         (BERTH_STORE) missing or wrong? Give the store the data directory belongs to, or another --data-dir.",
-        data.display(),
-        path.display()
-    ))
-}
-
 fn seed() -> Result<u64, String> {
     let mut buf = [0u8; 8];
     getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
@@ -183,24 +48,13 @@ fn seed() -> Result<u64, String> {
 /// (or [`DRAIN_FOR`] while effects are under way). Tasks still running then (a connection whose
 /// client does not read, say) are left to the caller to drop without waiting.
 pub async fn run(config: Config) -> Result<(), String> {
-    let data = &config.data_dir;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(data)
-        .map_err(|e| format!("creating {}: {e}", data.display()))?;
+    let data = DataDir::create(&config.data_dir)?;
     info!(settings = ?config, "berth-gateway starting");
     let token = match &config.api_token {
         Some(t) if t.len() < 16 => return Err("the API token must be at least 16 characters".to_string()),
-        // Written where the CLI on this host looks, replacing a token an earlier run made: the
-        // file always holds the token the gateway takes.
-        Some(t) => {
-            replace_private(&data.join(API_TOKEN_FILE), t)?;
-            t.clone()
-        }
-        None => secret(&data.join(API_TOKEN_FILE), 32)?,
+        given => data.api_token(given.as_deref())?,
     };
-    let key = identity_key(&data.join(IDENTITY_KEY_FILE))?;
+    let key = data.identity_key()?;
     let store: Arc<dyn Store> = match &config.store {
         StoreLocation::Sqlite(path) => {
             Arc::new(SqliteStore::keeping_changes(path, config.changes_kept).map_err(|e| e.to_string())?)
@@ -213,20 +67,15 @@ pub async fn run(config: Config) -> Result<(), String> {
             Arc::new(PostgresStore::connect_with(url, settings).await.map_err(|e| e.to_string())?)
         }
     };
-    bind_to_store(data, &config.store, store.identity())?;
+    data.bind_to_store(&config.store, store.identity())?;
 
-    let socket_dir = data.join(SOCKET_DIR);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&socket_dir)
-        .map_err(|e| format!("creating {}: {e}", socket_dir.display()))?;
-    let socket: PathBuf = socket_dir.join(supervisor_socket(&config.name));
+    let socket_dir = data.socket_dir()?;
+    let socket: PathBuf = data.supervisor_socket(&config.name);
     if tokio::net::UnixStream::connect(&socket).await.is_ok() {
         return Err(format!(
             "another gateway named {:?} is serving from {}; give each gateway its own --name",
             config.name,
-            data.display()
+            data.path().display()
         ));
     }
     match std::fs::remove_file(&socket) {
@@ -241,7 +90,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             config.supervisor_bin.display()
         ));
     }
-    let driver = driver(&config, &socket_dir, store.identity()).await?;
+    let driver = driver(&config, &data, &socket_dir, store.identity()).await?;
     let files =
         berth_drivers::files::Limits { max_bytes: config.max_upload_bytes, ..berth_drivers::files::Limits::default() };
     let settings = EngineSettings {
@@ -256,12 +105,7 @@ pub async fn run(config: Config) -> Result<(), String> {
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    // Written aside and renamed into place: a reader (the CLI, a test) never sees half of it.
-    let address_file = data.join(address_file(&config.name));
-    let written = address_file.with_extension("addr.tmp");
-    std::fs::write(&written, format!("http://{address}\n"))
-        .and_then(|()| std::fs::rename(&written, &address_file))
-        .map_err(|e| format!("writing {}: {e}", address_file.display()))?;
+    data.write_address(&config.name, address)?;
 
     let reconcile_settings = ReconcileSettings {
         poll_interval: config.poll_interval,
@@ -314,7 +158,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     info!(
         %address,
         name = config.name,
-        data_dir = %data.display(),
+        data_dir = %data.path().display(),
         store = %config.store,
         driver = engine.driver().name(),
         "berth-gateway serving"
@@ -359,14 +203,13 @@ pub async fn run(config: Config) -> Result<(), String> {
 
 /// The configured runtime's driver; `auto` takes the first runtime that answers. Container
 /// engines are bound to `store`: they label what they make with it and see only its resources.
-async fn driver(config: &Config, socket_dir: &Path, store: &str) -> Result<Arc<dyn Driver>, String> {
-    let data = &config.data_dir;
+async fn driver(config: &Config, data: &DataDir, socket_dir: &Path, store: &str) -> Result<Arc<dyn Driver>, String> {
     let instance = match &config.instance {
         Some(name) => name.clone(),
-        None => secret(&data.join(INSTANCE_FILE), 8)?,
+        None => data.instance()?,
     };
     let containers = |runtime: &str| ContainerConfig {
-        root: data.join(runtime),
+        root: data.runtime_state(runtime),
         supervisor: config.supervisor_bin.clone(),
         socket_dir: socket_dir.to_path_buf(),
     };
@@ -382,7 +225,7 @@ async fn driver(config: &Config, socket_dir: &Path, store: &str) -> Result<Arc<d
     };
     let process = || -> Result<Arc<dyn Driver>, String> {
         let driver = ProcessDriver::new(ProcessConfig {
-            root: data.join("sandboxes"),
+            root: data.sandboxes(),
             supervisor: config.supervisor_bin.clone(),
             gateway: format!("unix:{}", socket_dir.display()),
         });
@@ -415,33 +258,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_data_directory_serves_only_the_store_it_was_first_used_with() {
-        let data = tempfile::tempdir().unwrap();
-        let first = StoreLocation::Sqlite(data.path().join("berth.db"));
-        let other = StoreLocation::Postgres("postgres://berth:hunter2@db/berth".into());
-        bind_to_store(data.path(), &first, "aaaa").unwrap();
-        let file = data.path().join(STORE_ID_FILE);
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
-        bind_to_store(data.path(), &first, "aaaa").unwrap();
-        // The store is found by its identity, wherever it is now.
-        bind_to_store(data.path(), &other, "aaaa").unwrap();
-
-        let refused = bind_to_store(data.path(), &other, "bbbb").unwrap_err();
-        for mention in ["aaaa", "bbbb", &first.to_string(), &other.to_string(), "--store", "BERTH_STORE"] {
-            assert!(refused.contains(mention), "{refused:?} does not mention {mention:?}");
-        }
-        assert!(!refused.contains("hunter2"), "a password in an error: {refused}");
-
-        std::fs::remove_file(&file).unwrap();
-        bind_to_store(data.path(), &other, "bbbb").unwrap();
-        assert!(bind_to_store(data.path(), &first, "aaaa").is_err());
     }
 }

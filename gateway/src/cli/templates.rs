@@ -4,7 +4,10 @@ use berth_proto::v1 as pb;
 use clap::Subcommand;
 use serde_json::json;
 
-use super::{Client, Failed, Output, SpecArgs, Versioned, spec_json, table};
+use super::Output;
+use super::client::{Client, Failed};
+use super::print::{spec_json, table};
+use super::spec::{SpecArgs, Versioned};
 
 #[derive(Subcommand)]
 pub(super) enum TemplateCmd {

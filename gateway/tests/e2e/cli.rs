@@ -492,3 +492,95 @@ async fn the_cli_names_egress_entries_and_provider_endpoints() {
     let agent = json(&berth(&data, &args).await);
     assert_eq!(agent["egress_providers"], serde_json::json!(["api"]));
 }
+
+/// A `berth` whose output is read as it comes.
+struct Following {
+    child: tokio::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Following {
+    fn spawn(data: &DataDir, args: &[&str]) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(bin("berth"))
+            .arg("--data-dir")
+            .arg(&data.path)
+            .args(args)
+            .env_remove("BERTH_GATEWAY")
+            .env_remove("BERTH_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = stdout.next_line().await {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    async fn first_line(&mut self) -> String {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(30), self.lines.recv()).await;
+        line.expect("a line within 30 s").expect("a line before the end")
+    }
+
+    /// Its exit status, every line it printed after `first`, and its stderr.
+    async fn end(mut self, first: String) -> (Option<i32>, Vec<String>, String) {
+        let status = tokio::time::timeout(std::time::Duration::from_secs(60), self.child.wait()).await;
+        let status = status.expect("it ends within 60 s").unwrap();
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut self.child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+        let mut lines = vec![first];
+        while let Some(line) = self.lines.recv().await {
+            lines.push(line);
+        }
+        (status.code(), lines, stderr)
+    }
+}
+
+/// Issue 38: `berth sandbox logs -f` and `berth sandbox exec`, open while their gateway stops
+/// gracefully (their streams end with UNAVAILABLE) and starts again elsewhere, reconnect and
+/// read on from the offset they got to: their output is whole, in order, nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_follows_logs_and_execs_through_a_gateway_restart() {
+    let data = DataDir::new();
+    let mut gateway = Gateway::start(&data, &[]).await;
+    let counting = |prefix: &str| format!("for i in $(seq 0 39); do echo {prefix}-$i; sleep 0.25; done");
+    let main = format!("{}; exec sleep 3600", counting("line"));
+    ok(&berth(&data, &["sandbox", "create", "box", "--", "sh", "-c", &main]).await);
+    let mut logs = Following::spawn(&data, &["sandbox", "logs", "-f", "box"]);
+    let mut exec = Following::spawn(&data, &["sandbox", "exec", "box", "--", "sh", "-c", &counting("exec")]);
+    let (logs_first, exec_first) = (logs.first_line().await, exec.first_line().await);
+
+    gateway.sigterm();
+    let exited = gateway.exit_within(std::time::Duration::from_secs(20)).await;
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}:\n{}", data.log());
+    let _gateway = Gateway::start(&data, &[]).await;
+
+    let (status, lines, stderr) = exec.end(exec_first).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    assert_eq!(lines, (0..40).map(|i| format!("exec-{i}")).collect::<Vec<_>>(), "{stderr}");
+    assert!(stderr.contains("lost the gateway") && stderr.contains("reconnected"), "says what it did: {stderr}");
+
+    // The main command runs on (the logs follow it until its run ends): its 40 lines, once each.
+    let want: Vec<String> = (0..40).map(|i| format!("line-{i}")).collect();
+    let mut got = vec![logs_first];
+    while got.len() < want.len() {
+        match tokio::time::timeout(std::time::Duration::from_secs(30), logs.lines.recv()).await {
+            Ok(Some(line)) => got.push(line),
+            _ => break,
+        }
+    }
+    assert_eq!(got, want);
+    // Nothing after them, however long it follows.
+    let more = tokio::time::timeout(std::time::Duration::from_secs(1), logs.lines.recv()).await;
+    assert!(more.is_err(), "printed again: {more:?}");
+    logs.child.kill().await.unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut logs.child.stderr.take().unwrap(), &mut stderr).await.unwrap();
+    assert!(stderr.contains("lost the gateway") && stderr.contains("reconnected; reading on from offset"), "{stderr}");
+}

@@ -15,7 +15,7 @@ use berth_drivers::container::podman::PodmanEngine;
 use berth_drivers::container::{ContainerConfig, ContainerDriver, Engine, container_name, image, volume_name};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use berth_drivers::{Act, CrashPoint, Driver, Launch};
-use berth_gateway::server::SOCKET_DIR;
+use berth_gateway::data_dir::SOCKET_DIR;
 use berth_proto::v1 as pb;
 
 use crate::harness::*;

@@ -10,7 +10,7 @@ use berth_core::SandboxId;
 use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
 use berth_drivers::container::{Engine, image, volume_name};
-use berth_gateway::server::STORE_ID_FILE;
+use berth_gateway::data_dir::STORE_ID_FILE;
 use berth_proto::v1 as pb;
 
 use crate::harness::*;

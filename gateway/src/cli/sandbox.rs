@@ -1,0 +1,346 @@
+//! `berth sandbox`: create, read and drive sandboxes; each lifecycle command waits for its
+//! target phase unless told not to.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use berth_proto::v1 as pb;
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use tonic::Status;
+
+use super::Output;
+use super::client::{Client, Failed};
+use super::exec::window_size;
+use super::print::{phase_name, sandbox_json};
+use super::spec::{SpecArgs, Versioned, Wait, pair, unix_millis, wire_millis};
+
+#[derive(Subcommand)]
+pub(super) enum SandboxCmd {
+    /// Create a sandbox running COMMAND and wait until it is Ready.
+    Create {
+        name: String,
+        #[command(flatten)]
+        spec: Box<SpecArgs>,
+        /// A provider to attach (repeatable).
+        #[arg(long = "provider", short)]
+        providers: Vec<String>,
+        /// An absolute deadline instead of a TTL, RFC 3339 (`2026-12-01T18:00:00Z`).
+        #[arg(long, value_parser = humantime::parse_rfc3339_weak, conflicts_with = "ttl")]
+        deadline: Option<std::time::SystemTime>,
+        #[command(flatten)]
+        wait: Wait,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take a Ready sandbox from a template's warm pool (never one another claim got), with
+    /// labels and providers added; prints it.
+    Claim {
+        template: String,
+        /// A label to add, KEY=VALUE (repeatable).
+        #[arg(long = "label", short, value_parser = pair)]
+        labels: Vec<(String, String)>,
+        /// A provider to attach: its credentials reach execs at once (repeatable).
+        #[arg(long = "provider", short)]
+        providers: Vec<String>,
+        /// Wait this long for a Ready member if the pool has none (default: fail at once).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<Duration>,
+    },
+    /// Give a sandbox a new deadline: its TTL (or --ttl) from now, or --deadline. An expired,
+    /// stopped sandbox stays stopped until started.
+    Renew {
+        name: String,
+        /// The new deadline is this long from now (default: the sandbox's TTL).
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "deadline")]
+        ttl: Option<Duration>,
+        /// The new deadline, RFC 3339 (`2026-12-01T18:00:00Z`).
+        #[arg(long, value_parser = humantime::parse_rfc3339_weak)]
+        deadline: Option<std::time::SystemTime>,
+        #[command(flatten)]
+        version: Versioned,
+    },
+    /// Show one sandbox.
+    Get { name: String },
+    /// List sandboxes (every page).
+    List {
+        /// Only sandboxes with this label, KEY=VALUE (repeatable).
+        #[arg(long = "selector", short, value_parser = pair)]
+        selector: Vec<(String, String)>,
+    },
+    /// Print the sandbox, then every change, until it is gone or interrupted. Without a name,
+    /// every sandbox (or those the selector picks), then every change to any of them, until
+    /// interrupted: through gateway restarts, resuming where it was.
+    Watch {
+        name: Option<String>,
+        /// Only sandboxes with this label, KEY=VALUE (repeatable; without a name only).
+        #[arg(long = "selector", short, value_parser = pair, conflicts_with = "name")]
+        selector: Vec<(String, String)>,
+    },
+    /// Stop a sandbox (its workspace is kept) and wait until it is Stopped.
+    Stop {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Start a stopped (or failed) sandbox with a new runtime identity and wait until it is Ready.
+    Start {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Delete a sandbox and everything made for it, and wait until it is gone.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Copy a file or directory into or out of a sandbox's workspace, like `docker cp`: one side
+    /// is `NAME:PATH` (relative to the workspace, or under /workspace), and SRC is copied into
+    /// the directory DST (made if missing), keeping its name. Works on a Stopped sandbox too.
+    Cp { src: String, dst: String },
+    /// Print what the sandbox's command wrote, stdout to stdout and stderr to stderr: its
+    /// current run's output, or an earlier generation's (kept for the newest 8, even once the
+    /// sandbox is Stopped or in Error).
+    Logs {
+        name: String,
+        /// Go on printing as the command writes, until its run ends.
+        #[arg(long, short)]
+        follow: bool,
+        /// The generation whose run's output to print (default: the current one).
+        #[arg(long)]
+        generation: Option<u64>,
+        /// Start at this byte offset of the output.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
+    /// Run a command in a Ready sandbox, streaming its output; exits with its exit status
+    /// (128+N if signal N killed it, 124 if it timed out).
+    Exec {
+        name: String,
+        /// Pass this terminal's stdin to the command.
+        #[arg(long, short)]
+        interactive: bool,
+        /// Run the command on a terminal (its output is then one stream); with -i this
+        /// terminal is put in raw mode and its size follows this one's.
+        #[arg(long, short)]
+        tty: bool,
+        /// Kill the command after this long (it ends TimedOut).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<Duration>,
+        /// The exec's id: running again with the same id and command attaches to the first
+        /// run instead of running it twice.
+        #[arg(long)]
+        id: Option<String>,
+        /// An environment variable, KEY=VALUE (repeatable).
+        #[arg(long = "env", short, value_parser = pair)]
+        env: Vec<(String, String)>,
+        /// The working directory in the sandbox.
+        #[arg(long, short)]
+        workdir: Option<String>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+}
+
+/// What a lifecycle command waits for.
+#[derive(Clone, Copy)]
+enum Target {
+    Ready,
+    Stopped,
+    Gone,
+}
+
+impl Client {
+    /// Every page of the sandboxes `selector` picks, and the first page's cursor: a fleet watch
+    /// from it misses nothing the pages do not show.
+    pub(super) async fn list_all(
+        &mut self,
+        selector: &BTreeMap<String, String>,
+    ) -> Result<(Vec<pb::Sandbox>, String), Status> {
+        let mut all = Vec::new();
+        let mut first = None;
+        let mut page_token = String::new();
+        loop {
+            let request = pb::ListSandboxesRequest { page_size: 500, page_token, label_selector: selector.clone() };
+            let reply = self.sandboxes.list_sandboxes(request).await?.into_inner();
+            first.get_or_insert(reply.cursor);
+            all.extend(reply.sandboxes);
+            if reply.next_page_token.is_empty() {
+                return Ok((all, first.unwrap_or_default()));
+            }
+            page_token = reply.next_page_token;
+        }
+    }
+
+    /// Waits for `target`, showing the phase; fails on Error (unless that is where a stop or
+    /// delete is headed from).
+    async fn wait(&mut self, name: &str, target: Target, wait: &Wait) -> Result<Option<pb::Sandbox>, Failed> {
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"));
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        let waiting = tokio::time::timeout(wait.timeout, async {
+            let watch = self.sandboxes.watch_sandbox(pb::WatchSandboxRequest { name: name.to_string() }).await;
+            let mut events = match (watch, target) {
+                (Ok(events), _) => events.into_inner(),
+                // Already gone before the watch began.
+                (Err(s), Target::Gone) if s.code() == tonic::Code::NotFound => return Ok(None),
+                (Err(s), _) => return Err(s.into()),
+            };
+            while let Some(event) = events.message().await? {
+                let Some(s) = event.sandbox else {
+                    return match target {
+                        Target::Gone => Ok(None),
+                        _ => Err(Failed(format!("sandbox '{name}' was deleted"))),
+                    };
+                };
+                spinner.set_message(format!("{name}: {}", phase_name(s.phase)));
+                let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
+                match (target, phase) {
+                    (Target::Ready, pb::Phase::Ready) | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
+                    // The command ran and exited 0 before it was seen Ready: done, not failed.
+                    (Target::Ready, pb::Phase::Stopped) if s.completed => return Ok(Some(s)),
+                    (Target::Ready | Target::Stopped, pb::Phase::Error) => {
+                        let f = s.failure.unwrap_or_default();
+                        return Err(Failed(format!("sandbox '{name}' failed: {} ({})", f.reason, f.message)));
+                    }
+                    _ => {}
+                }
+            }
+            Err(Failed(format!("the watch of '{name}' ended early")))
+        });
+        let result = tokio::select! {
+            result = waiting => result,
+            _ = tokio::signal::ctrl_c() => {
+                spinner.finish_and_clear();
+                eprintln!(
+                    "berth: stopped waiting; the gateway carries on with '{name}' (`berth sandbox get {name}` shows where it is)"
+                );
+                std::process::exit(130);
+            }
+        };
+        spinner.finish_and_clear();
+        result.unwrap_or_else(|_| Err(Failed(format!("timed out after {:?} waiting for '{name}'", wait.timeout))))
+    }
+
+    async fn lifecycle(&mut self, reply: pb::SandboxReply, target: Target, wait: &Wait) -> Result<(), Failed> {
+        let sandbox = reply.sandbox.unwrap_or_default();
+        // A start or stop that found the sandbox where it was headed changed nothing: say so.
+        let already = match (target, pb::Phase::try_from(sandbox.phase)) {
+            (Target::Ready, Ok(pb::Phase::Ready)) => Some("Ready"),
+            (Target::Stopped, Ok(pb::Phase::Stopped)) => Some("Stopped"),
+            _ => None,
+        };
+        if let Some(phase) = already {
+            eprintln!("berth: sandbox '{}' is already {phase} (generation {})", sandbox.name, sandbox.generation);
+        }
+        if wait.no_wait {
+            self.print_sandboxes(&[sandbox]);
+            return Ok(());
+        }
+        match self.wait(&sandbox.name, target, wait).await? {
+            Some(s) => self.print_sandboxes(&[s]),
+            None if self.output == Output::Json => say!("{}", json!({"name": sandbox.name, "deleted": true})),
+            None => say!("sandbox '{}' deleted", sandbox.name),
+        }
+        Ok(())
+    }
+
+    pub(super) async fn sandbox(&mut self, command: SandboxCmd) -> Result<u8, Failed> {
+        match command {
+            SandboxCmd::Exec { name, interactive, tty, timeout, id, env, workdir, command } => {
+                let start = pb::ExecStart {
+                    sandbox: name,
+                    argv: command,
+                    env: env.into_iter().collect(),
+                    cwd: workdir.unwrap_or_default(),
+                    tty,
+                    stdin: interactive,
+                    timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                    exec_id: id.unwrap_or_default(),
+                    window: tty.then(window_size).flatten(),
+                };
+                return self.exec(start).await;
+            }
+            SandboxCmd::Cp { src, dst } => return self.cp(&src, &dst).await,
+            SandboxCmd::Claim { template, labels, providers, wait } => {
+                let request = pb::ClaimSandboxRequest {
+                    template,
+                    labels: labels.into_iter().collect(),
+                    providers,
+                    wait_ms: wait.map(|w| u32::try_from(w.as_millis()).unwrap_or(u32::MAX)),
+                };
+                let reply = self.templates.claim_sandbox(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
+            }
+            SandboxCmd::Logs { name, follow, generation, offset } => {
+                return self.logs(name, generation.unwrap_or(0), offset, follow).await;
+            }
+            SandboxCmd::Create { name, spec, providers, deadline, wait, command } => {
+                let request = pb::CreateSandboxRequest {
+                    name,
+                    spec: Some(spec.wire(command)),
+                    providers,
+                    expected_resource_version: None,
+                    deadline_unix_ms: deadline.map(unix_millis),
+                };
+                let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Renew { name, ttl, deadline, version } => {
+                let request = pb::RenewSandboxRequest {
+                    name,
+                    ttl_ms: ttl.map(wire_millis),
+                    deadline_unix_ms: deadline.map(unix_millis),
+                    expected_resource_version: version.expected_version,
+                };
+                let reply = self.sandboxes.renew_sandbox(request).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
+            }
+            SandboxCmd::Get { name } => {
+                let reply = self.sandboxes.get_sandbox(pb::GetSandboxRequest { name }).await?.into_inner();
+                self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
+                Ok(())
+            }
+            SandboxCmd::List { selector } => {
+                let (all, _) = self.list_all(&selector.into_iter().collect()).await?;
+                match self.output {
+                    Output::Json => say!("{:#}", json!(all.iter().map(sandbox_json).collect::<Vec<_>>())),
+                    Output::Table => self.print_sandboxes(&all),
+                }
+                Ok(())
+            }
+            SandboxCmd::Watch { name: None, selector } => {
+                return self.watch_fleet(selector.into_iter().collect()).await;
+            }
+            SandboxCmd::Watch { name: Some(name), .. } => return self.watch_one(name).await,
+            SandboxCmd::Stop { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.stop_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Stopped, &wait).await
+            }
+            SandboxCmd::Start { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.start_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Delete { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.delete_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Gone, &wait).await
+            }
+        }
+        .map(|()| 0)
+    }
+}

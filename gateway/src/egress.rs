@@ -96,7 +96,7 @@ fn target(host: &str) -> Result<Target, Status> {
         .map_err(|why| Status::invalid_argument(format!("host: '{host}' is neither a host name nor an address: {why}")))
 }
 
-/// The egress feature on the engine: what the supervisor API's egress streams open.
+/// What the supervisor API's egress streams open: a run's connections out, as its policy allows.
 #[derive(Clone)]
 pub struct Egress {
     engine: Engine,

@@ -3,8 +3,11 @@
 //! Commands and observations run the same loop: read, decide (or merge), commit the decision's
 //! conditional writes, and on a conflict re-read and re-decide after the jittered wait core
 //! chose (DESIGN 3.3). Once a decision commits, its driver effects run from a per-sandbox queue
-//! ([`effects`]). The features built on this loop (execs, files, logs, activity, egress) are
-//! services that each hold the engine.
+//! ([`effects`]).
+//!
+//! The features built on this loop (execs, files, logs, activity, and [`crate::egress`]) are
+//! services holding the engine: an API handler holds the services it serves, so what it can do
+//! to the gateway is what they offer, not everything the engine can.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

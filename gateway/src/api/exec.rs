@@ -87,7 +87,7 @@ async fn follow(
                 Err(e) => break Err(e.into()),
             };
             let over = current.state.is_terminal();
-            let sent = match execs.read_exec_output(&exec, offset, READ_MAX, over).await {
+            let sent = match execs.read_output(&exec, offset, READ_MAX, over).await {
                 Ok(Read::Data(chunks)) => {
                     let read = chunks.iter().map(|c| c.data.len()).sum();
                     let mut sent = Ok(());
@@ -235,9 +235,9 @@ async fn forward_input(api: ExecApi, exec: Exec, mut inbound: Streaming<pb::Exec
 /// from the start to its end. The stream hands the exec to its run as it asks for the output
 /// (with the terminal's size, which is no part of the record).
 pub(crate) async fn start_exec(api: &ExecApi, start: pb::ExecStart) -> Result<(Exec, OutputStream), Status> {
-    let id = if start.exec_id.is_empty() { api.execs.new_exec_id() } else { exec_id(&start.exec_id)? };
+    let id = if start.exec_id.is_empty() { api.execs.new_id() } else { exec_id(&start.exec_id)? };
     let spec = convert::exec_spec(&start);
-    let admitted = api.execs.admit_exec(&start.sandbox, &id, &spec).await?;
+    let admitted = api.execs.admit(&start.sandbox, &id, &spec).await?;
     let (tx, rx) = mpsc::channel(16);
     let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
     tokio::spawn(follow(api.clone(), admitted.clone(), start.sandbox, 0, start.window, tx));
@@ -262,7 +262,7 @@ impl execs_server::Execs for ExecApi {
 
     async fn get_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
         let request = request.into_inner();
-        let (_, exec) = self.execs.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let (_, exec) = self.execs.find(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
     }
 
@@ -284,7 +284,7 @@ impl execs_server::Execs for ExecApi {
         request: Request<pb::AttachExecRequest>,
     ) -> Result<Response<Self::AttachExecStream>, Status> {
         let request = request.into_inner();
-        let (_, exec) = self.execs.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let (_, exec) = self.execs.find(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         let active = self.activity.keep_active(&request.sandbox).await?;
         let (tx, rx) = mpsc::channel(16);
         let _ = tx.send(output(Output::Admitted(convert::exec(&exec, &request.sandbox)))).await;
@@ -298,7 +298,7 @@ impl execs_server::Execs for ExecApi {
 
     async fn cancel_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
         let request = request.into_inner();
-        let exec = self.execs.cancel_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let exec = self.execs.cancel(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
     }
 }

@@ -85,7 +85,7 @@ async fn serve_session(
     tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
 ) {
     let session = execs.sessions().open(identity.sandbox.clone(), identity.generation, tx.clone());
-    if let Err(e) = execs.resume_execs(&session).await {
+    if let Err(e) = execs.resume(&session).await {
         // The next connection tries again.
         let _ = tx.send(Err(e.into())).await;
         execs.sessions().close(&session);
@@ -112,7 +112,7 @@ async fn serve_session(
                 }
             },
             _ = resume.tick() => {
-                if let Err(e) = execs.resume_execs(&session).await {
+                if let Err(e) = execs.resume(&session).await {
                     debug!(sandbox = %identity.sandbox, error = %e, "cannot read the open execs; the next tick will");
                 }
                 continue;
@@ -201,7 +201,7 @@ async fn exec_report(
     let Ok(id) = ExecId::parse("exec_id", exec_id) else {
         return Some(Err(Status::invalid_argument("an exec report named a malformed exec id")));
     };
-    match execs.exec_report(identity, &id, report).await {
+    match execs.report(identity, &id, report).await {
         Ok(()) => None,
         Err(e) => Some(Err(e.into())),
     }

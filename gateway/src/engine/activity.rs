@@ -21,7 +21,7 @@ impl Drop for Active {
     }
 }
 
-/// The activity feature on the engine.
+/// What the streaming APIs count as activity on a sandbox.
 #[derive(Clone)]
 pub struct Activity {
     engine: Engine,

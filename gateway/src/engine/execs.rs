@@ -44,8 +44,7 @@ fn run_message(exec: &Exec, env: RunEnv) -> pb::RunExec {
     }
 }
 
-/// The exec feature (DESIGN 8.1) on the engine: what the exec API and the supervisor sessions
-/// ask of execs, and the sweep that keeps E3.
+/// What the exec API and the supervisor sessions ask of execs, and the sweep that keeps E3.
 #[derive(Clone)]
 pub struct Execs {
     engine: Engine,
@@ -87,19 +86,19 @@ impl Execs {
 
     /// Up to about `max` bytes of `exec`'s output from `from`, as its supervisor kept it on the
     /// sandbox's host. `over`: the exec has ended.
-    pub async fn read_exec_output(&self, exec: &Exec, from: u64, max: usize, over: bool) -> Result<Read, ApiError> {
+    pub async fn read_output(&self, exec: &Exec, from: u64, max: usize, over: bool) -> Result<Read, ApiError> {
         let log = Log::Exec { generation: exec.generation, id: exec.id.to_string() };
         Ok(self.engine.inner.driver.logs(&exec.sandbox, &log, from, max, over).await?)
     }
 
     /// A fresh exec id: 64 random bits.
-    pub fn new_exec_id(&self) -> ExecId {
+    pub fn new_id(&self) -> ExecId {
         ExecId::parse("exec_id", &format!("ex-{:016x}", self.engine.random())).expect("a generated id is well formed")
     }
 
     /// Admits exec `id` in the sandbox named `name`, or finds it (a retry). Its run is handed
     /// it by whoever reads its output first, or by the next session of that run to open.
-    pub async fn admit_exec(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
+    pub async fn admit(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
         let retry = Retry::new(self.engine.inner.settings.retry, Kind::Exec, id.as_str());
         let decision =
             self.engine.transact(&Admit { name, id, spec }, Run { locks: BTreeSet::new(), retry, read: None }).await?;
@@ -126,7 +125,7 @@ impl Execs {
     }
 
     /// What the run `identity` reports of one of its execs.
-    pub async fn exec_report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
+    pub async fn report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
         let generation = identity.generation;
         self.change_exec(&identity.sandbox, id, "ExecReport", |e, s, now| exec::report(e, s, generation, report, now))
             .await?;
@@ -134,7 +133,7 @@ impl Execs {
     }
 
     /// The exec `id` of the sandbox named `name`.
-    pub async fn find_exec(&self, name: &str, id: &ExecId) -> Result<(Sandbox, Exec), ApiError> {
+    pub async fn find(&self, name: &str, id: &ExecId) -> Result<(Sandbox, Exec), ApiError> {
         berth_core::validate::dns_label("sandbox", name)?;
         let sandbox = self.engine.sandbox_named(name).await?;
         let exec = self.get(&sandbox.id, id).await?.ok_or_else(|| not_found(id))?;
@@ -153,14 +152,14 @@ impl Execs {
     }
 
     /// Commits a cancel and has the run carry it out.
-    pub async fn cancel_exec(&self, name: &str, id: &ExecId) -> Result<Exec, ApiError> {
-        let (sandbox, _) = self.find_exec(name, id).await?;
+    pub async fn cancel(&self, name: &str, id: &ExecId) -> Result<Exec, ApiError> {
+        let (sandbox, _) = self.find(name, id).await?;
         let exec = self
             .change_exec(&sandbox.id, id, "CancelExec", |e, _, now| exec::cancel(e, now))
             .await?
             .ok_or_else(|| not_found(id))?;
         if !exec.state.is_terminal()
-            && let Some(session) = self.engine.inner.sessions.get(&exec.sandbox, exec.generation)
+            && let Some(session) = self.sessions().get(&exec.sandbox, exec.generation)
         {
             session.send(ToSupervisor::CancelExec(pb::CancelExec { exec_id: id.to_string() })).await;
         }
@@ -168,7 +167,7 @@ impl Execs {
     }
 
     /// Ends every open exec whose run is over (E3): of one sandbox, or of all.
-    pub async fn settle_execs(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
+    async fn settle(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
         for open in self.engine.inner.store.open_execs(only).await? {
             if let Err(e) = self.change_exec(&open.sandbox, &open.id, "SettleExec", exec::settle).await {
                 warn!(sandbox = %open.sandbox, exec = %open.id, error = %e, "cannot settle an exec; the next sweep will");
@@ -180,7 +179,7 @@ impl Execs {
     /// A new session: every open exec of its run is handed to it again, cancelled ones with
     /// their cancel, so that nothing admitted while no session was here, or whose report was
     /// lost with a connection, is left waiting.
-    pub async fn resume_execs(&self, session: &Session) -> Result<(), ApiError> {
+    pub async fn resume(&self, session: &Session) -> Result<(), ApiError> {
         for open in self.engine.inner.store.open_execs(Some(&session.sandbox)).await? {
             if open.generation != session.generation {
                 continue;
@@ -242,7 +241,7 @@ impl Execs {
                 },
                 _ = sweep.tick() => None,
             };
-            if let Err(e) = self.settle_execs(only.as_ref()).await {
+            if let Err(e) = self.settle(only.as_ref()).await {
                 warn!(error = %e, "cannot read the open execs; the next sweep will");
             }
         }

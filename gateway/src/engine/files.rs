@@ -9,7 +9,7 @@ use berth_drivers::files::Limits;
 use super::Engine;
 use crate::error::ApiError;
 
-/// The files feature on the engine.
+/// What the files API reaches: a sandbox's workspace, and the bounds on what it moves.
 #[derive(Clone)]
 pub struct Files {
     engine: Engine,

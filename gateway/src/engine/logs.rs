@@ -15,7 +15,7 @@ pub struct LogsOf {
     pub over: bool,
 }
 
-/// The logs feature on the engine.
+/// What the logs API reaches: which run's logs a read is of, and reading them.
 #[derive(Clone)]
 pub struct Logs {
     engine: Engine,

@@ -96,27 +96,37 @@ fn target(host: &str) -> Result<Target, Status> {
         .map_err(|why| Status::invalid_argument(format!("host: '{host}' is neither a host name nor an address: {why}")))
 }
 
-impl Engine {
+/// What the supervisor API's egress streams open: a run's connections out, as its policy allows.
+#[derive(Clone)]
+pub struct Egress {
+    engine: Engine,
+}
+
+impl Egress {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// Opens `open`'s connection if the run's policy allows it, to an address it allows.
-    pub async fn open_egress(&self, open: &pb::EgressOpen) -> Result<(Box<dyn Connection>, SocketAddr), Status> {
-        let identity = verify_token(self.key(), &open.runtime_token).map_err(ApiError::from)?;
+    pub async fn open(&self, open: &pb::EgressOpen) -> Result<(Box<dyn Connection>, SocketAddr), Status> {
+        let identity = verify_token(self.engine.key(), &open.runtime_token).map_err(ApiError::from)?;
         let port = u16::try_from(open.port)
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| Status::invalid_argument(format!("port: {} is not a TCP port", open.port)))?;
         let target = target(&open.host)?;
-        let record = self.store().sandbox(&identity.sandbox).await.map_err(ApiError::from)?;
+        let record = self.engine.store().sandbox(&identity.sandbox).await.map_err(ApiError::from)?;
         berth_core::observation::authenticate(record.as_ref(), &identity.sandbox, identity.generation)
             .map_err(ApiError::from)?;
         let Some(sandbox) = record else { return Err(Status::not_found("the sandbox is gone")) };
         let mut providers = BTreeMap::new();
         for provider in sandbox.egress_providers.intersection(&sandbox.providers) {
-            if let Some(record) = self.store().provider(provider).await.map_err(ApiError::from)? {
+            if let Some(record) = self.engine.store().provider(provider).await.map_err(ApiError::from)? {
                 providers.insert(provider.clone(), record);
             }
         }
         let policy = egress::run_policy(&sandbox, &providers);
-        let upstream = &self.settings().egress;
+        let upstream = &self.engine.settings().egress;
         let (name, resolved) = match &target {
             Target::Addr(addr) => (None, Resolved { addrs: vec![*addr], pinned: false }),
             // Nothing could allow it: no name is looked up for a refusal.
@@ -130,7 +140,7 @@ impl Engine {
             }
         };
         let reachable = policy.reachable(name, &resolved.addrs, resolved.pinned);
-        self.metrics().egress(!reachable.is_empty());
+        self.engine.metrics().egress(!reachable.is_empty());
         if reachable.is_empty() {
             warn!(sandbox = %sandbox.name, host = %open.host, port, "egress denied");
             return Err(Status::permission_denied(format!(

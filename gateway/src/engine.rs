@@ -2,38 +2,40 @@
 //!
 //! Commands and observations run the same loop: read, decide (or merge), commit the decision's
 //! conditional writes, and on a conflict re-read and re-decide after the jittered wait core
-//! chose (DESIGN 3.3). Once a decision commits, its driver effects go to a per-sandbox queue
-//! and run one at a time, so a sandbox's stop never overtakes its start; each effect is checked
-//! against the record just before it runs (a later decision may have superseded it), and the
-//! driver's reply is merged like any other observation.
+//! chose (DESIGN 3.3). Once a decision commits, its driver effects run from a per-sandbox queue
+//! ([`effects`]).
+//!
+//! The features built on this loop (execs, files, logs, activity, and [`crate::egress`]) are
+//! services holding the engine: an API handler holds the services it serves, so what it can do
+//! to the gateway is what they offer, not everything the engine can.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
-use berth_core::identity::{IdentityKey, RuntimeIdentity, derive_token};
+use berth_core::identity::IdentityKey;
 use berth_core::plan::Lock;
 use berth_core::template::POOL_LABEL;
-use berth_core::{
-    Decision, Effect, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge, recovery,
-};
-use berth_drivers::{Driver, DriverError, Launch};
+use berth_core::{Decision, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge};
+use berth_drivers::Driver;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use tokio::sync::broadcast;
-use tracing::{debug, warn};
 
 use crate::error::ApiError;
 use crate::record_locks::RecordLocks;
 use crate::sessions::Sessions;
 use crate::store::{PageRequest, Store};
+use shutdown::Shutdown;
 use transact::{Run, Transaction};
 
 pub mod activity;
+mod effects;
 pub mod execs;
 pub mod files;
 pub mod logs;
+pub mod shutdown;
 mod transact;
 
 #[derive(Clone, Debug)]
@@ -76,11 +78,6 @@ pub struct Change {
     pub sandbox: Option<Sandbox>,
 }
 
-#[derive(Default)]
-struct Queue {
-    pending: VecDeque<Effect>,
-}
-
 struct Inner {
     store: Arc<dyn Store>,
     driver: Arc<dyn Driver>,
@@ -88,12 +85,11 @@ struct Inner {
     settings: EngineSettings,
     rng: Mutex<ChaCha8Rng>,
     /// Sandboxes with effects queued or running; a worker task drains each.
-    queues: Mutex<BTreeMap<SandboxId, Queue>>,
+    queues: Mutex<BTreeMap<SandboxId, effects::Queue>>,
     /// One writer per record in this gateway: conflicts come only from other gateways.
     writers: RecordLocks,
     changes: broadcast::Sender<Change>,
-    /// Set once the gateway shuts down: long-lived streams end.
-    shutdown: tokio::sync::watch::Sender<bool>,
+    shutdown: Shutdown,
     /// The supervisor sessions held here: where execs go.
     sessions: Sessions,
     /// Told of every exec write made here.
@@ -132,7 +128,7 @@ impl Engine {
                 queues: Mutex::default(),
                 writers: RecordLocks::default(),
                 changes,
-                shutdown: tokio::sync::watch::channel(false).0,
+                shutdown: Shutdown::default(),
                 sessions: Sessions::default(),
                 exec_changes: tokio::sync::watch::channel(()).0,
                 refill: tokio::sync::Notify::new(),
@@ -188,6 +184,12 @@ impl Engine {
         lock(&self.inner.rng).next_u64()
     }
 
+    /// The sandbox named `name`, or NotFound.
+    async fn sandbox_named(&self, name: &str) -> Result<Sandbox, ApiError> {
+        let not_found = || berth_core::Error::NotFound { kind: Kind::Sandbox, name: name.to_string() };
+        Ok(self.inner.store.sandbox_by_name(name).await?.ok_or_else(not_found)?)
+    }
+
     /// A fresh sandbox id: 128 random bits, never reused.
     pub fn new_sandbox_id(&self) -> SandboxId {
         SandboxId::new(format!("sb-{:016x}{:016x}", self.random(), self.random()))
@@ -240,26 +242,6 @@ impl Engine {
         self.transact(&ObservationTransaction { id, observation }, Run { locks, retry, read }).await
     }
 
-    /// Queues effects behind those of the same sandbox; an identical one already queued is
-    /// not queued twice.
-    pub fn dispatch(&self, effects: &[Effect]) {
-        for effect in effects {
-            let id = effect.sandbox().clone();
-            let spawn = {
-                let mut queues = lock(&self.inner.queues);
-                let idle = !queues.contains_key(&id);
-                let queue = queues.entry(id.clone()).or_default();
-                if !queue.pending.contains(effect) {
-                    queue.pending.push_back(effect.clone());
-                }
-                idle
-            };
-            if spawn {
-                tokio::spawn(self.clone().drain(id));
-            }
-        }
-    }
-
     /// Asks this gateway's pool loop, if it holds the lease, to refill now.
     pub fn want_refill(&self) {
         self.inner.refill.notify_one();
@@ -270,135 +252,9 @@ impl Engine {
         self.inner.refill.notified().await;
     }
 
-    /// Asks every long-lived stream (supervisor sessions, egress, watches, exec output, logs
-    /// followed) to end.
-    pub fn shut_down(&self) {
-        self.inner.shutdown.send_replace(true);
-    }
-
-    /// Resolves once the gateway is shutting down.
-    pub async fn shutting_down(&self) {
-        let mut rx = self.inner.shutdown.subscribe();
-        let _ = rx.wait_for(|down| *down).await;
-    }
-
-    /// Whether the gateway is shutting down.
-    pub fn is_shutting_down(&self) -> bool {
-        *self.inner.shutdown.borrow()
-    }
-
-    /// Whether any effect is queued or running.
-    pub fn busy(&self) -> bool {
-        !lock(&self.inner.queues).is_empty()
-    }
-
-    async fn drain(self, id: SandboxId) {
-        loop {
-            let effect = {
-                let mut queues = lock(&self.inner.queues);
-                let Some(queue) = queues.get_mut(&id) else { return };
-                match queue.pending.pop_front() {
-                    Some(effect) => effect,
-                    None => {
-                        queues.remove(&id);
-                        return;
-                    }
-                }
-            };
-            self.perform(&effect).await;
-        }
-    }
-
-    /// Runs one effect if it is still wanted, retrying a runtime that does not answer, and
-    /// merges the driver's reply.
-    async fn perform(&self, effect: &Effect) {
-        let id = effect.sandbox();
-        let mut waits = self.inner.settings.effect_retries.iter();
-        loop {
-            let record = match self.inner.store.sandbox(id).await {
-                Ok(record) => record,
-                Err(e) => {
-                    warn!(sandbox = %id, error = %e, ?effect, "cannot read the sandbox; recovery will re-drive the effect");
-                    return;
-                }
-            };
-            if !recovery::still_wanted(record.as_ref(), effect) {
-                debug!(sandbox = %id, ?effect, "effect superseded");
-                return;
-            }
-            match self.call_driver(effect, record.as_ref()).await {
-                Ok(observation) => {
-                    // The record read before the call names the lock; it is read again under it.
-                    if let Err(e) = self.observe_under_lock(id, &observation, record, true).await {
-                        warn!(sandbox = %id, error = %e, "cannot record the driver's reply; recovery will re-drive it");
-                    }
-                    return;
-                }
-                Err(e) => match waits.next() {
-                    Some(wait) => {
-                        debug!(sandbox = %id, error = %e, ?effect, "the runtime did not answer; retrying");
-                        tokio::time::sleep(*wait).await;
-                    }
-                    None => {
-                        warn!(sandbox = %id, error = %e, ?effect, "the runtime did not answer; the reconcile sweep will re-drive the effect");
-                        return;
-                    }
-                },
-            }
-        }
-    }
-
-    async fn call_driver(&self, effect: &Effect, record: Option<&Sandbox>) -> Result<Observation, DriverError> {
-        let op = match effect {
-            Effect::Start { .. } => "start",
-            Effect::Stop { .. } => "stop",
-            Effect::Delete { .. } => "delete",
-        };
-        let began = tokio::time::Instant::now();
-        let result = self.drive(effect, record).await;
-        self.inner.metrics.driver_call(op, began.elapsed(), result.is_err());
-        result
-    }
-
-    async fn drive(&self, effect: &Effect, record: Option<&Sandbox>) -> Result<Observation, DriverError> {
-        let driver = &self.inner.driver;
-        match (effect, record) {
-            (Effect::Start { generation, .. }, Some(sandbox)) => {
-                let launch = self.launch(sandbox).await?;
-                let reply = driver.start(launch).await?;
-                Ok(Observation::Started { generation: *generation, reply })
-            }
-            (Effect::Stop { sandbox, generation }, _) => {
-                let state = driver.stop(sandbox, *generation, self.inner.settings.stop_grace).await?;
-                Ok(Observation::Stopped { generation: *generation, state })
-            }
-            (Effect::Delete { sandbox }, _) => {
-                driver.delete(sandbox, self.inner.settings.stop_grace).await?;
-                Ok(Observation::Deleted)
-            }
-            (Effect::Start { .. }, None) => Err(DriverError::Failed("the sandbox is gone".to_string())),
-        }
-    }
-
-    /// Everything the driver needs to start the record's current generation.
-    async fn launch(&self, sandbox: &Sandbox) -> Result<Launch, DriverError> {
-        let mut credentials = BTreeMap::new();
-        for name in sandbox.providers.iter() {
-            match self.inner.store.provider(name).await {
-                Ok(Some(p)) => credentials.extend(p.credentials),
-                Ok(None) => warn!(sandbox = %sandbox.name, provider = %name, "an attached provider is gone"),
-                Err(e) => return Err(DriverError::Unavailable(format!("reading provider {name}: {e}"))),
-            }
-        }
-        let identity = RuntimeIdentity { sandbox: sandbox.id.clone(), generation: sandbox.generation };
-        Ok(Launch {
-            sandbox: sandbox.id.clone(),
-            name: sandbox.name.to_string(),
-            generation: sandbox.generation,
-            spec: berth_core::SandboxSpec::clone(&sandbox.spec),
-            credentials,
-            token: derive_token(&self.inner.key, &identity),
-        })
+    /// What every long-lived stream ends at.
+    pub fn shutdown(&self) -> &Shutdown {
+        &self.inner.shutdown
     }
 }
 
@@ -512,7 +368,7 @@ pub(crate) mod tests {
     use async_trait::async_trait;
     use berth_core::exec::{Exec, ExecId};
     use berth_core::{Command, Phase, Provider, RuntimeState, SandboxSpec, StartReply, Timestamp, Write};
-    use berth_drivers::{ListPage, WatchStream};
+    use berth_drivers::{DriverError, Launch, ListPage, WatchStream};
 
     use super::*;
     use crate::store::memory::MemoryStore;

@@ -115,7 +115,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let lease = LeaseSettings { holder: config.name.clone(), ttl: config.lease_ttl };
     let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
-    tokio::spawn(engine.clone().settle_execs_forever());
+    tokio::spawn(crate::engine::execs::Execs::new(engine.clone()).settle_forever());
 
     let (routes, health) = crate::api::routes(&engine, &token, config.heartbeat).await;
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -169,7 +169,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         "shutting down: no new requests, every stream ends (its client reconnects); letting effects under way finish"
     );
     let _ = stop_tx.send(true);
-    engine.shut_down();
+    engine.shutdown().begin();
     health.shut_down().await;
     // Reconcile stops and the lease is given up, so another gateway takes over at once. A store
     // that does not answer cannot hold the shutdown up: the lease then lapses by itself.

@@ -13,6 +13,7 @@ use berth_drivers::Driver;
 use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};
 use berth_gateway::clock::Clock;
+use berth_gateway::engine::execs::Execs;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::lease::{self, LeaseSettings};
 use berth_gateway::reconcile::ReconcileSettings;
@@ -99,7 +100,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     crate::world::lock(&world.shutdowns).insert(index, running);
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
-    tokio::spawn(engine.clone().settle_execs_forever());
+    tokio::spawn(Execs::new(engine.clone()).settle_forever());
     // Health is left as it is: a simulated gateway is never shut down through the server's
     // path, only its lease loop is stopped.
     let (routes, _health) = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;

@@ -11,12 +11,12 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use berth_core::exec::{self, Exec, ExecId};
+use berth_core::exec::{Exec, ExecId};
 use berth_drivers::logs::Read;
 use berth_proto::v1 as pb;
 use berth_proto::v1::exec_input::Input;
 use berth_proto::v1::exec_output::Output;
-use berth_proto::v1::execs_server::Execs;
+use berth_proto::v1::execs_server;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
 use futures_util::Stream;
 use tokio::sync::mpsc;
@@ -24,7 +24,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
-use crate::engine::Engine;
+use crate::engine::activity::Activity;
+use crate::engine::execs::Execs;
+use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 use crate::sessions::{OutputEvent, READ_WINDOW};
 
@@ -36,13 +38,17 @@ const SESSION_WAIT: Duration = Duration::from_millis(500);
 
 pub(crate) type OutputStream = Pin<Box<dyn Stream<Item = Result<pb::ExecOutput, Status>> + Send>>;
 
+#[derive(Clone)]
 pub struct ExecApi {
-    engine: Engine,
+    execs: Execs,
+    /// An attach holds the sandbox's idle timeout off.
+    activity: Activity,
+    shutdown: Shutdown,
 }
 
 impl ExecApi {
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
+    pub fn new(execs: Execs, activity: Activity, shutdown: Shutdown) -> Self {
+        Self { execs, activity, shutdown }
     }
 }
 
@@ -54,45 +60,34 @@ fn output(o: Output) -> Result<pb::ExecOutput, Status> {
     Ok(pb::ExecOutput { output: Some(o) })
 }
 
-/// The exec as it finally stands. An exec removed with its sandbox ended as the sweep would
-/// have ended it.
-async fn final_state(engine: &Engine, last: &Exec) -> Result<Exec, Status> {
-    match engine.exec_ended(&last.sandbox, &last.id).await {
-        Ok(exec) => Ok(exec),
-        Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
-            Ok(exec::settle(last, None, engine.now()).exec().map_or_else(|| last.clone(), Exec::clone))
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Streams `exec`'s output from `offset` to `tx` until its end, then its final state. A run
 /// that does not know the exec yet runs it (on a terminal of `window`'s size, for a tty).
 async fn follow(
-    engine: Engine,
+    api: ExecApi,
     exec: Exec,
     name: String,
     mut offset: u64,
     window: Option<pb::WindowSize>,
     tx: mpsc::Sender<Result<pb::ExecOutput, Status>>,
 ) {
-    let mut sessions = engine.sessions().changed();
+    let ExecApi { execs, shutdown, .. } = api;
+    let mut sessions = execs.sessions().changed();
     let end = loop {
         sessions.borrow_and_update();
         // A gateway shutting down loses its sessions: the stream reads on from disk to its end.
         let session =
-            engine.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed() && !engine.is_shutting_down());
+            execs.sessions().get(&exec.sandbox, exec.generation).filter(|s| !s.closed() && !shutdown.is_begun());
         let Some(session) = session else {
             // No session here: its run is served through another gateway, reconnecting, or over.
             // What its supervisor kept on disk is read meanwhile (any gateway on the sandbox's
             // host can), at the same offsets as the session's.
-            let current = match engine.store().exec(&exec.sandbox, &exec.id).await {
+            let current = match execs.get(&exec.sandbox, &exec.id).await {
                 Ok(Some(current)) => current,
-                Ok(None) => break final_state(&engine, &exec).await,
-                Err(e) => break Err(ApiError::from(e).into()),
+                Ok(None) => break execs.final_state(&exec).await.map_err(Status::from),
+                Err(e) => break Err(e.into()),
             };
             let over = current.state.is_terminal();
-            let sent = match engine.read_exec_output(&exec, offset, READ_MAX, over).await {
+            let sent = match execs.read_output(&exec, offset, READ_MAX, over).await {
                 Ok(Read::Data(chunks)) => {
                     let read = chunks.iter().map(|c| c.data.len()).sum();
                     let mut sent = Ok(());
@@ -104,7 +99,7 @@ async fn follow(
                         }
                     }
                     // An exec that ended reads on to its end, which is all there is to send.
-                    if sent.is_ok() && !over && super::logs::caught_up_at_shutdown(&engine, read, READ_MAX) {
+                    if sent.is_ok() && !over && super::logs::caught_up_at_shutdown(&shutdown, read, READ_MAX) {
                         break Err(ApiError::ShuttingDown.into());
                     }
                     Some(sent)
@@ -131,7 +126,7 @@ async fn follow(
             // All that was on disk is sent: a gateway shutting down ends the stream here, since
             // nothing more reaches it (no session, no exec report).
             tokio::select! {
-                () = engine.shutting_down() => break Err(ApiError::ShuttingDown.into()),
+                () = shutdown.begun() => break Err(ApiError::ShuttingDown.into()),
                 _ = sessions.changed() => {}
                 () = tokio::time::sleep(SESSION_WAIT) => {}
                 () = tx.closed() => return,
@@ -139,7 +134,7 @@ async fn follow(
             continue;
         };
         // The run learns of the exec as its output is asked for (a no-op if it knows it).
-        let run = match engine.exec_run(&exec).await {
+        let run = match execs.exec_run(&exec).await {
             Ok(run) => pb::RunExec { window, ..run },
             Err(e) => break Err(e.into()),
         };
@@ -157,7 +152,7 @@ async fn follow(
                     session.stop_reading(subscription);
                     return;
                 }
-                () = engine.shutting_down() => {
+                () = shutdown.begun() => {
                     session.stop_reading(subscription);
                     break false;
                 }
@@ -189,7 +184,7 @@ async fn follow(
             }
         };
         if ended {
-            break final_state(&engine, &exec).await;
+            break execs.final_state(&exec).await.map_err(Status::from);
         }
     };
     let _ = tx.send(end.map(|e| pb::ExecOutput { output: Some(Output::End(convert::exec(&e, &name))) })).await;
@@ -199,13 +194,13 @@ async fn follow(
 /// side closes, or the gateway shuts down: a request side held open would keep the call, and
 /// with it the shutdown, waiting after the output's stream ended. A session this stream has not
 /// used yet is told of the exec first, so input never reaches a run before the exec does.
-async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
+async fn forward_input(api: ExecApi, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
     let mut told: Option<std::sync::Arc<crate::sessions::Session>> = None;
     let exec_id = exec.id.to_string();
     loop {
         let message = tokio::select! {
             biased;
-            () = engine.shutting_down() => return,
+            () = api.shutdown.begun() => return,
             message = inbound.message() => message,
         };
         let Ok(Some(message)) = message else { return };
@@ -224,10 +219,10 @@ async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::Ex
             // A second start is a client bug; the exec it named runs already.
             Input::Start(_) => continue,
         };
-        let Some(session) = engine.sessions().get(&exec.sandbox, exec.generation) else { continue };
+        let Some(session) = api.execs.sessions().get(&exec.sandbox, exec.generation) else { continue };
         if told.as_ref().is_none_or(|t| !std::sync::Arc::ptr_eq(t, &session)) {
             // Unreadable now: the run is told with the next input (or knows it already).
-            if let Ok(run) = engine.exec_run(&exec).await {
+            if let Ok(run) = api.execs.exec_run(&exec).await {
                 session.send(ToSupervisor::RunExec(run)).await;
                 told = Some(session.clone());
             }
@@ -239,18 +234,18 @@ async fn forward_input(engine: Engine, exec: Exec, mut inbound: Streaming<pb::Ex
 /// Admits the exec `start` asks for (or finds it, for a retry of its id) and streams its output
 /// from the start to its end. The stream hands the exec to its run as it asks for the output
 /// (with the terminal's size, which is no part of the record).
-pub(crate) async fn start_exec(engine: &Engine, start: pb::ExecStart) -> Result<(Exec, OutputStream), Status> {
-    let id = if start.exec_id.is_empty() { engine.new_exec_id() } else { exec_id(&start.exec_id)? };
+pub(crate) async fn start_exec(api: &ExecApi, start: pb::ExecStart) -> Result<(Exec, OutputStream), Status> {
+    let id = if start.exec_id.is_empty() { api.execs.new_id() } else { exec_id(&start.exec_id)? };
     let spec = convert::exec_spec(&start);
-    let admitted = engine.admit_exec(&start.sandbox, &id, &spec).await?;
+    let admitted = api.execs.admit(&start.sandbox, &id, &spec).await?;
     let (tx, rx) = mpsc::channel(16);
     let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
-    tokio::spawn(follow(engine.clone(), admitted.clone(), start.sandbox, 0, start.window, tx));
+    tokio::spawn(follow(api.clone(), admitted.clone(), start.sandbox, 0, start.window, tx));
     Ok((admitted, Box::pin(ReceiverStream::new(rx))))
 }
 
 #[tonic::async_trait]
-impl Execs for ExecApi {
+impl execs_server::Execs for ExecApi {
     type ExecStream = OutputStream;
     type AttachExecStream = OutputStream;
 
@@ -260,14 +255,14 @@ impl Execs for ExecApi {
             Some(pb::ExecInput { input: Some(Input::Start(start)) }) => start,
             _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
         };
-        let (admitted, output) = start_exec(&self.engine, start).await?;
-        tokio::spawn(forward_input(self.engine.clone(), admitted, inbound));
+        let (admitted, output) = start_exec(self, start).await?;
+        tokio::spawn(forward_input(self.clone(), admitted, inbound));
         Ok(Response::new(output))
     }
 
     async fn get_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
         let request = request.into_inner();
-        let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let (_, exec) = self.execs.find(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
     }
 
@@ -277,14 +272,7 @@ impl Execs for ExecApi {
         let page = super::public::page_of(request.page_size, request.page_token, |field, token| {
             ExecId::parse(field, token).map(|_| ())
         })?;
-        let sandbox = self
-            .engine
-            .store()
-            .sandbox_by_name(&request.sandbox)
-            .await
-            .map_err(ApiError::from)?
-            .ok_or_else(|| Status::not_found(format!("sandbox '{}' not found", request.sandbox)))?;
-        let page = self.engine.store().list_execs(&sandbox.id, &page).await.map_err(ApiError::from)?;
+        let page = self.execs.list(&request.sandbox, &page).await?;
         Ok(Response::new(pb::ListExecsReply {
             execs: page.items.iter().map(|e| convert::exec(e, &request.sandbox)).collect(),
             next_page_token: page.next.unwrap_or_default(),
@@ -296,21 +284,21 @@ impl Execs for ExecApi {
         request: Request<pb::AttachExecRequest>,
     ) -> Result<Response<Self::AttachExecStream>, Status> {
         let request = request.into_inner();
-        let (_, exec) = self.engine.find_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
-        let active = self.engine.keep_active(&request.sandbox).await?;
+        let (_, exec) = self.execs.find(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let active = self.activity.keep_active(&request.sandbox).await?;
         let (tx, rx) = mpsc::channel(16);
         let _ = tx.send(output(Output::Admitted(convert::exec(&exec, &request.sandbox)))).await;
-        let engine = self.engine.clone();
+        let api = self.clone();
         tokio::spawn(async move {
             let _active = active;
-            follow(engine, exec, request.sandbox, request.offset, None, tx).await;
+            follow(api, exec, request.sandbox, request.offset, None, tx).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn cancel_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
         let request = request.into_inner();
-        let exec = self.engine.cancel_exec(&request.sandbox, &exec_id(&request.exec_id)?).await?;
+        let exec = self.execs.cancel(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))
     }
 }

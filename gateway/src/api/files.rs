@@ -7,7 +7,7 @@ use std::pin::Pin;
 
 use berth_drivers::files::{self, FileSum, FilesError, Kind};
 use berth_proto::v1 as pb;
-use berth_proto::v1::files_server::Files;
+use berth_proto::v1::files_server;
 use berth_proto::v1::upload_input::Input;
 use futures_util::Stream;
 use sha2::{Digest, Sha256};
@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::Engine;
+use crate::engine::files::Files;
 
 /// How much of a download one message carries.
 const CHUNK: usize = 256 * 1024;
@@ -23,12 +23,12 @@ const CHUNK: usize = 256 * 1024;
 type DownloadStream = Pin<Box<dyn Stream<Item = Result<pb::DownloadOutput, Status>> + Send>>;
 
 pub struct FilesApi {
-    engine: Engine,
+    files: Files,
 }
 
 impl FilesApi {
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
+    pub fn new(files: Files) -> Self {
+        Self { files }
     }
 }
 
@@ -97,7 +97,7 @@ impl Write for Sender {
 }
 
 #[tonic::async_trait]
-impl Files for FilesApi {
+impl files_server::Files for FilesApi {
     type DownloadStream = DownloadStream;
 
     async fn upload(&self, request: Request<Streaming<pb::UploadInput>>) -> Result<Response<pb::UploadReply>, Status> {
@@ -106,8 +106,8 @@ impl Files for FilesApi {
             return Err(Status::invalid_argument("the first message of an upload must be `start`"));
         };
         let into = path("path", &start.path)?;
-        let workspace = self.engine.workspace(&start.sandbox).await?;
-        let limits = self.engine.file_limits();
+        let workspace = self.files.workspace(&start.sandbox).await?;
+        let limits = self.files.limits();
         // Held whole before a byte is written, so a bad entry anywhere writes nothing.
         let mut spool = tempfile::tempfile().map_err(spooled)?;
         let mut held = 0u64;
@@ -138,8 +138,8 @@ impl Files for FilesApi {
     async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<DownloadStream>, Status> {
         let request = request.into_inner();
         let from = path("path", &request.path)?;
-        let workspace = self.engine.workspace(&request.sandbox).await?;
-        let limits = self.engine.file_limits();
+        let workspace = self.files.workspace(&request.sandbox).await?;
+        let limits = self.files.limits();
         let (tx, rx) = mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             let mut out = Sender { tx: tx.clone(), buf: Vec::with_capacity(CHUNK), hasher: Sha256::new(), bytes: 0 };

@@ -19,9 +19,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use berth_proto::v1 as pb;
-use berth_proto::v1::execs_server::Execs;
+use berth_proto::v1::execs_server::Execs as _;
 use berth_proto::v1::gateway_server::Gateway;
-use berth_proto::v1::logs_server::Logs;
+use berth_proto::v1::logs_server::Logs as _;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
 use berth_proto::v1::templates_server::Templates;
@@ -33,9 +33,11 @@ use tonic::{Code, Status};
 use super::auth::BearerAuth;
 use super::{exec, info, logs, public, templates};
 use crate::engine::Engine;
+use crate::engine::activity::Activity;
+use crate::engine::execs::Execs;
+use crate::engine::logs::Logs;
 
 struct Api {
-    engine: Engine,
     sandboxes: public::SandboxApi,
     providers: public::ProviderApi,
     templates: templates::TemplateApi,
@@ -336,7 +338,7 @@ async fn run_exec(State(api): Shared, Path(sandbox): Path<String>, bytes: Bytes)
                 "invalid stdin: an exec over HTTP takes no stdin and no terminal; use gRPC",
             ));
         }
-        let started = exec::start_exec(&api.engine, pb::ExecStart { sandbox, ..start }).await;
+        let started = exec::start_exec(&api.execs, pb::ExecStart { sandbox, ..start }).await;
         lines(started.map(|(_, output)| tonic::Response::new(output)))
     })
 }
@@ -393,13 +395,13 @@ async fn read_logs(State(api): Shared, Path(sandbox): Path<String>, Query(q): Qu
 
 /// Every route, behind the token.
 pub fn router(engine: &Engine, token: &str) -> Router {
+    let activity = Activity::new(engine.clone());
     let api = Arc::new(Api {
-        engine: engine.clone(),
         sandboxes: public::SandboxApi::new(engine.clone()),
         providers: public::ProviderApi::new(engine.clone()),
         templates: templates::TemplateApi::new(engine.clone()),
-        execs: exec::ExecApi::new(engine.clone()),
-        logs: logs::LogsApi::new(engine.clone()),
+        execs: exec::ExecApi::new(Execs::new(engine.clone()), activity.clone(), engine.shutdown().clone()),
+        logs: logs::LogsApi::new(Logs::new(engine.clone()), activity, engine.shutdown().clone()),
         gateway: info::GatewayApi::new(engine.clone()),
         auth: BearerAuth::new(token),
     });

@@ -9,14 +9,15 @@ use std::time::Duration;
 use berth_drivers::logs::{self, Read};
 use berth_proto::v1 as pb;
 use berth_proto::v1::logs_output::Output;
-use berth_proto::v1::logs_server::Logs;
+use berth_proto::v1::logs_server;
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::engine::Engine;
-use crate::engine::logs::LogsOf;
+use crate::engine::activity::Activity;
+use crate::engine::logs::{Logs, LogsOf};
+use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 
 /// How often a follower looks for more output while the run goes on.
@@ -27,12 +28,15 @@ const READ_MAX: usize = 256 * 1024;
 type LogsStream = Pin<Box<dyn Stream<Item = Result<pb::LogsOutput, Status>> + Send>>;
 
 pub struct LogsApi {
-    engine: Engine,
+    logs: Logs,
+    /// A follow holds the sandbox's idle timeout off.
+    activity: Activity,
+    shutdown: Shutdown,
 }
 
 impl LogsApi {
-    pub fn new(engine: Engine) -> Self {
-        Self { engine }
+    pub fn new(logs: Logs, activity: Activity, shutdown: Shutdown) -> Self {
+        Self { logs, activity, shutdown }
     }
 }
 
@@ -54,13 +58,14 @@ pub(crate) fn chunk(c: logs::Chunk) -> pb::OutputChunk {
 /// `max`): the gateway is shutting down and the read was short, so the stream caught up with
 /// what was written. Waiting for a read that finds nothing would let a run that writes without
 /// pause keep the stream, and the shutdown, going until the bound.
-pub(crate) fn caught_up_at_shutdown(engine: &Engine, read: usize, max: usize) -> bool {
-    read < max && engine.is_shutting_down()
+pub(crate) fn caught_up_at_shutdown(shutdown: &Shutdown, read: usize, max: usize) -> bool {
+    read < max && shutdown.is_begun()
 }
 
 /// Streams `of`'s output from `offset` to `tx`, then its end.
 async fn stream(
-    engine: Engine,
+    logs: Logs,
+    shutdown: Shutdown,
     name: String,
     mut of: LogsOf,
     mut offset: u64,
@@ -68,7 +73,7 @@ async fn stream(
     tx: mpsc::Sender<Result<pb::LogsOutput, Status>>,
 ) {
     let end = loop {
-        let sent = match engine.read_logs(&of, offset, READ_MAX).await {
+        let sent = match logs.read(&of, offset, READ_MAX).await {
             Err(e) => break Err(e.into()),
             Ok(Read::Data(chunks)) => {
                 let read = chunks.iter().map(|c| c.data.len()).sum();
@@ -80,7 +85,7 @@ async fn stream(
                         break;
                     }
                 }
-                if sent.is_ok() && caught_up_at_shutdown(&engine, read, READ_MAX) {
+                if sent.is_ok() && caught_up_at_shutdown(&shutdown, read, READ_MAX) {
                     break Err(ApiError::ShuttingDown.into());
                 }
                 sent
@@ -97,12 +102,12 @@ async fn stream(
             }
             Ok(Read::Wait) => {
                 tokio::select! {
-                    () = engine.shutting_down() => break Err(ApiError::ShuttingDown.into()),
+                    () = shutdown.begun() => break Err(ApiError::ShuttingDown.into()),
                     () = tokio::time::sleep(FOLLOW_EVERY) => {}
                     () = tx.closed() => return,
                 }
                 // Whether the run is over now: then what it wrote is all there is.
-                match engine.logs_of(&name, of.generation).await {
+                match logs.of(&name, of.generation).await {
                     Ok(now) if now.sandbox == of.sandbox => of = now,
                     // Deleted (or replaced by another of its name): its logs went with it.
                     Ok(_) | Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
@@ -121,22 +126,22 @@ async fn stream(
 }
 
 #[tonic::async_trait]
-impl Logs for LogsApi {
+impl logs_server::Logs for LogsApi {
     type ReadLogsStream = LogsStream;
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogsStream>, Status> {
         let request = request.into_inner();
-        let of = self.engine.logs_of(&request.sandbox, request.generation).await?;
+        let of = self.logs.of(&request.sandbox, request.generation).await?;
         // A follow is activity for the idle timeout; a one-off read is not.
         let active = match request.follow {
-            true => Some(self.engine.keep_active(&request.sandbox).await?),
+            true => Some(self.activity.keep_active(&request.sandbox).await?),
             false => None,
         };
         let (tx, rx) = mpsc::channel(8);
-        let engine = self.engine.clone();
+        let (logs, shutdown) = (self.logs.clone(), self.shutdown.clone());
         tokio::spawn(async move {
             let _active = active;
-            stream(engine, request.sandbox, of, request.offset, request.follow, tx).await;
+            stream(logs, shutdown, request.sandbox, of, request.offset, request.follow, tx).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

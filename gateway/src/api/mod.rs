@@ -27,7 +27,12 @@ use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
+use crate::egress::Egress;
 use crate::engine::Engine;
+use crate::engine::activity::Activity;
+use crate::engine::execs::Execs;
+use crate::engine::files::Files;
+use crate::engine::logs::Logs;
 
 /// The services' statuses the health service reports.
 pub struct Health {
@@ -76,6 +81,9 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
     let files_auth = auth.clone();
     let templates_auth = auth.clone();
     let info_auth = auth;
+    let execs = Execs::new(engine.clone());
+    let activity = Activity::new(engine.clone());
+    let shutdown = engine.shutdown();
     let mut routes = Routes::builder();
     routes
         .add_service(SandboxesServer::with_interceptor(public::SandboxApi::new(engine.clone()), move |r| {
@@ -84,16 +92,29 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         .add_service(ProvidersServer::with_interceptor(public::ProviderApi::new(engine.clone()), move |r| {
             providers_auth.check(r)
         }))
-        .add_service(ExecsServer::with_interceptor(exec::ExecApi::new(engine.clone()), move |r| execs_auth.check(r)))
-        .add_service(LogsServer::with_interceptor(logs::LogsApi::new(engine.clone()), move |r| logs_auth.check(r)))
-        .add_service(FilesServer::with_interceptor(files::FilesApi::new(engine.clone()), move |r| files_auth.check(r)))
+        .add_service(ExecsServer::with_interceptor(
+            exec::ExecApi::new(execs.clone(), activity.clone(), shutdown.clone()),
+            move |r| execs_auth.check(r),
+        ))
+        .add_service(LogsServer::with_interceptor(
+            logs::LogsApi::new(Logs::new(engine.clone()), activity, shutdown.clone()),
+            move |r| logs_auth.check(r),
+        ))
+        .add_service(FilesServer::with_interceptor(files::FilesApi::new(Files::new(engine.clone())), move |r| {
+            files_auth.check(r)
+        }))
         .add_service(TemplatesServer::with_interceptor(templates::TemplateApi::new(engine.clone()), move |r| {
             templates_auth.check(r)
         }))
         .add_service(GatewayServer::with_interceptor(info::GatewayApi::new(engine.clone()), move |r| {
             info_auth.check(r)
         }))
-        .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(engine.clone(), heartbeat)))
+        .add_service(SupervisorServer::new(supervisor::SupervisorApi::new(
+            engine.clone(),
+            execs,
+            Egress::new(engine.clone()),
+            heartbeat,
+        )))
         .add_service(health_service)
         .add_service(reflection);
     (routes.routes(), Health { reporter, served })

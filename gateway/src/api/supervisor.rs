@@ -22,7 +22,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
+use crate::egress::Egress;
 use crate::engine::Engine;
+use crate::engine::execs::Execs;
+use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 use crate::sessions::OutputEvent;
 
@@ -46,14 +49,18 @@ fn bounded(mut cause: String) -> String {
     cause
 }
 
+/// A run's channel to its gateway: what it observes goes to the engine, its execs' reports to
+/// the exec service, its connections out to egress.
 pub struct SupervisorApi {
     engine: Engine,
+    execs: Execs,
+    egress: Egress,
     heartbeat: Duration,
 }
 
 impl SupervisorApi {
-    pub fn new(engine: Engine, heartbeat: Duration) -> Self {
-        Self { engine, heartbeat }
+    pub fn new(engine: Engine, execs: Execs, egress: Egress, heartbeat: Duration) -> Self {
+        Self { engine, execs, egress, heartbeat }
     }
 }
 
@@ -71,25 +78,26 @@ async fn current(engine: &Engine, identity: &RuntimeIdentity) -> Result<(), Stat
 
 async fn serve_session(
     engine: Engine,
+    execs: Execs,
     heartbeat: Duration,
     identity: RuntimeIdentity,
     mut inbound: Streaming<pb::SupervisorMessage>,
     tx: mpsc::Sender<Result<pb::GatewayMessage, Status>>,
 ) {
-    let session = engine.sessions().open(identity.sandbox.clone(), identity.generation, tx.clone());
-    if let Err(e) = engine.resume_execs(&session).await {
+    let session = execs.sessions().open(identity.sandbox.clone(), identity.generation, tx.clone());
+    if let Err(e) = execs.resume(&session).await {
         // The next connection tries again.
         let _ = tx.send(Err(e.into())).await;
-        engine.sessions().close(&session);
+        execs.sessions().close(&session);
         return;
     }
-    let mut resume = tokio::time::interval(engine.resume_every());
+    let mut resume = tokio::time::interval(execs.resume_every());
     // Its first tick would be now, and the execs were just resumed.
     resume.reset();
     loop {
         let received = tokio::select! {
             biased;
-            () = engine.shutting_down() => {
+            () = engine.shutdown().begun() => {
                 let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
                 break;
             }
@@ -104,7 +112,7 @@ async fn serve_session(
                 }
             },
             _ = resume.tick() => {
-                if let Err(e) = engine.resume_execs(&session).await {
+                if let Err(e) = execs.resume(&session).await {
                     debug!(sandbox = %identity.sandbox, error = %e, "cannot read the open execs; the next tick will");
                 }
                 continue;
@@ -135,10 +143,10 @@ async fn serve_session(
                 }
             }
             Some(FromSupervisor::ExecStarted(started)) => {
-                exec_report(&engine, &identity, &started.exec_id, &Report::Started).await
+                exec_report(&execs, &identity, &started.exec_id, &Report::Started).await
             }
             Some(FromSupervisor::ExecEnded(ended)) => match ended_report(&ended) {
-                Some(report) => exec_report(&engine, &identity, &ended.exec_id, &report).await,
+                Some(report) => exec_report(&execs, &identity, &ended.exec_id, &report).await,
                 None => Some(Err(Status::invalid_argument("an exec end report must say how it ended"))),
             },
             Some(FromSupervisor::Output(data)) => {
@@ -165,7 +173,7 @@ async fn serve_session(
             break;
         }
     }
-    engine.sessions().close(&session);
+    execs.sessions().close(&session);
     debug!(sandbox = %identity.sandbox, generation = identity.generation, "supervisor session ended");
 }
 
@@ -185,7 +193,7 @@ fn ended_report(ended: &pb::ExecEnded) -> Option<Report> {
 /// Commits an exec report. Nothing is answered; a report that cannot be committed ends the
 /// session, and the next connection reports again.
 async fn exec_report(
-    engine: &Engine,
+    execs: &Execs,
     identity: &RuntimeIdentity,
     exec_id: &str,
     report: &Report,
@@ -193,7 +201,7 @@ async fn exec_report(
     let Ok(id) = ExecId::parse("exec_id", exec_id) else {
         return Some(Err(Status::invalid_argument("an exec report named a malformed exec id")));
     };
-    match engine.exec_report(identity, &id, report).await {
+    match execs.report(identity, &id, report).await {
         Ok(()) => None,
         Err(e) => Some(Err(e.into())),
     }
@@ -210,19 +218,19 @@ const EGRESS_CHUNK: usize = 64 * 1024;
 /// the reply stream. A gateway shutting down cuts both at once (the connection cannot outlive
 /// it, and waiting would hold the shutdown up to its bound), the reply with UNAVAILABLE.
 async fn splice(
-    engine: Engine,
+    shutdown: Shutdown,
     connection: Box<dyn crate::egress::Connection>,
     mut inbound: Streaming<pb::EgressUp>,
     tx: mpsc::Sender<Result<pb::EgressDown, Status>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut read, mut write) = tokio::io::split(connection);
-    let engine = &engine;
+    let shutdown = &shutdown;
     let up = async move {
         loop {
             let message = tokio::select! {
                 biased;
-                () = engine.shutting_down() => break,
+                () = shutdown.begun() => break,
                 message = inbound.message() => message,
             };
             let Ok(Some(message)) = message else { break };
@@ -244,7 +252,7 @@ async fn splice(
             // A sandbox gone away is noticed even while the upstream is silent: its connection
             // is not held open for good.
             let read = tokio::select! {
-                () = engine.shutting_down() => {
+                () = shutdown.begun() => {
                     let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
                     break;
                 }
@@ -278,11 +286,11 @@ impl Supervisor for SupervisorApi {
             Ok(Err(status)) => return Err(status),
             Err(_) => return Err(Status::deadline_exceeded("no open within 10 s")),
         };
-        let (connection, addr) = self.engine.open_egress(&open).await?;
+        let (connection, addr) = self.egress.open(&open).await?;
         let (tx, rx) = mpsc::channel(8);
         let connected = pb::EgressDown { message: Some(pb::egress_down::Message::Connected(addr.to_string())) };
         let _ = tx.send(Ok(connected)).await;
-        tokio::spawn(splice(self.engine.clone(), connection, inbound, tx));
+        tokio::spawn(splice(self.engine.shutdown().clone(), connection, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -318,7 +326,7 @@ impl Supervisor for SupervisorApi {
             heartbeat_interval_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
         };
         let _ = tx.send(Ok(message(ToSupervisor::Accepted(accepted)))).await;
-        tokio::spawn(serve_session(self.engine.clone(), self.heartbeat, identity, inbound, tx));
+        tokio::spawn(serve_session(self.engine.clone(), self.execs.clone(), self.heartbeat, identity, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -83,7 +83,7 @@ async fn next_wake(
 ) -> Option<Result<crate::engine::Change, ()>> {
     tokio::select! {
         biased;
-        () = engine.shutting_down() => {
+        () = engine.shutdown().begun() => {
             let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
             None
         }

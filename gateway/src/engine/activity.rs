@@ -21,22 +21,32 @@ impl Drop for Active {
     }
 }
 
-impl Engine {
+/// What the streaming APIs count as activity on a sandbox.
+#[derive(Clone)]
+pub struct Activity {
+    engine: Engine,
+}
+
+impl Activity {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// Counts a stream on the sandbox named `name` as activity for as long as the returned
     /// guard lives. The first touch is committed before this returns: a client holding the
     /// stream has been counted.
     pub async fn keep_active(&self, name: &str) -> Result<Active, ApiError> {
-        let Some(sandbox) = self.inner.store.sandbox_by_name(name).await? else { return Ok(Active(None)) };
+        let Some(sandbox) = self.engine.inner.store.sandbox_by_name(name).await? else { return Ok(Active(None)) };
         let Some(timeout) = sandbox.spec.lifetime.idle_timeout else { return Ok(Active(None)) };
         let request = Request::new(Command::TouchSandbox { name: name.to_string(), id: sandbox.id }, None);
-        self.execute(&request).await?;
-        let engine = self.clone();
+        self.engine.execute(&request).await?;
+        let engine = self.engine.clone();
         let every = timeout / 4;
         Ok(Active(Some(tokio::spawn(async move {
             loop {
                 tokio::select! {
                     biased;
-                    () = engine.shutting_down() => return,
+                    () = engine.shutdown().begun() => return,
                     () = tokio::time::sleep(every) => {}
                 }
                 if let Err(e) = engine.execute(&request).await {

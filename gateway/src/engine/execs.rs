@@ -19,6 +19,7 @@ use super::Engine;
 use super::transact::{Run, Transaction};
 use crate::error::ApiError;
 use crate::sessions::{Session, Sessions};
+use crate::store::{Page, PageRequest};
 
 /// How often every open exec is looked at, for runs that ended through another gateway.
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -43,16 +44,26 @@ fn run_message(exec: &Exec, env: RunEnv) -> pb::RunExec {
     }
 }
 
-impl Engine {
+/// What the exec API and the supervisor sessions ask of execs, and the sweep that keeps E3.
+#[derive(Clone)]
+pub struct Execs {
+    engine: Engine,
+}
+
+impl Execs {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// What a supervisor is told to run `exec` with: its environment by the drivers' rule, from
     /// the sandbox as stored now and the providers attached now.
     pub async fn exec_run(&self, exec: &Exec) -> Result<pb::RunExec, ApiError> {
         let mut spec = BTreeMap::new();
         let mut credentials = BTreeMap::new();
-        if let Some(sandbox) = self.inner.store.sandbox(&exec.sandbox).await? {
+        if let Some(sandbox) = self.engine.inner.store.sandbox(&exec.sandbox).await? {
             spec.clone_from(&sandbox.spec.env);
             for name in sandbox.providers.iter() {
-                if let Some(p) = self.inner.store.provider(name).await? {
+                if let Some(p) = self.engine.inner.store.provider(name).await? {
                     credentials.extend(p.credentials);
                 }
             }
@@ -61,7 +72,7 @@ impl Engine {
     }
 
     pub fn sessions(&self) -> &Sessions {
-        &self.inner.sessions
+        &self.engine.inner.sessions
     }
 
     /// How often a session hands its run the execs still open for it: ones admitted through
@@ -75,22 +86,22 @@ impl Engine {
 
     /// Up to about `max` bytes of `exec`'s output from `from`, as its supervisor kept it on the
     /// sandbox's host. `over`: the exec has ended.
-    pub async fn read_exec_output(&self, exec: &Exec, from: u64, max: usize, over: bool) -> Result<Read, ApiError> {
+    pub async fn read_output(&self, exec: &Exec, from: u64, max: usize, over: bool) -> Result<Read, ApiError> {
         let log = Log::Exec { generation: exec.generation, id: exec.id.to_string() };
-        Ok(self.inner.driver.logs(&exec.sandbox, &log, from, max, over).await?)
+        Ok(self.engine.inner.driver.logs(&exec.sandbox, &log, from, max, over).await?)
     }
 
     /// A fresh exec id: 64 random bits.
-    pub fn new_exec_id(&self) -> ExecId {
-        ExecId::parse("exec_id", &format!("ex-{:016x}", self.random())).expect("a generated id is well formed")
+    pub fn new_id(&self) -> ExecId {
+        ExecId::parse("exec_id", &format!("ex-{:016x}", self.engine.random())).expect("a generated id is well formed")
     }
 
     /// Admits exec `id` in the sandbox named `name`, or finds it (a retry). Its run is handed
     /// it by whoever reads its output first, or by the next session of that run to open.
-    pub async fn admit_exec(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
-        let retry = Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+    pub async fn admit(&self, name: &str, id: &ExecId, spec: &ExecSpec) -> Result<Exec, ApiError> {
+        let retry = Retry::new(self.engine.inner.settings.retry, Kind::Exec, id.as_str());
         let decision =
-            self.transact(&Admit { name, id, spec }, Run { locks: BTreeSet::new(), retry, read: None }).await?;
+            self.engine.transact(&Admit { name, id, spec }, Run { locks: BTreeSet::new(), retry, read: None }).await?;
         Ok(decision.exec().expect("an admission decides on an exec").clone())
     }
 
@@ -107,14 +118,14 @@ impl Engine {
     where
         F: Fn(&Exec, Option<&Sandbox>, Timestamp) -> Decision + Sync,
     {
-        let retry = Retry::new(self.inner.settings.retry, Kind::Exec, id.as_str());
+        let retry = Retry::new(self.engine.inner.settings.retry, Kind::Exec, id.as_str());
         let change = ChangeExec { sandbox, id, what, rule };
-        let decision = self.transact(&change, Run { locks: BTreeSet::new(), retry, read: None }).await?;
+        let decision = self.engine.transact(&change, Run { locks: BTreeSet::new(), retry, read: None }).await?;
         Ok(decision.exec().cloned())
     }
 
     /// What the run `identity` reports of one of its execs.
-    pub async fn exec_report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
+    pub async fn report(&self, identity: &RuntimeIdentity, id: &ExecId, report: &Report) -> Result<(), ApiError> {
         let generation = identity.generation;
         self.change_exec(&identity.sandbox, id, "ExecReport", |e, s, now| exec::report(e, s, generation, report, now))
             .await?;
@@ -122,24 +133,33 @@ impl Engine {
     }
 
     /// The exec `id` of the sandbox named `name`.
-    pub async fn find_exec(&self, name: &str, id: &ExecId) -> Result<(Sandbox, Exec), ApiError> {
+    pub async fn find(&self, name: &str, id: &ExecId) -> Result<(Sandbox, Exec), ApiError> {
         berth_core::validate::dns_label("sandbox", name)?;
-        let store = &self.inner.store;
-        let not_found = |kind, name: &str| berth_core::Error::NotFound { kind, name: name.to_string() };
-        let sandbox = store.sandbox_by_name(name).await?.ok_or_else(|| not_found(Kind::Sandbox, name))?;
-        let exec = store.exec(&sandbox.id, id).await?.ok_or_else(|| not_found(Kind::Exec, id.as_str()))?;
+        let sandbox = self.engine.sandbox_named(name).await?;
+        let exec = self.get(&sandbox.id, id).await?.ok_or_else(|| not_found(id))?;
         Ok((sandbox, exec))
     }
 
+    /// The exec `id` of sandbox `sandbox` as stored now.
+    pub async fn get(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, ApiError> {
+        Ok(self.engine.inner.store.exec(sandbox, id).await?)
+    }
+
+    /// A page of the execs of the sandbox named `name`.
+    pub async fn list(&self, name: &str, page: &PageRequest) -> Result<Page<Exec>, ApiError> {
+        let sandbox = self.engine.sandbox_named(name).await?;
+        Ok(self.engine.inner.store.list_execs(&sandbox.id, page).await?)
+    }
+
     /// Commits a cancel and has the run carry it out.
-    pub async fn cancel_exec(&self, name: &str, id: &ExecId) -> Result<Exec, ApiError> {
-        let (sandbox, _) = self.find_exec(name, id).await?;
+    pub async fn cancel(&self, name: &str, id: &ExecId) -> Result<Exec, ApiError> {
+        let (sandbox, _) = self.find(name, id).await?;
         let exec = self
             .change_exec(&sandbox.id, id, "CancelExec", |e, _, now| exec::cancel(e, now))
             .await?
-            .ok_or_else(|| berth_core::Error::NotFound { kind: Kind::Exec, name: id.to_string() })?;
+            .ok_or_else(|| not_found(id))?;
         if !exec.state.is_terminal()
-            && let Some(session) = self.inner.sessions.get(&exec.sandbox, exec.generation)
+            && let Some(session) = self.sessions().get(&exec.sandbox, exec.generation)
         {
             session.send(ToSupervisor::CancelExec(pb::CancelExec { exec_id: id.to_string() })).await;
         }
@@ -147,8 +167,8 @@ impl Engine {
     }
 
     /// Ends every open exec whose run is over (E3): of one sandbox, or of all.
-    pub async fn settle_execs(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
-        for open in self.inner.store.open_execs(only).await? {
+    async fn settle(&self, only: Option<&SandboxId>) -> Result<(), ApiError> {
+        for open in self.engine.inner.store.open_execs(only).await? {
             if let Err(e) = self.change_exec(&open.sandbox, &open.id, "SettleExec", exec::settle).await {
                 warn!(sandbox = %open.sandbox, exec = %open.id, error = %e, "cannot settle an exec; the next sweep will");
             }
@@ -159,8 +179,8 @@ impl Engine {
     /// A new session: every open exec of its run is handed to it again, cancelled ones with
     /// their cancel, so that nothing admitted while no session was here, or whose report was
     /// lost with a connection, is left waiting.
-    pub async fn resume_execs(&self, session: &Session) -> Result<(), ApiError> {
-        for open in self.inner.store.open_execs(Some(&session.sandbox)).await? {
+    pub async fn resume(&self, session: &Session) -> Result<(), ApiError> {
+        for open in self.engine.inner.store.open_execs(Some(&session.sandbox)).await? {
             if open.generation != session.generation {
                 continue;
             }
@@ -174,25 +194,31 @@ impl Engine {
         Ok(())
     }
 
+    /// The exec as it finally stands. An exec removed with its sandbox ended as the sweep would
+    /// have ended it.
+    pub async fn final_state(&self, last: &Exec) -> Result<Exec, ApiError> {
+        match self.exec_ended(&last.sandbox, &last.id).await {
+            Err(ApiError::Core(berth_core::Error::NotFound { .. })) => {
+                Ok(exec::settle(last, None, self.engine.now()).exec().map_or_else(|| last.clone(), Exec::clone))
+            }
+            ended => ended,
+        }
+    }
+
     /// The exec once it is terminal: it always becomes so (E3), by its run's report or by the
     /// sweep once the run is over. Neither comes to a gateway shutting down (its sessions and
     /// its sweep end), so then it is [`ApiError::ShuttingDown`], unless it is terminal already.
-    pub async fn exec_ended(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Exec, ApiError> {
-        let mut changes = self.inner.exec_changes.subscribe();
+    async fn exec_ended(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Exec, ApiError> {
+        let mut changes = self.engine.inner.exec_changes.subscribe();
         loop {
             changes.borrow_and_update();
-            let exec = self
-                .inner
-                .store
-                .exec(sandbox, id)
-                .await?
-                .ok_or_else(|| berth_core::Error::NotFound { kind: Kind::Exec, name: id.to_string() })?;
+            let exec = self.get(sandbox, id).await?.ok_or_else(|| not_found(id))?;
             if exec.state.is_terminal() {
                 return Ok(exec);
             }
             tokio::select! {
                 biased;
-                () = self.shutting_down() => return Err(ApiError::ShuttingDown),
+                () = self.engine.shutdown().begun() => return Err(ApiError::ShuttingDown),
                 _ = tokio::time::timeout(REREAD, changes.changed()) => {}
             }
         }
@@ -200,13 +226,13 @@ impl Engine {
 
     /// Keeps E3 for as long as the gateway runs: the execs of a run that is over are ended at
     /// once for a change made here, and within [`SWEEP_EVERY`] for one made elsewhere.
-    pub async fn settle_execs_forever(self) {
-        let mut changes = self.subscribe();
+    pub async fn settle_forever(self) {
+        let mut changes = self.engine.subscribe();
         let mut sweep = tokio::time::interval(SWEEP_EVERY);
         loop {
             let only = tokio::select! {
                 biased;
-                () = self.shutting_down() => return,
+                () = self.engine.shutdown().begun() => return,
                 change = changes.recv() => match change {
                     Ok(change) if change.sandbox.as_ref().is_some_and(|s| s.phase.kind() == PhaseKind::Ready) => continue,
                     Ok(change) => Some(change.id),
@@ -215,16 +241,15 @@ impl Engine {
                 },
                 _ = sweep.tick() => None,
             };
-            if let Err(e) = self.settle_execs(only.as_ref()).await {
+            if let Err(e) = self.settle(only.as_ref()).await {
                 warn!(error = %e, "cannot read the open execs; the next sweep will");
             }
         }
     }
+}
 
-    /// Told of every exec write made here.
-    pub fn exec_changes(&self) -> tokio::sync::watch::Receiver<()> {
-        self.inner.exec_changes.subscribe()
-    }
+fn not_found(id: &ExecId) -> berth_core::Error {
+    berth_core::Error::NotFound { kind: Kind::Exec, name: id.to_string() }
 }
 
 /// An exec's admission: decided on the sandbox it names and the exec of that id, if any.

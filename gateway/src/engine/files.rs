@@ -3,27 +3,36 @@
 
 use std::path::PathBuf;
 
-use berth_core::{Kind, PhaseKind};
+use berth_core::PhaseKind;
 use berth_drivers::files::Limits;
 
 use super::Engine;
 use crate::error::ApiError;
 
-impl Engine {
+/// What the files API reaches: a sandbox's workspace, and the bounds on what it moves.
+#[derive(Clone)]
+pub struct Files {
+    engine: Engine,
+}
+
+impl Files {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// The workspace of the sandbox named `name`.
     pub async fn workspace(&self, name: &str) -> Result<PathBuf, ApiError> {
-        let not_found = || berth_core::Error::NotFound { kind: Kind::Sandbox, name: name.to_string() };
-        let sandbox = self.inner.store.sandbox_by_name(name).await?.ok_or_else(not_found)?;
+        let sandbox = self.engine.sandbox_named(name).await?;
         if sandbox.phase.kind() == PhaseKind::Deleting {
             let phase = PhaseKind::Deleting;
             return Err(
                 berth_core::Error::WrongPhase { sandbox: name.to_string(), action: "copy files of", phase }.into()
             );
         }
-        Ok(self.inner.driver.workspace(&sandbox.id).await?)
+        Ok(self.engine.inner.driver.workspace(&sandbox.id).await?)
     }
 
-    pub fn file_limits(&self) -> Limits {
-        self.inner.settings.files
+    pub fn limits(&self) -> Limits {
+        self.engine.inner.settings.files
     }
 }

@@ -1,6 +1,6 @@
 //! Which run's logs a read is of (DESIGN 8.2), and reading them through the driver.
 
-use berth_core::{Kind, PhaseKind, SandboxId};
+use berth_core::{PhaseKind, SandboxId};
 use berth_drivers::logs::{KEPT_GENERATIONS, Log, Read};
 
 use super::Engine;
@@ -15,12 +15,21 @@ pub struct LogsOf {
     pub over: bool,
 }
 
-impl Engine {
+/// What the logs API reaches: which run's logs a read is of, and reading them.
+#[derive(Clone)]
+pub struct Logs {
+    engine: Engine,
+}
+
+impl Logs {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+
     /// The logs of `generation` (0: the current one) of the sandbox named `name`, as its record
     /// stands now.
-    pub async fn logs_of(&self, name: &str, generation: u64) -> Result<LogsOf, ApiError> {
-        let not_found = || berth_core::Error::NotFound { kind: Kind::Sandbox, name: name.to_string() };
-        let sandbox = self.inner.store.sandbox_by_name(name).await?.ok_or_else(not_found)?;
+    pub async fn of(&self, name: &str, generation: u64) -> Result<LogsOf, ApiError> {
+        let sandbox = self.engine.sandbox_named(name).await?;
         let current = sandbox.generation;
         let generation = if generation == 0 { current } else { generation };
         if generation > current {
@@ -41,8 +50,8 @@ impl Engine {
         Ok(LogsOf { sandbox: sandbox.id, generation, over: generation < current || !running })
     }
 
-    pub async fn read_logs(&self, of: &LogsOf, from: u64, max: usize) -> Result<Read, ApiError> {
+    pub async fn read(&self, of: &LogsOf, from: u64, max: usize) -> Result<Read, ApiError> {
         let log = Log::Main { generation: of.generation };
-        Ok(self.inner.driver.logs(&of.sandbox, &log, from, max, of.over).await?)
+        Ok(self.engine.inner.driver.logs(&of.sandbox, &log, from, max, of.over).await?)
     }
 }

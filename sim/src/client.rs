@@ -16,7 +16,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::invariants::{Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
+use crate::invariants::{Fact, Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
 use crate::world::{Op, Outcome, Seen, World, lock, now};
@@ -146,7 +146,7 @@ impl Client {
             Outcome::Unknown => format!("{kind} {sandbox} -> no answer"),
         };
         self.world.event(self.actor.clone(), "reply", detail);
-        lock(&self.world.history).push(Op {
+        let op = Op {
             client: self.index,
             sandbox: sandbox.to_string(),
             kind,
@@ -154,7 +154,10 @@ impl Client {
             called,
             returned: World::micros(),
             outcome,
-        });
+        };
+        let id = result.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.id.as_str());
+        self.world.fact(&Fact::Reply { op: &op, id });
+        lock(&self.world.history).push(op);
     }
 
     /// A call with the client's timeout; a gateway that does not answer is left for the next.
@@ -324,10 +327,8 @@ impl Client {
         match result {
             Ok(Some(s)) => {
                 let claimer = format!("{} via {}", self.actor, net::gateway_host(g));
-                let problem = lock(&self.world.claims).claimed(&s.id, &s.name, &claimer);
-                if let Some(problem) = problem {
-                    self.world.violate(Invariant::P1, problem);
-                }
+                let seen = seen(&s);
+                self.world.fact(&Fact::Claimed { id: &s.id, name: &s.name, claimer: &claimer, seen: &seen });
                 Some(s)
             }
             // An empty pool is UNAVAILABLE, as an unreachable gateway is: neither is a bug.

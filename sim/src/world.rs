@@ -13,7 +13,7 @@ use berth_core::{Intent, PhaseKind, SandboxId, Timestamp};
 use berth_gateway::store::memory::MemoryStore;
 use serde::Serialize;
 
-use crate::invariants::{Invariant, l1_one_holder};
+use crate::invariants::{Checker, Fact, Found, Invariant, l1_one_holder};
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
 
@@ -152,10 +152,8 @@ pub struct World {
     crash_requests: Mutex<Vec<usize>>,
     /// What the runs' execs did (E1, E4).
     pub execs: Mutex<crate::execs::Ledger>,
-    /// Which sandbox each claim got (P1).
-    pub claims: Mutex<crate::invariants::p1_pools::Claims>,
-    /// Per sandbox: the last exec admission or end the store committed, on its clock (T1).
-    pub exec_activity: Mutex<BTreeMap<SandboxId, berth_core::Timestamp>>,
+    /// The checkers fed every [`Fact`], each with the evidence it keeps.
+    checkers: Mutex<Vec<Box<dyn Checker>>>,
     /// The sandboxes' committed providers and generations, and the egress requests judged (N1).
     pub egress: Mutex<crate::egress::Ledger>,
 }
@@ -170,7 +168,6 @@ impl World {
             history: Mutex::default(),
             commits: Mutex::default(),
             generations: Mutex::default(),
-            exec_activity: Mutex::default(),
             egress: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
@@ -182,7 +179,7 @@ impl World {
             shutdowns: Mutex::default(),
             crash_requests: Mutex::default(),
             execs: Mutex::default(),
-            claims: Mutex::default(),
+            checkers: Mutex::new(crate::invariants::checkers()),
             scenario,
         })
     }
@@ -213,6 +210,17 @@ impl World {
         let message = message.into();
         self.event("checker", "violation", format!("{invariant}: {message}"));
         lock(&self.violations).push(Violation { t: Self::micros(), invariant, message });
+    }
+
+    /// Feeds `fact` to every checker, and reports what they found.
+    pub fn fact(&self, fact: &Fact<'_>) {
+        let mut found = Found::new();
+        for checker in lock(&self.checkers).iter_mut() {
+            checker.on(fact, &mut found);
+        }
+        for (invariant, problem) in found {
+            self.violate(invariant, problem);
+        }
     }
 
     pub fn violations(&self) -> Vec<Violation> {

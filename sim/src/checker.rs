@@ -15,6 +15,7 @@ use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageReque
 use crate::invariants::{Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness};
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
+use crate::trace::Kind;
 use crate::world::{Commit, Seen, World, lock};
 
 pub fn seen(s: &Sandbox) -> Seen {
@@ -65,7 +66,7 @@ impl TracingStore {
             draw.chance(p).then(|| draw.millis(1, crate::gateway::LEASE_TTL.as_millis() as u64 / 2))
         };
         if let Some(delay) = delay {
-            self.world.event(self.actor.clone(), "store reply late", format!("by {delay:?}"));
+            self.world.event(self.actor.clone(), Kind::StoreReplyLate, format!("by {delay:?}"));
             tokio::time::sleep(delay).await;
         }
     }
@@ -100,7 +101,7 @@ impl TracingStore {
             let generation = after.or(before).map_or(0, |s| s.generation);
             world.event(
                 self.actor.clone(),
-                "phase",
+                Kind::Phase { to: new.as_ref().map(Phase::kind) },
                 format!("{name}: {} -> {} (generation {generation})", describe(&old), describe(&new)),
             );
         }
@@ -108,21 +109,21 @@ impl TracingStore {
             if a.expired_at.is_some() && b.expired_at.is_none() {
                 world.event(
                     self.actor.clone(),
-                    "expired",
+                    Kind::Expired,
                     format!("{name}: deadline {:?}", b.deadline.map(|d| d.unix_millis())),
                 );
             }
             if a.idle_expired_at.is_some() && b.idle_expired_at.is_none() {
                 world.event(
                     self.actor.clone(),
-                    "expired idle",
+                    Kind::ExpiredIdle,
                     format!("{name}: active at {:?}", b.active_at.map(|d| d.unix_millis())),
                 );
             }
             if a.restarts.count > b.restarts.count {
                 world.event(
                     self.actor.clone(),
-                    "policy restart",
+                    Kind::PolicyRestart,
                     format!("{name}: restart {} as generation {}", a.restarts.count, a.generation),
                 );
             }

@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::invariants::{Checker, Fact, Found, Invariant, l1_one_holder};
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
+use crate::trace::Kind;
 
 /// The Unix time the simulation starts at (pinned: the default is the wall clock).
 pub const EPOCH_SECS: u64 = 1_700_000_000;
@@ -48,7 +49,7 @@ pub struct Event {
     /// Simulated microseconds since the start.
     pub t: u64,
     pub actor: String,
-    pub kind: String,
+    pub kind: Kind,
     pub detail: String,
 }
 
@@ -197,18 +198,13 @@ impl World {
         *last
     }
 
-    pub fn event(&self, actor: impl Into<String>, kind: impl Into<String>, detail: impl Into<String>) {
-        lock(&self.trace).push(Event {
-            t: Self::micros(),
-            actor: actor.into(),
-            kind: kind.into(),
-            detail: detail.into(),
-        });
+    pub fn event(&self, actor: impl Into<String>, kind: Kind, detail: impl Into<String>) {
+        lock(&self.trace).push(Event { t: Self::micros(), actor: actor.into(), kind, detail: detail.into() });
     }
 
     pub fn violate(&self, invariant: Invariant, message: impl Into<String>) {
         let message = message.into();
-        self.event("checker", "violation", format!("{invariant}: {message}"));
+        self.event("checker", Kind::Violation, format!("{invariant}: {message}"));
         lock(&self.violations).push(Violation { t: Self::micros(), invariant, message });
     }
 
@@ -238,7 +234,7 @@ impl World {
     pub fn stop_faults(&self) {
         self.faults.store(false, Ordering::Relaxed);
         lock(&self.stalls).fill(Stall::default());
-        self.event("sim", "quiet", "faults stop; liveness is checked from here");
+        self.event("sim", Kind::Quiet, "faults stop; liveness is checked from here");
     }
 
     /// The runtime's clock: Unix nanoseconds, strictly increasing.
@@ -260,7 +256,7 @@ impl World {
 
     /// Asks for gateway `gateway` to crash at the next step (it sees no reply sent meanwhile).
     pub fn request_crash(&self, gateway: usize, after: String) {
-        self.event("runtime", "gateway to crash", format!("{} after {after}", crate::net::gateway_host(gateway)));
+        self.event("runtime", Kind::GatewayToCrash, format!("{} after {after}", crate::net::gateway_host(gateway)));
         lock(&self.crash_requests).push(gateway);
     }
 
@@ -295,7 +291,7 @@ impl World {
         }
         match l1_one_holder::takeover_problem(last.as_ref(), holder, term, t) {
             Some(problem) => self.violate(Invariant::L1, problem),
-            None => self.event(holder, "lease", format!("holds the reconcile lease, term {term}")),
+            None => self.event(holder, Kind::Lease { term }, format!("holds the reconcile lease, term {term}")),
         }
     }
 

@@ -7,6 +7,7 @@ use berth_core::bugs::Bug;
 use berth_sim::invariants::Invariant;
 use berth_sim::run::run;
 use berth_sim::scenario::{DriverKind, Scenario};
+use berth_sim::trace::Kind;
 
 #[test]
 fn sixteen_short_seeds_hold_every_invariant() {
@@ -24,9 +25,9 @@ fn sixteen_short_seeds_hold_every_invariant() {
 fn egress_requests_are_opened_and_refused_and_each_is_judged() {
     let outcome = run(Scenario::standard(0).with_egress(true), None);
     assert!(outcome.passed(), "{:?}", outcome.violations);
-    let count = |kind: &str| outcome.trace.iter().filter(|e| e.kind == kind).count();
-    assert!(count("egress") >= 50, "{} connections", count("egress"));
-    assert!(count("egress refused") >= 5, "{} refusals", count("egress refused"));
+    let count = |kind: Kind| outcome.trace.iter().filter(|e| e.kind == kind).count();
+    assert!(count(Kind::Egress) >= 50, "{} connections", count(Kind::Egress));
+    assert!(count(Kind::EgressRefused) >= 5, "{} refusals", count(Kind::EgressRefused));
 }
 
 /// The simulator must see each known bug when its switch puts it back: a simulator that stopped

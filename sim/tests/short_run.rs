@@ -57,6 +57,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::EgressFromAttach => (0, Invariant::N1),
             Bug::SignalsSupervisorOnly => (1, Invariant::D1),
             Bug::ChildLeftBehind => (1, Invariant::D1),
+            Bug::ClaimUnready => (0, Invariant::P1),
+            Bug::ExecWhileStarting => (0, Invariant::X1),
         };
         caught_at(bug, seed, invariant);
     }

@@ -40,15 +40,16 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
-            Bug::EventBypassesFence => (0, Invariant::I1),
-            Bug::DeleteWithoutRetry => (29, Invariant::I3),
-            Bug::RotationOutsideStart => (0, Invariant::I1),
+            Bug::EventBypassesFence => (2, Invariant::I1),
+            Bug::DeleteWithoutRetry => (14, Invariant::I3),
+            // C1 sees the generation bumped outside a Starting write before I1 sees its harm.
+            Bug::RotationOutsideStart => (0, Invariant::C1),
             Bug::EffectWithoutRecheck => (0, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (25, Invariant::I1),
+            Bug::FenceFromRecordedExit => (3, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (11, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (14, Invariant::E1),
+            Bug::TenureFromAnswer => (60, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (39, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (0, Invariant::E1),
             Bug::ExpiryIgnoresRenew => (0, Invariant::T1),

@@ -227,9 +227,16 @@ mod tests {
             Invariant::L1,
             Invariant::T1,
             Invariant::P1,
+            Invariant::C1,
+            Invariant::X1,
+            Invariant::R1,
+            Invariant::M1,
         ];
         let names: Vec<String> = all.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1", "P1"]);
+        let want = [
+            "I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1", "P1", "C1", "X1", "R1", "M1",
+        ];
+        assert_eq!(names, want);
         assert_eq!(serde_json::to_string(&Invariant::I10).unwrap(), "\"I10\"");
     }
 }

@@ -70,10 +70,16 @@ pub enum Bug {
     /// make sure the rest of its group goes with it, so a child deaf to SIGTERM, or one left
     /// running when the command ended by itself, outlives the acknowledged stop.
     ChildLeftBehind,
+    /// P1: a claim takes a pool member that is still starting (any member wanted running that
+    /// is not on its way out), not only a Ready one.
+    ClaimUnready,
+    /// X1: an exec is admitted to a sandbox still Starting as well as to a Ready one, before
+    /// any run of the generation it is admitted for is known to be there to run it.
+    ExecWhileStarting,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 17] = [
+    pub const ALL: [Bug; 19] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -91,6 +97,8 @@ impl Bug {
         Bug::EgressFromAttach,
         Bug::SignalsSupervisorOnly,
         Bug::ChildLeftBehind,
+        Bug::ClaimUnready,
+        Bug::ExecWhileStarting,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +120,8 @@ impl Bug {
             Bug::EgressFromAttach => "egress-from-attach",
             Bug::SignalsSupervisorOnly => "signals-supervisor-only",
             Bug::ChildLeftBehind => "child-left-behind",
+            Bug::ClaimUnready => "claim-unready",
+            Bug::ExecWhileStarting => "exec-while-starting",
         }
     }
 
@@ -138,13 +148,15 @@ impl Bug {
             | Bug::IdleIgnoresExecs
             | Bug::EgressFromAttach
             | Bug::SignalsSupervisorOnly
-            | Bug::ChildLeftBehind => 1,
+            | Bug::ChildLeftBehind
+            | Bug::ClaimUnready
+            | Bug::ExecWhileStarting => 1,
         }
     }
 
     /// Whether the race needs the lifetime workload.
     pub fn lifetimes(self) -> bool {
-        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas | Bug::IdleIgnoresExecs)
+        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas | Bug::IdleIgnoresExecs | Bug::ClaimUnready)
     }
 
     /// Whether the race needs the egress workload.
@@ -154,7 +166,7 @@ impl Bug {
 
     /// Whether the race needs the exec workload.
     pub fn execs(self) -> bool {
-        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced | Bug::IdleIgnoresExecs)
+        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced | Bug::IdleIgnoresExecs | Bug::ExecWhileStarting)
     }
 }
 

@@ -50,6 +50,10 @@ pub fn is_member(sandbox: &Sandbox, template: &str) -> bool {
 
 /// Whether a member can be handed out: Ready, wanted running, not on its way out.
 fn claimable(sandbox: &Sandbox) -> bool {
+    #[cfg(feature = "bugs")]
+    if crate::bugs::on(crate::bugs::Bug::ClaimUnready) {
+        return sandbox.intent == Intent::Running && !sandbox.is(PhaseKind::Deleting);
+    }
     sandbox.is(PhaseKind::Ready) && sandbox.intent == Intent::Running
 }
 

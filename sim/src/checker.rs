@@ -12,12 +12,10 @@ use berth_core::template::Template;
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
 
-use crate::invariants::{
-    Invariant, i1_stale_exit, i2_exits_reported, i5_versions, i7_delete_completes, i8_liveness, p1_pools, t1_deadlines,
-    t1_idle,
-};
+use crate::invariants::{Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness};
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
+use crate::trace::Kind;
 use crate::world::{Commit, Seen, World, lock};
 
 pub fn seen(s: &Sandbox) -> Seen {
@@ -68,7 +66,7 @@ impl TracingStore {
             draw.chance(p).then(|| draw.millis(1, crate::gateway::LEASE_TTL.as_millis() as u64 / 2))
         };
         if let Some(delay) = delay {
-            self.world.event(self.actor.clone(), "store reply late", format!("by {delay:?}"));
+            self.world.event(self.actor.clone(), Kind::StoreReplyLate, format!("by {delay:?}"));
             tokio::time::sleep(delay).await;
         }
     }
@@ -96,12 +94,6 @@ impl TracingStore {
         {
             lock(&world.generations).entry(id.clone()).or_default().push((t, a.generation));
         }
-        if let Some(a) = after
-            && let Some(problem) =
-                i5_versions::write_problem(&name, before.map(|b| b.resource_version), a.resource_version)
-        {
-            world.violate(Invariant::I5, problem);
-        }
         let old = before.map(|b| b.phase.clone());
         let new = after.map(|a| a.phase.clone());
         if old.as_ref().map(Phase::kind) != new.as_ref().map(Phase::kind) {
@@ -109,7 +101,7 @@ impl TracingStore {
             let generation = after.or(before).map_or(0, |s| s.generation);
             world.event(
                 self.actor.clone(),
-                "phase",
+                Kind::Phase { to: new.as_ref().map(Phase::kind) },
                 format!("{name}: {} -> {} (generation {generation})", describe(&old), describe(&new)),
             );
         }
@@ -117,41 +109,41 @@ impl TracingStore {
             if a.expired_at.is_some() && b.expired_at.is_none() {
                 world.event(
                     self.actor.clone(),
-                    "expired",
+                    Kind::Expired,
                     format!("{name}: deadline {:?}", b.deadline.map(|d| d.unix_millis())),
                 );
             }
             if a.idle_expired_at.is_some() && b.idle_expired_at.is_none() {
                 world.event(
                     self.actor.clone(),
-                    "expired idle",
+                    Kind::ExpiredIdle,
                     format!("{name}: active at {:?}", b.active_at.map(|d| d.unix_millis())),
                 );
             }
             if a.restarts.count > b.restarts.count {
                 world.event(
                     self.actor.clone(),
-                    "policy restart",
+                    Kind::PolicyRestart,
                     format!("{name}: restart {} as generation {}", a.restarts.count, a.generation),
                 );
             }
             self.check_failure(b, a);
-            if let Some(problem) = t1_deadlines::expired_early(b, a, world.store.now()) {
-                world.violate(Invariant::T1, problem);
-            }
-            let last_exec = lock(&world.exec_activity).get(&b.id).copied();
-            let activity = t1_idle::Activity { open_execs, last_exec };
-            if let Some(problem) = t1_idle::idled_early(b, a, world.store.now(), &activity) {
-                world.violate(Invariant::T1, problem);
-            }
         }
+        world.fact(&Fact::Sandbox { t, now: world.store.now(), before, after, open_execs });
     }
 
     /// A commit, with every sandbox write recorded and checked. The in-memory store never
     /// yields, so nothing interleaves between these reads and the commit.
     async fn commit_traced(&self, writes: &[Write]) -> Result<(), CommitError> {
         let mut befores = Vec::new();
+        let mut execs = Vec::new();
         for write in writes {
+            // An exec write is judged with the exec it replaces and its sandbox as they stand.
+            if let Write::CreateExec(e) | Write::UpdateExec { record: e, .. } = write {
+                let before = self.world.store.exec(&e.sandbox, &e.id).await?;
+                let sandbox = self.world.store.sandbox(&e.sandbox).await?;
+                execs.push((e, before, sandbox));
+            }
             // A check writes nothing: an exec admitted against the sandbox changes no state of it.
             if let (berth_core::Key::Sandbox(id), false) = (write.key(), matches!(write, Write::CheckSandbox { .. })) {
                 let before = self.world.store.sandbox(&id).await?;
@@ -166,17 +158,15 @@ impl TracingStore {
             }
         }
         self.world.store.commit(writes).await?;
-        // An activity counts from when its gateway decided it (the exec record says when), not
-        // from its commit a store round trip later: so does the idle timeout.
         for write in writes {
-            let (sandbox, at) = match write {
-                Write::CreateExec(e) => (&e.sandbox, e.admitted_at),
-                Write::UpdateExec { record, .. } if record.state.is_terminal() => (&record.sandbox, record.updated_at),
-                _ => continue,
-            };
-            let mut activity = lock(&self.world.exec_activity);
-            let last = activity.entry(sandbox.clone()).or_insert(at);
-            *last = (*last).max(at);
+            if let Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } = write {
+                self.world.fact(&Fact::Template(t));
+            }
+        }
+        // Execs first: an exec's end and its sandbox's idle expiry in one commit are judged
+        // with the end counted.
+        for (after, before, sandbox) in execs {
+            self.world.fact(&Fact::Exec { before: before.as_ref(), after, sandbox: sandbox.as_ref() });
         }
         for (write, before, open) in befores {
             let after = match &write {
@@ -340,6 +330,14 @@ pub async fn check_converged(world: &World) {
     let records = all_records(world).await;
     let page = PageRequest { after: None, limit: 1000 };
     let templates = world.store.list_templates(&page).await.map(|p| p.items).unwrap_or_default();
+    let providers = world.store.list_providers(&page).await.map(|p| p.items).unwrap_or_default();
+    world.fact(&Fact::Converged {
+        records: &records,
+        templates: &templates,
+        providers: &providers,
+        now: world.store.now(),
+        expiry_bound: expiry_bound(&world.scenario),
+    });
     let runtime = lock(&world.runtime);
     for s in &records {
         if let Some(problem) = i7_delete_completes::deleted_still_there(s) {
@@ -348,18 +346,8 @@ pub async fn check_converged(world: &World) {
         for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
             world.violate(Invariant::I8, problem);
         }
-        let bound = expiry_bound(&world.scenario);
-        let alive = t1_deadlines::still_alive(s, world.store.now(), bound);
-        for problem in alive.into_iter().chain(t1_idle::still_alive(s, world.store.now(), bound)) {
-            world.violate(Invariant::T1, problem);
-        }
     }
     for problem in i7_delete_completes::left_behind(&records, &held(world, &runtime), &runtime) {
         world.violate(Invariant::I7, problem);
-    }
-    for template in &templates {
-        if let Some(problem) = p1_pools::not_refilled(template, &records) {
-            world.violate(Invariant::P1, problem);
-        }
     }
 }

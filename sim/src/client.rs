@@ -16,9 +16,10 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::invariants::{Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
+use crate::invariants::{Fact, Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
+use crate::trace::Kind;
 use crate::world::{Op, Outcome, Seen, World, lock, now};
 use berth_gateway::clock::Clock;
 
@@ -145,8 +146,8 @@ impl Client {
             Outcome::Failed { code, .. } => format!("{kind} {sandbox} -> {code}"),
             Outcome::Unknown => format!("{kind} {sandbox} -> no answer"),
         };
-        self.world.event(self.actor.clone(), "reply", detail);
-        lock(&self.world.history).push(Op {
+        self.world.event(self.actor.clone(), Kind::Reply, detail);
+        let op = Op {
             client: self.index,
             sandbox: sandbox.to_string(),
             kind,
@@ -154,7 +155,10 @@ impl Client {
             called,
             returned: World::micros(),
             outcome,
-        });
+        };
+        let id = result.as_ref().ok().and_then(|s| s.as_ref()).map(|s| s.id.as_str());
+        self.world.fact(&Fact::Reply { op: &op, id });
+        lock(&self.world.history).push(op);
     }
 
     /// A call with the client's timeout; a gateway that does not answer is left for the next.
@@ -179,7 +183,7 @@ impl Client {
         }
         if unreachable && self.gateways.len() > 1 {
             self.at = (self.at + 1) % self.gateways.len();
-            self.world.event(self.actor.clone(), "moves", format!("to {}", net::gateway_host(self.at)));
+            self.world.event(self.actor.clone(), Kind::Moves, format!("to {}", net::gateway_host(self.at)));
         }
         result
     }
@@ -212,7 +216,7 @@ impl Client {
     async fn lifecycle(&mut self, verb: &'static str, name: &str, expected: Option<u64>) -> Option<pb::Sandbox> {
         self.world.event(
             self.actor.clone(),
-            "call",
+            Kind::Call,
             format!("{verb} {name}{}", expected.map(|v| format!(" @v{v}")).unwrap_or_default()),
         );
         let called = World::micros();
@@ -229,7 +233,7 @@ impl Client {
     }
 
     async fn create(&mut self, name: &str, providers: Vec<String>) -> Option<pb::Sandbox> {
-        self.world.event(self.actor.clone(), "call", format!("create {name} {providers:?}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("create {name} {providers:?}"));
         let called = World::micros();
         let (lifetime, restart) = self.policies(name);
         let request = pb::CreateSandboxRequest {
@@ -285,7 +289,7 @@ impl Client {
     /// The warm pool of the lifetime workload: its size drawn from the seed.
     async fn make_pool(&mut self) {
         let min_ready = 1 + self.draw.below(3) as u32;
-        self.world.event(self.actor.clone(), "call", format!("create template {POOL} with a pool of {min_ready}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("create template {POOL} with a pool of {min_ready}"));
         let spec = pb::SandboxSpec { image: "sim".into(), command: vec!["work".into()], ..Default::default() };
         let request = pb::CreateTemplateRequest {
             name: POOL.into(),
@@ -320,14 +324,12 @@ impl Client {
             Err(Some(status)) => format!("claim via {} -> {:?}", net::gateway_host(g), status.code()),
             Err(None) => format!("claim via {} -> no answer", net::gateway_host(g)),
         };
-        self.world.event(self.actor.clone(), "reply", detail);
+        self.world.event(self.actor.clone(), Kind::Reply, detail);
         match result {
             Ok(Some(s)) => {
                 let claimer = format!("{} via {}", self.actor, net::gateway_host(g));
-                let problem = lock(&self.world.claims).claimed(&s.id, &s.name, &claimer);
-                if let Some(problem) = problem {
-                    self.world.violate(Invariant::P1, problem);
-                }
+                let seen = seen(&s);
+                self.world.fact(&Fact::Claimed { id: &s.id, name: &s.name, claimer: &claimer, seen: &seen });
                 Some(s)
             }
             // An empty pool is UNAVAILABLE, as an unreachable gateway is: neither is a bug.
@@ -343,7 +345,7 @@ impl Client {
     /// are several) and deletes of the members they race for; each claimed sandbox is deleted
     /// again a moment later, as a finished agent's is.
     async fn claims(&mut self) {
-        self.world.event(self.actor.clone(), "call", format!("claim from {POOL}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("claim from {POOL}"));
         let other = (self.at + 1) % self.gateways.len();
         let wait_ms = self.draw.chance(0.5).then(|| self.draw.below(2_000) as u32);
         let got = match self.draw.below(3) {
@@ -402,7 +404,7 @@ impl Client {
     }
 
     async fn renew(&mut self, name: &str, ttl_ms: Option<i64>, expected: Option<u64>) {
-        self.world.event(self.actor.clone(), "call", format!("renew {name} ttl {ttl_ms:?}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("renew {name} ttl {ttl_ms:?}"));
         let called = World::micros();
         let request = pb::RenewSandboxRequest {
             name: name.to_string(),
@@ -417,7 +419,7 @@ impl Client {
 
     async fn attach(&mut self, attach: bool, name: &str, provider: &str, expected: Option<u64>) {
         let kind = if attach { "attach" } else { "detach" };
-        self.world.event(self.actor.clone(), "call", format!("{kind} {provider} to {name}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("{kind} {provider} to {name}"));
         let called = World::micros();
         let request = pb::AttachRequest {
             sandbox: name.to_string(),
@@ -436,7 +438,7 @@ impl Client {
 
     async fn provider(&mut self, create: bool, name: &str) -> Result<(), Option<tonic::Status>> {
         let kind = if create { "create provider" } else { "delete provider" };
-        self.world.event(self.actor.clone(), "call", format!("{kind} {name}"));
+        self.world.event(self.actor.clone(), Kind::Call, format!("{kind} {name}"));
         let mut c = self.providers();
         let result = if create {
             let request = pb::CreateProviderRequest {
@@ -465,7 +467,7 @@ impl Client {
             Err(Some(s)) => format!("{:?}", s.code()),
             Err(None) => "no answer".to_string(),
         };
-        self.world.event(self.actor.clone(), "reply", format!("{kind} {name} -> {detail}"));
+        self.world.event(self.actor.clone(), Kind::Reply, format!("{kind} {name} -> {detail}"));
         result
     }
 

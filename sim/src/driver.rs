@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 pub struct SimDriver {
@@ -24,12 +25,18 @@ impl SimDriver {
     }
 
     fn trace(&self, what: String) {
-        self.world.event(self.gateway.clone(), "driver", what);
+        self.world.event(self.gateway.clone(), Kind::Driver, what);
+    }
+
+    /// The reconcile loop's look at the runtime: L1's gateway side is checked at each.
+    fn reconciles(&self, kind: Kind, what: &str) {
+        self.world.check_reconciling(&self.gateway, what);
+        self.world.event(self.gateway.clone(), kind, what);
     }
 
     /// The driver's answer, in the trace beside its call.
     fn replied<T: std::fmt::Debug>(&self, what: String, reply: Result<T, DriverError>) -> Result<T, DriverError> {
-        self.world.event(self.gateway.clone(), "driver reply", format!("{what}: {reply:?}"));
+        self.world.event(self.gateway.clone(), Kind::DriverReply, format!("{what}: {reply:?}"));
         reply
     }
 
@@ -83,8 +90,7 @@ impl Driver for SimDriver {
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
-        self.world.check_reconciling(&self.gateway, "list");
-        self.trace("list".to_string());
+        self.reconciles(Kind::Poll, "list");
         self.driver.list(after, limit).await
     }
 
@@ -104,8 +110,7 @@ impl Driver for SimDriver {
     }
 
     async fn watch(&self) -> Result<WatchStream, DriverError> {
-        self.world.check_reconciling(&self.gateway, "watch");
-        self.trace("watch".to_string());
+        self.reconciles(Kind::Driver, "watch");
         self.driver.watch().await
     }
 }

@@ -23,6 +23,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use crate::invariants::Invariant;
 use crate::invariants::n1_egress::{self, Request, Version};
 use crate::scenario::Draw;
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 /// How far two hosts' clocks may disagree (a tick each way): the windows N1 judges are widened
@@ -127,7 +128,7 @@ async fn serve_upstream(world: Arc<World>, stream: tokio::io::DuplexStream) {
         ledger.opened += 1;
         n1_egress::opened_outside_policy(ledger.history(&id), &request)
     };
-    world.event("upstream", "egress", format!("{sandbox} generation {generation} reached {}", endpoint(provider)));
+    world.event("upstream", Kind::Egress, format!("{sandbox} generation {generation} reached {}", endpoint(provider)));
     if let Some(problem) = problem {
         world.violate(Invariant::N1, problem);
     }
@@ -168,7 +169,7 @@ async fn ask(
         let mut reply = Vec::new();
         let _ = client.read_to_end(&mut reply).await;
     } else if head.starts_with(b"HTTP/1.1 403") {
-        world.event("supervisor", "egress refused", format!("{sandbox} generation {generation}: {host}"));
+        world.event("supervisor", Kind::EgressRefused, format!("{sandbox} generation {generation}: {host}"));
         let request = Request {
             sandbox: sandbox.as_str(),
             generation,

@@ -32,6 +32,7 @@ use crate::client::{Bearer, sandbox_name};
 use crate::invariants::{Invariant, e_execs, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
+use crate::trace::Kind;
 use crate::world::{World, lock, now};
 
 /// The byte at `offset` of exec `id`'s output.
@@ -95,7 +96,11 @@ impl Launcher for SimLauncher {
         if let Some(problem) = e_execs::launched_again(self.sandbox.as_str(), exec_id, launches) {
             world.violate(Invariant::E1, problem);
         }
-        world.event("supervisor", "exec", format!("{} generation {} runs {exec_id}", self.sandbox, self.generation));
+        world.event(
+            "supervisor",
+            Kind::Exec,
+            format!("{} generation {} runs {exec_id}", self.sandbox, self.generation),
+        );
         let Some((bytes, pace, code)) = emit_args(&run.argv) else {
             return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "only emit runs here"));
         };
@@ -228,7 +233,7 @@ impl ExecClient {
                 Some(Output::Gap(gap)) => next = gap.to,
                 Some(Output::End(exec)) => {
                     let state = state_of(&exec);
-                    self.world.event("exec client", "end", format!("{sandbox} {id}: {state:?}"));
+                    self.world.event("exec client", Kind::End, format!("{sandbox} {id}: {state:?}"));
                     let key = (sandbox.to_string(), id.to_string(), admitted.unwrap_or(exec.admitted_at_unix_ms));
                     let mut ledger = lock(&self.world.execs);
                     let first = ledger.ends.entry(key).or_insert_with(|| state.clone());
@@ -252,7 +257,7 @@ impl ExecClient {
             timeout_ms: timeout,
             ..Default::default()
         };
-        self.world.event("exec client", "exec", format!("{} {}", made.sandbox, made.id));
+        self.world.event("exec client", Kind::Exec, format!("{} {}", made.sandbox, made.id));
         let first = pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) };
         let opened = tokio::time::timeout(Duration::from_secs(3), self.execs().exec(tokio_stream::iter([first]))).await;
         match opened {
@@ -268,7 +273,7 @@ impl ExecClient {
     async fn attach(&mut self, made: &Made) {
         let offset = self.draw.below(made.bytes + 1);
         let request = pb::AttachExecRequest { sandbox: made.sandbox.clone(), exec_id: made.id.clone(), offset };
-        self.world.event("exec client", "attach", format!("{} {} from {offset}", made.sandbox, made.id));
+        self.world.event("exec client", Kind::Attach, format!("{} {} from {offset}", made.sandbox, made.id));
         match tokio::time::timeout(Duration::from_secs(3), self.execs().attach_exec(request)).await {
             Ok(Ok(stream)) => self.read(&made.sandbox, &made.id, offset, stream.into_inner(), READ_FOR).await,
             Ok(Err(status)) => self.failed(&format!("attach {}", made.id), &status),
@@ -278,7 +283,7 @@ impl ExecClient {
 
     async fn cancel(&mut self, made: &Made) {
         let request = pb::ExecRequest { sandbox: made.sandbox.clone(), exec_id: made.id.clone() };
-        self.world.event("exec client", "cancel", format!("{} {}", made.sandbox, made.id));
+        self.world.event("exec client", Kind::Cancel, format!("{} {}", made.sandbox, made.id));
         if let Ok(Err(status)) = tokio::time::timeout(Duration::from_secs(3), self.execs().cancel_exec(request)).await {
             self.failed(&format!("cancel {}", made.id), &status);
         }

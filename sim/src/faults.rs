@@ -13,6 +13,7 @@ use crate::gateway::LEASE_TTL;
 use crate::net::gateway_host;
 use crate::run::client_host;
 use crate::scenario::{Draw, Faults};
+use crate::trace::Kind;
 use crate::world::World;
 
 /// A fault at a fixed time, whatever the seed draws.
@@ -67,7 +68,7 @@ impl Injector {
     pub fn heal(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Option<Duration>) {
         let due = |until: Duration| now.is_none_or(|now| now >= until);
         for (g, _) in self.crashed.extract_if(.., |_, until| due(*until)) {
-            world.event("sim", "gateway restarts", gateway_host(g));
+            world.event("sim", Kind::GatewayRestarts, gateway_host(g));
             sim.bounce(gateway_host(g));
             for host in self.lost.remove(&g).unwrap_or_default() {
                 if !self.partitioned.iter().any(|(p, pg, _)| *p == host && *pg == g) {
@@ -78,7 +79,7 @@ impl Injector {
         for (host, g, _) in self.partitioned.extract_if(.., |(_, _, until)| due(*until)) {
             // A link to a crashed gateway stays cut until it restarts.
             if !self.lost.get(&g).is_some_and(|hosts| hosts.contains(&host)) {
-                world.event("sim", "repair", format!("{host} <-> {}", gateway_host(g)));
+                world.event("sim", Kind::Repair, format!("{host} <-> {}", gateway_host(g)));
                 sim.repair(host.as_str(), gateway_host(g));
             }
         }
@@ -95,7 +96,7 @@ impl Injector {
                     stall_store(world, gateway, now, stall, lease_only);
                 }
                 Some(Scripted::Shutdown { gateway }) => {
-                    world.event("sim", "gateway shuts down", gateway_host(gateway));
+                    world.event("sim", Kind::GatewayShutsDown, gateway_host(gateway));
                     if let Some(stop) = crate::world::lock(&world.shutdowns).get(&gateway) {
                         let _ = stop.send(true);
                     }
@@ -159,7 +160,7 @@ impl Injector {
     /// crashed process would have its connections reset instead, but in an order tokio picks by
     /// task ids, which count across every run in a process: a seed would not replay.
     fn crash(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, gateway: usize, until: Duration) {
-        world.event("sim", "gateway crashes", gateway_host(gateway));
+        world.event("sim", Kind::GatewayCrashes, gateway_host(gateway));
         let hosts = self.peers();
         for host in &hosts {
             sim.partition(host.as_str(), gateway_host(gateway));
@@ -189,7 +190,7 @@ impl Injector {
         }
         let until = now + self.draw.millis(300, 4_000);
         for host in hosts {
-            world.event("sim", "partition", format!("{host} <-> {}", gateway_host(g)));
+            world.event("sim", Kind::Partition, format!("{host} <-> {}", gateway_host(g)));
             sim.partition(host.as_str(), gateway_host(g));
             self.partitioned.push((host, g, until));
         }
@@ -198,6 +199,6 @@ impl Injector {
 
 fn stall_store(world: &World, gateway: usize, now: Duration, stall: Duration, lease_only: bool) {
     let what = if lease_only { "lease calls" } else { "store calls" };
-    world.event("sim", "store stalls", format!("{}'s {what} for {} ms", gateway_host(gateway), stall.as_millis()));
+    world.event("sim", Kind::StoreStalls, format!("{}'s {what} for {} ms", gateway_host(gateway), stall.as_millis()));
     world.stall(gateway, now + stall, lease_only);
 }

@@ -28,6 +28,7 @@ use crate::net;
 use crate::os::SimOs;
 use crate::runtime::Request;
 use crate::scenario::DriverKind;
+use crate::trace::Kind;
 use crate::world::{EPOCH_SECS, World};
 
 /// How a gateway reaches the runtime's host: the engine's API and the kernel's calls.
@@ -56,7 +57,7 @@ pub const LEASE_TTL: Duration = Duration::from_secs(5);
 pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> turmoil::Result {
     let name = net::gateway_host(index);
     let boot = world.boots.fetch_add(1, Ordering::Relaxed);
-    world.event(name.clone(), "boot", format!("boot {boot}"));
+    world.event(name.clone(), Kind::Boot, format!("boot {boot}"));
     let scenario = &world.scenario;
     let store = Arc::new(TracingStore::new(world.clone(), index));
     let settings = EngineSettings {

@@ -30,6 +30,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::invariants::{Invariant, d1_one_run};
 use crate::runtime::{EndCause, Run, RunSignal, Runtime, RuntimeModel, Spawn};
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 /// The lowest pid the simulated host hands out.
@@ -282,7 +283,11 @@ fn exit_task(
             );
         }
         let name = lock(&world.runtime).name(sandbox);
-        world.event("runtime", "exited", format!("{name} generation {generation} pid {pid} code {code} ({cause:?})"));
+        world.event(
+            "runtime",
+            Kind::Exited,
+            format!("{name} generation {generation} pid {pid} code {code} ({cause:?})"),
+        );
     }
     match (role, ppid) {
         (Role::Command, Some(supervisor)) => Some(Later::CommandExited { supervisor, code, cause }),
@@ -519,7 +524,7 @@ impl Runtime {
             (pid, kernel_start, problems)
         };
         let name = self.name(&sandbox);
-        self.world.event("runtime", "spawned", format!("{name} generation {} pid {pid}", generation.unwrap_or(0)));
+        self.world.event("runtime", Kind::Spawned, format!("{name} generation {} pid {pid}", generation.unwrap_or(0)));
         for problem in problems {
             self.world.violate(Invariant::D1, problem);
         }

@@ -20,4 +20,5 @@ pub mod runtime;
 pub mod scenario;
 pub mod supervisor;
 pub mod timeline;
+pub mod trace;
 pub mod world;

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::kernel::{self, KernelCall};
 use crate::runtime::EndCause;
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 /// Reaps the supervisor it stands for when dropped (see [`kernel::reap`]).
@@ -82,7 +83,11 @@ impl Os for SimOs {
         let (reached, later) = kernel::kill(&self.world, pid, signal, EndCause::Stopped);
         if let Some((sandbox, generation)) = reached {
             let name = lock(&self.world.runtime).name(&sandbox);
-            self.world.event("runtime", "signalled", format!("{name} generation {generation}: kill -{signal:?} {pid}"));
+            self.world.event(
+                "runtime",
+                Kind::Signalled,
+                format!("{name} generation {generation}: kill -{signal:?} {pid}"),
+            );
             kernel::check_signal_wanted(&self.world, &sandbox, generation, &format!("{signal:?}"));
         }
         for later in later {

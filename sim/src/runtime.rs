@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::invariants::{Invariant, d1_one_run};
 use crate::scenario::{Draw, DriverKind};
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 /// How long the engine's client waits for the runtime before it calls the call unanswered.
@@ -358,7 +359,7 @@ impl Runtime {
         // Fails before its effect: the runtime answered an error and did nothing.
         if self.fault(self.world.scenario.faults.failed_calls) {
             let what = request.call.describe(&lock(&self.world.runtime));
-            self.world.event("runtime", "call failed", what);
+            self.world.event("runtime", Kind::CallFailed, what);
             let _ = request.reply.send(Answer::Failed(EngineError::Unreachable("the runtime failed the call".into())));
             return;
         }
@@ -404,9 +405,9 @@ impl Runtime {
         if matches!(answer, Answer::Events(_)) {
             let _ = tx.send(answer);
         } else if self.fault(self.world.scenario.faults.lost_replies) {
-            self.world.event("runtime", "reply lost", "");
+            self.world.event("runtime", Kind::ReplyLost, "");
         } else if self.fault(self.world.scenario.faults.slow_replies) {
-            self.world.event("runtime", "reply late", "");
+            self.world.event("runtime", Kind::ReplyLate, "");
             tokio::spawn(async move {
                 tokio::time::sleep(DRIVER_TIMEOUT + Duration::from_secs(1)).await;
                 let _ = tx.send(answer);
@@ -422,7 +423,7 @@ impl Runtime {
 
     pub(crate) fn refused(&self, id: &SandboxId, error: EngineError) -> Result<(), EngineError> {
         lock(&self.world.runtime).refusals.entry(id.clone()).or_default().push(World::micros());
-        self.world.event("runtime", "refused", format!("{}: {error}", self.name(id)));
+        self.world.event("runtime", Kind::Refused, format!("{}: {error}", self.name(id)));
         Err(error)
     }
 
@@ -442,7 +443,7 @@ impl Runtime {
             }
             m.containers.insert(id.clone(), Container { runs: Vec::new(), spec });
         }
-        self.world.event("runtime", "created", self.name(&id));
+        self.world.event("runtime", Kind::Created, self.name(&id));
         self.emit(&id, false);
         Ok(())
     }
@@ -469,7 +470,7 @@ impl Runtime {
             Some(Status::Running) => return Ok(Start::WasRunning),
             Some(_) => {}
         }
-        self.world.event("runtime", "start begins", self.name(id));
+        self.world.event("runtime", Kind::StartBegins, self.name(id));
         tokio::time::sleep(self.between(self.world.scenario.start_duration)).await;
         let files = lock(&self.world.runtime)
             .containers
@@ -506,7 +507,7 @@ impl Runtime {
             twice
         };
         let how = if out_of_band { " (out of band)" } else { "" };
-        self.world.event("runtime", "running", format!("{name} generation {}{how}", generation.unwrap_or(0)));
+        self.world.event("runtime", Kind::Running, format!("{name} generation {}{how}", generation.unwrap_or(0)));
         if let Some(problem) = twice {
             self.world.violate(Invariant::D1, problem);
         }
@@ -542,7 +543,11 @@ impl Runtime {
             run.signal.send_replace(RunSignal::Ended);
             run.generation
         };
-        self.world.event("runtime", "exited", format!("{} generation {ended} code {code} ({cause:?})", self.name(id)));
+        self.world.event(
+            "runtime",
+            Kind::Exited,
+            format!("{} generation {ended} code {code} ({cause:?})", self.name(id)),
+        );
         self.emit(id, false);
         true
     }
@@ -588,7 +593,7 @@ impl Runtime {
             existed
         };
         if existed {
-            self.world.event("runtime", "removed", format!("{} ({cause:?})", self.name(id)));
+            self.world.event("runtime", Kind::Removed, format!("{} ({cause:?})", self.name(id)));
             self.emit(id, true);
         }
     }
@@ -598,7 +603,7 @@ impl Runtime {
     fn remove_volume(self: &Arc<Self>, name: String) {
         if self.fault(self.world.scenario.faults.lingering_volumes) {
             let linger = self.draw(|d| d.millis(10, 500));
-            self.world.event("runtime", "volume lingers", format!("for {linger:?}"));
+            self.world.event("runtime", Kind::VolumeLingers, format!("for {linger:?}"));
             let this = Arc::clone(self);
             tokio::spawn(async move {
                 tokio::time::sleep(linger).await;
@@ -626,7 +631,7 @@ impl Runtime {
         let faults = &self.world.scenario.faults;
         for subscriber in subscribers {
             if self.fault(faults.dropped_events) {
-                self.world.event("runtime", "event dropped", self.name(id));
+                self.world.event("runtime", Kind::EventDropped, self.name(id));
                 continue;
             }
             let copies = if self.fault(faults.duplicate_events) { 2 } else { 1 };
@@ -635,7 +640,7 @@ impl Runtime {
                 if self.fault(faults.late_events) {
                     let delay = self.draw(|d| d.millis(1, self.world.scenario.event_delay.as_millis() as u64));
                     let what = if removed { "removal" } else { "change" };
-                    self.world.event("runtime", "event late", format!("{} {what} by {delay:?}", self.name(id)));
+                    self.world.event("runtime", Kind::EventLate, format!("{} {what} by {delay:?}", self.name(id)));
                     let subscriber = subscriber.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
@@ -660,7 +665,7 @@ impl Runtime {
             }
             let f = self.world.scenario.faults.clone();
             if self.fault(per_tick(f.watch_disconnects)) {
-                self.world.event("runtime", "watch streams dropped", "");
+                self.world.event("runtime", Kind::WatchStreamsDropped, "");
                 lock(&self.world.runtime).subscribers.clear();
             }
             let processes = self.world.scenario.driver == DriverKind::Process;
@@ -746,7 +751,7 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(self.world.state_dir.join(id.as_str()));
         let at = self.world.runtime_time();
         lock(&self.world.runtime).removals.entry(id.clone()).or_default().push(at);
-        self.world.event("runtime", "removed", format!("{}'s folder (out of band)", self.name(&id)));
+        self.world.event("runtime", Kind::Removed, format!("{}'s folder (out of band)", self.name(&id)));
     }
 
     /// `docker restart` behind Berth's back: the run ends, and a new one starts with whatever
@@ -754,7 +759,7 @@ impl Runtime {
     async fn restart(self: Arc<Self>, id: &SandboxId) {
         let serialize = self.sandbox_lock(id);
         let _guard = serialize.lock().await;
-        self.world.event("runtime", "restart out of band", self.name(id));
+        self.world.event("runtime", Kind::RestartOutOfBand, self.name(id));
         self.end_run(id, None, 143, EndCause::Restarted);
         let _ = self.start_run(id, true).await;
     }
@@ -804,7 +809,11 @@ impl Runtime {
             }
             generation
         };
-        self.world.event("runtime", "workload exits", format!("{} generation {generation} code {code}", self.name(id)));
+        self.world.event(
+            "runtime",
+            Kind::WorkloadExits,
+            format!("{} generation {generation} code {code}", self.name(id)),
+        );
         Some(generation)
     }
 
@@ -824,7 +833,7 @@ impl Runtime {
             return;
         }
         let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
-        self.world.event("runtime", "stale supervisor", format!("{} generation {generation}", self.name(&sandbox)));
+        self.world.event("runtime", Kind::StaleSupervisor, format!("{} generation {generation}", self.name(&sandbox)));
         let (_, signal) = watch::channel(RunSignal::Ended);
         let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true });
     }

@@ -16,6 +16,7 @@ use crate::invariants::Invariant;
 use crate::invariants::i6_one_generation::{self, Session};
 use crate::net;
 use crate::runtime::{Call, Request, RunSignal, Spawn};
+use crate::trace::Kind;
 use crate::world::{World, lock};
 
 pub async fn supervisors(
@@ -74,21 +75,21 @@ impl Observer for Checks {
 
     fn accepted(&mut self, _accepted: &Accepted) {
         let world = &self.world;
-        world.event(self.actor, "accepted", format!("{} generation {}", self.name(), self.generation));
+        world.event(self.actor, Kind::Accepted, format!("{} generation {}", self.name(), self.generation));
         self.check(i6_one_generation::accepted);
         self.finish();
     }
 
     fn exit_reported(&mut self, code: i32) {
         let detail = format!("{} generation {} code {code}", self.name(), self.generation);
-        self.world.event(self.actor, "exit report", detail);
+        self.world.event(self.actor, Kind::ExitReport, detail);
     }
 
     /// A refusal: PERMISSION_DENIED is right only if a newer generation was committed.
     fn rejected(&mut self, status: &Status) {
         let world = &self.world;
         let detail = format!("{} generation {}: {:?}", self.name(), self.generation, status.code());
-        world.event(self.actor, "rejected", detail);
+        world.event(self.actor, Kind::Rejected, detail);
         self.check(|session| i6_one_generation::rejected(session, status.code()));
         self.finish();
     }

@@ -4,7 +4,10 @@
 
 use std::fmt::Write as _;
 
+use berth_core::PhaseKind;
+
 use crate::run::Outcome;
+use crate::trace::Kind;
 use crate::world::Event;
 
 fn escape(s: &str) -> String {
@@ -17,21 +20,21 @@ fn lane(actor: &str) -> String {
 }
 
 fn colour(e: &Event) -> &'static str {
-    match e.kind.as_str() {
-        "violation" => "#d00000",
-        "phase" if e.detail.contains("Error") => "#e85d04",
-        "phase" => "#2a9d8f",
-        "start begins" | "running" => "#6a4c93",
-        "exited" | "removed" | "workload exits" => "#9d0208",
-        "driver" => "#adb5bd",
-        "rejected" => "#f48c06",
-        "accepted" => "#52b788",
+    match e.kind {
+        Kind::Violation => "#d00000",
+        Kind::Phase { to: Some(PhaseKind::Error) } => "#e85d04",
+        Kind::Phase { .. } => "#2a9d8f",
+        Kind::StartBegins | Kind::Running => "#6a4c93",
+        Kind::Exited | Kind::Removed | Kind::WorkloadExits => "#9d0208",
+        Kind::Driver | Kind::Poll => "#adb5bd",
+        Kind::Rejected => "#f48c06",
+        Kind::Accepted => "#52b788",
         _ => "#457b9d",
     }
 }
 
 pub fn html(outcome: &Outcome) -> String {
-    let violation = outcome.trace.iter().find(|e| e.kind == "violation");
+    let violation = outcome.trace.iter().find(|e| e.kind == Kind::Violation);
     let end = violation.map_or_else(|| outcome.trace.last().map_or(1, |e| e.t), |v| v.t) + 500_000;
     let start = if violation.is_some() { end.saturating_sub(10_500_000) } else { 0 };
     // With a violation, the sandbox it names, the gateway's polls of the runtime, and the faults.
@@ -40,9 +43,9 @@ pub fn html(outcome: &Outcome) -> String {
     let relevant = |e: &Event| match focus {
         None => true,
         Some(name) => {
-            e.kind == "violation"
+            e.kind == Kind::Violation
                 || e.actor == "sim"
-                || (e.kind == "driver" && e.detail == "list")
+                || e.kind == Kind::Poll
                 || e.detail.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == name.trim_end_matches(':'))
         }
     };
@@ -109,7 +112,7 @@ pub fn html(outcome: &Outcome) -> String {
         let y = top + row * index as f64;
         let cx = x(e.t);
         let tip = escape(&format!("{:.3}s {} {}: {}", e.t as f64 / 1e6, e.actor, e.kind, e.detail));
-        if e.kind == "violation" {
+        if e.kind == Kind::Violation {
             let _ = write!(
                 svg,
                 r##"<line x1="{cx}" y1="10" x2="{cx}" y2="{}" stroke="#d00000" stroke-width="2"><title>{tip}</title></line>"##,
@@ -125,17 +128,17 @@ pub fn html(outcome: &Outcome) -> String {
         }
         let _ = write!(svg, r#"<circle cx="{cx}" cy="{y}" r="4" fill="{}"><title>{tip}</title></circle>"#, colour(e));
         let important = matches!(
-            e.kind.as_str(),
-            "phase"
-                | "start begins"
-                | "running"
-                | "exited"
-                | "rejected"
-                | "call"
-                | "lease"
-                | "gateway crashes"
-                | "partition"
-                | "store stalls"
+            e.kind,
+            Kind::Phase { .. }
+                | Kind::StartBegins
+                | Kind::Running
+                | Kind::Exited
+                | Kind::Rejected
+                | Kind::Call
+                | Kind::Lease { .. }
+                | Kind::GatewayCrashes
+                | Kind::Partition
+                | Kind::StoreStalls
         );
         if important && cx > labelled_until[index] {
             let label = escape(&format!("{} {}", e.kind, e.detail));

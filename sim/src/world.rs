@@ -13,9 +13,10 @@ use berth_core::{Intent, PhaseKind, SandboxId, Timestamp};
 use berth_gateway::store::memory::MemoryStore;
 use serde::Serialize;
 
-use crate::invariants::{Invariant, l1_one_holder};
+use crate::invariants::{Checker, Fact, Found, Invariant, l1_one_holder};
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
+use crate::trace::Kind;
 
 /// The Unix time the simulation starts at (pinned: the default is the wall clock).
 pub const EPOCH_SECS: u64 = 1_700_000_000;
@@ -48,7 +49,7 @@ pub struct Event {
     /// Simulated microseconds since the start.
     pub t: u64,
     pub actor: String,
-    pub kind: String,
+    pub kind: Kind,
     pub detail: String,
 }
 
@@ -152,10 +153,8 @@ pub struct World {
     crash_requests: Mutex<Vec<usize>>,
     /// What the runs' execs did (E1, E4).
     pub execs: Mutex<crate::execs::Ledger>,
-    /// Which sandbox each claim got (P1).
-    pub claims: Mutex<crate::invariants::p1_pools::Claims>,
-    /// Per sandbox: the last exec admission or end the store committed, on its clock (T1).
-    pub exec_activity: Mutex<BTreeMap<SandboxId, berth_core::Timestamp>>,
+    /// The checkers fed every [`Fact`], each with the evidence it keeps.
+    checkers: Mutex<Vec<Box<dyn Checker>>>,
     /// The sandboxes' committed providers and generations, and the egress requests judged (N1).
     pub egress: Mutex<crate::egress::Ledger>,
 }
@@ -170,7 +169,6 @@ impl World {
             history: Mutex::default(),
             commits: Mutex::default(),
             generations: Mutex::default(),
-            exec_activity: Mutex::default(),
             egress: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
@@ -182,7 +180,7 @@ impl World {
             shutdowns: Mutex::default(),
             crash_requests: Mutex::default(),
             execs: Mutex::default(),
-            claims: Mutex::default(),
+            checkers: Mutex::new(crate::invariants::checkers()),
             scenario,
         })
     }
@@ -200,19 +198,25 @@ impl World {
         *last
     }
 
-    pub fn event(&self, actor: impl Into<String>, kind: impl Into<String>, detail: impl Into<String>) {
-        lock(&self.trace).push(Event {
-            t: Self::micros(),
-            actor: actor.into(),
-            kind: kind.into(),
-            detail: detail.into(),
-        });
+    pub fn event(&self, actor: impl Into<String>, kind: Kind, detail: impl Into<String>) {
+        lock(&self.trace).push(Event { t: Self::micros(), actor: actor.into(), kind, detail: detail.into() });
     }
 
     pub fn violate(&self, invariant: Invariant, message: impl Into<String>) {
         let message = message.into();
-        self.event("checker", "violation", format!("{invariant}: {message}"));
+        self.event("checker", Kind::Violation, format!("{invariant}: {message}"));
         lock(&self.violations).push(Violation { t: Self::micros(), invariant, message });
+    }
+
+    /// Feeds `fact` to every checker, and reports what they found.
+    pub fn fact(&self, fact: &Fact<'_>) {
+        let mut found = Found::new();
+        for checker in lock(&self.checkers).iter_mut() {
+            checker.on(fact, &mut found);
+        }
+        for (invariant, problem) in found {
+            self.violate(invariant, problem);
+        }
     }
 
     pub fn violations(&self) -> Vec<Violation> {
@@ -230,7 +234,7 @@ impl World {
     pub fn stop_faults(&self) {
         self.faults.store(false, Ordering::Relaxed);
         lock(&self.stalls).fill(Stall::default());
-        self.event("sim", "quiet", "faults stop; liveness is checked from here");
+        self.event("sim", Kind::Quiet, "faults stop; liveness is checked from here");
     }
 
     /// The runtime's clock: Unix nanoseconds, strictly increasing.
@@ -252,7 +256,7 @@ impl World {
 
     /// Asks for gateway `gateway` to crash at the next step (it sees no reply sent meanwhile).
     pub fn request_crash(&self, gateway: usize, after: String) {
-        self.event("runtime", "gateway to crash", format!("{} after {after}", crate::net::gateway_host(gateway)));
+        self.event("runtime", Kind::GatewayToCrash, format!("{} after {after}", crate::net::gateway_host(gateway)));
         lock(&self.crash_requests).push(gateway);
     }
 
@@ -287,7 +291,7 @@ impl World {
         }
         match l1_one_holder::takeover_problem(last.as_ref(), holder, term, t) {
             Some(problem) => self.violate(Invariant::L1, problem),
-            None => self.event(holder, "lease", format!("holds the reconcile lease, term {term}")),
+            None => self.event(holder, Kind::Lease { term }, format!("holds the reconcile lease, term {term}")),
         }
     }
 

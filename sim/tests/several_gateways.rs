@@ -8,6 +8,7 @@ use berth_sim::faults::Scripted;
 use berth_sim::gateway::LEASE_TTL;
 use berth_sim::run::{Outcome, run};
 use berth_sim::scenario::{Faults, Scenario};
+use berth_sim::trace::Kind;
 use berth_sim::world::Event;
 
 /// Two gateways and a workload, with no random faults: only `script`.
@@ -20,8 +21,8 @@ fn scripted(script: Vec<(Duration, Scripted)>) -> Outcome {
     outcome
 }
 
-fn times(trace: &[Event], actor: &str, kind: &str, detail: &str) -> Vec<u64> {
-    trace.iter().filter(|e| e.actor == actor && e.kind == kind && e.detail.starts_with(detail)).map(|e| e.t).collect()
+fn times(trace: &[Event], actor: &str, kind: Kind) -> Vec<u64> {
+    trace.iter().filter(|e| e.actor == actor && e.kind == kind).map(|e| e.t).collect()
 }
 
 const SECOND: u64 = 1_000_000;
@@ -35,14 +36,14 @@ const SECOND: u64 = 1_000_000;
 fn a_holder_whose_lease_renewal_hangs_stops_reconciling_before_another_takes_over() {
     let stall = Scripted::Stall { gateway: 0, stall: Duration::from_secs(12), lease_only: true };
     let outcome = scripted(vec![(Duration::from_secs(3), stall)]);
-    let polls = times(&outcome.trace, "gateway0", "driver", "list");
+    let polls = times(&outcome.trace, "gateway0", Kind::Poll);
     assert!(polls.iter().any(|&t| t < 3 * SECOND), "gateway0 was not reconciling before the stall");
-    let takeover = times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2");
+    let takeover = times(&outcome.trace, "gateway1", Kind::Lease { term: 2 });
     let takeover = *takeover.first().expect("gateway1 never took the lease over");
     assert!((3 * SECOND..15 * SECOND).contains(&takeover), "the take-over at {takeover} us is not inside the stall");
     assert!(polls.iter().all(|&t| t < takeover), "gateway0 polled the runtime after gateway1 took the lease");
     assert!(
-        times(&outcome.trace, "gateway1", "driver", "list").iter().any(|&t| t > takeover),
+        times(&outcome.trace, "gateway1", Kind::Poll).iter().any(|&t| t > takeover),
         "gateway1 took the lease but never reconciled"
     );
 }
@@ -54,13 +55,13 @@ fn a_holder_shutting_down_while_its_renewal_hangs_stops_reconciling_at_once() {
     let stall = Scripted::Stall { gateway: 0, stall: Duration::from_secs(20), lease_only: true };
     let shutdown = Duration::from_secs(4);
     let outcome = scripted(vec![(Duration::from_secs(3), stall), (shutdown, Scripted::Shutdown { gateway: 0 })]);
-    let polls = times(&outcome.trace, "gateway0", "driver", "list");
+    let polls = times(&outcome.trace, "gateway0", Kind::Poll);
     assert!(polls.iter().any(|&t| t < 3 * SECOND), "gateway0 was not reconciling before the stall");
     let shutdown = shutdown.as_micros() as u64;
     let late: Vec<&u64> = polls.iter().filter(|&&t| t > shutdown).collect();
     assert!(late.is_empty(), "gateway0 polled the runtime after it began shutting down: {late:?}");
     assert!(
-        !times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2").is_empty(),
+        !times(&outcome.trace, "gateway1", Kind::Lease { term: 2 }).is_empty(),
         "gateway1 never took the lease over"
     );
 }
@@ -71,7 +72,7 @@ fn a_holder_shutting_down_while_its_renewal_hangs_stops_reconciling_at_once() {
 fn the_holder_crashed_is_replaced_within_its_time_to_live() {
     let crash = Duration::from_secs(5);
     let outcome = scripted(vec![(crash, Scripted::Crash { gateway: 0, down: Duration::from_secs(40) })]);
-    let takeover = times(&outcome.trace, "gateway1", "lease", "holds the reconcile lease, term 2");
+    let takeover = times(&outcome.trace, "gateway1", Kind::Lease { term: 2 });
     let takeover = *takeover.first().expect("gateway1 never took the lease over");
     let crashed = crash.as_micros() as u64;
     let bound = (LEASE_TTL + LEASE_TTL / 3).as_micros() as u64;

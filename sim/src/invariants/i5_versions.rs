@@ -4,7 +4,23 @@
 
 pub mod linear;
 
+use super::{Checker, Fact, Found, Invariant};
 use crate::world::{Commit, Op};
+
+/// I5 at each commit: a write adds exactly one to its record's version.
+#[derive(Default)]
+pub struct Versions;
+
+impl Checker for Versions {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        if let Fact::Sandbox { before, after: Some(after), .. } = fact
+            && let Some(problem) =
+                write_problem(&after.name, before.map(|b| b.resource_version), after.resource_version)
+        {
+            found.push((Invariant::I5, problem));
+        }
+    }
+}
 
 /// Whether a write may take a record at version `before` (`None`: there was none) to `after`.
 pub fn next_version(before: Option<u64>, after: u64) -> bool {

@@ -1,8 +1,13 @@
-//! The invariants of DESIGN 4 and 11, one module each: what counts as a violation and what it
-//! says, as functions of plain data (records, the runtime's ground truth, histories). Where and
-//! when each is checked is the callers' business ([`crate::checker`], the clients, the
-//! supervisors, the runtime, the world, the run); they report a problem with
-//! [`crate::world::World::violate`].
+//! The invariants of DESIGN 4 and 11, and the promises of DESIGN 3 and 8-10 that have no
+//! number there, one module each: what counts as a violation and what it says, as functions of
+//! plain data (records, the runtime's ground truth, histories).
+//!
+//! A rule that needs only what the store committed and what clients were told is a [`Checker`]:
+//! it is fed [`Fact`]s and keeps its own evidence (the claims made, the last exec activity, when
+//! each run ended), so adding one is one module and one line in [`checkers`], and the world
+//! never learns what it keeps. The rules that need the runtime's ground truth (I1, I2, I6, I7,
+//! I8, D1, L1, E1-E4, N1) are still called where that truth is at hand (the store wrapper, the
+//! supervisors, the runtime, the run) and report with [`crate::world::World::violate`].
 //!
 //! I4 has no module of its own: a stale version's ABORTED is part of I5's register model, and
 //! its violations are reported as I5's. I9 is checked by running a seed twice
@@ -12,6 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+pub mod c1_records;
 pub mod d1_one_run;
 pub mod e_execs;
 pub mod i10_no_panic_or_internal;
@@ -23,10 +29,13 @@ pub mod i6_one_generation;
 pub mod i7_delete_completes;
 pub mod i8_liveness;
 pub mod l1_one_holder;
+pub mod m1_main_exit;
 pub mod n1_egress;
 pub mod p1_pools;
+pub mod r1_restarts;
 pub mod t1_deadlines;
 pub mod t1_idle;
+pub mod x1_admission;
 
 /// An invariant's id, as DESIGN names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -52,6 +61,124 @@ pub enum Invariant {
     /// Issue 18's: a run's egress is the policy committed with its generation, narrowed by
     /// detaches since (`n1_egress`).
     N1,
+    /// DESIGN 3.1, 3.2 and 3.5's rule 7, as the store's writes show them: ids never reused,
+    /// live names unique and immutable, a create's first record, a new generation written as a
+    /// Start writes one, Deleting final, no Ready again within a generation, no reference to a
+    /// deleted provider; and a create's reply is the record it made (`c1_records`).
+    C1,
+    /// DESIGN 8.1's admission: an exec is admitted only to a Ready sandbox, for its current
+    /// generation, and an exec's terminal state is final (`x1_admission`).
+    X1,
+    /// DESIGN 9.2: a restart only where the policy asks for one, never past its maximum, never
+    /// before its backoff (`r1_restarts`).
+    R1,
+    /// DESIGN 9.3: a completion is an exit 0, an exit failure a non-zero code (`m1_main_exit`).
+    M1,
+}
+
+/// What a [`Checker`] is fed: what the store committed and what clients were told, with the
+/// times the checker needs. Borrowed: a fact lives for one dispatch, and a checker copies what
+/// it keeps.
+#[derive(Debug)]
+pub enum Fact<'a> {
+    /// One sandbox write the store committed at simulated time `t` (µs) and store time `now`:
+    /// `before` absent for a create, `after` absent for a removal. `open_execs`: for an idle
+    /// expiry, the sandbox's execs open as it committed (0 otherwise).
+    Sandbox {
+        t: u64,
+        now: berth_core::Timestamp,
+        before: Option<&'a berth_core::Sandbox>,
+        after: Option<&'a berth_core::Sandbox>,
+        open_execs: usize,
+    },
+    /// One exec write the store committed: `before` absent for an admission; `sandbox` the
+    /// record it was admitted against (or whose run it belongs to) as the commit found it.
+    Exec {
+        before: Option<&'a berth_core::exec::Exec>,
+        after: &'a berth_core::exec::Exec,
+        sandbox: Option<&'a berth_core::Sandbox>,
+    },
+    /// A template created or changed.
+    Template(&'a berth_core::template::Template),
+    /// A client's sandbox operation, as it was recorded for the linearizability check, with
+    /// the id of the sandbox its reply returned.
+    Reply { op: &'a crate::world::Op, id: Option<&'a str> },
+    /// A claim's reply: `claimer` got sandbox `id`, as `seen`.
+    Claimed { id: &'a str, name: &'a str, claimer: &'a str, seen: &'a crate::world::Seen },
+    /// The quiet phase is over: every record, template and provider the store holds, at store
+    /// time `now`; `expiry_bound` is how late an expiry may be once faults stopped.
+    Converged {
+        records: &'a [berth_core::Sandbox],
+        templates: &'a [berth_core::template::Template],
+        providers: &'a [berth_core::Provider],
+        now: berth_core::Timestamp,
+        expiry_bound: core::time::Duration,
+    },
+}
+
+/// A violation a checker found: which invariant, and what happened.
+pub type Found = Vec<(Invariant, String)>;
+
+/// One invariant's rule over [`Fact`]s, with the evidence it keeps (TigerBeetle's
+/// `state_checker.zig` shape): it reports each violation into `found` as it sees it.
+pub trait Checker: Send {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found);
+}
+
+/// Every checker fed facts, in the order they are fed each one.
+pub fn checkers() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::<i5_versions::Versions>::default(),
+        Box::<c1_records::Records>::default(),
+        Box::<x1_admission::Admission>::default(),
+        Box::<t1_deadlines::Deadlines>::default(),
+        Box::<t1_idle::Idle>::default(),
+        Box::<r1_restarts::Restarts>::default(),
+        Box::<m1_main_exit::MainExit>::default(),
+        Box::<p1_pools::Pools>::default(),
+    ]
+}
+
+/// Feeds `facts` to `checker` and returns what it found: the unit tests' way to show a rule
+/// fires on a violating history.
+#[cfg(test)]
+pub(crate) fn feed(checker: &mut dyn Checker, facts: &[Fact<'_>]) -> Vec<String> {
+    let mut found = Found::new();
+    for fact in facts {
+        checker.on(fact, &mut found);
+    }
+    found.into_iter().map(|(invariant, problem)| format!("{invariant}: {problem}")).collect()
+}
+
+/// A sandbox write at `t` seconds (store time as simulated time), for the unit tests.
+#[cfg(test)]
+pub(crate) fn write<'a>(
+    t: u64,
+    before: Option<&'a berth_core::Sandbox>,
+    after: Option<&'a berth_core::Sandbox>,
+) -> Fact<'a> {
+    Fact::Sandbox { t: t * 1_000_000, now: at(t), before, after, open_execs: 0 }
+}
+
+/// The end of a quiet phase at store time 100 s, with no providers, for the unit tests.
+#[cfg(test)]
+pub(crate) fn converged<'a>(
+    records: &'a [berth_core::Sandbox],
+    templates: &'a [berth_core::template::Template],
+) -> Fact<'a> {
+    Fact::Converged {
+        records,
+        templates,
+        providers: &[],
+        now: at(100),
+        expiry_bound: core::time::Duration::from_secs(5),
+    }
+}
+
+/// Store time `secs` seconds after the simulated epoch, for the unit tests.
+#[cfg(test)]
+pub(crate) fn at(secs: u64) -> berth_core::Timestamp {
+    berth_core::Timestamp::from_unix_millis(((crate::world::EPOCH_SECS + secs) * 1_000) as i64)
 }
 
 /// DESIGN's name, exactly: the trace and the CLI print it.
@@ -100,9 +227,16 @@ mod tests {
             Invariant::L1,
             Invariant::T1,
             Invariant::P1,
+            Invariant::C1,
+            Invariant::X1,
+            Invariant::R1,
+            Invariant::M1,
         ];
         let names: Vec<String> = all.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1", "P1"]);
+        let want = [
+            "I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I10", "D1", "L1", "T1", "P1", "C1", "X1", "R1", "M1",
+        ];
+        assert_eq!(names, want);
         assert_eq!(serde_json::to_string(&Invariant::I10).unwrap(), "\"I10\"");
     }
 }

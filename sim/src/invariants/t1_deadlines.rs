@@ -8,6 +8,28 @@
 
 use berth_core::{Intent, Sandbox, Timestamp};
 
+use super::{Checker, Fact, Found, Invariant};
+
+/// T1 for deadlines: each expiry as it commits, and every record once the quiet phase is over.
+#[derive(Default)]
+pub struct Deadlines;
+
+impl Checker for Deadlines {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        match fact {
+            Fact::Sandbox { now, before: Some(b), after: Some(a), .. } => {
+                found.extend(expired_early(b, a, *now).map(|p| (Invariant::T1, p)));
+            }
+            Fact::Converged { records, now, expiry_bound, .. } => {
+                found.extend(
+                    records.iter().filter_map(|s| still_alive(s, *now, *expiry_bound)).map(|p| (Invariant::T1, p)),
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The problem with a write from `before` to `after` committed at `now`, if it is an expiry
 /// the record's deadline does not justify.
 pub fn expired_early(before: &Sandbox, after: &Sandbox, now: Timestamp) -> Option<String> {

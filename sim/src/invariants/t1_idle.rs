@@ -7,7 +7,46 @@
 //! than trusting the record's clock, which is what a bug would have got wrong. An activity's
 //! time is its decision's, as the exec record carries it: a store round trip before its commit.
 
-use berth_core::{Intent, Sandbox, Timestamp};
+use std::collections::BTreeMap;
+
+use berth_core::{Intent, Sandbox, SandboxId, Timestamp};
+
+use super::{Checker, Fact, Found, Invariant};
+
+/// T1 for idle timeouts, with its own account of each sandbox's exec activity: the last exec
+/// admission or end the store committed, as of when its gateway decided it.
+#[derive(Default)]
+pub struct Idle {
+    last_exec: BTreeMap<SandboxId, Timestamp>,
+}
+
+impl Checker for Idle {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        match fact {
+            // An activity counts from when its gateway decided it (the exec record says when),
+            // not from its commit a store round trip later: so does the idle timeout.
+            Fact::Exec { before, after, .. } => {
+                let at = match before {
+                    None => after.admitted_at,
+                    Some(b) if after.state.is_terminal() && !b.state.is_terminal() => after.updated_at,
+                    Some(_) => return,
+                };
+                let last = self.last_exec.entry(after.sandbox.clone()).or_insert(at);
+                *last = (*last).max(at);
+            }
+            Fact::Sandbox { now, before: Some(b), after: Some(a), open_execs, .. } => {
+                let activity = Activity { open_execs: *open_execs, last_exec: self.last_exec.get(&b.id).copied() };
+                found.extend(idled_early(b, a, *now, &activity).map(|p| (Invariant::T1, p)));
+            }
+            Fact::Converged { records, now, expiry_bound, .. } => {
+                found.extend(
+                    records.iter().filter_map(|s| still_alive(s, *now, *expiry_bound)).map(|p| (Invariant::T1, p)),
+                );
+            }
+            _ => {}
+        }
+    }
+}
 
 /// What the checker knows of one sandbox's execs when an idle expiry of it commits.
 pub struct Activity {

@@ -39,8 +39,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
             Bug::PollBypassesFence => (0, Invariant::I1),
-            Bug::EventBypassesFence => (0, Invariant::I1),
-            Bug::DeleteWithoutRetry => (29, Invariant::I3),
+            Bug::EventBypassesFence => (2, Invariant::I1),
+            Bug::DeleteWithoutRetry => (14, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::I1),
             Bug::EffectWithoutRecheck => (0, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::branch::{self, Branch};
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::lifetime::{self, OnExpiry, Renewal};
@@ -182,19 +183,19 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         }
         Command::ExpireSandbox { deadline, .. } => match &reads.sandbox {
             Some(sandbox) => expire(sandbox, *deadline, now),
-            None => Ok(Decision::gone()),
+            None => Ok(gone()),
         },
         Command::ExpireIdle { since, .. } => match &reads.sandbox {
             Some(sandbox) => expire_idle(sandbox, *since, reads.open_execs, now),
-            None => Ok(Decision::gone()),
+            None => Ok(gone()),
         },
         Command::TouchSandbox { id, .. } => match &reads.sandbox {
             Some(sandbox) if sandbox.id == *id => Ok(touch(sandbox, now)),
-            _ => Ok(Decision::gone()),
+            _ => Ok(gone()),
         },
         Command::RestartSandbox { .. } => match &reads.sandbox {
             Some(sandbox) => Ok(restart(sandbox, now)),
-            None => Ok(Decision::gone()),
+            None => Ok(gone()),
         },
         Command::DeleteSandbox { .. } => {
             let sandbox = existing(request, reads)?;
@@ -233,6 +234,12 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
 
 /// The sandbox a command is about, with the client's version checked first: a stale version is
 /// ABORTED whatever the phase (I4).
+/// A server-owned command's decision when its record is gone: nothing to do.
+fn gone() -> Decision {
+    branch::hit(Branch::CommandRecordGone);
+    Decision::gone()
+}
+
 fn existing<'a>(request: &Request, reads: &'a Reads) -> Result<&'a Sandbox, Error> {
     let name = request.plan().sandbox.map(|s| s.name).unwrap_or_default();
     let sandbox =
@@ -304,14 +311,22 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
     let mut next = sandbox.clone();
     next.restarts.next_at = None;
     if sandbox.completed() {
+        branch::hit(Branch::StopCompleted);
         // Nothing runs, but the intent is still Running: a stop says it should stay stopped.
         next.intent = Intent::Stopped;
         return Ok(Some((next, vec![])));
     }
     match sandbox.phase.kind() {
-        PhaseKind::Stopping | PhaseKind::Stopped => Ok(None),
-        PhaseKind::Deleting => Err(wrong_phase(sandbox, "stop")),
+        PhaseKind::Stopping | PhaseKind::Stopped => {
+            branch::hit(Branch::StopAlreadyStopped);
+            Ok(None)
+        }
+        PhaseKind::Deleting => {
+            branch::hit(Branch::StopDeleting);
+            Err(wrong_phase(sandbox, "stop"))
+        }
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
+            branch::hit(Branch::StopRun);
             next.phase = Phase::Stopping;
             next.intent = Intent::Stopped;
             let effect = Effect::Stop { sandbox: sandbox.id.clone(), generation: sandbox.generation };
@@ -322,9 +337,15 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
 
 fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     match sandbox.phase.kind() {
-        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => Ok(Decision::sandbox_as_is(sandbox)),
+        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
+            branch::hit(Branch::StartAlreadyRunning);
+            Ok(Decision::sandbox_as_is(sandbox))
+        }
         // A stop that has not finished has no exit marker to fence the new generation with.
-        PhaseKind::Stopping | PhaseKind::Deleting => Err(wrong_phase(sandbox, "start")),
+        PhaseKind::Stopping | PhaseKind::Deleting => {
+            branch::hit(Branch::StartWhileStopping);
+            Err(wrong_phase(sandbox, "start"))
+        }
         PhaseKind::Stopped | PhaseKind::Error => {
             // A start renews a TTL; an absolute deadline that has passed must be renewed first.
             let deadline = match lifetime::deadline(
@@ -336,10 +357,12 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
             )? {
                 Some(renewed) => Some(renewed),
                 None if sandbox.deadline.is_some_and(|d| d <= now) => {
+                    branch::hit(Branch::StartPastDeadline);
                     return Err(Error::Expired { sandbox: sandbox.name.to_string() });
                 }
                 None => sandbox.deadline,
             };
+            branch::hit(Branch::StartNewGeneration);
             let (mut next, effect) = new_generation(sandbox);
             next.deadline = deadline;
             next.expired_at = None;
@@ -355,8 +378,10 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
 /// written as a Start writes one.
 fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
     if !restart::due(sandbox, now) {
+        branch::hit(Branch::RestartNotDue);
         return Decision::sandbox_as_is(sandbox);
     }
+    branch::hit(Branch::RestartNewGeneration);
     let (mut next, effect) = new_generation(sandbox);
     next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
     commit(sandbox, next, vec![], vec![effect], now)
@@ -366,6 +391,7 @@ fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
 /// passed; as the spec says, a stop or a delete.
 fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::due(sandbox, deadline, now) {
+        branch::hit(Branch::ExpireNotDue);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
     let (mut next, effects) = expiring(sandbox)?;
@@ -377,6 +403,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
 /// idle that long since and no exec is open; as the spec says, a stop or a delete.
 fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> Result<Decision, Error> {
     if !lifetime::idle_due(sandbox, since, open_execs, now) {
+        branch::hit(Branch::ExpireIdleNotDue);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
     let (mut next, effects) = expiring(sandbox)?;
@@ -387,8 +414,14 @@ fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Time
 /// What either expiry does: a stop or a delete as the spec says, with no restart after it.
 fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
     let (mut next, effects) = match sandbox.spec.lifetime.on_expiry {
-        OnExpiry::Stop => stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![])),
-        OnExpiry::Delete => deleting(sandbox),
+        OnExpiry::Stop => {
+            branch::hit(Branch::ExpireStops);
+            stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![]))
+        }
+        OnExpiry::Delete => {
+            branch::hit(Branch::ExpireDeletes);
+            deleting(sandbox)
+        }
     };
     next.restarts.next_at = None;
     Ok((next, effects))
@@ -397,13 +430,20 @@ fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
 /// Activity that restarts the idle clock (DESIGN 9.1), written if the clock runs.
 fn touch(sandbox: &Sandbox, now: Timestamp) -> Decision {
     match lifetime::touch(sandbox, now) {
-        Some(next) => commit(sandbox, next, vec![], vec![], now),
-        None => Decision::sandbox_as_is(sandbox),
+        Some(next) => {
+            branch::hit(Branch::TouchRestartsClock);
+            commit(sandbox, next, vec![], vec![], now)
+        }
+        None => {
+            branch::hit(Branch::TouchNothing);
+            Decision::sandbox_as_is(sandbox)
+        }
     }
 }
 
 fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
+        branch::hit(Branch::RenewDeleting);
         return Err(wrong_phase(sandbox, "renew"));
     }
     let field = match renewal {
@@ -412,11 +452,13 @@ fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &validate::Limits, now: Ti
         Renewal::Deadline(_) => "deadline_unix_ms",
     };
     let Some(deadline) = lifetime::deadline(renewal, &sandbox.spec.lifetime, now, limits, field)? else {
+        branch::hit(Branch::RenewWithoutTtl);
         return Err(Error::invalid(
             "ttl_ms",
             format!("sandbox '{}' has no TTL in its spec: give a ttl_ms or a deadline_unix_ms", sandbox.name),
         ));
     };
+    branch::hit(Branch::Renew);
     let mut next = sandbox.clone();
     next.deadline = Some(deadline);
     next.expired_at = None;
@@ -457,9 +499,11 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
 fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
         // Repeating a delete re-drives the runtime: Deleting is never stuck.
+        branch::hit(Branch::DeleteRepeated);
         let effect = Effect::Delete { sandbox: sandbox.id.clone() };
         return Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![effect]));
     }
+    branch::hit(Branch::Delete);
     let (next, effects) = deleting(sandbox);
     Ok(commit(sandbox, next, vec![], effects, now))
 }
@@ -474,6 +518,7 @@ fn deleting(sandbox: &Sandbox) -> (Sandbox, Vec<Effect>) {
 
 fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
+        branch::hit(Branch::AttachDeleting);
         return Err(wrong_phase(sandbox, "attach a provider to"));
     }
     let target = reads
@@ -481,6 +526,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
         .get(provider)
         .ok_or_else(|| Error::UnknownProvider { provider: provider.to_string(), field: "provider" })?;
     if sandbox.providers.contains(provider) {
+        branch::hit(Branch::AttachAlready);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
     if sandbox.providers.len() >= validate::MAX_PROVIDERS {
@@ -492,6 +538,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
     let mut attached: Vec<&Provider> = sandbox.providers.iter().filter_map(|p| reads.providers.get(p)).collect();
     attached.push(target);
     check_credentials(&sandbox.spec, &attached)?;
+    branch::hit(Branch::Attach);
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).insert(provider.to_string());
     #[cfg(feature = "bugs")]
@@ -503,11 +550,14 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
 
 fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision, Error> {
     if sandbox.is(PhaseKind::Deleting) {
+        branch::hit(Branch::DetachDeleting);
         return Err(wrong_phase(sandbox, "detach a provider from"));
     }
     if !sandbox.providers.contains(provider) {
+        branch::hit(Branch::DetachNotAttached);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
+    branch::hit(Branch::Detach);
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).remove(provider);
     // A detach closes the provider's endpoints to the run at once; an attach opens them at

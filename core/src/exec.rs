@@ -16,6 +16,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::branch::{self, Branch};
 use crate::decision::{Decision, Outcome, Write, update_sandbox};
 use crate::error::{Error, Kind};
 use crate::record::{Intent, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
@@ -257,8 +258,10 @@ pub fn admit(
     let sandbox = sandbox.ok_or_else(|| Error::NotFound { kind: Kind::Sandbox, name: name.to_string() })?;
     if let Some(exec) = existing {
         if exec.spec != *spec {
+            branch::hit(Branch::AdmitIdConflict);
             return Err(Error::AlreadyExists { kind: Kind::Exec, name: id.to_string() });
         }
+        branch::hit(Branch::AdmitRetry);
         return Ok(exec.as_is());
     }
     #[cfg(feature = "bugs")]
@@ -266,12 +269,14 @@ pub fn admit(
     #[cfg(not(feature = "bugs"))]
     let starting_too = false;
     if sandbox.phase.kind() != PhaseKind::Ready && !starting_too {
+        branch::hit(Branch::AdmitNotReady);
         return Err(Error::WrongPhase {
             sandbox: sandbox.name.to_string(),
             action: "exec in",
             phase: sandbox.phase.kind(),
         });
     }
+    branch::hit(Branch::Admit);
     let exec = Exec {
         sandbox: sandbox.id.clone(),
         id: id.clone(),
@@ -311,17 +316,28 @@ pub enum Report {
 /// state is final: both change nothing.
 pub fn report(exec: &Exec, sandbox: Option<&Sandbox>, generation: u64, report: &Report, now: Timestamp) -> Decision {
     if generation != exec.generation || exec.state.is_terminal() {
+        branch::hit(Branch::ReportIgnored);
         return exec.as_is();
     }
     let mut next = exec.clone();
     match report {
-        Report::Started if exec.state == ExecState::Admitted => next.state = ExecState::Running,
-        Report::Started => return exec.as_is(),
+        Report::Started if exec.state == ExecState::Admitted => {
+            branch::hit(Branch::ReportStarted);
+            next.state = ExecState::Running;
+        }
+        Report::Started => {
+            branch::hit(Branch::ReportStartedAgain);
+            return exec.as_is();
+        }
         Report::Ended { end, message, output_bytes } => {
+            branch::hit(Branch::ReportEnded);
             next.state = ExecState::Ended { end: *end, message: message.clone() };
             next.output_bytes = Some(*output_bytes);
         }
-        Report::Lost { message } => next.state = ExecState::Lost { message: message.clone() },
+        Report::Lost { message } => {
+            branch::hit(Branch::ReportLost);
+            next.state = ExecState::Lost { message: message.clone() };
+        }
     }
     exec.update(next, sandbox, now)
 }
@@ -330,8 +346,10 @@ pub fn report(exec: &Exec, sandbox: Option<&Sandbox>, generation: u64, report: &
 /// exec that already ended stays as it ended.
 pub fn cancel(exec: &Exec, now: Timestamp) -> Decision {
     if exec.state.is_terminal() || exec.cancel_requested {
+        branch::hit(Branch::CancelNothing);
         return exec.as_is();
     }
+    branch::hit(Branch::Cancel);
     let mut next = exec.clone();
     next.cancel_requested = true;
     exec.update(next, None, now)
@@ -342,28 +360,39 @@ pub fn cancel(exec: &Exec, now: Timestamp) -> Decision {
 /// may still be alive and serving it is left to that run.
 pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Decision {
     if exec.state.is_terminal() {
+        branch::hit(Branch::SettleEnded);
         return exec.as_is();
     }
     let state = match sandbox {
-        None => ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was deleted".into() },
+        None => {
+            branch::hit(Branch::SettleDeleted);
+            ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was deleted".into() }
+        }
         Some(s) => {
             let replaced = s.generation != exec.generation;
             let ended = matches!(s.run, Run::Ended(_));
             let live = matches!(s.phase.kind(), PhaseKind::Ready);
             if !replaced && !ended && live {
+                branch::hit(Branch::SettleLive);
                 return exec.as_is();
             }
             match s.intent {
                 Intent::Stopped => {
+                    branch::hit(Branch::SettleStopped);
                     ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox was stopped".into() }
                 }
                 Intent::Deleted => {
+                    branch::hit(Branch::SettleDeleting);
                     ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox is being deleted".into() }
                 }
-                Intent::Running if replaced => ExecState::Lost {
-                    message: format!("generation {} was replaced by generation {}", exec.generation, s.generation),
-                },
+                Intent::Running if replaced => {
+                    branch::hit(Branch::SettleReplaced);
+                    ExecState::Lost {
+                        message: format!("generation {} was replaced by generation {}", exec.generation, s.generation),
+                    }
+                }
                 Intent::Running => {
+                    branch::hit(Branch::SettleRunEnded);
                     ExecState::Lost { message: format!("the sandbox's run ended (the sandbox is {})", s.phase) }
                 }
             }

@@ -21,7 +21,9 @@
 //! - [`timers`]: when each timed rule of a record next falls due
 //! - [`lease`]: how long a reconcile lease holder may rely on its grant
 //! - [`error`]: typed errors with their status class (3.7)
+//! - [`branch`]: which branches of the decisions ran (counted only for the simulator)
 
+pub mod branch;
 #[cfg(feature = "bugs")]
 pub mod bugs;
 pub mod cas;

@@ -5,6 +5,7 @@
 //! record, and nowhere else. The fence that tells the current generation's run from earlier ones
 //! is stored in the record, so every path consults the same one.
 
+use crate::branch::{self, Branch};
 use crate::decision::{Decision, Effect, Outcome, Write, next_version};
 use crate::error::Error;
 use crate::record::{ExitMarker, Failure, FailureReason, Intent, Phase, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
@@ -155,11 +156,18 @@ pub fn merge(
 /// heartbeat of its session ask it.
 pub fn authenticate(current: Option<&Sandbox>, id: &SandboxId, presented: u64) -> Result<(), Error> {
     match current {
-        None => Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() }),
+        None => {
+            branch::hit(Branch::AuthNoSandbox);
+            Err(Error::NotFound { kind: crate::error::Kind::Sandbox, name: id.to_string() })
+        }
         Some(sandbox) if presented != sandbox.generation => {
+            branch::hit(Branch::AuthStaleGeneration);
             Err(Error::StaleIdentity { sandbox: sandbox.name.to_string(), presented, current: sandbox.generation })
         }
-        Some(_) => Ok(()),
+        Some(_) => {
+            branch::hit(Branch::AuthAccepted);
+            Ok(())
+        }
     }
 }
 
@@ -175,6 +183,7 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
         Observation::SupervisorConnected { .. } => false,
         Observation::Deleted | Observation::MainProcessExited { .. } => false,
     };
+    branch::hit(if exists { Branch::OrphanDelete } else { Branch::OrphanNothing });
     let effects = if exists { vec![Effect::Delete { sandbox: id.clone() }] } else { vec![] };
     Ok(Decision::unchanged(Outcome::Removed, effects))
 }
@@ -214,14 +223,18 @@ impl Merge<'_> {
     /// Rule 1: a Deleting sandbox waits only for the runtime to confirm that everything is gone.
     fn deleting(&mut self, observation: &Observation) {
         match observation {
-            Observation::Deleted => self.remove = true,
+            Observation::Deleted => {
+                branch::hit(Branch::DeletingConfirmed);
+                self.remove = true;
+            }
             // The resource is gone but only the driver's delete also removes what was made for
             // it (volumes, secrets): re-drive it, and let its reply end the record.
             Observation::Runtime { state: RuntimeState::Absent { .. }, .. }
             | Observation::Stopped { state: RuntimeState::Absent { .. }, .. } => {
+                branch::hit(Branch::DeletingAbsentRedrive);
                 self.effects.push(Effect::Delete { sandbox: self.before.id.clone() });
             }
-            _ => {}
+            _ => branch::hit(Branch::DeletingIgnored),
         }
     }
 
@@ -253,9 +266,14 @@ impl Merge<'_> {
             // A stop reply of an older generation, merged late (its gateway was held up), says
             // nothing of this one's run: its absence carries no time to fence with (found by
             // the simulator with three gateways and a stalled store connection).
-            Observation::Stopped { generation: g, .. } if *g != generation => {}
+            Observation::Stopped { generation: g, .. } if *g != generation => {
+                branch::hit(Branch::StoppedOlderGeneration)
+            }
             // A stop reply that finds the sandbox past Stopping is one more runtime report.
-            Observation::Stopped { state, .. } => self.runtime(*state, None, false),
+            Observation::Stopped { state, .. } => {
+                branch::hit(Branch::StoppedPastStopping);
+                self.runtime(*state, None, false);
+            }
             Observation::SupervisorConnected { main: MainProcess::Running, .. } => self.supervisor_connected(),
             Observation::SupervisorConnected { main: MainProcess::Exited { code, out_of_memory }, .. } => {
                 self.main_process_exited(*code, *out_of_memory);
@@ -267,14 +285,16 @@ impl Merge<'_> {
                 self.main_process_exited(*exit_code, *out_of_memory);
             }
             // Replies and reports of older generations: ignored (rule 5).
-            Observation::Started { .. } | Observation::MainProcessExited { .. } | Observation::Deleted => {}
+            Observation::Started { .. } | Observation::MainProcessExited { .. } | Observation::Deleted => {
+                branch::hit(Branch::OlderGenerationIgnored);
+            }
         }
     }
 
     fn runtime(&mut self, state: RuntimeState, as_of_version: Option<u64>, attributed: bool) {
         match state {
             RuntimeState::Absent { at } => self.absent(at, as_of_version),
-            RuntimeState::Created => {}
+            RuntimeState::Created => branch::hit(Branch::RuntimeCreated),
             RuntimeState::Running { started_at } => self.running(started_at, attributed),
             RuntimeState::Exited(marker) => self.exited(marker, attributed),
         }
@@ -290,30 +310,42 @@ impl Merge<'_> {
             self.edit().last_exit = Some(marker);
         }
         if !attributed && !self.owns(marker.started_at) {
+            branch::hit(Branch::ExitStale);
             return; // Rule 2: a stale exit, whatever path brought it.
         }
         if let Run::Ended(known) = self.next().run
             && marker.finished_at <= known.finished_at
         {
+            branch::hit(Branch::ExitAlreadyKnown);
             return;
         }
         self.edit().run = Run::Ended(marker);
         match (self.next().intent, self.next().phase.kind()) {
-            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => self.edit().phase = Phase::Stopped,
+            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => {
+                branch::hit(Branch::ExitStopped);
+                self.edit().phase = Phase::Stopped;
+            }
             // DESIGN 9.3: the supervisor ends with its command's code, so 0 is a completion.
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
                 if marker.exit_code == 0 =>
             {
+                branch::hit(Branch::ExitCompleted);
                 self.edit().phase = Phase::Stopped;
             }
             (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
                 let failure = match marker.out_of_memory {
-                    true => self.out_of_memory(marker.exit_code),
-                    false => Failure {
-                        reason: FailureReason::ContainerExited,
-                        exit_code: Some(marker.exit_code),
-                        message: format!("the sandbox exited with code {}", marker.exit_code),
-                    },
+                    true => {
+                        branch::hit(Branch::ExitFailedOutOfMemory);
+                        self.out_of_memory(marker.exit_code)
+                    }
+                    false => {
+                        branch::hit(Branch::ExitFailed);
+                        Failure {
+                            reason: FailureReason::ContainerExited,
+                            exit_code: Some(marker.exit_code),
+                            message: format!("the sandbox exited with code {}", marker.exit_code),
+                        }
+                    }
                 };
                 self.edit().fail(failure);
             }
@@ -323,10 +355,11 @@ impl Merge<'_> {
                 if marker.out_of_memory
                     && matches!(&self.next().phase, Phase::Error(f) if f.reason == FailureReason::MainProcessExited) =>
             {
+                branch::hit(Branch::ExitRefinesOutOfMemory);
                 let failure = self.out_of_memory(marker.exit_code);
                 self.edit().phase = Phase::Error(failure);
             }
-            _ => {}
+            _ => branch::hit(Branch::ExitNoChange),
         }
     }
 
@@ -352,18 +385,30 @@ impl Merge<'_> {
             if matches!(self.next().run, Run::Pending | Run::Started { at: None })
                 && self.next().last_exit.is_none_or(|last| started_at > last.finished_at)
             {
+                branch::hit(Branch::RunningUnownedStopped);
                 self.stop_if_unwanted();
+            } else {
+                branch::hit(Branch::RunningUnownedIgnored);
             }
             return;
         }
         match self.next().run {
-            Run::Pending | Run::Started { at: None } => self.edit().run = Run::Started { at: Some(started_at) },
-            Run::Started { at: Some(at) } if started_at > at => self.restarted_out_of_band(),
-            Run::Started { at: Some(_) } => {}
+            Run::Pending | Run::Started { at: None } => {
+                branch::hit(Branch::RunningFirstSeen);
+                self.edit().run = Run::Started { at: Some(started_at) };
+            }
+            Run::Started { at: Some(at) } if started_at > at => {
+                branch::hit(Branch::RunningRestartedOutOfBand);
+                self.restarted_out_of_band();
+            }
+            Run::Started { at: Some(_) } => branch::hit(Branch::RunningKnown),
             // A snapshot of the run that has since been seen to end.
-            Run::Ended(marker) if started_at <= marker.finished_at => return,
+            Run::Ended(marker) if started_at <= marker.finished_at => {
+                branch::hit(Branch::RunningSnapshotOfEnded);
+                return;
+            }
             // A later run, started outside Berth.
-            Run::Ended(_) => {}
+            Run::Ended(_) => branch::hit(Branch::RunningAfterEnd),
         }
         self.stop_if_unwanted();
     }
@@ -390,7 +435,9 @@ impl Merge<'_> {
         if self.next().intent != Intent::Stopped {
             return;
         }
+        branch::hit(Branch::StopAgain);
         if matches!(self.next().phase.kind(), PhaseKind::Stopped | PhaseKind::Error) {
+            branch::hit(Branch::StopAgainReopens);
             self.edit().phase = Phase::Stopping;
         }
         self.effects.push(Effect::Stop { sandbox: self.next().id.clone(), generation: self.next().generation });
@@ -400,11 +447,13 @@ impl Merge<'_> {
     /// and the record version a poll started from.
     fn absent(&mut self, at: Option<Timestamp>, as_of_version: Option<u64>) {
         if at.is_some_and(|at| !self.owns(at)) || as_of_version.is_some_and(|v| v != self.before.resource_version) {
+            branch::hit(Branch::AbsentFenced);
             return;
         }
         // Until this generation's run is known to have started, its start may not have created
         // the resource yet (and will, if it was removed).
         if self.next().run == Run::Pending {
+            branch::hit(Branch::AbsentBeforeStart);
             return;
         }
         self.missing();
@@ -414,8 +463,10 @@ impl Merge<'_> {
         if let Phase::Error(failure) = &self.next().phase
             && failure.reason == FailureReason::ComputeResourceMissing
         {
+            branch::hit(Branch::MissingAlreadyKnown);
             return;
         }
+        branch::hit(Branch::MissingFails);
         self.edit().fail(Failure {
             reason: FailureReason::ComputeResourceMissing,
             exit_code: None,
@@ -429,6 +480,7 @@ impl Merge<'_> {
             StartReply::Exited(marker) => self.exited(*marker, true),
             // It ran, so this is a loss (rule 6), not a start that failed.
             StartReply::Gone => {
+                branch::hit(Branch::StartReplyGone);
                 if self.next().run == Run::Pending {
                     self.edit().run = Run::Started { at: None };
                 }
@@ -440,11 +492,14 @@ impl Merge<'_> {
                     && self.next().intent == Intent::Running
                     && matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting)
                 {
+                    branch::hit(Branch::StartReplyFailed);
                     self.edit().fail(Failure {
                         reason: FailureReason::StartFailed,
                         exit_code: None,
                         message: message.clone(),
                     });
+                } else {
+                    branch::hit(Branch::StartReplyFailedIgnored);
                 }
             }
         }
@@ -454,21 +509,35 @@ impl Merge<'_> {
     fn stop_reply(&mut self, state: RuntimeState) {
         match state {
             // Nothing of this generation ever ran: nothing was lost, and the next start creates it.
-            RuntimeState::Absent { .. } if self.next().run == Run::Pending => self.edit().phase = Phase::Stopped,
-            RuntimeState::Absent { .. } => self.missing(),
-            RuntimeState::Created => self.edit().phase = Phase::Stopped,
+            RuntimeState::Absent { .. } if self.next().run == Run::Pending => {
+                branch::hit(Branch::StopReplyNeverRan);
+                self.edit().phase = Phase::Stopped;
+            }
+            RuntimeState::Absent { .. } => {
+                branch::hit(Branch::StopReplyLost);
+                self.missing();
+            }
+            RuntimeState::Created => {
+                branch::hit(Branch::StopReplyCreated);
+                self.edit().phase = Phase::Stopped;
+            }
             RuntimeState::Exited(marker) => {
+                branch::hit(Branch::StopReplyExited);
                 self.exited(marker, false);
                 self.edit().phase = Phase::Stopped;
             }
             // A driver must not reply before the run has exited; ask again.
-            RuntimeState::Running { started_at } => self.running(started_at, false),
+            RuntimeState::Running { started_at } => {
+                branch::hit(Branch::StopReplyRunning);
+                self.running(started_at, false);
+            }
         }
     }
 
     /// Rule 4 (the generation was checked before).
     fn supervisor_connected(&mut self) {
         if self.next().intent != Intent::Running {
+            branch::hit(Branch::SupervisorUnwanted);
             return;
         }
         if self.next().run == Run::Pending {
@@ -476,7 +545,10 @@ impl Merge<'_> {
         }
         // Rule 7: only a run still starting becomes Ready; Error and Stopped need a new generation.
         if matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting) {
+            branch::hit(Branch::SupervisorReady);
             self.edit().phase = Phase::Ready;
+        } else {
+            branch::hit(Branch::SupervisorPastStart);
         }
     }
 
@@ -485,6 +557,7 @@ impl Merge<'_> {
         if self.next().intent != Intent::Running
             || !matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
         {
+            branch::hit(Branch::MainEndIgnored);
             return false;
         }
         if self.next().run == Run::Pending {
@@ -500,9 +573,11 @@ impl Merge<'_> {
             return;
         }
         if exit_code == 0 {
+            branch::hit(Branch::MainCompleted);
             self.edit().phase = Phase::Stopped;
             return;
         }
+        branch::hit(if out_of_memory { Branch::MainFailedOutOfMemory } else { Branch::MainFailed });
         let failure = match out_of_memory {
             true => self.out_of_memory(exit_code),
             false => Failure {
@@ -519,6 +594,7 @@ impl Merge<'_> {
         if !self.main_process_may_end() {
             return;
         }
+        branch::hit(Branch::MainUnstartable);
         self.edit().fail(Failure {
             reason: FailureReason::CommandFailedToStart,
             exit_code: None,

@@ -4,6 +4,7 @@
 
 use core::time::Duration;
 
+use crate::branch::{self, Branch};
 use crate::decision::Effect;
 use crate::record::{Intent, PhaseKind, Run, Sandbox, Timestamp};
 
@@ -16,9 +17,16 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
         return Some(effect);
     }
     match (sandbox.intent, sandbox.phase.kind(), sandbox.run) {
-        (_, PhaseKind::Deleting, _) => Some(Effect::Delete { sandbox: id }),
-        (_, PhaseKind::Stopping, _) => Some(Effect::Stop { sandbox: id, generation }),
+        (_, PhaseKind::Deleting, _) => {
+            branch::hit(Branch::RedriveDelete);
+            Some(Effect::Delete { sandbox: id })
+        }
+        (_, PhaseKind::Stopping, _) => {
+            branch::hit(Branch::RedriveStop);
+            Some(Effect::Stop { sandbox: id, generation })
+        }
         (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
+            branch::hit(Branch::RedriveStart);
             Some(Effect::Start { sandbox: id, generation })
         }
         // Started, but with an unsettled fence only the driver's reply tells which run is this
@@ -27,8 +35,14 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
             Intent::Running,
             PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready,
             Run::Started { at: None },
-        ) if !sandbox.exit_fence.settled => Some(Effect::Start { sandbox: id, generation }),
-        _ => None,
+        ) if !sandbox.exit_fence.settled => {
+            branch::hit(Branch::RedriveStartUnsettled);
+            Some(Effect::Start { sandbox: id, generation })
+        }
+        _ => {
+            branch::hit(Branch::NothingToRedrive);
+            None
+        }
     }
 }
 
@@ -51,10 +65,17 @@ pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
     if crate::bugs::skips_recheck() {
         return true;
     }
-    match record {
+    let wanted = match record {
         None => matches!(effect, Effect::Delete { .. }),
         Some(sandbox) => unfinished(sandbox).as_ref() == Some(effect),
-    }
+    };
+    branch::hit(match (record, wanted) {
+        (None, true) => Branch::EffectOrphanDelete,
+        (None, false) => Branch::EffectNoRecordDropped,
+        (Some(_), false) => Branch::EffectSuperseded,
+        (Some(_), true) => Branch::EffectWanted,
+    });
+    wanted
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::branch::{self, Branch};
 use crate::observation::{RuntimeState, StartReply};
 
 /// What a driver keeps of the newest generation it began to start.
@@ -56,12 +57,19 @@ pub enum Gate {
 
 /// The gate for a start of `generation`, given the driver's record.
 pub fn gate(record: Option<StartRecord>, generation: u64) -> Gate {
-    match record {
+    let gate = match record {
         Some(r) if r.generation > generation => Gate::Superseded { newest: r.generation },
         Some(r) if r.generation == generation && r.confirmed => Gate::Report,
         Some(r) if r.generation == generation => Gate::Resume,
         _ => Gate::Start,
-    }
+    };
+    branch::hit(match gate {
+        Gate::Superseded { .. } => Branch::GateSuperseded,
+        Gate::Report => Branch::GateReport,
+        Gate::Resume => Branch::GateResume,
+        Gate::Start => Branch::GateStart,
+    });
+    gate
 }
 
 /// Whether a stop decided for `generation` finds a newer generation begun since: that run is not
@@ -72,7 +80,11 @@ pub fn stop_superseded(record: Option<StartRecord>, generation: u64) -> bool {
     if crate::bugs::skips_recheck() {
         return false;
     }
-    record.is_some_and(|r| r.generation > generation)
+    let superseded = record.is_some_and(|r| r.generation > generation);
+    if superseded {
+        branch::hit(Branch::StopSupersededByNewer);
+    }
+    superseded
 }
 
 /// The reply to a start of a generation newer ones superseded.
@@ -84,9 +96,18 @@ pub fn superseded(generation: u64, newest: u64) -> StartReply {
 /// run (`None` when the runtime has no run of it: its compute resource was removed since).
 pub fn report(run: Option<RuntimeState>) -> StartReply {
     match run {
-        Some(RuntimeState::Running { started_at }) => StartReply::Running { started_at },
-        Some(RuntimeState::Exited(marker)) => StartReply::Exited(marker),
-        Some(RuntimeState::Created | RuntimeState::Absent { .. }) | None => StartReply::Gone,
+        Some(RuntimeState::Running { started_at }) => {
+            branch::hit(Branch::ReportRunning);
+            StartReply::Running { started_at }
+        }
+        Some(RuntimeState::Exited(marker)) => {
+            branch::hit(Branch::ReportExited);
+            StartReply::Exited(marker)
+        }
+        Some(RuntimeState::Created | RuntimeState::Absent { .. }) | None => {
+            branch::hit(Branch::ReportGone);
+            StartReply::Gone
+        }
     }
 }
 

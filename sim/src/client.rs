@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 
 use crate::invariants::{Fact, Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
 use crate::net;
-use crate::scenario::Draw;
+use crate::scenario::{Draw, Stream};
 use crate::trace::Kind;
 use crate::world::{Op, Outcome, Seen, World, lock, now};
 use berth_gateway::clock::Clock;
@@ -100,7 +100,7 @@ enum Versioned {
 
 impl Client {
     fn new(world: Arc<World>, index: usize) -> Self {
-        let draw = Draw::new(world.scenario.seed, 100 + index as u64);
+        let draw = Draw::new(world.scenario.seed, Stream::Client(index));
         let gateways = (0..world.scenario.gateways).map(connect).collect::<Vec<_>>();
         Self { at: index % gateways.len(), world, index, actor: format!("client {index}"), draw, gateways, r2_runs: 0 }
     }
@@ -261,7 +261,7 @@ impl Client {
     fn policies(&self, name: &str) -> (Option<pb::Lifetime>, Option<pb::RestartPolicy>) {
         let index = name.strip_prefix("sb").and_then(|i| i.parse::<u64>().ok());
         let (true, Some(index)) = (self.world.scenario.lifetimes, index) else { return (None, None) };
-        let mut d = Draw::new(self.world.scenario.seed, 300 + index);
+        let mut d = Draw::new(self.world.scenario.seed, Stream::Policy(index));
         let millis = |d: Duration| d.as_millis() as i64;
         let mut lifetime = d.chance(0.6).then(|| pb::Lifetime {
             ttl_ms: Some(millis(d.millis(3_000, 25_000))),

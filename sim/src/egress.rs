@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::invariants::Invariant;
 use crate::invariants::n1_egress::{self, Request, Version};
-use crate::scenario::Draw;
+use crate::scenario::{Draw, Stream};
 use crate::trace::Kind;
 use crate::world::{World, lock};
 
@@ -195,8 +195,8 @@ where
     C: Fn(usize) -> F,
     F: std::future::Future<Output = Result<tonic::transport::Channel, String>>,
 {
-    let stream = sandbox.as_str().bytes().fold(generation, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    let mut draw = Draw::new(world.scenario.seed, 10_000 + stream % 1_000_000);
+    let run = sandbox.as_str().bytes().fold(generation, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    let mut draw = Draw::new(world.scenario.seed, Stream::Egress(run));
     let providers: Vec<String> = (0..world.scenario.providers).map(crate::client::provider_name).collect();
     for attempt in 0.. {
         tokio::time::sleep(draw.millis(100, 1_500)).await;

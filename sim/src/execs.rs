@@ -337,7 +337,7 @@ fn state_of(exec: &pb::Exec) -> ExecState {
 
 /// The exec client's host, through the fault phase.
 pub async fn exec_client(world: Arc<World>) -> turmoil::Result {
-    let draw = Draw::new(world.scenario.seed, 300);
+    let draw = Draw::new(world.scenario.seed, crate::scenario::Stream::ExecClient);
     let mut client = ExecClient { world: world.clone(), draw, at: 0, made: Vec::new() };
     tokio::time::sleep(Duration::from_secs(2)).await;
     while now() < world.scenario.fault_phase {

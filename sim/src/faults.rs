@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::gateway::LEASE_TTL;
 use crate::net::gateway_host;
 use crate::run::client_host;
-use crate::scenario::{Draw, Faults};
+use crate::scenario::{Draw, Faults, Stream};
 use crate::trace::Kind;
 use crate::world::World;
 
@@ -51,7 +51,7 @@ impl Injector {
         let mut script = scenario.script.clone();
         script.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
         Self {
-            draw: Draw::new(scenario.seed, 3),
+            draw: Draw::new(scenario.seed, Stream::Injector),
             gateways: scenario.gateways,
             clients: scenario.clients,
             rates: scenario.faults.clone(),

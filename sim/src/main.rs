@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use berth_core::branch::Branch;
 use berth_core::bugs::Bug;
 use berth_sim::run::{Outcome, run};
 use berth_sim::scenario::Scenario;
@@ -88,6 +89,10 @@ enum Command {
         jobs: usize,
         #[command(flatten)]
         phases: Phases,
+        /// Print how often each branch of core's decisions ran, and in how many seeds (the
+        /// summary always names those never reached).
+        #[arg(long)]
+        branch_counts: bool,
     },
     /// Switch each known bug on in turn and count the seeds until the simulator catches it.
     Bugs {
@@ -189,6 +194,38 @@ fn run_many(
     });
 }
 
+/// How far a set of seeds reached into core's decisions: per branch, its runs and its seeds.
+#[derive(Default)]
+struct Reach {
+    hits: Vec<(u64, u64)>,
+}
+
+impl Reach {
+    fn add(&mut self, branches: &[u64]) {
+        self.hits.resize(branches.len(), (0, 0));
+        for ((hits, seeds), n) in self.hits.iter_mut().zip(branches) {
+            *hits += n;
+            *seeds += u64::from(*n > 0);
+        }
+    }
+
+    fn print(&self, counts: bool) {
+        let reached = |b: &Branch| self.hits.get(*b as usize).is_some_and(|(hits, _)| *hits > 0);
+        if counts {
+            println!("{:>12} {:>6}  branch", "runs", "seeds");
+            for b in Branch::ALL {
+                let (hits, seeds) = self.hits.get(b as usize).copied().unwrap_or_default();
+                println!("{hits:>12} {seeds:>6}  {}", b.name());
+            }
+        }
+        let never: Vec<Branch> = Branch::ALL.into_iter().filter(|b| !reached(b)).collect();
+        println!("{} of {} branches of core's decisions never reached:", never.len(), Branch::ALL.len());
+        for b in never {
+            println!("  {}", b.name());
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     match Cli::parse().command {
         Command::Run { seed, phases, trace, timeline } => {
@@ -210,7 +247,7 @@ fn main() -> std::process::ExitCode {
             print_violations(&outcome, &phases);
             if outcome.passed() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
         }
-        Command::Explore { seeds, from, jobs, phases } => {
+        Command::Explore { seeds, from, jobs, phases, branch_counts } => {
             let started = Instant::now();
             let bar = ProgressBar::new(seeds);
             bar.set_style(
@@ -219,12 +256,14 @@ fn main() -> std::process::ExitCode {
             );
             let failed = Mutex::new(Vec::new());
             let simulated = Mutex::new(Duration::ZERO);
+            let reach = Mutex::new(Reach::default());
             run_many(
                 from..from + seeds,
                 jobs,
                 |seed| (scenario(seed, &phases), phases.bug),
                 |o| {
                     *simulated.lock().unwrap() += o.simulated;
+                    reach.lock().unwrap().add(&o.branches);
                     if !o.passed() {
                         bar.suspend(|| print_violations(&o, &phases));
                         failed.lock().unwrap().push(o.seed);
@@ -244,6 +283,7 @@ fn main() -> std::process::ExitCode {
                 seeds as f64 / wall,
                 simulated / wall
             );
+            reach.into_inner().unwrap().print(branch_counts);
             if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
         }
         Command::Bugs { max_seeds, jobs, fault_phase, quiet_phase, gateways } => {

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use berth_core::branch::{self, Branch};
 use berth_core::bugs::{self, Bug};
 use tokio::sync::mpsc;
 
@@ -31,6 +32,8 @@ pub struct Outcome {
     pub trace: Vec<Event>,
     pub simulated: Duration,
     pub wall: Duration,
+    /// How often each branch of core's decisions ran, in [`Branch::ALL`]'s order.
+    pub branches: [u64; Branch::ALL.len()],
 }
 
 impl Outcome {
@@ -73,6 +76,9 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
     watch_panics();
     set_loop_now(Duration::ZERO);
     bugs::set(bug);
+    // Counts are per thread, and this thread runs only this seed until it returns: start them
+    // afresh (a seed that panicked out of `run` may have left some).
+    branch::take();
     let seed = scenario.seed;
     let world = World::new(scenario.clone());
     let mut sim = turmoil::Builder::new()
@@ -153,6 +159,7 @@ pub fn run(scenario: Scenario, bug: Option<Bug>) -> Outcome {
         trace: world.trace(),
         simulated: sim.elapsed(),
         wall: started.elapsed(),
+        branches: branch::take(),
     }
 }
 

@@ -31,7 +31,7 @@ use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::invariants::{Invariant, d1_one_run};
-use crate::scenario::{Draw, DriverKind};
+use crate::scenario::{Draw, DriverKind, Stream};
 use crate::trace::Kind;
 use crate::world::{World, lock};
 
@@ -291,7 +291,7 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(world: Arc<World>, supervisors: mpsc::UnboundedSender<Spawn>) -> Arc<Self> {
-        let draw = Draw::new(world.scenario.seed, 2);
+        let draw = Draw::new(world.scenario.seed, Stream::Runtime);
         let key = IdentityKey::from_bytes(crate::gateway::IDENTITY_KEY);
         Arc::new(Self { world, draw: std::sync::Mutex::new(draw), supervisors, key })
     }

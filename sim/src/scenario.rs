@@ -8,13 +8,80 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::Serialize;
 
+/// Every consumer of a seed's randomness, each with a stream of its own: two consumers drawing
+/// from one stream would move in lockstep (the same draws deciding both), which narrows what
+/// the seeds explore, and a change to one would shift the other. A consumer added later gets a
+/// new stream, so the draws of the others stay what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stream {
+    /// The first fault rates.
+    Faults,
+    /// Timings: starts, stops, event delays, polls, store latency, re-drives.
+    Timings,
+    /// The runtime model: the engine's and the kernel's answers, faults on calls, workloads.
+    Runtime,
+    /// The fault injector's schedule.
+    Injector,
+    /// The store's latencies.
+    Store,
+    /// The faults aimed at the lease holder, with several gateways.
+    LeaseFaults,
+    /// Fault rates added later (restarts, failed calls, lingering volumes, the page size, late
+    /// store replies).
+    LaterFaults,
+    /// The driver.
+    Driver,
+    /// The rate of gateway crashes right after a driver's effect.
+    EffectCrashes,
+    /// The rate of out-of-band restarts with the exec workload.
+    ExecRestarts,
+    /// Client `i`'s operations (`i < 100`).
+    Client(usize),
+    /// The exec client's operations.
+    ExecClient,
+    /// The lifetime and restart policy of the fleet's sandbox `i` (`i < 100`).
+    Policy(u64),
+    /// The egress workload of one run, named by a hash of its sandbox and generation.
+    Egress(u64),
+}
+
+impl Stream {
+    /// The ChaCha stream: the numbers each stream had before they were named, so every seed
+    /// draws as it did, and disjoint ranges for the indexed families.
+    pub fn number(self) -> u64 {
+        match self {
+            Stream::Faults => 0,
+            Stream::Timings => 1,
+            Stream::Runtime => 2,
+            Stream::Injector => 3,
+            Stream::Store => 4,
+            Stream::LeaseFaults => 5,
+            Stream::LaterFaults => 6,
+            Stream::Driver => 7,
+            Stream::EffectCrashes => 8,
+            Stream::ExecRestarts => 9,
+            Stream::Client(i) => {
+                assert!(i < 100, "client {i} would share the exec client's stream");
+                100 + i as u64
+            }
+            Stream::ExecClient => 200,
+            Stream::Policy(i) => {
+                assert!(i < 100, "sandbox {i}'s policy would share another stream");
+                300 + i
+            }
+            // The top bit set: above every other stream, whatever the hash.
+            Stream::Egress(run) => (1 << 63) | run,
+        }
+    }
+}
+
 /// Deterministic draws from the seed.
 pub struct Draw(ChaCha8Rng);
 
 impl Draw {
-    pub fn new(seed: u64, stream: u64) -> Self {
+    pub fn new(seed: u64, stream: Stream) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream(stream);
+        rng.set_stream(stream.number());
         Self(rng)
     }
 
@@ -143,7 +210,7 @@ impl Scenario {
     }
 
     pub fn with_phases(seed: u64, fault_phase: Duration, quiet_phase: Duration) -> Self {
-        let mut d = Draw::new(seed, 0);
+        let mut d = Draw::new(seed, Stream::Faults);
         let mut rate = |on, low, high| d.rate(on, low, high);
         let faults = Faults {
             gateway_crashes: rate(0.4, 0.5, 3.0),
@@ -163,7 +230,7 @@ impl Scenario {
         };
         // Faults added later draw from a stream of their own, so the earlier draws of a seed
         // stay what they were.
-        let mut later = Draw::new(seed, 6);
+        let mut later = Draw::new(seed, Stream::LaterFaults);
         let faults = Faults {
             restarts: later.rate(0.3, 0.5, 2.0),
             failed_calls: later.rate(0.4, 0.02, 0.1),
@@ -172,9 +239,10 @@ impl Scenario {
         };
         let page_size = later.pick(&[1, 2, 3, 4, 8, 16]);
         let faults = Faults { late_store_replies: later.rate(0.5, 0.02, 0.1), ..faults };
-        let faults = Faults { crashes_after_effects: Draw::new(seed, 8).rate(0.4, 0.02, 0.15), ..faults };
-        let driver = Draw::new(seed, 7).pick(&[DriverKind::Container, DriverKind::Process]);
-        let mut d = Draw::new(seed, 1);
+        let faults =
+            Faults { crashes_after_effects: Draw::new(seed, Stream::EffectCrashes).rate(0.4, 0.02, 0.15), ..faults };
+        let driver = Draw::new(seed, Stream::Driver).pick(&[DriverKind::Container, DriverKind::Process]);
+        let mut d = Draw::new(seed, Stream::Timings);
         let start_max = d.millis(50, 2_000);
         Self {
             seed,
@@ -216,7 +284,7 @@ impl Scenario {
     pub fn with_execs(mut self, execs: bool) -> Self {
         self.execs = execs;
         if execs {
-            let restarts = Draw::new(self.seed, 9).rate(0.7, 0.5, 2.0);
+            let restarts = Draw::new(self.seed, Stream::ExecRestarts).rate(0.7, 0.5, 2.0);
             self.faults.restarts = self.faults.restarts.max(restarts);
         }
         self
@@ -228,7 +296,7 @@ impl Scenario {
     pub fn with_gateways(mut self, gateways: usize) -> Self {
         self.gateways = gateways.max(1);
         if self.gateways > 1 {
-            let mut d = Draw::new(self.seed, 5);
+            let mut d = Draw::new(self.seed, Stream::LeaseFaults);
             self.faults.gateway_crashes = d.rate(0.7, 0.5, 4.0);
             self.faults.partitions = d.rate(0.6, 0.5, 4.0);
             self.faults.store_stalls = d.rate(0.6, 0.5, 3.0);
@@ -238,5 +306,49 @@ impl Scenario {
 
     pub fn total(&self) -> Duration {
         self.fault_phase + self.quiet_phase
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// No two consumers share a stream: every stream a run can name (each client and each
+    /// fleet sandbox's policy up to its family's bound, and runs' egress streams at the hash's
+    /// extremes) has a number of its own, and draws differently from every other.
+    #[test]
+    fn every_consumer_draws_from_a_stream_of_its_own() {
+        let mut streams = vec![
+            Stream::Faults,
+            Stream::Timings,
+            Stream::Runtime,
+            Stream::Injector,
+            Stream::Store,
+            Stream::LeaseFaults,
+            Stream::LaterFaults,
+            Stream::Driver,
+            Stream::EffectCrashes,
+            Stream::ExecRestarts,
+            Stream::ExecClient,
+        ];
+        streams.extend((0..100).map(Stream::Client));
+        streams.extend((0..100).map(Stream::Policy));
+        streams.extend([0, 1, 300, u64::MAX >> 1].map(Stream::Egress));
+        let mut numbers = BTreeMap::new();
+        for stream in &streams {
+            if let Some(other) = numbers.insert(stream.number(), *stream) {
+                panic!("{stream:?} and {other:?} share stream {}", stream.number());
+            }
+        }
+        let first: BTreeMap<u64, Stream> = streams.iter().map(|s| (Draw::new(42, *s).u64(), *s)).collect();
+        assert_eq!(first.len(), streams.len(), "two streams drew the same first number");
+    }
+
+    /// The collision this naming removed: the exec client drew from sandbox sb0's policy stream.
+    #[test]
+    fn the_exec_client_and_the_first_policy_are_apart() {
+        assert_ne!(Stream::ExecClient.number(), Stream::Policy(0).number());
     }
 }

@@ -173,7 +173,7 @@ impl World {
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
-            store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, 4)),
+            store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, crate::scenario::Stream::Store)),
             grants: Mutex::default(),
             last_stamp: Mutex::default(),
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),

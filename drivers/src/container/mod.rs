@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_handoff::{began, flag, token, var};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};

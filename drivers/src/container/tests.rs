@@ -1,3 +1,5 @@
+use berth_core::ExitMarker;
+
 use super::*;
 
 #[test]

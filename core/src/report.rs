@@ -31,7 +31,7 @@ pub enum RuntimeState {
     Exited(ExitMarker),
 }
 
-/// The driver's reply to an [`Effect::Start`].
+/// The driver's reply to an [`Effect::Start`](crate::decision::Effect::Start).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StartReply {
     /// The generation's run is running (now or already).
@@ -70,11 +70,11 @@ pub enum Observation {
         /// Only absence needs it: it carries no runtime time to fence with.
         as_of_version: Option<u64>,
     },
-    /// The driver's reply to [`Effect::Start`] of `generation`.
+    /// The driver's reply to [`Effect::Start`](crate::decision::Effect::Start) of `generation`.
     Started { generation: u64, reply: StartReply },
-    /// The driver's reply to [`Effect::Stop`]: the final state once nothing runs.
+    /// The driver's reply to [`Effect::Stop`](crate::decision::Effect::Stop): the final state once nothing runs.
     Stopped { generation: u64, state: RuntimeState },
-    /// The driver's reply to [`Effect::Delete`]: everything is gone.
+    /// The driver's reply to [`Effect::Delete`](crate::decision::Effect::Delete): everything is gone.
     Deleted,
     /// A supervisor authenticated with a valid token of `generation`, saying how its main
     /// process is.

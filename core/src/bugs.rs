@@ -4,10 +4,11 @@
 
 use std::cell::Cell;
 
-use crate::command::Command;
-use crate::decision::Effect;
-use crate::observation::{Observation, RuntimeSource, StartReply};
-use crate::record::{ExitFence, Intent, PhaseKind, Run, Sandbox};
+use crate::decision::{Conflict, Decision, Effect, Key, Outcome, Write};
+use crate::phase::PhaseKind;
+use crate::record::{ExitFence, Intent, Run, Sandbox};
+use crate::report::{Observation, RuntimeSource, StartReply};
+use crate::request::Command;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Bug {
@@ -244,12 +245,7 @@ pub(crate) fn unfinished_start(sandbox: &Sandbox) -> Option<Effect> {
 
 /// P1: a claim's write that met a newer version of its member is made again over it, as if
 /// written without a condition, rather than decided again.
-pub fn claim_over(
-    command: &Command,
-    decision: &crate::decision::Decision,
-    conflict: &crate::decision::Conflict,
-) -> Option<crate::decision::Decision> {
-    use crate::decision::{Key, Outcome, Write};
+pub fn claim_over(command: &Command, decision: &Decision, conflict: &Conflict) -> Option<Decision> {
     let (true, Command::ClaimSandbox { .. }, Key::Sandbox(id), Some(current)) =
         (on(Bug::ClaimWithoutCas), command, &conflict.key, conflict.current)
     else {

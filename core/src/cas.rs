@@ -8,9 +8,9 @@
 
 use core::time::Duration;
 
-use crate::command::Request;
 use crate::decision::Conflict;
 use crate::error::{Error, Kind};
+use crate::request::Request;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {

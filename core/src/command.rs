@@ -7,160 +7,20 @@
 //! version that went stale in between fails the same way, while a server-owned command re-decides
 //! on the fresh record.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::branch::{self, Branch};
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
+use crate::id::SandboxId;
 use crate::lifetime::{self, OnExpiry, Renewal};
-use crate::record::{
-    ExitFence, Intent, Phase, PhaseKind, Provider, Run, Sandbox, SandboxId, SandboxSpec, Secret, Timestamp,
-};
+use crate::phase::{Phase, PhaseKind};
+use crate::record::{ExitFence, Intent, Provider, Run, Sandbox};
+use crate::request::{Command, Reads, Request};
 use crate::restart::{self, Restarts};
-use crate::template::{self, Template};
-use crate::validate;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// `deadline`: an absolute deadline; without one, the spec's TTL (if any) sets it.
-    CreateSandbox {
-        id: SandboxId,
-        name: String,
-        spec: SandboxSpec,
-        providers: BTreeSet<String>,
-        deadline: Option<Timestamp>,
-    },
-    StopSandbox {
-        name: String,
-    },
-    StartSandbox {
-        name: String,
-    },
-    DeleteSandbox {
-        name: String,
-    },
-    /// Sets a new deadline (DESIGN 9.1).
-    RenewSandbox {
-        name: String,
-        renewal: Renewal,
-    },
-    /// Server-owned, by the reconcile lease holder: `deadline` has passed. A no-op unless the
-    /// record still has that deadline.
-    ExpireSandbox {
-        name: String,
-        deadline: Timestamp,
-    },
-    /// Server-owned, by the reconcile lease holder: the idle timeout counted from `since` has
-    /// passed. A no-op unless the record's last activity is still `since` and no exec is open.
-    ExpireIdle {
-        name: String,
-        since: Timestamp,
-    },
-    /// Server-owned: activity on the sandbox `id` named `name` (an attach or logs-follow
-    /// stream), which restarts its idle clock.
-    TouchSandbox {
-        name: String,
-        id: SandboxId,
-    },
-    /// Server-owned, by the reconcile lease holder: the restart the policy scheduled is due.
-    RestartSandbox {
-        name: String,
-    },
-    AttachProvider {
-        sandbox: String,
-        provider: String,
-    },
-    DetachProvider {
-        sandbox: String,
-        provider: String,
-    },
-    CreateProvider {
-        name: String,
-        kind: String,
-        credentials: BTreeMap<String, Secret>,
-        /// Where the credentials are for (DESIGN 10).
-        endpoints: crate::egress::Policy,
-    },
-    DeleteProvider {
-        name: String,
-    },
-    /// DESIGN 9.4: a named spec and the size of its warm pool.
-    CreateTemplate {
-        name: String,
-        spec: SandboxSpec,
-        min_ready: u32,
-    },
-    SetPool {
-        template: String,
-        min_ready: u32,
-    },
-    DeleteTemplate {
-        name: String,
-    },
-    /// Server-owned, by the reconcile lease holder: one new member if the pool is short.
-    FillPool {
-        template: String,
-        id: SandboxId,
-        name: String,
-    },
-    /// One Ready member of the template's pool, with these labels and providers added.
-    ClaimSandbox {
-        template: String,
-        labels: BTreeMap<String, String>,
-        providers: BTreeSet<String>,
-    },
-}
-
-/// A command and the version the client expects its record to have, if it said one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
-    pub command: Command,
-    pub expected_version: Option<u64>,
-}
-
-/// What the executor read before deciding (read again before every retry).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Reads {
-    /// The sandbox the plan names ([`crate::plan::Plan::sandbox`]).
-    pub sandbox: Option<Sandbox>,
-    /// The providers the plan reads ([`crate::plan::Plan::providers_to_read`]) that exist.
-    pub providers: BTreeMap<String, Provider>,
-    /// For a provider delete: every sandbox that references it.
-    pub users: Vec<Sandbox>,
-    /// The gateway's bounds (configuration, not a read, but an input all the same).
-    pub limits: validate::Limits,
-    /// The template the plan names.
-    pub template: Option<Template>,
-    /// For a fill or a claim: the template's pool members not yet claimed.
-    pub members: Vec<Sandbox>,
-    /// For an idle expiry: how many of the sandbox's execs are not yet ended.
-    pub open_execs: usize,
-}
-
-impl Request {
-    pub fn new(command: Command, expected_version: Option<u64>) -> Self {
-        Self { command, expected_version }
-    }
-
-    pub(crate) fn check_version(&self, current: u64) -> Result<(), Error> {
-        match self.expected_version {
-            Some(expected) if expected != current => {
-                let plan = self.plan();
-                let (kind, name) = plan.subject();
-                Err(Error::StaleVersion { kind, name: name.to_string(), expected, current: Some(current) })
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Creates take no version but "must not exist", which 0 also says.
-    pub(crate) fn check_create_version(&self) -> Result<(), Error> {
-        match self.expected_version {
-            None | Some(0) => Ok(()),
-            Some(_) => Err(Error::invalid("expected_resource_version", "must be empty or 0 when creating")),
-        }
-    }
-}
+use crate::spec::SandboxSpec;
+use crate::time::Timestamp;
+use crate::{provider, template, validate};
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
@@ -210,9 +70,9 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             detach(sandbox, provider, now)
         }
         Command::CreateProvider { name, kind, credentials, endpoints } => {
-            create_provider(request, reads, name, kind, credentials, endpoints, now)
+            provider::create(request, reads, name, kind, credentials, endpoints, now)
         }
-        Command::DeleteProvider { name } => delete_provider(request, reads, name),
+        Command::DeleteProvider { name } => provider::delete(request, reads, name),
         Command::CreateTemplate { name, spec, min_ready } => {
             request.check_create_version()?;
             template::create(reads, name, spec, *min_ready, now)
@@ -280,8 +140,8 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     if reads.sandbox.is_some() {
         return Err(Error::AlreadyExists { kind: Kind::Sandbox, name: name.to_string() });
     }
-    let attached = resolve_providers(providers, reads, "providers")?;
-    check_credentials(spec, &attached)?;
+    let attached = provider::resolve(providers, reads, "providers")?;
+    provider::check_credentials(spec, &attached)?;
     let providers = std::sync::Arc::new(providers.clone());
     let record = Sandbox {
         egress_providers: providers.clone(),
@@ -537,7 +397,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
     }
     let mut attached: Vec<&Provider> = sandbox.providers.iter().filter_map(|p| reads.providers.get(p)).collect();
     attached.push(target);
-    check_credentials(&sandbox.spec, &attached)?;
+    provider::check_credentials(&sandbox.spec, &attached)?;
     branch::hit(Branch::Attach);
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).insert(provider.to_string());
@@ -564,81 +424,4 @@ fn detach(sandbox: &Sandbox, provider: &str, now: Timestamp) -> Result<Decision,
     // the next start.
     std::sync::Arc::make_mut(&mut next.egress_providers).remove(provider);
     Ok(commit(sandbox, next, vec![], vec![], now))
-}
-
-fn create_provider(
-    request: &Request,
-    reads: &Reads,
-    name: &str,
-    kind: &str,
-    credentials: &BTreeMap<String, Secret>,
-    endpoints: &crate::egress::Policy,
-    now: Timestamp,
-) -> Result<Decision, Error> {
-    validate::provider(kind, credentials)?;
-    endpoints.validate("endpoints")?;
-    request.check_create_version()?;
-    if reads.providers.contains_key(name) {
-        return Err(Error::AlreadyExists { kind: Kind::Provider, name: name.to_string() });
-    }
-    let record = Provider {
-        name: name.to_string(),
-        kind: kind.to_string(),
-        credentials: credentials.clone(),
-        endpoints: endpoints.clone(),
-        resource_version: 1,
-        created_at: now,
-        updated_at: now,
-    };
-    Ok(Decision {
-        writes: vec![Write::CreateProvider(record.clone())],
-        effects: vec![],
-        outcome: Outcome::Provider(record.into()),
-    })
-}
-
-fn delete_provider(request: &Request, reads: &Reads, name: &str) -> Result<Decision, Error> {
-    let provider =
-        reads.providers.get(name).ok_or_else(|| Error::NotFound { kind: Kind::Provider, name: name.to_string() })?;
-    request.check_version(provider.resource_version)?;
-    // A Deleting sandbox's references are released: they never block (R2).
-    let mut blocking: Vec<String> = reads
-        .users
-        .iter()
-        .filter(|s| s.providers.contains(name) && !s.is(PhaseKind::Deleting))
-        .map(|s| s.name.to_string())
-        .collect();
-    if !blocking.is_empty() {
-        blocking.sort();
-        return Err(Error::ProviderAttached { provider: name.to_string(), sandboxes: blocking });
-    }
-    Ok(Decision {
-        writes: vec![Write::RemoveProvider { name: name.to_string(), expected: provider.resource_version }],
-        effects: vec![],
-        outcome: Outcome::Removed,
-    })
-}
-
-pub(crate) fn resolve_providers<'a>(
-    names: &BTreeSet<String>,
-    reads: &'a Reads,
-    field: &'static str,
-) -> Result<Vec<&'a Provider>, Error> {
-    names
-        .iter()
-        .map(|name| reads.providers.get(name).ok_or_else(|| Error::UnknownProvider { provider: name.clone(), field }))
-        .collect()
-}
-
-/// Every credential becomes an environment variable, so no two sources may name the same one.
-pub(crate) fn check_credentials(spec: &SandboxSpec, providers: &[&Provider]) -> Result<(), Error> {
-    let mut owners: BTreeMap<&str, String> = spec.env.keys().map(|k| (k.as_str(), "spec.env".to_string())).collect();
-    for provider in providers {
-        for key in provider.credentials.keys() {
-            if let Some(other) = owners.insert(key, format!("provider '{}'", provider.name)) {
-                return Err(Error::CredentialCollision { provider: provider.name.clone(), key: key.clone(), other });
-            }
-        }
-    }
-    Ok(())
 }

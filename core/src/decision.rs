@@ -4,9 +4,10 @@
 //! condition checked, and only then runs `effects`: a decision is durable before its effects, so
 //! an effect can always be re-driven from the committed record.
 
-use crate::exec::{Exec, ExecId};
-use crate::record::{Phase, PhaseKind, Provider, Sandbox, SandboxId, Timestamp};
-use crate::template::Template;
+use crate::id::{ExecId, SandboxId};
+use crate::phase::PhaseKind;
+use crate::record::{Exec, Provider, Sandbox, Template};
+use crate::time::Timestamp;
 
 /// One conditional write. A transaction is a list of them, all applied or none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,7 +139,7 @@ impl Effect {
 pub enum Outcome {
     Sandbox(Box<Sandbox>),
     Provider(Box<Provider>),
-    Template(Box<crate::template::Template>),
+    Template(Box<Template>),
     /// The exec as an exec rule leaves it ([`crate::exec`]).
     Exec(Box<Exec>),
     /// The record is gone (or, for an observation, there was none).
@@ -229,14 +230,4 @@ pub(crate) fn touch_provider(provider: &Provider, now: Timestamp) -> Write {
     next.resource_version += 1;
     next.updated_at = now;
     Write::UpdateProvider { record: next, expected: provider.resource_version }
-}
-
-impl Sandbox {
-    pub(crate) fn is(&self, kind: PhaseKind) -> bool {
-        self.phase.kind() == kind
-    }
-
-    pub(crate) fn fail(&mut self, failure: crate::record::Failure) {
-        self.phase = Phase::Error(failure);
-    }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::record::PhaseKind;
+use crate::phase::PhaseKind;
 
 /// The status classes of DESIGN 3.7, named as gRPC names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

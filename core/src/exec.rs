@@ -11,87 +11,23 @@
 //! An exec is activity for its sandbox's idle timeout (DESIGN 9.1) from its admission to its
 //! end: both are written with the sandbox's idle clock restarted, in the same transaction.
 
-use std::collections::BTreeMap;
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
 use crate::branch::{self, Branch};
 use crate::decision::{Decision, Outcome, Write, update_sandbox};
 use crate::error::{Error, Kind};
-use crate::record::{Intent, PhaseKind, Run, Sandbox, SandboxId, Timestamp};
+pub use crate::id::{ExecId, MAX_EXEC_ID_BYTES};
+use crate::phase::PhaseKind;
+pub use crate::record::{Exec, ExecEnd, ExecState};
+use crate::record::{Intent, Run, Sandbox};
+pub use crate::spec::ExecSpec;
+use crate::time::Timestamp;
 use crate::{lifetime, validate};
 
-/// Longest exec id.
-pub const MAX_EXEC_ID_BYTES: usize = 128;
 /// Most arguments of one exec.
 pub const MAX_EXEC_ARGS: usize = 1024;
 /// Largest exec command and environment together, in bytes.
 pub const MAX_EXEC_BYTES: usize = 256 * 1024;
 /// Longest timeout an exec may ask for: a day. Longer work belongs in the sandbox's command.
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
-
-/// An exec's id: chosen by the client (its idempotency key) or by the gateway.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ExecId(String);
-
-impl ExecId {
-    /// `id` if it is 1 to 128 letters, digits, '-', '_' and '.', starting with a letter or digit.
-    pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
-        let ok = !id.is_empty()
-            && id.len() <= MAX_EXEC_ID_BYTES
-            && id.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !ok {
-            return Err(Error::invalid(
-                field,
-                format!(
-                    "must be 1 to {MAX_EXEC_ID_BYTES} letters, digits, '-', '_' and '.', starting with a letter or digit"
-                ),
-            ));
-        }
-        Ok(Self(id.to_string()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ExecId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// What to run. Its `Debug` shows the shape, never the arguments or values: a command may carry
-/// a secret, and records reach logs in errors.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecSpec {
-    pub argv: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    /// The working directory inside the sandbox; empty: the command's own.
-    pub cwd: String,
-    /// One stream through a terminal instead of stdout and stderr apart.
-    pub tty: bool,
-    /// Whether the client sends stdin; without it the command's stdin is empty.
-    pub stdin: bool,
-    /// Milliseconds the command may run before it is killed and ends TimedOut; `None`: no limit.
-    pub timeout_ms: Option<u64>,
-}
-
-impl fmt::Debug for ExecSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExecSpec")
-            .field("args", &self.argv.len())
-            .field("env", &self.env.keys().collect::<Vec<_>>())
-            .field("tty", &self.tty)
-            .field("stdin", &self.stdin)
-            .field("timeout_ms", &self.timeout_ms)
-            .finish_non_exhaustive()
-    }
-}
 
 impl ExecSpec {
     /// The limits every entry point applies, naming the offending field.
@@ -139,69 +75,6 @@ impl ExecSpec {
         }
         Ok(())
     }
-}
-
-/// How an exec ended, as its run reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ExecEnd {
-    /// It exited by itself with this code.
-    Exited(i32),
-    /// A signal it did not handle killed it (one the client sent, or the runtime's).
-    Signalled(i32),
-    /// Its timeout killed it.
-    TimedOut,
-    /// A cancel killed it, or it was cancelled before it ran.
-    Cancelled,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ExecState {
-    /// Committed; its run has not said it started.
-    Admitted,
-    /// Its run started it.
-    Running,
-    /// Final, from here on.
-    Ended { end: ExecEnd, message: String },
-    /// Its run ended (died, or was replaced) before the exec's own end was known: final.
-    Lost { message: String },
-}
-
-impl ExecState {
-    pub fn is_terminal(&self) -> bool {
-        matches!(self, ExecState::Ended { .. } | ExecState::Lost { .. })
-    }
-
-    /// The state's name, as metrics and the wire's enum say it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            ExecState::Admitted => "Admitted",
-            ExecState::Running => "Running",
-            ExecState::Ended { end: ExecEnd::Exited(_), .. } => "Exited",
-            ExecState::Ended { end: ExecEnd::Signalled(_), .. } => "Signalled",
-            ExecState::Ended { end: ExecEnd::TimedOut, .. } => "TimedOut",
-            ExecState::Ended { end: ExecEnd::Cancelled, .. } => "Cancelled",
-            ExecState::Lost { .. } => "Lost",
-        }
-    }
-}
-
-/// An exec record.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Exec {
-    pub sandbox: SandboxId,
-    pub id: ExecId,
-    pub spec: ExecSpec,
-    /// The generation it was admitted for: only that generation's run ever runs it (E2).
-    pub generation: u64,
-    pub state: ExecState,
-    /// A cancel was asked: the run kills it, or never starts it.
-    pub cancel_requested: bool,
-    /// How many bytes of output it wrote in all, once it ended and its run said so.
-    pub output_bytes: Option<u64>,
-    /// +1 on every write.
-    pub resource_version: u64,
-    pub admitted_at: Timestamp,
-    pub updated_at: Timestamp,
 }
 
 impl Exec {

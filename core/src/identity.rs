@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::Error;
-use crate::record::SandboxId;
+use crate::id::SandboxId;
 
 const TOKEN_PREFIX: &str = "berth1";
 const MAC_DOMAIN: &[u8] = b"berth runtime identity v1\0";

@@ -18,47 +18,17 @@
 
 use core::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::Error;
-use crate::record::{Intent, PhaseKind, Sandbox, Timestamp};
+use crate::phase::PhaseKind;
+use crate::record::{Intent, Sandbox};
+pub use crate::request::Renewal;
+pub use crate::spec::{Lifetime, OnExpiry};
+use crate::time::Timestamp;
 use crate::validate::Limits;
-
-/// What a sandbox's deadline does when it passes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum OnExpiry {
-    /// Stop it: the workspace is kept, and a start (which renews a TTL) runs it again.
-    #[default]
-    Stop,
-    /// Delete it and everything made for it.
-    Delete,
-}
-
-/// The lifetime part of a spec.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lifetime {
-    /// The deadline is this long after the create, and after every renew and start that does
-    /// not set one of its own.
-    pub ttl: Option<Duration>,
-    /// How long the sandbox may go without activity while it is meant to run.
-    #[serde(default)]
-    pub idle_timeout: Option<Duration>,
-    /// What the deadline and the idle timeout both do.
-    pub on_expiry: OnExpiry,
-}
 
 /// The shortest idle timeout: a stream that holds it off touches the record four times a
 /// timeout, so a shorter one would be a stream of writes rather than a policy.
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How a renew sets the deadline: to a time, or to `now` plus a TTL (the spec's if none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Renewal {
-    #[default]
-    SpecTtl,
-    Ttl(Duration),
-    Deadline(Timestamp),
-}
 
 /// A TTL is positive and at most the configured maximum.
 fn validate_ttl(field: &str, ttl: Duration, limits: &Limits) -> Result<(), Error> {

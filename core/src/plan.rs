@@ -8,10 +8,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::command::{Command, Request};
 use crate::error::{Error, Kind};
 use crate::record::Sandbox;
-use crate::{template, validate};
+use crate::request::{Command, Request};
+use crate::validate;
 
 /// A name a command carries, with the request field it came from (what a malformed one's
 /// INVALID_ARGUMENT names).
@@ -205,7 +205,7 @@ impl<'a> Plan<'a> {
             validate::dns_label(s.field, s.name)?;
         }
         if let Some(t) = self.template {
-            template::validate_name(t.field, t.name)?;
+            validate::template_name(t.field, t.name)?;
         }
         let provider = match self.providers {
             ProviderReads::One(p) | ProviderReads::AttachedAnd(p) => Some(p),
@@ -221,5 +221,25 @@ impl<'a> Plan<'a> {
 impl Request {
     pub fn plan(&self) -> Plan<'_> {
         self.command.plan()
+    }
+
+    /// The client's version against the current one of the record the plan names: a stale one
+    /// is ABORTED with both versions.
+    pub(crate) fn check_version(&self, current: u64) -> Result<(), Error> {
+        match self.expected_version {
+            Some(expected) if expected != current => {
+                let (kind, name) = self.plan().subject();
+                Err(Error::StaleVersion { kind, name: name.to_string(), expected, current: Some(current) })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates take no version but "must not exist", which 0 also says.
+    pub(crate) fn check_create_version(&self) -> Result<(), Error> {
+        match self.expected_version {
+            None | Some(0) => Ok(()),
+            Some(_) => Err(Error::invalid("expected_resource_version", "must be empty or 0 when creating")),
+        }
     }
 }

@@ -1,83 +1,20 @@
-//! The records Berth keeps: sandboxes and providers (DESIGN 3.1).
+//! The records Berth keeps: sandboxes and providers (DESIGN 3.1), templates (9.4) and execs
+//! (8.1).
 //!
-//! A record is plain data. Every rule that changes one lives in [`crate::command`] (API commands)
-//! or [`crate::observation`] (everything the runtime and supervisors report).
+//! A record is plain data. Every rule that changes one is a function over it in the module of
+//! its concept: [`crate::command`] (API commands), [`crate::observation`] (everything the
+//! runtime and supervisors report), [`crate::template`], [`crate::exec`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::lifetime::Lifetime;
-use crate::limits::ResourceLimits;
-use crate::restart::{RestartPolicy, Restarts};
-
-/// A point in time, in nanoseconds since the Unix epoch.
-///
-/// Two clocks use this type and are never compared with each other: the gateway's wall clock
-/// (`created_at`, `updated_at`, supplied as an input) and the runtime's own clock (run start and
-/// finish times, which fence stale exits).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Timestamp(pub i64);
-
-impl Timestamp {
-    pub const fn from_unix_nanos(nanos: i64) -> Self {
-        Self(nanos)
-    }
-    pub const fn from_unix_millis(millis: i64) -> Self {
-        Self(millis.saturating_mul(1_000_000))
-    }
-    pub const fn unix_nanos(self) -> i64 {
-        self.0
-    }
-    pub const fn unix_millis(self) -> i64 {
-        self.0.div_euclid(1_000_000)
-    }
-    /// `self + d`, saturating.
-    pub fn plus(self, d: core::time::Duration) -> Self {
-        Self(self.0.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
-    }
-}
-
-/// A sandbox's id: assigned by the gateway at create, never reused. Shared, not copied: every
-/// write, effect and reply about a sandbox carries its id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SandboxId(std::sync::Arc<str>);
-
-impl SandboxId {
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into().into())
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// What the user asked to run. Immutable after create.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SandboxSpec {
-    pub image: String,
-    pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub labels: BTreeMap<String, String>,
-    /// Records written before lifetimes and restart policies existed read back with none.
-    #[serde(default)]
-    pub lifetime: Lifetime,
-    #[serde(default)]
-    pub restart: RestartPolicy,
-    #[serde(default)]
-    pub limits: ResourceLimits,
-    /// Where its runs may connect (DESIGN 10); empty: nowhere.
-    #[serde(default)]
-    pub egress: crate::egress::Policy,
-}
+use crate::allowlist::Policy;
+use crate::id::{ExecId, SandboxId};
+use crate::phase::{Failure, Phase, PhaseKind};
+use crate::spec::{ExecSpec, SandboxSpec};
+use crate::time::Timestamp;
 
 /// What the sandbox should be doing. Changed only by API commands, never by observations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -85,110 +22,6 @@ pub enum Intent {
     Running,
     Stopped,
     Deleted,
-}
-
-/// Where the sandbox is in its lifecycle.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Phase {
-    /// Created; the compute resource is being made and its first run started.
-    Provisioning,
-    /// A new generation's run is being started.
-    Starting,
-    /// The current generation's supervisor is connected.
-    Ready,
-    /// A stop is under way.
-    Stopping,
-    /// Nothing runs; the workspace is kept. With intent Running, the command completed: it
-    /// exited 0 by itself ([`Sandbox::completed`]).
-    Stopped,
-    /// A delete is under way; only the runtime's confirmation that everything is gone matters.
-    Deleting,
-    /// The current run failed. Start (a new generation), Stop and Delete all leave it.
-    Error(Failure),
-}
-
-/// A phase without its details, for matching, display and the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum PhaseKind {
-    Provisioning,
-    Starting,
-    Ready,
-    Stopping,
-    Stopped,
-    Deleting,
-    Error,
-}
-
-impl PhaseKind {
-    /// Every phase, in lifecycle order.
-    pub const ALL: [PhaseKind; 7] = [
-        PhaseKind::Provisioning,
-        PhaseKind::Starting,
-        PhaseKind::Ready,
-        PhaseKind::Stopping,
-        PhaseKind::Stopped,
-        PhaseKind::Deleting,
-        PhaseKind::Error,
-    ];
-}
-
-impl Phase {
-    pub fn kind(&self) -> PhaseKind {
-        match self {
-            Phase::Provisioning => PhaseKind::Provisioning,
-            Phase::Starting => PhaseKind::Starting,
-            Phase::Ready => PhaseKind::Ready,
-            Phase::Stopping => PhaseKind::Stopping,
-            Phase::Stopped => PhaseKind::Stopped,
-            Phase::Deleting => PhaseKind::Deleting,
-            Phase::Error(_) => PhaseKind::Error,
-        }
-    }
-}
-
-impl fmt::Display for PhaseKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Phase::Error(failure) => write!(f, "Error ({})", failure.reason),
-            other => fmt::Display::fmt(&other.kind(), f),
-        }
-    }
-}
-
-/// Why a sandbox is in Error.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    pub reason: FailureReason,
-    pub exit_code: Option<i32>,
-    pub message: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum FailureReason {
-    /// The runtime reported that the current run exited.
-    ContainerExited,
-    /// The current generation's supervisor reported that the main process exited.
-    MainProcessExited,
-    /// The runtime no longer has the sandbox's compute resource.
-    ComputeResourceMissing,
-    /// The runtime refused to start the current generation's run.
-    StartFailed,
-    /// The run started, but its command could not be (not found, not executable).
-    CommandFailedToStart,
-    /// The run was killed for using more memory than its limit allows.
-    OutOfMemory,
-}
-
-impl fmt::Display for FailureReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
 }
 
 /// How one run ended, in the runtime's own clock.
@@ -225,6 +58,15 @@ pub struct ExitFence {
     /// before the failed run was seen to end). Until the driver reports this generation's start
     /// time, no runtime report can then be attributed to this generation.
     pub settled: bool,
+}
+
+/// What the record says of the restarts the policy made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restarts {
+    /// Restarts since the last create or user start.
+    pub count: u32,
+    /// When the next restart is due, if one is scheduled.
+    pub next_at: Option<Timestamp>,
 }
 
 /// A sandbox record (DESIGN 3.1).
@@ -306,6 +148,14 @@ impl Sandbox {
     pub fn completed(&self) -> bool {
         self.phase == Phase::Stopped && self.intent == Intent::Running
     }
+
+    pub(crate) fn is(&self, kind: PhaseKind) -> bool {
+        self.phase.kind() == kind
+    }
+
+    pub(crate) fn fail(&mut self, failure: Failure) {
+        self.phase = Phase::Error(failure);
+    }
 }
 
 /// A provider: named credentials that attached sandboxes receive in their environment.
@@ -316,7 +166,7 @@ pub struct Provider {
     pub credentials: BTreeMap<String, Secret>,
     /// Where its credentials are for: attaching it lets a sandbox's runs reach these.
     #[serde(default)]
-    pub endpoints: crate::egress::Policy,
+    pub endpoints: Policy,
     /// +1 on every write, including every attach to a sandbox: an attach and a provider delete
     /// racing on one provider always conflict, so no sandbox ends up attached to a deleted one.
     pub resource_version: u64,
@@ -351,25 +201,89 @@ impl fmt::Display for Secret {
     }
 }
 
+/// A template (DESIGN 9.4): a named spec, and the size of its warm pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Template {
+    pub name: String,
+    pub spec: SandboxSpec,
+    /// Ready members the pool keeps.
+    pub min_ready: u32,
+    /// Members made so far; every fill adds one.
+    pub made: u64,
+    pub resource_version: u64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// How an exec ended, as its run reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecEnd {
+    /// It exited by itself with this code.
+    Exited(i32),
+    /// A signal it did not handle killed it (one the client sent, or the runtime's).
+    Signalled(i32),
+    /// Its timeout killed it.
+    TimedOut,
+    /// A cancel killed it, or it was cancelled before it ran.
+    Cancelled,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExecState {
+    /// Committed; its run has not said it started.
+    Admitted,
+    /// Its run started it.
+    Running,
+    /// Final, from here on.
+    Ended { end: ExecEnd, message: String },
+    /// Its run ended (died, or was replaced) before the exec's own end was known: final.
+    Lost { message: String },
+}
+
+impl ExecState {
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, ExecState::Ended { .. } | ExecState::Lost { .. })
+    }
+
+    /// The state's name, as metrics and the wire's enum say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ExecState::Admitted => "Admitted",
+            ExecState::Running => "Running",
+            ExecState::Ended { end: ExecEnd::Exited(_), .. } => "Exited",
+            ExecState::Ended { end: ExecEnd::Signalled(_), .. } => "Signalled",
+            ExecState::Ended { end: ExecEnd::TimedOut, .. } => "TimedOut",
+            ExecState::Ended { end: ExecEnd::Cancelled, .. } => "Cancelled",
+            ExecState::Lost { .. } => "Lost",
+        }
+    }
+}
+
+/// An exec record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exec {
+    pub sandbox: SandboxId,
+    pub id: ExecId,
+    pub spec: ExecSpec,
+    /// The generation it was admitted for: only that generation's run ever runs it (E2).
+    pub generation: u64,
+    pub state: ExecState,
+    /// A cancel was asked: the run kills it, or never starts it.
+    pub cancel_requested: bool,
+    /// How many bytes of output it wrote in all, once it ended and its run said so.
+    pub output_bytes: Option<u64>,
+    /// +1 on every write.
+    pub resource_version: u64,
+    pub admitted_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn timestamps_convert_to_milliseconds_rounding_down() {
-        assert_eq!(Timestamp::from_unix_millis(1_700_000_000_123).unix_millis(), 1_700_000_000_123);
-        assert_eq!(Timestamp::from_unix_nanos(1_999_999).unix_millis(), 1);
-        // Before 1970, down is further into the past, not towards zero.
-        assert_eq!(Timestamp::from_unix_nanos(-1).unix_millis(), -1);
-    }
-
-    #[test]
-    fn phases_and_secrets_display_as_users_read_them() {
-        let failure = Failure { reason: FailureReason::ContainerExited, exit_code: Some(3), message: "x".into() };
-        assert_eq!(Phase::Error(failure).to_string(), "Error (ContainerExited)");
-        assert_eq!(Phase::Stopping.to_string(), "Stopping");
-        assert_eq!(PhaseKind::Ready.to_string(), "Ready");
-        assert_eq!(FailureReason::StartFailed.to_string(), "StartFailed");
+    fn secrets_never_display() {
         let secret = Secret::new("hunter2");
         assert_eq!(format!("{secret} {secret:?}"), "<redacted> Secret(<redacted>)");
     }

@@ -6,7 +6,9 @@ use core::time::Duration;
 
 use crate::branch::{self, Branch};
 use crate::decision::Effect;
-use crate::record::{Intent, PhaseKind, Run, Sandbox, Timestamp};
+use crate::phase::PhaseKind;
+use crate::record::{Intent, Run, Sandbox};
+use crate::time::Timestamp;
 
 /// The effect that finishes `sandbox`'s unconfirmed transition, if it has one.
 pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
@@ -81,7 +83,9 @@ pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{Phase, SandboxId, SandboxSpec};
+    use crate::id::SandboxId;
+    use crate::phase::Phase;
+    use crate::spec::SandboxSpec;
 
     fn sandbox(phase: Phase, intent: Intent, run: Run) -> Sandbox {
         Sandbox {

@@ -9,59 +9,17 @@
 
 use core::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::Error;
-use crate::record::{Intent, PhaseKind, Sandbox, Timestamp};
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum RestartMode {
-    /// An ended run stays ended (Stopped or Error) until a user starts it.
-    #[default]
-    Never,
-    /// A run that failed (a non-zero exit, a lost compute resource, a start that failed) is
-    /// restarted; one that completed (exit 0) is not.
-    OnFailure,
-    /// Every run that ends by itself is restarted.
-    Always,
-}
-
-/// The restart part of a spec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RestartPolicy {
-    pub mode: RestartMode,
-    /// Restarts allowed since the last user start; then the sandbox stays in Error (or Stopped)
-    /// with the count. `None`: no limit.
-    pub max_restarts: Option<u32>,
-    /// The wait before the first restart; each next one waits twice as long, up to `max_backoff`.
-    pub backoff: Duration,
-    pub max_backoff: Duration,
-}
-
-impl Default for RestartPolicy {
-    fn default() -> Self {
-        Self {
-            mode: RestartMode::Never,
-            max_restarts: None,
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(300),
-        }
-    }
-}
+use crate::phase::PhaseKind;
+pub use crate::record::Restarts;
+use crate::record::{Intent, Sandbox};
+pub use crate::spec::{RestartMode, RestartPolicy};
+use crate::time::Timestamp;
 
 /// The shortest first backoff: a crash loop never spins the runtime faster than this.
 pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest backoff a policy may ask for.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(24 * 3600);
-
-/// What the record says of the restarts the policy made.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Restarts {
-    /// Restarts since the last create or user start.
-    pub count: u32,
-    /// When the next restart is due, if one is scheduled.
-    pub next_at: Option<Timestamp>,
-}
 
 pub fn validate(policy: &RestartPolicy) -> Result<(), Error> {
     let invalid = |field: &str, reason: String| Error::Invalid { field: field.to_string(), reason };

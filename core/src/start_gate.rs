@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::branch::{self, Branch};
-use crate::observation::{RuntimeState, StartReply};
+use crate::report::{RuntimeState, StartReply};
 
 /// What a driver keeps of the newest generation it began to start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,7 +114,8 @@ pub fn report(run: Option<RuntimeState>) -> StartReply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{ExitMarker, Timestamp};
+    use crate::record::ExitMarker;
+    use crate::time::Timestamp;
 
     #[test]
     fn the_gate_starts_each_generation_once_and_never_an_older_one() {

@@ -14,34 +14,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
-use crate::command::{Reads, Request, check_credentials, resolve_providers};
 use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_sandbox};
 use crate::error::{Error, Kind};
+use crate::id::SandboxId;
 use crate::lifetime::{self, Renewal};
-use crate::record::{Intent, PhaseKind, Sandbox, SandboxId, SandboxSpec, Timestamp};
-use crate::restart;
-use crate::validate;
+use crate::phase::PhaseKind;
+use crate::provider::{check_credentials, resolve};
+pub use crate::record::Template;
+use crate::record::{Intent, Sandbox};
+use crate::request::{Reads, Request};
+use crate::spec::SandboxSpec;
+use crate::time::Timestamp;
+use crate::{restart, validate};
 
 /// The label that marks a sandbox as a member of a template's pool not yet claimed; its value is
 /// the template's name. Labels starting with `berth.` are Berth's: a spec or a claim cannot set them.
 pub const POOL_LABEL: &str = "berth.pool";
-/// Room left in a DNS label for a member's name: the template's name, '-', 8 hex digits.
-pub const MAX_TEMPLATE_NAME: usize = 54;
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Template {
-    pub name: String,
-    pub spec: SandboxSpec,
-    /// Ready members the pool keeps.
-    pub min_ready: u32,
-    /// Members made so far; every fill adds one.
-    pub made: u64,
-    pub resource_version: u64,
-    pub created_at: Timestamp,
-    pub updated_at: Timestamp,
-}
 
 /// Whether `sandbox` is a member of `template`'s pool, not yet claimed.
 pub fn is_member(sandbox: &Sandbox, template: &str) -> bool {
@@ -62,19 +50,6 @@ fn claimable(sandbox: &Sandbox) -> bool {
 pub fn spent(sandbox: &Sandbox) -> bool {
     let ended = sandbox.is(PhaseKind::Error) || sandbox.is(PhaseKind::Stopped) || sandbox.intent != Intent::Running;
     ended && !sandbox.is(PhaseKind::Deleting) && restart::scheduled(sandbox).is_none()
-}
-
-pub(crate) fn validate_name(field: &str, name: &str) -> Result<(), Error> {
-    validate::dns_label(field, name)?;
-    if name.len() > MAX_TEMPLATE_NAME {
-        return Err(Error::Invalid {
-            field: field.to_string(),
-            reason: format!(
-                "must be at most {MAX_TEMPLATE_NAME} characters, so that its pool members' names fit a DNS label"
-            ),
-        });
-    }
-    Ok(())
 }
 
 fn validate_pool(min_ready: u32, limits: &validate::Limits) -> Result<(), Error> {
@@ -105,7 +80,7 @@ pub(crate) fn create(
     min_ready: u32,
     now: Timestamp,
 ) -> Result<Decision, Error> {
-    validate_name("name", name)?;
+    validate::template_name("name", name)?;
     validate::spec(spec)?;
     lifetime::validate(&spec.lifetime, &reads.limits)?;
     restart::validate(&spec.restart)?;
@@ -185,13 +160,13 @@ pub(crate) fn claim(
     providers: &BTreeSet<String>,
     now: Timestamp,
 ) -> Result<Decision, Error> {
-    validate_name("template", template)?;
+    validate::template_name("template", template)?;
     for (key, value) in labels {
         validate::user_label("labels", key, value)?;
     }
     validate::provider_names("providers", providers)?;
     let template = existing(reads, template)?;
-    let attached = resolve_providers(providers, reads, "providers")?;
+    let attached = resolve(providers, reads, "providers")?;
     let member = reads
         .members
         .iter()

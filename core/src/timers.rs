@@ -4,8 +4,9 @@
 //! store then holds it, so a timer that went stale (a renew, a user's start or stop, a delete)
 //! decides nothing.
 
-use crate::command::Command;
-use crate::record::{Sandbox, Timestamp};
+use crate::record::Sandbox;
+use crate::request::Command;
+use crate::time::Timestamp;
 use crate::{lifetime, restart};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

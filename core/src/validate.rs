@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::Error;
-use crate::record::{SandboxSpec, Secret};
+use crate::record::Secret;
+use crate::spec::SandboxSpec;
 
 /// What the gateway's configuration bounds: an input to the rules like any other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +35,9 @@ pub const MAX_VALUE_BYTES: usize = 32 * 1024;
 pub const MAX_LABELS: usize = 64;
 /// Labels Berth sets itself (a pool member's); a spec or a claim cannot set them.
 pub const RESERVED_LABEL_PREFIX: &str = "berth.";
+/// Room left in a DNS label for a template's pool members' names: the template's name, '-', 8
+/// hex digits.
+pub const MAX_TEMPLATE_NAME: usize = 54;
 /// Environment names the runtime sets itself; a spec or provider cannot set them.
 pub const RESERVED_ENV_PREFIX: &str = "BERTH_";
 
@@ -54,6 +58,20 @@ pub fn dns_label(field: &str, value: &str) -> Result<(), Error> {
     }
     if !bytes[0].is_ascii_alphanumeric() || !bytes[bytes.len() - 1].is_ascii_alphanumeric() {
         return Err(Error::invalid(field, "must start and end with a letter or digit (a DNS label)"));
+    }
+    Ok(())
+}
+
+/// A template's name: a DNS label its pool members' names are made from.
+pub fn template_name(field: &str, name: &str) -> Result<(), Error> {
+    dns_label(field, name)?;
+    if name.len() > MAX_TEMPLATE_NAME {
+        return Err(Error::Invalid {
+            field: field.to_string(),
+            reason: format!(
+                "must be at most {MAX_TEMPLATE_NAME} characters, so that its pool members' names fit a DNS label"
+            ),
+        });
     }
     Ok(())
 }

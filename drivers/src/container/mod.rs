@@ -16,16 +16,14 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::limits::ResourceLimits;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_handoff::{began, flag, token, var};
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "fault-points")]
@@ -36,28 +34,19 @@ use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
 
 pub mod docker;
+mod engine;
 pub mod image;
+mod names;
 pub mod podman;
+#[cfg(test)]
+mod tests;
 
-/// Labels on everything Berth makes in a runtime. The owner is the gateway instance (gateways
-/// sharing one runtime each see only their own).
-pub const LABEL_OWNER: &str = "dev.berth.owner";
-pub const LABEL_SANDBOX: &str = "dev.berth.sandbox";
-pub const LABEL_NAME: &str = "dev.berth.name";
-/// The identity of the store holding the sandbox's record: an engine bound to a store sees only
-/// that store's containers and volumes, so a gateway on another store never takes them for
-/// leftovers of its own and reaps them.
-pub const LABEL_STORE: &str = "dev.berth.store";
-
-/// Whether a container or volume whose store label is `label` is one an engine bound to `store`
-/// sees. One made before resources carried the label is its owner's, as it was then: hiding it
-/// would report its sandbox's container missing.
-pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
-    match (label, store) {
-        (Some(label), Some(store)) => label == store,
-        _ => true,
-    }
-}
+pub use engine::{
+    Bind, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, Start, Status, parse_time,
+};
+pub use names::{
+    LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, container_name, of_store, sandbox_of_container, volume_name,
+};
 
 /// Where the supervisor takes a run's proxy requests: the container's only network is its
 /// loopback, and the only way out is through the gateway's egress proxy (DESIGN 10).
@@ -81,163 +70,6 @@ pub(crate) const NO_DEVICE_NODES: &str = "MKNOD";
 /// How long a start waits for a run it did not begin to say which generation it began as
 /// (`--began-file`, in the logs' host directory).
 const BEGAN_WAIT: Duration = Duration::from_secs(2);
-
-pub fn container_name(sandbox: &SandboxId) -> String {
-    format!("{CONTAINER_PREFIX}{sandbox}")
-}
-
-/// The sandbox whose container [`container_name`] called `name`.
-pub fn sandbox_of_container(name: &str) -> Option<SandboxId> {
-    name.strip_prefix(CONTAINER_PREFIX).filter(|id| !id.is_empty()).map(SandboxId::new)
-}
-
-const CONTAINER_PREFIX: &str = "berth-";
-
-pub fn volume_name(sandbox: &SandboxId) -> String {
-    format!("berth-{sandbox}-workspace")
-}
-
-/// A bind mount from the host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Bind {
-    pub source: PathBuf,
-    pub target: String,
-    pub read_only: bool,
-}
-
-/// Everything an engine needs to create a sandbox's container.
-#[derive(Clone, Debug)]
-pub struct ContainerSpec {
-    pub name: String,
-    pub image: String,
-    pub entrypoint: Vec<String>,
-    pub command: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub labels: BTreeMap<String, String>,
-    pub binds: Vec<Bind>,
-    /// The named workspace volume and where it is mounted.
-    pub volume: (String, String),
-    pub workdir: String,
-    pub stop_grace: Duration,
-    /// Enforced by the runtime's cgroups.
-    pub limits: ResourceLimits,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Created,
-    Running,
-    Exited,
-    /// Being removed, or a state Berth does not use (paused, restarting).
-    Other,
-}
-
-/// What an engine's start did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
-    Began,
-    /// The container was running already (Docker's and Podman's 304): its run is not this
-    /// start's.
-    WasRunning,
-}
-
-/// What an engine shows of one container.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Inspection {
-    pub status: Status,
-    /// The last run's start and finish (an engine keeps the previous finish while running).
-    pub started_at: Option<Timestamp>,
-    pub finished_at: Option<Timestamp>,
-    pub exit_code: i32,
-    /// The runtime's `OOMKilled`: the kernel killed something of the last run for memory.
-    pub out_of_memory: bool,
-}
-
-impl Inspection {
-    pub fn state(&self) -> RuntimeState {
-        match (self.status, self.started_at) {
-            (Status::Running | Status::Other, Some(started_at)) => RuntimeState::Running { started_at },
-            (Status::Exited, Some(started_at)) => RuntimeState::Exited(ExitMarker {
-                started_at,
-                finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
-                exit_code: self.exit_code,
-                out_of_memory: self.out_of_memory,
-            }),
-            _ => RuntimeState::Created,
-        }
-    }
-
-    fn running(&self) -> bool {
-        self.status == Status::Running
-    }
-}
-
-/// A container event, already narrowed to Berth's sandboxes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngineEvent {
-    pub sandbox: SandboxId,
-    /// The container is gone.
-    pub removed: bool,
-    /// The runtime's time of the event.
-    pub at: Timestamp,
-}
-
-pub type EventStream = Pin<Box<dyn Stream<Item = Result<EngineEvent, EngineError>> + Send>>;
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum EngineError {
-    #[error("not found: {0}")]
-    NotFound(String),
-    /// The runtime answered and refused (a missing image, a conflict, a bad spec).
-    #[error("refused: {0}")]
-    Refused(String),
-    /// The runtime could not be reached, or failed on its side.
-    #[error("unreachable: {0}")]
-    Unreachable(String),
-}
-
-impl From<EngineError> for DriverError {
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Unreachable(m) => DriverError::Unavailable(m),
-            EngineError::NotFound(m) | EngineError::Refused(m) => DriverError::Failed(m),
-        }
-    }
-}
-
-/// One runtime's API, as the container driver uses it.
-#[async_trait]
-pub trait Engine: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
-    /// The gateway instance whose containers this engine sees.
-    fn owner(&self) -> &str;
-    /// The store whose containers this engine sees and labels, when it is bound to one.
-    fn store(&self) -> Option<&str>;
-    /// How many CPUs the runtime's host has (read when it connected): the most a CPU limit can
-    /// give.
-    fn cpus(&self) -> u64;
-    async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
-    async fn start(&self, container: &str) -> Result<Start, EngineError>;
-    /// SIGTERM, then SIGKILL after `grace`.
-    async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
-    /// Removes the container, forcibly; absence is success.
-    async fn remove(&self, container: &str) -> Result<(), EngineError>;
-    /// Creates a labelled volume; an existing one is success.
-    async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError>;
-    /// Removes a volume; absence is success.
-    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
-    /// Where a volume's content is on this host; `None` if there is no such volume.
-    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError>;
-    async fn inspect(&self, container: &str) -> Result<Option<Inspection>, EngineError>;
-    /// Every container of this owner, by sandbox id.
-    async fn list(&self) -> Result<Vec<SandboxId>, EngineError>;
-    /// Every volume of this owner.
-    async fn list_volumes(&self) -> Result<Vec<String>, EngineError>;
-    /// Container events of this owner's sandboxes, from now on.
-    async fn events(&self) -> Result<EventStream, EngineError>;
-    /// Imports a root filesystem tarball as an image.
-    async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError>;
-}
 
 /// Where the container driver finds what it mounts into every sandbox.
 #[derive(Clone, Debug)]
@@ -784,62 +616,5 @@ impl<E: Engine> Driver for ContainerDriver<E> {
             }
         });
         Ok(Box::pin(futures_util::stream::iter(sync).chain(live)))
-    }
-}
-
-/// A runtime timestamp from RFC 3339 (as both APIs print them); the zero time means "never".
-pub fn parse_time(text: &str) -> Option<Timestamp> {
-    let t = humantime::parse_rfc3339_weak(text.trim_end_matches('Z')).ok()?;
-    let nanos = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
-    Some(Timestamp::from_unix_nanos(i64::try_from(nanos).ok()?)).filter(|t| t.0 > 0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runtime_times_parse_to_the_nanosecond_and_zero_means_never() {
-        let t = parse_time("2026-11-29T12:28:46.049908438Z").unwrap();
-        assert_eq!(t.unix_nanos() % 1_000_000_000, 49_908_438);
-        assert_eq!(parse_time("0001-01-01T00:00:00Z"), None);
-        assert_eq!(parse_time("garbage"), None);
-    }
-
-    #[test]
-    fn inspections_map_to_runtime_states() {
-        let t = |n| Some(Timestamp::from_unix_nanos(n));
-        let inspection = |status, started_at, finished_at, exit_code| Inspection {
-            status,
-            started_at,
-            finished_at,
-            exit_code,
-            out_of_memory: false,
-        };
-        let running = inspection(Status::Running, t(100), t(50), 0);
-        assert_eq!(running.state(), RuntimeState::Running { started_at: Timestamp(100) });
-        let exited = inspection(Status::Exited, t(100), t(200), 3);
-        let marker =
-            ExitMarker { started_at: Timestamp(100), finished_at: Timestamp(200), exit_code: 3, out_of_memory: false };
-        assert_eq!(exited.state(), RuntimeState::Exited(marker));
-        let oom = Inspection { out_of_memory: true, exit_code: 137, ..exited };
-        assert_eq!(oom.state(), RuntimeState::Exited(ExitMarker { exit_code: 137, out_of_memory: true, ..marker }));
-        let never = inspection(Status::Created, None, None, 0);
-        assert_eq!(never.state(), RuntimeState::Created);
-    }
-
-    #[test]
-    fn an_engine_bound_to_a_store_sees_only_that_stores_resources_and_older_unlabelled_ones() {
-        assert!(of_store(Some("s1"), Some("s1")));
-        assert!(!of_store(Some("s2"), Some("s1")));
-        assert!(of_store(None, Some("s1")));
-        assert!(of_store(Some("s2"), None));
-    }
-
-    #[test]
-    fn static_executables_are_told_from_dynamic_ones() {
-        // This test binary is dynamically linked.
-        let me = std::env::current_exe().unwrap();
-        assert!(!is_static(&me).unwrap());
     }
 }

@@ -49,7 +49,6 @@ use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_handoff::exit::Exit;
 use berth_handoff::{began, exit, flag};
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use self::os::{HostOs, Os, Signal, SpawnSpec};
@@ -62,6 +61,9 @@ use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, Watch
 
 mod cgroup;
 pub mod os;
+mod state;
+
+use state::{Begun, RunFile, STARTED_DIR};
 
 /// The exit code reported for a run whose supervisor was killed before it could record one.
 pub const KILLED_EXIT_CODE: i32 = 137;
@@ -69,10 +71,6 @@ pub const KILLED_EXIT_CODE: i32 = 137;
 const MONITOR_INTERVAL: Duration = Duration::from_millis(200);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
-/// The folder under the root holding each sandbox's newest started generation. Its leading dot
-/// keeps it apart from sandbox ids.
-const STARTED_DIR: &str = ".started";
-
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
     /// Where sandboxes live: `<data dir>/sandboxes`.
@@ -81,34 +79,6 @@ pub struct ProcessConfig {
     pub supervisor: PathBuf,
     /// Where supervisors reach the gateway: `unix:/path/to/socket` or `http://host:port`.
     pub gateway: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct RunFile {
-    generation: u64,
-    pid: i32,
-    /// The process's start time in the kernel (clock ticks since boot): tells a recycled pid
-    /// from our supervisor.
-    kernel_start: u64,
-    started_at: i64,
-}
-
-/// The start gate's record as this driver keeps it, with when the begun run was started (the
-/// runtime's start time of a run adopted after a crash).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Begun {
-    #[serde(flatten)]
-    gate: StartRecord,
-    started_at: i64,
-}
-
-/// `.started/<id>` as it may be: from before the start gate, the bare number of a confirmed
-/// generation.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum StartedFile {
-    Begun(Begun),
-    Legacy(u64),
 }
 
 pub struct ProcessDriver<O: Os = HostOs> {
@@ -189,93 +159,6 @@ impl<O: Os> Inner<O> {
             return;
         }
         self.kill_group(run, Signal::Kill);
-    }
-
-    fn dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.config.root.join(sandbox.as_str())
-    }
-
-    /// Where the sandbox's supervisors keep their logs (berth-logs): beside the workspace, so
-    /// they outlive every run and go with the sandbox.
-    fn logs_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.dir(sandbox).join("logs")
-    }
-
-    fn run_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.dir(sandbox).join("run")
-    }
-
-    fn started_file(&self, sandbox: &SandboxId) -> PathBuf {
-        self.config.root.join(STARTED_DIR).join(sandbox.as_str())
-    }
-
-    /// The start gate's record of the sandbox.
-    fn begun(&self, sandbox: &SandboxId) -> Result<Option<Begun>, DriverError> {
-        Ok(read_json::<StartedFile>(&self.started_file(sandbox))?.map(|file| match file {
-            StartedFile::Begun(begun) => begun,
-            StartedFile::Legacy(generation) => Begun { gate: StartRecord::confirmed(generation), started_at: 0 },
-        }))
-    }
-
-    fn record_begun(&self, sandbox: &SandboxId, begun: Begun) -> Result<(), DriverError> {
-        write_json(&self.started_file(sandbox), &begun)
-    }
-
-    /// Resolves a start a dead gateway began and never confirmed: its run, if it began, is
-    /// found and recorded as the sandbox's run. Every look at a sandbox settles it first, so a
-    /// stop or a delete stops what runs even when no start was re-driven (the caller holds the
-    /// lock). Whether the begun generation's run is now the recorded one.
-    fn settle(&self, sandbox: &SandboxId) -> Result<bool, DriverError> {
-        let Some(begun) = self.begun(sandbox)?.filter(|b| !b.gate.confirmed) else { return Ok(false) };
-        let generation = begun.gate.generation;
-        let adopt = |pid, kernel_start| {
-            let run = RunFile { generation, pid, kernel_start, started_at: begun.started_at };
-            let run_dir = self.run_dir(sandbox);
-            // A folder removed under a live run: the run is still the one to stop.
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&run_dir)
-                .map_err(|e| io(&format!("creating {}", run_dir.display()), e))?;
-            write_json(&run_dir.join("state.json"), &run)
-        };
-        let found = if self.run_file(sandbox)?.is_some_and(|r| r.generation == generation) {
-            true
-        } else if let Some((pid, kernel_start)) = self.os.find_supervisor(sandbox, generation) {
-            adopt(pid, kernel_start)?;
-            true
-        } else if !self.dir(sandbox).exists() {
-            // The start made the sandbox's folder before it recorded the start as begun, so the
-            // folder was removed since, out of band, with whatever ran in it: the generation's
-            // run may have happened and is never run again (its compute resource is missing).
-            true
-        } else if self.began(sandbox)? == Some(generation)
-            || read_json::<Exit>(&self.run_dir(sandbox).join(exit::FILE))?
-                .is_some_and(|exit| exit.generation.is_none_or(|g| g == generation))
-        {
-            // Its supervisor is gone, but lived long enough to say it began, or to record an
-            // exit (both are cleared before a start is begun): it ran, and ended. An exit the
-            // driver recorded itself for the previous generation's dead run, on a look in
-            // between, is no sign of this one.
-            adopt(0, 0)?;
-            true
-        } else {
-            false
-        };
-        if found {
-            self.record_begun(sandbox, Begun { gate: StartRecord::confirmed(generation), ..begun })?;
-        }
-        Ok(found)
-    }
-
-    /// The generation whose supervisor last began, as it wrote it.
-    fn began(&self, sandbox: &SandboxId) -> Result<Option<u64>, DriverError> {
-        let bytes = state_file::read(&self.run_dir(sandbox).join(began::FILE))?;
-        Ok(bytes.and_then(|bytes| began::parse(&bytes)))
-    }
-
-    fn run_file(&self, sandbox: &SandboxId) -> Result<Option<RunFile>, DriverError> {
-        read_json(&self.run_dir(sandbox).join("state.json"))
     }
 
     /// How `run` ended. A run that died without its supervisor recording the exit gets one

@@ -1,0 +1,65 @@
+//! The ids records are keyed by.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// A sandbox's id: assigned by the gateway at create, never reused. Shared, not copied: every
+/// write, effect and reply about a sandbox carries its id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SandboxId(std::sync::Arc<str>);
+
+impl SandboxId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into().into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Longest exec id.
+pub const MAX_EXEC_ID_BYTES: usize = 128;
+
+/// An exec's id: chosen by the client (its idempotency key) or by the gateway.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ExecId(String);
+
+impl ExecId {
+    /// `id` if it is 1 to 128 letters, digits, '-', '_' and '.', starting with a letter or digit.
+    pub fn parse(field: &str, id: &str) -> Result<Self, Error> {
+        let ok = !id.is_empty()
+            && id.len() <= MAX_EXEC_ID_BYTES
+            && id.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "must be 1 to {MAX_EXEC_ID_BYTES} letters, digits, '-', '_' and '.', starting with a letter or digit"
+                ),
+            ));
+        }
+        Ok(Self(id.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ExecId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

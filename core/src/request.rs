@@ -1,0 +1,145 @@
+//! What the rules are asked to decide: a command (DESIGN 3.2), the version its client expects,
+//! and what the executor read for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use core::time::Duration;
+
+use crate::allowlist::Policy;
+use crate::id::SandboxId;
+use crate::record::{Provider, Sandbox, Secret, Template};
+use crate::spec::SandboxSpec;
+use crate::time::Timestamp;
+use crate::validate::Limits;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `deadline`: an absolute deadline; without one, the spec's TTL (if any) sets it.
+    CreateSandbox {
+        id: SandboxId,
+        name: String,
+        spec: SandboxSpec,
+        providers: BTreeSet<String>,
+        deadline: Option<Timestamp>,
+    },
+    StopSandbox {
+        name: String,
+    },
+    StartSandbox {
+        name: String,
+    },
+    DeleteSandbox {
+        name: String,
+    },
+    /// Sets a new deadline (DESIGN 9.1).
+    RenewSandbox {
+        name: String,
+        renewal: Renewal,
+    },
+    /// Server-owned, by the reconcile lease holder: `deadline` has passed. A no-op unless the
+    /// record still has that deadline.
+    ExpireSandbox {
+        name: String,
+        deadline: Timestamp,
+    },
+    /// Server-owned, by the reconcile lease holder: the idle timeout counted from `since` has
+    /// passed. A no-op unless the record's last activity is still `since` and no exec is open.
+    ExpireIdle {
+        name: String,
+        since: Timestamp,
+    },
+    /// Server-owned: activity on the sandbox `id` named `name` (an attach or logs-follow
+    /// stream), which restarts its idle clock.
+    TouchSandbox {
+        name: String,
+        id: SandboxId,
+    },
+    /// Server-owned, by the reconcile lease holder: the restart the policy scheduled is due.
+    RestartSandbox {
+        name: String,
+    },
+    AttachProvider {
+        sandbox: String,
+        provider: String,
+    },
+    DetachProvider {
+        sandbox: String,
+        provider: String,
+    },
+    CreateProvider {
+        name: String,
+        kind: String,
+        credentials: BTreeMap<String, Secret>,
+        /// Where the credentials are for (DESIGN 10).
+        endpoints: Policy,
+    },
+    DeleteProvider {
+        name: String,
+    },
+    /// DESIGN 9.4: a named spec and the size of its warm pool.
+    CreateTemplate {
+        name: String,
+        spec: SandboxSpec,
+        min_ready: u32,
+    },
+    SetPool {
+        template: String,
+        min_ready: u32,
+    },
+    DeleteTemplate {
+        name: String,
+    },
+    /// Server-owned, by the reconcile lease holder: one new member if the pool is short.
+    FillPool {
+        template: String,
+        id: SandboxId,
+        name: String,
+    },
+    /// One Ready member of the template's pool, with these labels and providers added.
+    ClaimSandbox {
+        template: String,
+        labels: BTreeMap<String, String>,
+        providers: BTreeSet<String>,
+    },
+}
+
+/// A command and the version the client expects its record to have, if it said one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub command: Command,
+    pub expected_version: Option<u64>,
+}
+
+/// What the executor read before deciding (read again before every retry).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The sandbox the plan names ([`crate::plan::Plan::sandbox`]).
+    pub sandbox: Option<Sandbox>,
+    /// The providers the plan reads ([`crate::plan::Plan::providers_to_read`]) that exist.
+    pub providers: BTreeMap<String, Provider>,
+    /// For a provider delete: every sandbox that references it.
+    pub users: Vec<Sandbox>,
+    /// The gateway's bounds (configuration, not a read, but an input all the same).
+    pub limits: Limits,
+    /// The template the plan names.
+    pub template: Option<Template>,
+    /// For a fill or a claim: the template's pool members not yet claimed.
+    pub members: Vec<Sandbox>,
+    /// For an idle expiry: how many of the sandbox's execs are not yet ended.
+    pub open_execs: usize,
+}
+
+impl Request {
+    pub fn new(command: Command, expected_version: Option<u64>) -> Self {
+        Self { command, expected_version }
+    }
+}
+
+/// How a renew sets the deadline: to a time, or to `now` plus a TTL (the spec's if none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Renewal {
+    #[default]
+    SpecTtl,
+    Ttl(Duration),
+    Deadline(Timestamp),
+}

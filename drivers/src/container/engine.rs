@@ -1,0 +1,163 @@
+//! The engine: the one part of the container driver that differs between Docker and Podman, and
+//! what it says of containers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::limits::ResourceLimits;
+use berth_core::{ExitMarker, RuntimeState, SandboxId, Timestamp};
+use futures_util::Stream;
+
+use crate::DriverError;
+
+/// A bind mount from the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// Everything an engine needs to create a sandbox's container.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub image: String,
+    pub entrypoint: Vec<String>,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub binds: Vec<Bind>,
+    /// The named workspace volume and where it is mounted.
+    pub volume: (String, String),
+    pub workdir: String,
+    pub stop_grace: Duration,
+    /// Enforced by the runtime's cgroups.
+    pub limits: ResourceLimits,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Exited,
+    /// Being removed, or a state Berth does not use (paused, restarting).
+    Other,
+}
+
+/// What an engine's start did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    Began,
+    /// The container was running already (Docker's and Podman's 304): its run is not this
+    /// start's.
+    WasRunning,
+}
+
+/// What an engine shows of one container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inspection {
+    pub status: Status,
+    /// The last run's start and finish (an engine keeps the previous finish while running).
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub exit_code: i32,
+    /// The runtime's `OOMKilled`: the kernel killed something of the last run for memory.
+    pub out_of_memory: bool,
+}
+
+impl Inspection {
+    pub fn state(&self) -> RuntimeState {
+        match (self.status, self.started_at) {
+            (Status::Running | Status::Other, Some(started_at)) => RuntimeState::Running { started_at },
+            (Status::Exited, Some(started_at)) => RuntimeState::Exited(ExitMarker {
+                started_at,
+                finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
+                exit_code: self.exit_code,
+                out_of_memory: self.out_of_memory,
+            }),
+            _ => RuntimeState::Created,
+        }
+    }
+
+    pub(super) fn running(&self) -> bool {
+        self.status == Status::Running
+    }
+}
+
+/// A container event, already narrowed to Berth's sandboxes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineEvent {
+    pub sandbox: SandboxId,
+    /// The container is gone.
+    pub removed: bool,
+    /// The runtime's time of the event.
+    pub at: Timestamp,
+}
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<EngineEvent, EngineError>> + Send>>;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The runtime answered and refused (a missing image, a conflict, a bad spec).
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The runtime could not be reached, or failed on its side.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+}
+
+impl From<EngineError> for DriverError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Unreachable(m) => DriverError::Unavailable(m),
+            EngineError::NotFound(m) | EngineError::Refused(m) => DriverError::Failed(m),
+        }
+    }
+}
+
+/// One runtime's API, as the container driver uses it.
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    /// The gateway instance whose containers this engine sees.
+    fn owner(&self) -> &str;
+    /// The store whose containers this engine sees and labels, when it is bound to one.
+    fn store(&self) -> Option<&str>;
+    /// How many CPUs the runtime's host has (read when it connected): the most a CPU limit can
+    /// give.
+    fn cpus(&self) -> u64;
+    async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
+    async fn start(&self, container: &str) -> Result<Start, EngineError>;
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
+    /// Removes the container, forcibly; absence is success.
+    async fn remove(&self, container: &str) -> Result<(), EngineError>;
+    /// Creates a labelled volume; an existing one is success.
+    async fn create_volume(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), EngineError>;
+    /// Removes a volume; absence is success.
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
+    /// Where a volume's content is on this host; `None` if there is no such volume.
+    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError>;
+    async fn inspect(&self, container: &str) -> Result<Option<Inspection>, EngineError>;
+    /// Every container of this owner, by sandbox id.
+    async fn list(&self) -> Result<Vec<SandboxId>, EngineError>;
+    /// Every volume of this owner.
+    async fn list_volumes(&self) -> Result<Vec<String>, EngineError>;
+    /// Container events of this owner's sandboxes, from now on.
+    async fn events(&self) -> Result<EventStream, EngineError>;
+    /// Imports a root filesystem tarball as an image.
+    async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError>;
+}
+
+/// A runtime timestamp from RFC 3339 (as both APIs print them); the zero time means "never".
+pub fn parse_time(text: &str) -> Option<Timestamp> {
+    let t = humantime::parse_rfc3339_weak(text.trim_end_matches('Z')).ok()?;
+    let nanos = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(Timestamp::from_unix_nanos(i64::try_from(nanos).ok()?)).filter(|t| t.0 > 0)
+}

@@ -1,0 +1,39 @@
+//! What Berth names and labels in a runtime: a sandbox's container and volume, and the labels
+//! that tell whose they are.
+
+use berth_core::SandboxId;
+
+/// Labels on everything Berth makes in a runtime. The owner is the gateway instance (gateways
+/// sharing one runtime each see only their own).
+pub const LABEL_OWNER: &str = "dev.berth.owner";
+pub const LABEL_SANDBOX: &str = "dev.berth.sandbox";
+pub const LABEL_NAME: &str = "dev.berth.name";
+/// The identity of the store holding the sandbox's record: an engine bound to a store sees only
+/// that store's containers and volumes, so a gateway on another store never takes them for
+/// leftovers of its own and reaps them.
+pub const LABEL_STORE: &str = "dev.berth.store";
+
+/// Whether a container or volume whose store label is `label` is one an engine bound to `store`
+/// sees. One made before resources carried the label is its owner's, as it was then: hiding it
+/// would report its sandbox's container missing.
+pub fn of_store(label: Option<&str>, store: Option<&str>) -> bool {
+    match (label, store) {
+        (Some(label), Some(store)) => label == store,
+        _ => true,
+    }
+}
+
+pub fn container_name(sandbox: &SandboxId) -> String {
+    format!("{CONTAINER_PREFIX}{sandbox}")
+}
+
+/// The sandbox whose container [`container_name`] called `name`.
+pub fn sandbox_of_container(name: &str) -> Option<SandboxId> {
+    name.strip_prefix(CONTAINER_PREFIX).filter(|id| !id.is_empty()).map(SandboxId::new)
+}
+
+const CONTAINER_PREFIX: &str = "berth-";
+
+pub fn volume_name(sandbox: &SandboxId) -> String {
+    format!("berth-{sandbox}-workspace")
+}

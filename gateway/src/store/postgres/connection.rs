@@ -1,0 +1,66 @@
+//! Pooled connections and what their errors mean.
+
+use deadpool_postgres::Object;
+use tokio_postgres::error::SqlState;
+
+use super::UNCHANGED;
+
+/// A pooled connection lent to one commit. A commit abandoned part way (its caller gone) may
+/// leave it inside a transaction with answers still to come: unless given back, it leaves the
+/// pool and closes (PostgreSQL then rolls the transaction back) rather than serve the next caller.
+pub(super) struct Lent(pub(super) Option<Object>);
+
+impl Lent {
+    /// Back to the pool, idle: the commit read every answer.
+    pub(super) fn give_back(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        self.0.as_ref().expect("emptied only by give_back and drop, which consume it")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(Object::take(client));
+        }
+    }
+}
+
+/// `user@host:port/database`, for messages.
+pub(super) fn target(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("?");
+    let database = config.get_dbname().unwrap_or(user);
+    format!("{user}@{host}:{port}/{database}")
+}
+
+/// The server's own message where there is one (tokio-postgres's Display says only "db error").
+pub(super) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
+/// Aborted by PostgreSQL for a reason that passes, or a write that changed nothing although its
+/// conditions held when checked: run the commit again, as a transaction, whose checks then see
+/// what happened.
+pub(super) fn retryable(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_DEADLOCK_DETECTED
+            || *c == SqlState::T_R_SERIALIZATION_FAILURE
+            || *c == SqlState::UNIQUE_VIOLATION
+            || c.code() == UNCHANGED
+    })
+}

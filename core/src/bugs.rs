@@ -1,7 +1,10 @@
-//! Known-bug switches, compiled only with the `bugs` feature, which only the simulator enables.
-//! Each puts one motivating race back, so the simulator can show that it catches it. All are
-//! off unless a run turns one on, for its own thread (a simulation runs on one thread).
+//! Known-bug switches. Each puts one motivating race back, so the simulator can show that it
+//! catches it. Only with the `bugs` feature, which only the simulator enables, can one be
+//! turned on, for its own thread (a simulation runs a seed on one thread); without it [`on`]
+//! is a constant `false`, so every hook is a branch the optimizer removes, yet every build
+//! still type-checks the bent path.
 
+#[cfg(feature = "bugs")]
 use std::cell::Cell;
 
 use crate::decision::{Conflict, Decision, Effect, Key, Outcome, Write};
@@ -171,21 +174,40 @@ impl Bug {
     }
 }
 
+/// A known-bug hook: whether switch `$bug` is on. One line beside the rule it bends.
+#[macro_export]
+macro_rules! bug {
+    ($bug:ident) => {
+        $crate::bugs::on($crate::bugs::Bug::$bug)
+    };
+}
+
+#[cfg(feature = "bugs")]
 thread_local! {
     static ON: Cell<Option<Bug>> = const { Cell::new(None) };
 }
 
 /// Turns `bug` on (or every bug off) for this thread.
+#[cfg(feature = "bugs")]
 pub fn set(bug: Option<Bug>) {
     ON.with(|on| on.set(bug));
 }
 
+/// Whether the simulator turned `bug` on for this thread.
+#[cfg(feature = "bugs")]
 pub fn on(bug: Bug) -> bool {
     ON.with(|on| on.get() == Some(bug))
 }
 
+/// Never: a production build cannot turn a switch on.
+#[cfg(not(feature = "bugs"))]
+#[inline(always)]
+pub const fn on(_: Bug) -> bool {
+    false
+}
+
 // Where each switch bends berth-core. The rules themselves never mention a bug: each of these
-// is called from one `#[cfg(feature = "bugs")]` line next to the rule it bends.
+// is called from one line next to the rule it bends.
 
 /// R3 and its event-path twin: a runtime report of `source` is taken without the exit fence.
 pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
@@ -197,8 +219,10 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
 }
 
 /// N1: an attach widens the running generation's egress too.
-pub(crate) fn egress_from_attach() -> bool {
-    on(Bug::EgressFromAttach)
+pub(crate) fn egress_from_attach(next: &mut Sandbox, provider: &str) {
+    if on(Bug::EgressFromAttach) {
+        std::sync::Arc::make_mut(&mut next.egress_providers).insert(provider.to_string());
+    }
 }
 
 /// D1: an effect is taken as still wanted whatever the record says now, and a stop as the

@@ -47,13 +47,7 @@ impl Retry {
     pub fn for_request(policy: RetryPolicy, request: &Request) -> Self {
         let plan = request.plan();
         let (kind, name) = plan.subject();
-        #[allow(unused_mut)]
-        let mut retry = Self::new(policy, kind, name);
-        #[cfg(feature = "bugs")]
-        {
-            retry.fail_fast = crate::bugs::fails_fast(&request.command);
-        }
-        retry
+        Self { fail_fast: crate::bugs::fails_fast(&request.command), ..Self::new(policy, kind, name) }
     }
 
     /// A write conflicted. Returns how long to wait before re-reading, or the error once the

@@ -336,12 +336,7 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     // room, or its stale supervisor is rejected) must not count as the new generation's
     // (defect 3 of issue 13). Unsettled, only what carries the generation tells the runs
     // apart: the driver's start reply, or the new generation's supervisor.
-    #[cfg_attr(not(feature = "bugs"), expect(unused_mut))]
-    let mut settled = false;
-    #[cfg(feature = "bugs")]
-    if crate::bugs::on(crate::bugs::Bug::FenceFromRecordedExit) {
-        settled = true;
-    }
+    let settled = crate::bug!(FenceFromRecordedExit);
     let mut next = sandbox.clone();
     next.generation += 1;
     // The new run's egress is what is attached as its generation is committed (DESIGN 10).
@@ -351,7 +346,6 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     next.phase = Phase::Starting;
     next.intent = Intent::Running;
     let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
-    #[cfg(feature = "bugs")]
     crate::bugs::leave_rotation_out(sandbox, &mut next);
     (next, effect)
 }
@@ -401,10 +395,7 @@ fn attach(sandbox: &Sandbox, provider: &str, reads: &Reads, now: Timestamp) -> R
     branch::hit(Branch::Attach);
     let mut next = sandbox.clone();
     std::sync::Arc::make_mut(&mut next.providers).insert(provider.to_string());
-    #[cfg(feature = "bugs")]
-    if crate::bugs::egress_from_attach() {
-        std::sync::Arc::make_mut(&mut next.egress_providers).insert(provider.to_string());
-    }
+    crate::bugs::egress_from_attach(&mut next, provider);
     Ok(commit(sandbox, next, vec![touch_provider(target, now)], vec![], now))
 }
 

@@ -137,10 +137,7 @@ pub fn admit(
         branch::hit(Branch::AdmitRetry);
         return Ok(exec.as_is());
     }
-    #[cfg(feature = "bugs")]
-    let starting_too = crate::bugs::on(crate::bugs::Bug::ExecWhileStarting) && sandbox.is(PhaseKind::Starting);
-    #[cfg(not(feature = "bugs"))]
-    let starting_too = false;
+    let starting_too = crate::bug!(ExecWhileStarting) && sandbox.is(PhaseKind::Starting);
     if sandbox.phase.kind() != PhaseKind::Ready && !starting_too {
         branch::hit(Branch::AdmitNotReady);
         return Err(Error::WrongPhase {

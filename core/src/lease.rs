@@ -11,10 +11,7 @@ use core::time::Duration;
 
 /// Until when a grant asked for at `asked` (and answered at `answered`) may be relied on.
 pub fn relied_until(asked: Duration, answered: Duration, ttl: Duration) -> Duration {
-    #[cfg(feature = "bugs")]
-    let asked = if crate::bugs::on(crate::bugs::Bug::TenureFromAnswer) { answered } else { asked };
-    #[cfg(not(feature = "bugs"))]
-    let _ = answered;
+    let asked = if crate::bug!(TenureFromAnswer) { answered } else { asked };
     asked + ttl - ttl / 10
 }
 

@@ -38,7 +38,6 @@
 
 pub mod allowlist;
 pub mod branch;
-#[cfg(feature = "bugs")]
 pub mod bugs;
 pub mod cas;
 pub mod command;

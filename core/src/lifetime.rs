@@ -97,10 +97,7 @@ pub fn deadline(
 /// Whether an expiry of `deadline` is due for `sandbox` at `now`: the record still has that
 /// deadline, unexpired, it has passed, and the sandbox is not already going away.
 pub fn due(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> bool {
-    #[cfg(feature = "bugs")]
-    let renewed = !crate::bugs::on(crate::bugs::Bug::ExpiryIgnoresRenew) && sandbox.deadline != Some(deadline);
-    #[cfg(not(feature = "bugs"))]
-    let renewed = sandbox.deadline != Some(deadline);
+    let renewed = !crate::bug!(ExpiryIgnoresRenew) && sandbox.deadline != Some(deadline);
     !renewed
         && sandbox.deadline.is_some()
         && sandbox.expired_at.is_none()
@@ -146,8 +143,7 @@ pub fn touch(sandbox: &Sandbox, now: Timestamp) -> Option<Sandbox> {
 /// `open_execs` of its execs not yet ended: the record's clock still counts from `since`, the
 /// timeout has passed, and no exec is open.
 pub fn idle_due(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Timestamp) -> bool {
-    #[cfg(feature = "bugs")]
-    let open_execs = if crate::bugs::on(crate::bugs::Bug::IdleIgnoresExecs) { 0 } else { open_execs };
+    let open_execs = if crate::bug!(IdleIgnoresExecs) { 0 } else { open_execs };
     let Some(timeout) = sandbox.spec.lifetime.idle_timeout else { return false };
     idle_clock_runs(sandbox)
         && sandbox.active_at == Some(since)

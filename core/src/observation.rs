@@ -144,7 +144,6 @@ impl Merge<'_> {
 
     fn apply(&mut self, observation: &Observation) {
         let generation = self.before.generation;
-        #[cfg(feature = "bugs")]
         if let Some(reply) = crate::bugs::rotate_late(self.edit(), observation) {
             self.start_reply(reply);
             return;
@@ -152,13 +151,7 @@ impl Merge<'_> {
         match observation {
             Observation::Runtime { source, state, as_of_version } => {
                 // No report skips the fence, unless a known-bug switch of the simulator says so.
-                #[cfg(feature = "bugs")]
                 let bypass = crate::bugs::bypasses_fence(*source);
-                #[cfg(not(feature = "bugs"))]
-                let bypass = {
-                    let _ = source;
-                    false
-                };
                 self.runtime(*state, *as_of_version, bypass);
             }
             Observation::Started { generation: g, reply } if *g == generation => self.start_reply(reply),

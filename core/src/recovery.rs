@@ -14,7 +14,6 @@ use crate::time::Timestamp;
 pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
     let id = sandbox.id.clone();
     let generation = sandbox.generation;
-    #[cfg(feature = "bugs")]
     if let Some(effect) = crate::bugs::unfinished_start(sandbox) {
         return Some(effect);
     }
@@ -63,7 +62,6 @@ pub fn due(sandbox: &Sandbox, now: Timestamp, min_age: Duration) -> Option<Effec
 /// a start, a newer generation, a completed transition) supersedes it. A resource without a
 /// record is always to be deleted.
 pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
-    #[cfg(feature = "bugs")]
     if crate::bugs::skips_recheck() {
         return true;
     }

@@ -76,7 +76,6 @@ pub fn gate(record: Option<StartRecord>, generation: u64) -> Gate {
 /// the stop's to end (D1). A stop waits for the driver's lock, and another gateway's start of the
 /// next generation may take the lock first; the stop's re-check of the record came before it.
 pub fn stop_superseded(record: Option<StartRecord>, generation: u64) -> bool {
-    #[cfg(feature = "bugs")]
     if crate::bugs::skips_recheck() {
         return false;
     }

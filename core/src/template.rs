@@ -38,8 +38,7 @@ pub fn is_member(sandbox: &Sandbox, template: &str) -> bool {
 
 /// Whether a member can be handed out: Ready, wanted running, not on its way out.
 fn claimable(sandbox: &Sandbox) -> bool {
-    #[cfg(feature = "bugs")]
-    if crate::bugs::on(crate::bugs::Bug::ClaimUnready) {
+    if crate::bug!(ClaimUnready) {
         return sandbox.intent == Intent::Running && !sandbox.is(PhaseKind::Deleting);
     }
     sandbox.is(PhaseKind::Ready) && sandbox.intent == Intent::Running

@@ -330,7 +330,6 @@ impl Transaction for CommandTransaction<'_> {
         reads.sandbox.as_ref()
     }
 
-    #[cfg(feature = "bugs")]
     fn over_conflict(&self, decision: &Decision, conflict: &berth_core::Conflict) -> Option<Decision> {
         berth_core::bugs::claim_over(&self.0.command, decision, conflict)
     }

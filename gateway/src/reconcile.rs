@@ -170,8 +170,7 @@ async fn sweep_feeding(
     let mut after: Option<SandboxId> = None;
     loop {
         let batch = engine.driver().list(after.as_ref(), settings.page_size).await?;
-        #[cfg(feature = "bugs")]
-        if berth_core::bugs::on(berth_core::bugs::Bug::SweepSkipsLastPage) && batch.next.is_none() && after.is_some() {
+        if berth_core::bug!(SweepSkipsLastPage) && batch.next.is_none() && after.is_some() {
             break;
         }
         for (id, state) in batch.items {

@@ -396,8 +396,7 @@ impl<E: Engine> ContainerDriver<E> {
         };
         let mut previous = current.and_then(|i| i.started_at);
         let begin = |previous| {
-            #[cfg(feature = "bugs")]
-            if berth_core::bugs::on(berth_core::bugs::Bug::RecordAfterStart) {
+            if berth_core::bug!(RecordAfterStart) {
                 return Ok(());
             }
             self.record_started(id, Started { gate: StartRecord::intent(generation), previous })

@@ -138,8 +138,7 @@ impl<O: Os> Inner<O> {
     fn kill_group(&self, run: &RunFile, signal: Signal) {
         let recycled = self.os.stat(run.pid).is_some_and(|stat| stat.kernel_start != run.kernel_start);
         if run.pid > 1 && !recycled {
-            #[cfg(feature = "bugs")]
-            if berth_core::bugs::on(berth_core::bugs::Bug::SignalsSupervisorOnly) {
+            if berth_core::bug!(SignalsSupervisorOnly) {
                 return self.os.kill(run.pid, signal);
             }
             // The group (kill(2)'s negative pid): the supervisor, its command and whatever that
@@ -154,8 +153,7 @@ impl<O: Os> Inner<O> {
     /// run's: never signalled while that run's supervisor holds it ([`Self::kill_group`]), and
     /// once that supervisor is gone too, what is left of its group is leftovers as well.
     fn kill_leftovers(&self, run: &RunFile) {
-        #[cfg(feature = "bugs")]
-        if berth_core::bugs::on(berth_core::bugs::Bug::ChildLeftBehind) {
+        if berth_core::bug!(ChildLeftBehind) {
             return;
         }
         self.kill_group(run, Signal::Kill);
@@ -358,8 +356,7 @@ impl<O: Os> Inner<O> {
         let started_at = self.os.now();
         let begun = Begun { gate: StartRecord::intent(launch.generation), started_at };
         let begin = || {
-            #[cfg(feature = "bugs")]
-            if berth_core::bugs::on(berth_core::bugs::Bug::RecordAfterStart) {
+            if berth_core::bug!(RecordAfterStart) {
                 return Ok(());
             }
             self.record_begun(&launch.sandbox, begun)

@@ -251,13 +251,7 @@ impl Execs {
             self.finish(&entry, End::Cancelled, "cancelled before it ran".into());
             return follower;
         }
-        #[cfg_attr(not(feature = "bugs"), expect(unused_mut))]
-        let mut earlier = self.started.started(generation, &run.exec_id);
-        #[cfg(feature = "bugs")]
-        if berth_core::bugs::on(berth_core::bugs::Bug::ExecRetryRunsTwice) {
-            earlier = false;
-        }
-        if earlier {
+        if self.started.started(generation, &run.exec_id) && !berth_core::bug!(ExecRetryRunsTwice) {
             self.finish(&entry, End::Lost, "an earlier run of this generation started it and is gone".into());
             return follower;
         }

@@ -30,7 +30,6 @@ pub(crate) trait Transaction: Sync {
     fn before<'r>(&self, read: &'r Self::Read) -> Option<&'r Sandbox>;
 
     /// Known-bug switch `ClaimWithoutCas`: what is written over whatever won a conflict.
-    #[cfg(feature = "bugs")]
     fn over_conflict(&self, _decision: &Decision, _conflict: &Conflict) -> Option<Decision> {
         None
     }
@@ -61,7 +60,6 @@ impl Engine {
             match self.commit(&decision, t.before(&read), t.what()).await {
                 Ok(()) => return Ok(decision),
                 Err(CommitError::Conflict(c)) => {
-                    #[cfg(feature = "bugs")]
                     if let Some(over) = t.over_conflict(&decision, &c) {
                         return self.commit(&over, None, t.what()).await.map(|()| over).map_err(|e| match e {
                             CommitError::Conflict(c) => ApiError::from(berth_core::Error::Contention {

@@ -148,6 +148,14 @@ impl Client {
         }
     }
 
+    /// The line for a `kind` record `name` that a delete removed.
+    pub(super) fn print_deleted(&self, kind: &str, name: &str) {
+        match self.output {
+            Output::Json => say!("{}", json!({"name": name, "deleted": true})),
+            Output::Table => say!("{kind} '{name}' deleted"),
+        }
+    }
+
     pub(super) fn print_sandboxes(&self, sandboxes: &[pb::Sandbox]) {
         match self.output {
             Output::Json if sandboxes.len() == 1 => say!("{:#}", sandbox_json(&sandboxes[0])),

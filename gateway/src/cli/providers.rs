@@ -134,10 +134,7 @@ impl Client {
                     expected_resource_version: version.expected_version,
                 };
                 self.providers.delete_provider(request).await?;
-                match self.output {
-                    Output::Json => say!("{}", json!({"name": name, "deleted": true})),
-                    Output::Table => say!("provider '{name}' deleted"),
-                }
+                self.print_deleted("provider", &name);
             }
             ProviderCmd::Attach { sandbox, provider, version } => {
                 let request =

@@ -249,8 +249,7 @@ impl Client {
         }
         match self.wait(&sandbox.name, target, wait).await? {
             Some(s) => self.print_sandboxes(&[s]),
-            None if self.output == Output::Json => say!("{}", json!({"name": sandbox.name, "deleted": true})),
-            None => say!("sandbox '{}' deleted", sandbox.name),
+            None => self.print_deleted("sandbox", &sandbox.name),
         }
         Ok(())
     }

@@ -138,10 +138,7 @@ impl Client {
                     expected_resource_version: version.expected_version,
                 };
                 self.templates.delete_template(request).await?;
-                match self.output {
-                    Output::Json => say!("{}", json!({"name": name, "deleted": true})),
-                    Output::Table => say!("template '{name}' deleted"),
-                }
+                self.print_deleted("template", &name);
             }
         }
         Ok(())

@@ -196,6 +196,38 @@ fn bad_templates_and_claims_name_their_field() {
     assert_eq!(e.to_string(), "invalid spec.labels[berth.x]: labels starting with berth. are set by Berth");
 }
 
+/// DESIGN 9.4: pool members count against the same limits as other sandboxes. A template's
+/// spec is held to a create's limits, field for field, and every member runs under them.
+#[test]
+fn pool_members_are_held_to_the_limits_of_any_sandbox() {
+    let limited = |memory_bytes| {
+        let mut s = spec();
+        s.limits.memory_bytes = Some(memory_bytes);
+        s
+    };
+    let mut store = Store::default();
+    let small = limited(berth_core::limits::MIN_MEMORY_BYTES - 1);
+    let create = Command::CreateSandbox {
+        id: SandboxId::new("sb-one"),
+        name: "one".into(),
+        spec: small.clone(),
+        providers: BTreeSet::new(),
+        deadline: None,
+    };
+    let create = run(&mut store, create).unwrap_err();
+    let template =
+        run(&mut store, Command::CreateTemplate { name: "web".into(), spec: small, min_ready: 1 }).unwrap_err();
+    assert_eq!((template.code(), template.to_string()), (create.code(), create.to_string()));
+    assert!(create.to_string().contains("spec.limits.memory_bytes"), "{create}");
+    assert!(store.sandboxes.is_empty() && store.templates.is_empty());
+
+    let held = limited(64 << 20);
+    run(&mut store, Command::CreateTemplate { name: "web".into(), spec: held.clone(), min_ready: 2 }).unwrap();
+    run(&mut store, fill(1)).unwrap();
+    let member = store.sandboxes.values().find(|s| is_member(s, "web")).unwrap();
+    assert_eq!(member.spec.limits, held.limits);
+}
+
 #[test]
 fn a_member_that_failed_with_no_restart_coming_is_spent() {
     let mut store = with_template(1);

@@ -13,7 +13,6 @@
 //! Gateways sharing a store on one host share this state directory and the runtime; a file lock
 //! per sandbox (see `sandbox_lock`) keeps two of them from acting on one sandbox at once.
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
-use berth_handoff::{began, flag, token, var};
+use berth_handoff::began;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +35,7 @@ use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, Watch
 pub mod docker;
 mod engine;
 pub mod image;
+mod layout;
 mod names;
 pub mod podman;
 #[cfg(test)]
@@ -47,19 +47,6 @@ pub use engine::{
 pub use names::{
     LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, container_name, of_store, sandbox_of_container, volume_name,
 };
-
-/// Where the supervisor takes a run's proxy requests: the container's only network is its
-/// loopback, and the only way out is through the gateway's egress proxy (DESIGN 10).
-const EGRESS_PROXY: &str = "127.0.0.1:3128";
-
-/// The variables HTTP clients read their proxy from, both spellings; the sandbox's own
-/// loopback stays direct.
-fn proxy_env() -> impl Iterator<Item = (String, String)> {
-    let proxy = format!("http://{EGRESS_PROXY}");
-    let via = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"].map(|name| (name.to_string(), proxy.clone()));
-    let direct = ["NO_PROXY", "no_proxy"].map(|name| (name.to_string(), "localhost,127.0.0.1,::1".to_string()));
-    via.into_iter().chain(direct)
-}
 
 /// How long a stop may take beyond its grace period before the driver gives up waiting.
 const STOP_SLACK: Duration = Duration::from_secs(10);
@@ -163,16 +150,6 @@ impl<E: Engine> ContainerDriver<E> {
         &self.engine
     }
 
-    fn dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.config.root.join(sandbox.as_str())
-    }
-
-    /// Where the sandbox's supervisors keep their logs: on the host, so they outlive the
-    /// container and go with the sandbox's directory.
-    fn logs_dir(&self, sandbox: &SandboxId) -> PathBuf {
-        self.dir(sandbox).join("logs")
-    }
-
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
         let Some(file) = state_file::read_json(&self.dir(sandbox).join("driver.json"))? else { return Ok(None) };
         Ok(Some(match file {
@@ -183,86 +160,6 @@ impl<E: Engine> ContainerDriver<E> {
 
     fn record_started(&self, sandbox: &SandboxId, started: Started) -> Result<(), DriverError> {
         state_file::write_json(&self.dir(sandbox).join("driver.json"), &started)
-    }
-
-    fn spec(&self, launch: &Launch) -> ContainerSpec {
-        let id = &launch.sandbox;
-        let mut command = vec![
-            "--gateway".to_string(),
-            "unix:/run/berth/gateway".to_string(),
-            flag::arg(flag::TOKEN_FILE),
-            format!("/run/berth/state/{}", token::FILE),
-            flag::arg(flag::ENV_FILE),
-            format!("/run/berth/state/{}", berth_handoff::env::FILE),
-            // In the container's own layer: it outlives `docker restart`, as the execs a
-            // generation started must.
-            "--exec-log".into(),
-            "/run/berth/execs".into(),
-            "--logs".into(),
-            "/run/berth/logs".into(),
-            flag::arg(flag::BEGAN_FILE),
-            format!("/run/berth/logs/{}", began::FILE),
-            // What the runtime keeps of the container's output (`docker logs`) stays the same.
-            "--echo-output".into(),
-            "--egress-proxy".into(),
-            EGRESS_PROXY.into(),
-            "--".into(),
-        ];
-        command.extend(launch.spec.command.iter().cloned());
-        let mut labels: BTreeMap<String, String> = [
-            (LABEL_OWNER.to_string(), self.engine.owner().to_string()),
-            (LABEL_SANDBOX.to_string(), id.to_string()),
-            (LABEL_NAME.to_string(), launch.name.clone()),
-        ]
-        .into();
-        if let Some(store) = self.engine.store() {
-            labels.insert(LABEL_STORE.to_string(), store.to_string());
-        }
-        ContainerSpec {
-            name: container_name(id),
-            image: launch.spec.image.clone(),
-            entrypoint: vec!["/run/berth/bin/berth-supervisor".into()],
-            command,
-            env: [(var::SANDBOX_ID.to_string(), id.to_string()), (var::SANDBOX_NAME.to_string(), launch.name.clone())]
-                .into_iter()
-                .chain(proxy_env())
-                .collect(),
-            labels,
-            binds: vec![
-                Bind {
-                    source: self.config.supervisor.clone(),
-                    target: "/run/berth/bin/berth-supervisor".into(),
-                    read_only: true,
-                },
-                Bind { source: self.config.socket_dir.clone(), target: "/run/berth/gateway".into(), read_only: false },
-                Bind { source: self.dir(id), target: "/run/berth/state".into(), read_only: true },
-                // Written by the supervisor, read here: whatever the sandbox puts in it is read
-                // as untrusted (berth-logs).
-                Bind { source: self.logs_dir(id), target: "/run/berth/logs".into(), read_only: false },
-            ],
-            volume: (volume_name(id), "/workspace".into()),
-            workdir: "/workspace".into(),
-            stop_grace: REPLACE_GRACE,
-            limits: launch.spec.limits,
-        }
-    }
-
-    /// Makes the sandbox's host directory: the driver's record, and what its container mounts.
-    fn make_dir(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
-        let logs = self.logs_dir(sandbox);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&logs)
-            .map_err(|e| io(&format!("creating {}", logs.display()), e))
-    }
-
-    /// Installs the generation's identity and environment where its supervisor reads them.
-    fn install(&self, launch: &Launch) -> Result<(), DriverError> {
-        let dir = self.dir(&launch.sandbox);
-        let env = crate::env::container_run(launch).expose();
-        state_file::write(&dir.join(berth_handoff::env::FILE), &berth_handoff::env::to_bytes(&env))?;
-        state_file::write(&dir.join(token::FILE), launch.token.expose().as_bytes())
     }
 
     /// Stops the container and waits until it has fully exited; its final state.

@@ -1,0 +1,182 @@
+//! The gateway under test (a no-op driver, an engine on a store, served over loopback TCP), its
+//! clients, and the latency figures every load shares.
+
+use super::*;
+
+/// Answers at once, as if every runtime call succeeded: the gateway's own cost is measured.
+#[derive(Default)]
+pub(crate) struct NoopDriver {
+    states: Mutex<BTreeMap<SandboxId, RuntimeState>>,
+    clock: Mutex<i64>,
+}
+
+impl NoopDriver {
+    fn tick(&self) -> Timestamp {
+        let mut c = self.clock.lock().unwrap();
+        *c += 1;
+        Timestamp::from_unix_nanos(*c)
+    }
+}
+
+#[async_trait]
+impl Driver for NoopDriver {
+    fn name(&self) -> &'static str {
+        "noop"
+    }
+    fn admit(&self, _: &berth_core::SandboxSpec) -> Result<(), berth_core::Error> {
+        Ok(())
+    }
+    async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
+        let started_at = self.tick();
+        self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at });
+        Ok(StartReply::Running { started_at })
+    }
+    async fn stop(&self, sandbox: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {
+        let finished_at = self.tick();
+        let mut states = self.states.lock().unwrap();
+        let state = match states.get(sandbox) {
+            Some(RuntimeState::Running { started_at }) => RuntimeState::Exited(berth_core::ExitMarker {
+                started_at: *started_at,
+                finished_at,
+                exit_code: 143,
+                out_of_memory: false,
+            }),
+            Some(other) => *other,
+            None => RuntimeState::Absent { at: None },
+        };
+        states.insert(sandbox.clone(), state);
+        Ok(state)
+    }
+    async fn delete(&self, sandbox: &SandboxId, _: Duration) -> Result<(), DriverError> {
+        self.states.lock().unwrap().remove(sandbox);
+        Ok(())
+    }
+    async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        Ok(self.states.lock().unwrap().get(sandbox).copied().unwrap_or(RuntimeState::Absent { at: None }))
+    }
+    async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
+        let states = self.states.lock().unwrap();
+        let mut items: Vec<_> = states
+            .iter()
+            .filter(|(id, _)| after.is_none_or(|a| *id > a))
+            .take(limit + 1)
+            .map(|(i, s)| (i.clone(), *s))
+            .collect();
+        let next = (items.len() > limit).then(|| {
+            items.truncate(limit);
+            items.last().unwrap().0.clone()
+        });
+        Ok(ListPage { items, next })
+    }
+    async fn workspace(&self, _: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
+        Err(DriverError::Failed("this driver keeps no workspace".into()))
+    }
+
+    async fn logs(
+        &self,
+        _: &SandboxId,
+        _: &berth_drivers::logs::Log,
+        from: u64,
+        _: usize,
+        _: bool,
+    ) -> Result<berth_drivers::logs::Read, DriverError> {
+        Ok(berth_drivers::logs::Read::End { offset: from, exit_code: None })
+    }
+
+    async fn watch(&self) -> Result<WatchStream, DriverError> {
+        Ok(Box::pin(futures_util::stream::pending()))
+    }
+}
+
+/// Gateway `n`'s engine on `store`; gateways sharing a store share one runtime too. Each has
+/// its own seed, as each server draws one: gateways with one seed would make the same sandbox
+/// ids, and their creates would conflict.
+pub(crate) fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n: u64) -> Engine {
+    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), n)
+}
+
+pub(crate) fn engine(dir: &std::path::Path) -> Engine {
+    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default(), 0)
+}
+
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Serves `engine`'s API on a loopback port; its address.
+/// Calls per second since `started`, p50, p99 and the number of calls, of every client task's
+/// latencies.
+pub(crate) async fn latency_figures(
+    tasks: Vec<tokio::task::JoinHandle<Vec<Duration>>>,
+    started: Instant,
+) -> (f64, Duration, Duration, usize) {
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    (all.len() as f64 / elapsed.as_secs_f64(), percentile(&all, 0.5), percentile(&all, 0.99), all.len())
+}
+
+pub(crate) async fn serve(engine: &Engine) -> String {
+    let (routes, _) = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming(berth_gateway::tcp::incoming(listener)),
+    );
+    address
+}
+
+/// A client of the public API at `address`. Its kernel delays ACKs, as Linux does for any
+/// client: a reply the server holds back until its previous segment is acknowledged (Nagle's
+/// algorithm) then waits about 40 ms. With `nagle`, the client leaves Nagle's algorithm on for
+/// its own requests, as many HTTP/2 stacks do: a request's data frame, written after its
+/// headers, then waits for the server's ACK of the headers.
+pub(crate) async fn client(address: String, nagle: bool) -> Client {
+    let channel =
+        tonic::transport::Endpoint::from_shared(address).unwrap().tcp_nodelay(!nagle).connect().await.unwrap();
+    SandboxesClient::with_interceptor(channel, Auth("Bearer bench-token-0123456789".parse().unwrap()))
+}
+
+pub(crate) type Client =
+    SandboxesClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Auth>>;
+
+/// Sends the bench's token with every call.
+#[derive(Clone)]
+pub(crate) struct Auth(MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        r.metadata_mut().insert("authorization", self.0.clone());
+        Ok(r)
+    }
+}
+
+/// One create-stop-start-stop-delete cycle of sandbox `name` by `client`: each call's latency.
+pub(crate) async fn cycle(client: &mut Client, name: &str) -> Vec<Duration> {
+    let lifecycle = |name: &str| pb::LifecycleRequest { name: name.to_string(), expected_resource_version: None };
+    let mut latencies = Vec::with_capacity(5);
+    let t = Instant::now();
+    let spec = pb::SandboxSpec { image: "i".into(), command: vec!["true".into()], ..Default::default() };
+    let create = pb::CreateSandboxRequest { name: name.to_string(), spec: Some(spec), ..Default::default() };
+    client.create_sandbox(create).await.unwrap();
+    latencies.push(t.elapsed());
+    for verb in ["stop", "start", "stop", "delete"] {
+        let t = Instant::now();
+        let result = match verb {
+            "stop" => client.stop_sandbox(lifecycle(name)).await,
+            "start" => client.start_sandbox(lifecycle(name)).await,
+            _ => client.delete_sandbox(lifecycle(name)).await,
+        };
+        // A start may find the previous stop not finished yet: refused, and counted.
+        if let Err(s) = result {
+            assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s}");
+        }
+        latencies.push(t.elapsed());
+    }
+    latencies
+}

@@ -80,10 +80,13 @@ pub enum Bug {
     /// X1: an exec is admitted to a sandbox still Starting as well as to a Ready one, before
     /// any run of the generation it is admitted for is known to be there to run it.
     ExecWhileStarting,
+    /// R1: a restart policy's maximum is not looked at, so a run that keeps failing is
+    /// restarted past it.
+    RestartPastMaximum,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 19] = [
+    pub const ALL: [Bug; 20] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -103,6 +106,7 @@ impl Bug {
         Bug::ChildLeftBehind,
         Bug::ClaimUnready,
         Bug::ExecWhileStarting,
+        Bug::RestartPastMaximum,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +130,7 @@ impl Bug {
             Bug::ChildLeftBehind => "child-left-behind",
             Bug::ClaimUnready => "claim-unready",
             Bug::ExecWhileStarting => "exec-while-starting",
+            Bug::RestartPastMaximum => "restart-past-maximum",
         }
     }
 
@@ -154,13 +159,21 @@ impl Bug {
             | Bug::SignalsSupervisorOnly
             | Bug::ChildLeftBehind
             | Bug::ClaimUnready
-            | Bug::ExecWhileStarting => 1,
+            | Bug::ExecWhileStarting
+            | Bug::RestartPastMaximum => 1,
         }
     }
 
     /// Whether the race needs the lifetime workload.
     pub fn lifetimes(self) -> bool {
-        matches!(self, Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas | Bug::IdleIgnoresExecs | Bug::ClaimUnready)
+        matches!(
+            self,
+            Bug::ExpiryIgnoresRenew
+                | Bug::ClaimWithoutCas
+                | Bug::IdleIgnoresExecs
+                | Bug::ClaimUnready
+                | Bug::RestartPastMaximum
+        )
     }
 
     /// Whether the race needs the egress workload.

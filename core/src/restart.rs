@@ -56,7 +56,8 @@ fn wants_restart(next: &Sandbox) -> bool {
         RestartMode::OnFailure => next.is(PhaseKind::Error),
         RestartMode::Always => next.is(PhaseKind::Error) || next.completed(),
     };
-    ended && next.intent == Intent::Running && policy.max_restarts.is_none_or(|max| next.restarts.count < max)
+    let left = policy.max_restarts.is_none_or(|max| next.restarts.count < max) || crate::bug!(RestartPastMaximum);
+    ended && next.intent == Intent::Running && left
 }
 
 /// Schedules the restart the policy asks for when a merge ended the run: `before` is the record

@@ -86,9 +86,6 @@ impl TracingStore {
         let name = after.or(before).map(|s| s.name.to_string()).unwrap_or_default();
         let t = world.stamp();
         lock(&world.commits).push(Commit { t, sandbox: name.clone(), after: after.map(seen) });
-        if world.scenario.egress {
-            lock(&world.egress).commit(t, &id, after);
-        }
         if let Some(a) = after
             && before.is_none_or(|b| b.generation != a.generation)
         {

@@ -235,12 +235,13 @@ impl Client {
     async fn create(&mut self, name: &str, providers: Vec<String>) -> Option<pb::Sandbox> {
         self.world.event(self.actor.clone(), Kind::Call, format!("create {name} {providers:?}"));
         let called = World::micros();
-        let (lifetime, restart) = self.policies(name);
+        let (lifetime, restart, crashes) = self.policies(name);
+        let command = if crashes { crate::runtime::CRASH } else { "work" };
         let request = pb::CreateSandboxRequest {
             name: name.to_string(),
             spec: Some(pb::SandboxSpec {
                 image: "sim".into(),
-                command: vec!["work".into()],
+                command: vec![command.into()],
                 lifetime,
                 restart,
                 ..Default::default()
@@ -258,9 +259,11 @@ impl Client {
     /// The lifetime and restart policy the sandbox `name` of the fleet is created with in the
     /// lifetime workload: drawn from the seed and the name, so every create of it asks the same.
     /// Backoffs are short: each policy must have brought its sandbox back within the quiet phase.
-    fn policies(&self, name: &str) -> (Option<pb::Lifetime>, Option<pb::RestartPolicy>) {
+    /// Some sandboxes with a policy crash-loop (their command fails soon after every start while
+    /// faults are on), so that a policy's maximum and its doubling backoff are reached (R1).
+    fn policies(&self, name: &str) -> (Option<pb::Lifetime>, Option<pb::RestartPolicy>, bool) {
         let index = name.strip_prefix("sb").and_then(|i| i.parse::<u64>().ok());
-        let (true, Some(index)) = (self.world.scenario.lifetimes, index) else { return (None, None) };
+        let (true, Some(index)) = (self.world.scenario.lifetimes, index) else { return (None, None, false) };
         let mut d = Draw::new(self.world.scenario.seed, Stream::Policy(index));
         let millis = |d: Duration| d.as_millis() as i64;
         let mut lifetime = d.chance(0.6).then(|| pb::Lifetime {
@@ -283,7 +286,8 @@ impl Client {
             let l = lifetime.get_or_insert(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry });
             l.idle_timeout_ms = idle;
         }
-        (lifetime, restart)
+        let crashes = restart.is_some() && d.chance(0.3);
+        (lifetime, restart, crashes)
     }
 
     /// The warm pool of the lifetime workload: its size drawn from the seed.
@@ -387,29 +391,34 @@ impl Client {
     }
 
     /// T1's race: a renew sent just before the sandbox's deadline, when its expiry is about to
-    /// be taken, now and then with the version the client read.
+    /// be taken, now and then with the version the client read. Now and then a sandbox with no
+    /// deadline is renewed too (with no TTL in its spec and none given, refused naming the
+    /// field), and now and then a renew sets an absolute deadline, which a later start may find
+    /// passed.
     async fn renew_near_deadline(&mut self, name: &str) {
         let Some(s) = self.get(name).await else { return };
-        let Some(deadline) = s.deadline_unix_ms else { return };
-        let now = crate::gateway::SimClock.now().unix_millis();
+        let now = || crate::gateway::SimClock.now().unix_millis();
+        let Some(deadline) = s.deadline_unix_ms.or_else(|| self.draw.chance(0.3).then(now)) else { return };
         let early = self.draw.below(600) as i64;
-        if let Ok(wait) = u64::try_from(deadline - now - early)
+        if let Ok(wait) = u64::try_from(deadline - now() - early)
             && wait < 6_000
         {
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
         let expected = self.draw.chance(0.2).then_some(s.resource_version);
         let ttl_ms = self.draw.chance(0.3).then(|| self.draw.millis(2_000, 20_000).as_millis() as i64);
-        self.renew(name, ttl_ms, expected).await;
+        let deadline = (ttl_ms.is_none() && self.draw.chance(0.25))
+            .then(|| now() + self.draw.millis(2_000, 20_000).as_millis() as i64);
+        self.renew(name, ttl_ms, deadline, expected).await;
     }
 
-    async fn renew(&mut self, name: &str, ttl_ms: Option<i64>, expected: Option<u64>) {
-        self.world.event(self.actor.clone(), Kind::Call, format!("renew {name} ttl {ttl_ms:?}"));
+    async fn renew(&mut self, name: &str, ttl_ms: Option<i64>, deadline: Option<i64>, expected: Option<u64>) {
+        self.world.event(self.actor.clone(), Kind::Call, format!("renew {name} ttl {ttl_ms:?} deadline {deadline:?}"));
         let called = World::micros();
         let request = pb::RenewSandboxRequest {
             name: name.to_string(),
             ttl_ms,
-            deadline_unix_ms: None,
+            deadline_unix_ms: deadline,
             expected_resource_version: expected,
         };
         let mut c = self.sandboxes();
@@ -442,7 +451,7 @@ impl Client {
         let mut c = self.providers();
         let result = if create {
             let request = pb::CreateProviderRequest {
-                endpoints: vec![crate::egress::endpoint(name)],
+                endpoints: crate::egress::endpoints(name),
                 name: name.to_string(),
                 kind: "sim".into(),
                 credentials: [(format!("KEY_{}", name.to_uppercase().replace('-', "_")), "secret".to_string())].into(),
@@ -608,12 +617,17 @@ impl Client {
                     && deadline > now_ms
                     && deadline < end_ms + 10_000
                 {
-                    self.renew(&s.name, Some(end_ms - now_ms + 60_000), None).await;
+                    self.renew(&s.name, Some(end_ms - now_ms + 60_000), None, None).await;
                 }
                 let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
                 match (intent, seen(&s).phase) {
                     // Error, or a command that completed (exit 0) while its intent is Running.
                     (Intent::Running | Intent::Stopped, PhaseKind::Error) | (Intent::Running, PhaseKind::Stopped) => {
+                        // An absolute deadline that passed refuses the start until it is renewed
+                        // (DESIGN 9.1), as a user is told.
+                        if s.deadline_unix_ms.is_some_and(|deadline| deadline <= now_ms) {
+                            self.renew(&s.name, Some(end_ms - now_ms + 60_000), None, None).await;
+                        }
                         self.lifecycle("start", &s.name, None).await;
                     }
                     (Intent::Stopped, PhaseKind::Ready) => {

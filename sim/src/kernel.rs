@@ -448,7 +448,8 @@ impl Runtime {
             m.command_of(supervisor.0)
         };
         let Some(command) = command else {
-            return self.end(sandbox, supervisor, 143, cause);
+            let code = if cause == EndCause::Unstartable { cause.supervisor_status() } else { 143 };
+            return self.end(sandbox, supervisor, code, cause);
         };
         self.signal(command.0, Signal::Term, cause);
         self.after(SUPERVISOR_STOP_GRACE, command, move |this, _| this.signal(command.0, Signal::Kill, cause));
@@ -529,9 +530,39 @@ impl Runtime {
             self.world.violate(Invariant::D1, problem);
         }
         match (generation, token) {
+            (Some(generation), Some(token)) if self.fault(self.world.scenario.faults.unstartable_commands) => {
+                // berth-supervisor records the exit before it says hello, and runs nothing.
+                lock(&self.world.runtime).unstartable.insert((sandbox.clone(), generation));
+                let failed_to_start = Some(self.cannot_start(&sandbox, generation));
+                if let Some(path) = exit_file {
+                    let code = EndCause::Unstartable.supervisor_status();
+                    let finished_at = self.world.runtime_time().unix_nanos();
+                    let exit = Exit { exit_code: code, finished_at, generation: None, out_of_memory: false };
+                    record_exit(Path::new(path), exit);
+                }
+                self.supervise(Spawn { sandbox, generation, token, signal: watcher, ghost: false, failed_to_start });
+            }
             (Some(generation), Some(token)) => {
                 self.start_command((pid, kernel_start));
-                self.supervise(Spawn { sandbox, generation, token, signal: watcher, ghost: false });
+                if crate::runtime::crash_loops(&spec.args) {
+                    let supervisor = (pid, kernel_start);
+                    self.after(self.crash_after_start(), supervisor, move |this, sandbox| {
+                        let this = Arc::clone(this);
+                        tokio::spawn(async move {
+                            if this.world.faults_on() {
+                                this.workload_exit(&sandbox, Some(supervisor), true).await;
+                            }
+                        });
+                    });
+                }
+                self.supervise(Spawn {
+                    sandbox,
+                    generation,
+                    token,
+                    signal: watcher,
+                    ghost: false,
+                    failed_to_start: None,
+                });
             }
             _ => {
                 exit_task(&self.world, &sandbox, pid, kernel_start, 2, EndCause::SupervisorExit, false);
@@ -603,6 +634,19 @@ impl Runtime {
             self.end(sandbox, command, code, cause);
         }
     }
+}
+
+/// The group of a running process whose environment names `(sandbox, generation)`: every
+/// process of a run's tree inherits its supervisor's, so it names what its supervisor's did.
+pub fn find_group(world: &World, sandbox: &SandboxId, generation: u64) -> Option<i32> {
+    let m = lock(&world.runtime);
+    let named = |t: &Task| {
+        let processes = m.processes.get(sandbox).into_iter().flatten();
+        processes.filter(|p| p.kernel_start == t.run).any(|p| p.named == generation)
+    };
+    let mut members: Vec<&Task> = m.tasks.values().filter(|t| t.running() && t.sandbox == *sandbox).collect();
+    members.sort_by_key(|t| t.pid);
+    members.into_iter().find(|t| named(t)).map(|t| t.pgid)
 }
 
 /// The live leader of a group whose environment names `(sandbox, generation)`.

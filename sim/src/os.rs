@@ -99,6 +99,10 @@ impl Os for SimOs {
         kernel::find_supervisor(&self.world, sandbox, generation)
     }
 
+    fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32> {
+        kernel::find_group(&self.world, sandbox, generation)
+    }
+
     /// The simulated runs' execs are no processes of this kernel: nothing to kill.
     fn kill_execs(&self, _sandbox: &SandboxId) {}
 

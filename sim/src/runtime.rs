@@ -52,6 +52,15 @@ pub enum EndCause {
     OutOfMemory,
     /// Its supervisor was rejected, or found no token, and exited.
     SupervisorExit,
+    /// Its command could not be started: its supervisor reported that and exited.
+    Unstartable,
+}
+
+impl EndCause {
+    /// The status a supervisor that exits by itself for this cause exits with (berth-supervisor's).
+    pub fn supervisor_status(self) -> i32 {
+        if self == EndCause::Unstartable { 127 } else { 1 }
+    }
 }
 
 /// What a run's supervisor is told about its run.
@@ -137,6 +146,14 @@ impl Container {
 
 type Subscriber = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
 
+/// The command of a crash-looping sandbox: while faults are on it fails soon after every start.
+pub const CRASH: &str = "crash";
+
+/// Whether a run whose arguments end in the user's command crash-loops.
+pub(crate) fn crash_loops(args: &[String]) -> bool {
+    args.last().is_some_and(|a| a == CRASH)
+}
+
 /// A run's supervisor to start.
 pub struct Spawn {
     pub sandbox: SandboxId,
@@ -145,6 +162,8 @@ pub struct Spawn {
     pub signal: watch::Receiver<RunSignal>,
     /// A stale supervisor of an ended run, reconnecting with its old token.
     pub ghost: bool,
+    /// Why the run's command could not be started, if it could not.
+    pub failed_to_start: Option<String>,
 }
 
 #[derive(Default)]
@@ -160,6 +179,8 @@ pub struct RuntimeModel {
     pub refusals: BTreeMap<SandboxId, Vec<u64>>,
     /// Main-process exits the runtime's supervisors were told of: `(sandbox, generation)`.
     pub main_exits: Vec<(SandboxId, u64)>,
+    /// The runs whose command could not be started: `(sandbox, generation)`.
+    pub unstartable: BTreeSet<(SandboxId, u64)>,
     /// The runs whose workload the kernel killed for memory, by generation.
     pub oom_kills: Vec<(SandboxId, u64)>,
     /// Under the process driver: every run each sandbox's supervisors led.
@@ -236,7 +257,8 @@ pub enum Call {
     ListVolumes,
     Events,
     /// A supervisor exited (it was rejected): its run ends.
-    SupervisorExited(SandboxId, u64),
+    /// The supervisor of `(sandbox, generation)` exits by itself, for `cause`.
+    SupervisorExited(SandboxId, u64, EndCause),
 }
 
 impl Call {
@@ -253,7 +275,9 @@ impl Call {
             Call::RemoveVolume(_) => "remove volume".into(),
             Call::ListVolumes => "list volumes".into(),
             Call::Events => "events".into(),
-            Call::SupervisorExited(id, generation) => format!("supervisor of {} {generation} exits", runtime.name(id)),
+            Call::SupervisorExited(id, generation, _) => {
+                format!("supervisor of {} {generation} exits", runtime.name(id))
+            }
         }
     }
 }
@@ -312,6 +336,17 @@ impl Runtime {
         self.draw(|d| d.millis(low, high))
     }
 
+    /// Why a run's command could not be started, as berth-supervisor words it, traced.
+    pub(crate) fn cannot_start(&self, id: &SandboxId, generation: u64) -> String {
+        self.world.event("runtime", Kind::Unstartable, format!("{} generation {generation}", self.name(id)));
+        "cannot run \"work\": No such file or directory (os error 2)".to_string()
+    }
+
+    /// How long a crash-looping command runs before it fails.
+    pub(crate) fn crash_after_start(&self) -> Duration {
+        self.between_millis(200, 1_500)
+    }
+
     pub(crate) fn name(&self, id: &SandboxId) -> String {
         lock(&self.world.runtime).name(id)
     }
@@ -347,12 +382,13 @@ impl Runtime {
     }
 
     async fn handle(self: Arc<Self>, request: Request) {
-        if let Call::SupervisorExited(id, generation) = &request.call {
-            // A rejected berth-supervisor stops its workload, records the exit and exits.
-            if !self.end_run(id, Some(*generation), 1, EndCause::SupervisorExit)
+        if let Call::SupervisorExited(id, generation, cause) = &request.call {
+            // A rejected berth-supervisor stops its workload, records the exit and exits; one
+            // whose command never started has recorded it already.
+            if !self.end_run(id, Some(*generation), cause.supervisor_status(), *cause)
                 && let Some(supervisor) = self.live_process(id, Some(*generation))
             {
-                self.stop_command(id, supervisor, EndCause::SupervisorExit);
+                self.stop_command(id, supervisor, *cause);
             }
             return;
         }
@@ -492,10 +528,15 @@ impl Runtime {
         let started_at = self.world.runtime_time();
         let (signal, watcher) = watch::channel(RunSignal::Running);
         let name = self.name(id);
-        let twice = {
+        let unstartable = generation.is_some() && self.fault(self.world.scenario.faults.unstartable_commands);
+        let (twice, crashes) = {
             let mut m = lock(&self.world.runtime);
+            if let (true, Some(generation)) = (unstartable, generation) {
+                m.unstartable.insert((id.clone(), generation));
+            }
             let container = m.containers.get_mut(id).expect("looked up under the container's lock");
             let twice = d1_one_run::started_twice(&name, &container.runs, generation, out_of_band);
+            let crashes = crash_loops(&container.spec.command) && !unstartable;
             container.runs.push(Run {
                 generation: generation.unwrap_or(0),
                 started_at,
@@ -504,7 +545,7 @@ impl Runtime {
                 out_of_band,
                 signal,
             });
-            twice
+            (twice, crashes)
         };
         let how = if out_of_band { " (out of band)" } else { "" };
         self.world.event("runtime", Kind::Running, format!("{name} generation {}{how}", generation.unwrap_or(0)));
@@ -514,13 +555,25 @@ impl Runtime {
         self.emit(id, false);
         match (generation, token) {
             (Some(generation), Some(token)) => {
+                let failed_to_start = unstartable.then(|| self.cannot_start(id, generation));
                 let _ = self.supervisors.send(Spawn {
                     sandbox: id.clone(),
                     generation,
                     token,
                     signal: watcher,
                     ghost: false,
+                    failed_to_start,
                 });
+                if crashes {
+                    let (this, id, after) = (Arc::clone(self), id.clone(), self.crash_after_start());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let alive = lock(&this.world.runtime).containers.get(&id).and_then(Container::alive_generation);
+                        if alive == Some(generation) && this.world.faults_on() {
+                            this.workload_exit(&id, None, true).await;
+                        }
+                    });
+                }
             }
             // berth-supervisor exits at once without a valid token.
             _ => {
@@ -702,7 +755,7 @@ impl Runtime {
                     self.pick(|c| c.alive_generation().is_some()).map(|id| (id, None))
                 };
                 if let Some((id, process)) = picked {
-                    self.workload_exit(&id, process).await;
+                    self.workload_exit(&id, process, false).await;
                 }
             }
             if self.fault(per_tick(f.stale_supervisors)) {
@@ -765,11 +818,12 @@ impl Runtime {
     }
 
     /// The workload exits by itself (the container's, or the command of the supervisor `(pid,
-    /// kernel start)`): its supervisor reports it, then the run ends.
-    async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>) {
+    /// kernel start)`): its supervisor reports it, then the run ends. A crash (`fails`) is never
+    /// a completion.
+    pub(crate) async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>, fails: bool) {
         // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for
         // memory (DESIGN 10), as the supervisor reports it: 137, out of memory.
-        let code = self.draw(|d| d.below(10) as i32);
+        let code = self.draw(|d| if fails { 1 + d.below(9) } else { d.below(10) } as i32);
         let (code, cause) = if code == 9 { (137, EndCause::OutOfMemory) } else { (code, EndCause::WorkloadExit) };
         if let Some(supervisor) = process {
             return self.command_exits(id, supervisor, code, cause);
@@ -835,6 +889,6 @@ impl Runtime {
         let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
         self.world.event("runtime", Kind::StaleSupervisor, format!("{} generation {generation}", self.name(&sandbox)));
         let (_, signal) = watch::channel(RunSignal::Ended);
-        let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true });
+        let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true, failed_to_start: None });
     }
 }

@@ -35,6 +35,8 @@ pub enum Stream {
     EffectCrashes,
     /// The rate of out-of-band restarts with the exec workload.
     ExecRestarts,
+    /// The rate of commands that cannot be started.
+    Unstartable,
     /// Client `i`'s operations (`i < 100`).
     Client(usize),
     /// The exec client's operations.
@@ -60,6 +62,7 @@ impl Stream {
             Stream::Driver => 7,
             Stream::EffectCrashes => 8,
             Stream::ExecRestarts => 9,
+            Stream::Unstartable => 10,
             Stream::Client(i) => {
                 assert!(i < 100, "client {i} would share the exec client's stream");
                 100 + i as u64
@@ -143,6 +146,9 @@ pub struct Faults {
     pub restarts: f64,
     /// Probability that a runtime call fails before its effect.
     pub failed_calls: f64,
+    /// Probability that a run's command cannot be started (a missing or unexecutable program,
+    /// as `exec` finds it): its supervisor says so in its hello, records exit 127 and exits.
+    pub unstartable_commands: f64,
     /// Probability that a removed volume stays listed a moment longer.
     pub lingering_volumes: f64,
     /// Probability that the store holds a reply back (up to half a lease time-to-live) after
@@ -241,6 +247,8 @@ impl Scenario {
         let faults = Faults { late_store_replies: later.rate(0.5, 0.02, 0.1), ..faults };
         let faults =
             Faults { crashes_after_effects: Draw::new(seed, Stream::EffectCrashes).rate(0.4, 0.02, 0.15), ..faults };
+        let faults =
+            Faults { unstartable_commands: Draw::new(seed, Stream::Unstartable).rate(0.3, 0.02, 0.1), ..faults };
         let driver = Draw::new(seed, Stream::Driver).pick(&[DriverKind::Container, DriverKind::Process]);
         let mut d = Draw::new(seed, Stream::Timings);
         let start_max = d.millis(50, 2_000);
@@ -331,6 +339,7 @@ mod tests {
             Stream::Driver,
             Stream::EffectCrashes,
             Stream::ExecRestarts,
+            Stream::Unstartable,
             Stream::ExecClient,
         ];
         streams.extend((0..100).map(Stream::Client));

@@ -15,7 +15,7 @@ use crate::execs::{SimLauncher, SimLog};
 use crate::invariants::Invariant;
 use crate::invariants::i6_one_generation::{self, Session};
 use crate::net;
-use crate::runtime::{Call, Request, RunSignal, Spawn};
+use crate::runtime::{Call, EndCause, Request, RunSignal, Spawn};
 use crate::trace::Kind;
 use crate::world::{World, lock};
 
@@ -116,11 +116,16 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     // Like berth-supervisor given several gateways: each attempt goes to the next one.
     let first = spawn.generation as usize + 1;
     let connect = move |attempt: usize| async move { Ok(net::channel((first + attempt) % gateways)) };
-    let (exit, exit_rx) = watch::channel(None);
+    // A command that could not be started has its exit recorded before the hello, as
+    // berth-supervisor does, and nothing else runs: no execs, no egress.
+    let status = crate::runtime::EndCause::Unstartable.supervisor_status();
+    let never_ran = spawn.failed_to_start.as_ref().map(|_| MainExit { code: status, out_of_memory: false });
+    let (exit, exit_rx) = watch::channel(never_ran);
     let launcher = SimLauncher { world: world.clone(), sandbox: spawn.sandbox.clone(), generation: spawn.generation };
     let log = SimLog { world: world.clone(), sandbox: spawn.sandbox.clone() };
     let execs = Execs::new(DEFAULT_OUTPUT_CAP, Arc::new(launcher), Arc::new(log));
-    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start: None, execs: execs.clone() };
+    let failed_to_start = spawn.failed_to_start.clone();
+    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start, execs: execs.clone() };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
         world: world.clone(),
@@ -131,7 +136,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         done: spawn.ghost.then_some(done),
     };
     // The run's egress requests, for as long as its supervisor lives (N1).
-    let _egress = (world.scenario.egress && !spawn.ghost).then(|| {
+    let _egress = (world.scenario.egress && !spawn.ghost && spawn.failed_to_start.is_none()).then(|| {
         let workload = crate::egress::workload(
             world.clone(),
             spawn.token.clone(),
@@ -151,10 +156,17 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         tokio::select! {
             biased;
             end = &mut session => {
-                // A rejected supervisor stops its workload and exits: its run ends.
-                if matches!(end, SessionEnd::Rejected(_)) && !spawn.ghost {
+                // A rejected supervisor stops its workload and exits, and one whose command never
+                // started exits once its session ends: its run ends.
+                let cause = match end {
+                    _ if spawn.ghost => None,
+                    _ if spawn.failed_to_start.is_some() => Some(EndCause::Unstartable),
+                    SessionEnd::Rejected(_) => Some(EndCause::SupervisorExit),
+                    _ => None,
+                };
+                if let Some(cause) = cause {
                     let (reply, _) = tokio::sync::oneshot::channel();
-                    let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation);
+                    let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation, cause);
                     // Not a gateway's call: nothing crashes after it.
                     let _ = runtime.send(Request { gateway: usize::MAX, call, reply });
                 }

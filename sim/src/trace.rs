@@ -61,6 +61,8 @@ pub enum Kind {
     Exited,
     Removed,
     WorkloadExits,
+    /// A run's command could not be started.
+    Unstartable,
     RestartOutOfBand,
     StaleSupervisor,
     VolumeLingers,
@@ -117,6 +119,7 @@ impl Kind {
             Kind::Exited => "exited",
             Kind::Removed => "removed",
             Kind::WorkloadExits => "workload exits",
+            Kind::Unstartable => "command cannot start",
             Kind::RestartOutOfBand => "restart out of band",
             Kind::StaleSupervisor => "stale supervisor",
             Kind::VolumeLingers => "volume lingers",

@@ -155,8 +155,6 @@ pub struct World {
     pub execs: Mutex<crate::execs::Ledger>,
     /// The checkers fed every [`Fact`], each with the evidence it keeps.
     checkers: Mutex<Vec<Box<dyn Checker>>>,
-    /// The sandboxes' committed providers and generations, and the egress requests judged (N1).
-    pub egress: Mutex<crate::egress::Ledger>,
 }
 
 impl World {
@@ -169,7 +167,6 @@ impl World {
             history: Mutex::default(),
             commits: Mutex::default(),
             generations: Mutex::default(),
-            egress: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),

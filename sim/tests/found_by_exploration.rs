@@ -64,7 +64,7 @@ const FOUND_WITH_EXECS: [(u64, usize, &str); 6] = [
 ];
 
 /// `(seed, what it caught)`, one gateway, with the exec, lifetime and egress workloads.
-const FOUND_WITH_EVERYTHING: [(u64, &str); 1] = [
+const FOUND_WITH_EVERYTHING: [(u64, &str); 3] = [
     // The same race met by a re-driven start: a restart out of band, already under way as the
     // first attempt of a Start installed the new generation's token, became running with the
     // older one; the re-driven start took the run that started since it began for the new
@@ -73,6 +73,19 @@ const FOUND_WITH_EVERYTHING: [(u64, &str); 1] = [
     (
         37,
         "I1: sb6 went Starting -> Error (ContainerExited) at generation 3, but its run of that generation never started",
+    ),
+    // A gateway died right after spawning a crash-looping run's supervisor; the command failed,
+    // leaving a child in the run's group, and the supervisor went after recording the exit. The
+    // driver adopted the run from its records with no pid, so no stop reached the child (the
+    // fix: the run's group is found by the identity its members carry, and recorded).
+    (
+        35,
+        "D1: sb6 generation 3's command's child (orphaned, adopted by init) pid 117 still runs 1s after a stop of \
+         generation 3 was acknowledged",
+    ),
+    (
+        154,
+        "D1: sb5 generation 1's command's child (orphaned, adopted by init) pid 138 still runs 1s after its delete was acknowledged",
     ),
 ];
 

@@ -20,10 +20,12 @@
 //! A gateway that dies between the spawn and `state.json` leaves a run the files do not name;
 //! the next look at the sandbox finds it by the identity every supervisor carries in its
 //! environment (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`) and adopts it, so it is neither started
-//! twice nor left running after a stop (defect 1 of issue 13). A run that died before that look
-//! without recording its exit (killed) is known by `run/began`, which its supervisor writes
-//! before it does anything else: a supervisor that never wrote it never ran the command nor
-//! spoke to a gateway, so starting the generation again is its first run.
+//! twice nor left running after a stop (defect 1 of issue 13). A run whose supervisor is gone by
+//! that look is known by `run/began`, which its supervisor writes before it does anything else,
+//! or by its exit record: a supervisor that never wrote either never ran the command nor spoke
+//! to a gateway, so starting the generation again is its first run. What such a run's command
+//! started may still live in its group, which is found by the same identity (every member
+//! inherits it) and recorded as the run's, so a stop ends it.
 //!
 //! Several gateways may share the root (gateways sharing a store on one host): a file lock per
 //! sandbox serializes them as the in-process lock serializes one gateway's tasks.

@@ -73,6 +73,11 @@ pub trait Os: Send + Sync + 'static {
     /// supervisor of `sandbox` (`BERTH_SANDBOX_ID`, `BERTH_GENERATION`): its pid and kernel start.
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)>;
 
+    /// The process group of a live process whose environment names `generation`'s run of
+    /// `sandbox`, whatever its role: what a run whose supervisor is gone left running (the
+    /// command's children inherit its variables). Never the caller's own group.
+    fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32>;
+
     /// Kills every process group an exec of the sandbox's runs leads (its environment names the
     /// sandbox but no generation). An exec leads its own group, so it outlives a supervisor
     /// killed without the chance to stop it.
@@ -182,6 +187,13 @@ impl Os for HostOs {
         stat.live.then_some((pid, stat.kernel_start))
     }
 
+    fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32> {
+        let generation_var = format!("BERTH_GENERATION={generation}");
+        let ours = nix::unistd::getpgrp().as_raw();
+        let mut members = processes(sandbox, |vars| vars.contains(&generation_var.as_bytes()));
+        members.find_map(|(_, pgid)| (pgid > 1 && pgid != ours).then_some(pgid))
+    }
+
     fn kill_execs(&self, sandbox: &SandboxId) {
         for pid in group_leaders(sandbox, |vars| !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="))) {
             let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
@@ -208,6 +220,12 @@ impl Os for HostOs {
 /// The live process-group leaders whose environment names `sandbox` and passes `also`, in pid
 /// order.
 fn group_leaders(sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = i32> {
+    processes(sandbox, also).filter_map(|(pid, pgid)| (pid == pgid).then_some(pid))
+}
+
+/// The live processes whose environment names `sandbox` and passes `also`, in pid order: each
+/// pid and its process group.
+fn processes(sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = (i32, i32)> {
     let id_var = format!("BERTH_SANDBOX_ID={sandbox}");
     let mut pids: Vec<i32> = std::fs::read_dir("/proc")
         .into_iter()
@@ -215,11 +233,14 @@ fn group_leaders(sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl I
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     pids.sort_unstable();
-    pids.into_iter().filter(move |pid| {
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+    pids.into_iter().filter_map(move |pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
         let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-        let leads = nix::unistd::getpgid(Some(Pid::from_raw(*pid))).is_ok_and(|g| g.as_raw() == *pid);
-        let live = proc_stat(*pid).is_some_and(|(state, _)| state != 'Z' && state != 'X');
-        vars.contains(&id_var.as_bytes()) && also(&vars) && leads && live
+        let live = proc_stat(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X');
+        if !(vars.contains(&id_var.as_bytes()) && also(&vars) && live) {
+            return None;
+        }
+        let pgid = nix::unistd::getpgid(Some(Pid::from_raw(pid))).ok()?.as_raw();
+        Some((pid, pgid))
     })
 }

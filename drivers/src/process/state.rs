@@ -113,8 +113,14 @@ impl<O: Os> Inner<O> {
             // Its supervisor is gone, but lived long enough to say it began, or to record an
             // exit (both are cleared before a start is begun): it ran, and ended. An exit the
             // driver recorded itself for the previous generation's dead run, on a look in
-            // between, is no sign of this one.
-            adopt(0, 0)?;
+            // between, is no sign of this one. What its command started may still run in its
+            // group: recorded as the run's, the group is what a stop ends. While a member lives
+            // the kernel hands its id to no other process, so a process at that pid is the
+            // group's own leader, a zombie; the id is never signalled once another holds it.
+            match self.os.find_group(sandbox, generation) {
+                Some(group) => adopt(group, self.os.stat(group).map_or(0, |stat| stat.kernel_start))?,
+                None => adopt(0, 0)?,
+            }
             true
         } else {
             false

@@ -53,8 +53,7 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
             refused.chain(removed).any(|t| t >= since)
         }
         FailureReason::OutOfMemory => runtime.oom_kills.contains(&(after.id.clone(), generation)),
-        // Every simulated command starts.
-        FailureReason::CommandFailedToStart => false,
+        FailureReason::CommandFailedToStart => runtime.unstartable.contains(&(after.id.clone(), generation)),
     };
     (!justified).then(|| {
         format!(

@@ -256,3 +256,52 @@ pub(crate) async fn a_folder_removed_under_an_unrecorded_live_run_leaves_the_run
     let left = target.leftovers(&data);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// D1 over process trees, found by the simulator (seeds 35 and 154 of `--execs --lifetimes
+/// --egress`): a gateway died right after the supervisor was spawned, then the command exited,
+/// leaving a child deaf to SIGTERM in the run's group, and the supervisor went after recording
+/// the exit. The
+/// next driver knows the run only by its `began` and `exit` records, with no pid: it must still
+/// find the group by the identity its members carry, so the next start's stop of that run, and
+/// a stop, end the child.
+pub(crate) async fn a_child_of_an_unrecorded_run_whose_supervisor_went_is_stopped_with_it() {
+    let Some(target) = target(Runtime::Process, "crashchild").await else { return };
+    let data = DataDir::new();
+    drop(target.gateway(&data, &[]).await);
+    let id = &format!("sb-crash-child-{}", std::process::id());
+    let sandbox = SandboxId::new(id);
+    let mut launch = sleeping(&target, &data, id, 1);
+    launch.spec.command =
+        ["sh", "-c", "(trap '' TERM; exec sleep 3600) & sleep 0.3; exit 3"].map(String::from).to_vec();
+    let driver = target.driver(&data).await;
+    driver.start_then_crash(launch, CrashPoint::AfterRuntimeStart).await.unwrap();
+    drop(driver);
+    until_visible(&target, id).await;
+    // The command exits and its supervisor records the exit; with no gateway to report it to,
+    // the supervisor would try for a while: it is killed once the record is there. The child
+    // lives on in the group.
+    let exit = data.path.join("sandboxes").join(id).join("run").join(berth_drivers::handoff::exit::FILE);
+    for _ in 0..500 {
+        if exit.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(exit.exists(), "the supervisor never recorded its command's exit");
+    for pid in supervisor_pids(id) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    while live_runs(&target, id) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(run_members(id).len(), 1, "the child deaf to SIGTERM is gone already: the test shows nothing");
+    let driver = target.driver(&data).await;
+    let reply = driver.start(sleeping(&target, &data, id, 1)).await.unwrap();
+    assert!(matches!(reply, StartReply::Exited(_)), "generation 1's run happened: {reply:?}");
+    let stopped = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
+    assert!(matches!(stopped, RuntimeState::Exited(_)), "{stopped:?}");
+    assert_eq!(run_members(id), Vec::<i32>::new(), "the acknowledged stop left the run's child running");
+    driver.delete(&sandbox, Duration::from_secs(5)).await.unwrap();
+    let left = target.leftovers(&data);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

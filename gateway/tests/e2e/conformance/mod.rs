@@ -156,3 +156,9 @@ conformance!(Process => process, Docker => docker, Podman => podman);
 async fn process_a_folder_removed_under_an_unrecorded_live_run_leaves_the_run_to_stop() {
     a_folder_removed_under_an_unrecorded_live_run_leaves_the_run_to_stop().await
 }
+
+/// The process driver only: a run's tree outlives its supervisor in the run's process group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_a_child_of_an_unrecorded_run_whose_supervisor_went_is_stopped_with_it() {
+    a_child_of_an_unrecorded_run_whose_supervisor_went_is_stopped_with_it().await
+}

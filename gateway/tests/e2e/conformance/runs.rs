@@ -52,6 +52,26 @@ pub(crate) fn supervisor_pids(id: &str) -> Vec<i32> {
     leaders.collect()
 }
 
+/// Every live process of sandbox `id`'s runs, whatever its role (an exec's carry no generation).
+pub(crate) fn run_members(id: &str) -> Vec<i32> {
+    let tag = format!("BERTH_SANDBOX_ID={id}");
+    let mut members: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            let tagged = vars.contains(&tag.as_bytes()) && vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="));
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
+            (tagged && alive).then_some(pid)
+        })
+        .collect();
+    members.sort_unstable();
+    members
+}
+
 /// What a driver gets to start `generation` of sandbox `id`, whose command sleeps.
 pub(crate) fn sleeping(target: &Target, data: &DataDir, id: &str, generation: u64) -> Launch {
     Launch {

@@ -116,9 +116,14 @@ impl Model for Register {
                         }),
                         "FailedPrecondition" => match *kind {
                             "stop" => state.as_ref().is_some_and(|s| s.phase == PhaseKind::Deleting),
-                            "start" => state
-                                .as_ref()
-                                .is_some_and(|s| matches!(s.phase, PhaseKind::Stopping | PhaseKind::Deleting)),
+                            // Busy stopping or deleting; or ended (Stopped, or Error) past an
+                            // absolute deadline, which the register does not hold: the reply
+                            // names it (DESIGN 9.1).
+                            "start" => state.as_ref().is_some_and(|s| match s.phase {
+                                PhaseKind::Stopping | PhaseKind::Deleting => true,
+                                PhaseKind::Stopped | PhaseKind::Error => message.contains("past its deadline"),
+                                _ => false,
+                            }),
                             _ => true,
                         },
                         _ => true,
@@ -215,6 +220,21 @@ mod tests {
         assert!(check(&Register, None, &history).is_err(), "ABORTED while the client's version was current");
         let skipped = vec![commit(10, Some(seen(1, PhaseKind::Ready))), commit(20, Some(seen(3, PhaseKind::Ready)))];
         assert!(check(&Register, None, &skipped).is_err(), "a lost write");
+    }
+
+    #[test]
+    fn a_start_is_refused_only_while_busy_or_once_ended_past_its_deadline() {
+        let past = || failed("FailedPrecondition", "sandbox 'a' is past its deadline: renew it before starting it");
+        for (phase, refusal, holds) in [
+            (PhaseKind::Stopping, failed("FailedPrecondition", "cannot start sandbox 'a' while it is Stopping"), true),
+            (PhaseKind::Stopped, past(), true),
+            (PhaseKind::Error, past(), true),
+            (PhaseKind::Ready, past(), false),
+            (PhaseKind::Stopped, failed("FailedPrecondition", "cannot start sandbox 'a' while it is Stopped"), false),
+        ] {
+            let history = vec![commit(10, Some(seen(1, phase))), client(20, 30, "start", None, refusal)];
+            assert_eq!(check(&Register, None, &history).is_ok(), holds, "{phase:?}");
+        }
     }
 
     #[test]

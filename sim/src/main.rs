@@ -144,8 +144,8 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     command + " --timeline timeline.html"
 }
 
-/// The faults the seed drew (those it left off are not shown), its sweep's page size and its
-/// driver.
+/// The faults the seed drew (those it left off are not shown), what it is focused on, its
+/// sweep's page size and its driver.
 fn fault_mix(scenario: &Scenario) -> String {
     let Ok(serde_json::Value::Object(faults)) = serde_json::to_value(&scenario.faults) else { return String::new() };
     let on: Vec<String> = faults
@@ -153,7 +153,8 @@ fn fault_mix(scenario: &Scenario) -> String {
         .filter(|(_, rate)| rate.as_f64().is_some_and(|r| r > 0.0))
         .map(|(name, rate)| format!("{name} {:.3}", rate.as_f64().unwrap_or_default()))
         .collect();
-    format!("{}; page size {}; {:?} driver", on.join(", "), scenario.page_size, scenario.driver)
+    let focus = scenario.focus.map(|f| format!("; focus {f:?}")).unwrap_or_default();
+    format!("{}{focus}; page size {}; {:?} driver", on.join(", "), scenario.page_size, scenario.driver)
 }
 
 fn print_violations(o: &Outcome, phases: &Phases) {

@@ -848,6 +848,10 @@ impl Runtime {
         cause: EndCause,
     ) -> Option<u64> {
         let out_of_memory = cause == EndCause::OutOfMemory;
+        // berth-supervisor learns of a kill for memory from its cgroup's counter; one in three
+        // containers' supervisors cannot read it (no cgroup of their own to read), and report a
+        // plain 137, which the engine's own verdict (Docker's `OOMKilled`) refines.
+        let reported = out_of_memory && (process.is_some() || self.draw(|d| d.below(3) != 0));
         let generation = {
             let mut m = lock(&self.world.runtime);
             let run = match process {
@@ -855,7 +859,7 @@ impl Runtime {
                 Some((pid, start)) => m.live_process_mut(id, pid, start).map(|p| &mut p.run),
             };
             let run = run?;
-            run.signal.send_replace(RunSignal::MainExited { code, out_of_memory });
+            run.signal.send_replace(RunSignal::MainExited { code, out_of_memory: reported });
             let generation = run.generation;
             m.main_exits.push((id.clone(), generation));
             if out_of_memory {

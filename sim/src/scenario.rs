@@ -37,6 +37,8 @@ pub enum Stream {
     ExecRestarts,
     /// The rate of commands that cannot be started.
     Unstartable,
+    /// Whether the seed is focused, and on what.
+    Focus,
     /// Client `i`'s operations (`i < 100`).
     Client(usize),
     /// The exec client's operations.
@@ -63,6 +65,7 @@ impl Stream {
             Stream::EffectCrashes => 8,
             Stream::ExecRestarts => 9,
             Stream::Unstartable => 10,
+            Stream::Focus => 11,
             Stream::Client(i) => {
                 assert!(i < 100, "client {i} would share the exec client's stream");
                 100 + i as u64
@@ -164,6 +167,42 @@ pub struct Faults {
     pub store_stalls: f64,
 }
 
+/// What a focused seed raises together: fault combinations that reach core's rarest decisions
+/// (those `explore` lists as never reached), which independent draws give too few seeds. A
+/// quarter of the seeds are focused, half on each, so the swarm leans towards them and still
+/// explores everywhere else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Focus {
+    /// Starts cut short by a gateway's crash, their runs removed or restarted out of band and
+    /// their replies lost or late, then re-driven: a start gate's report of a run gone, a start
+    /// reply gone, a start that failed after its run began.
+    Redrive,
+    /// Runs that end by themselves while their supervisors are cut off: the runtime's exit, and
+    /// its memory verdict, arriving before the supervisor's report or instead of it.
+    Exits,
+}
+
+impl Focus {
+    /// Raises `faults`' rates for this focus (never lowers one the seed drew higher).
+    fn raise(self, faults: &mut Faults, d: &mut Draw) {
+        let mut at_least = |rate: &mut f64, low: f64, high: f64| *rate = rate.max(d.rate(1.0, low, high));
+        match self {
+            Focus::Redrive => {
+                at_least(&mut faults.crashes_after_effects, 0.15, 0.3);
+                at_least(&mut faults.removals, 2.0, 4.0);
+                at_least(&mut faults.restarts, 1.0, 3.0);
+                at_least(&mut faults.lost_replies, 0.1, 0.2);
+                at_least(&mut faults.late_store_replies, 0.05, 0.1);
+            }
+            Focus::Exits => {
+                at_least(&mut faults.workload_exits, 4.0, 8.0);
+                at_least(&mut faults.partitions, 4.0, 8.0);
+                at_least(&mut faults.kills, 1.0, 3.0);
+            }
+        }
+    }
+}
+
 /// Which real driver the gateways run over the simulated runtime host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum DriverKind {
@@ -196,6 +235,8 @@ pub struct Scenario {
     /// Gateways sharing the store (the multi-gateway mode when more than one).
     pub gateways: usize,
     pub faults: Faults,
+    /// What the seed's fault mix leans towards, if it is focused.
+    pub focus: Option<Focus>,
     /// Faults at fixed times, on top of the random ones: `(when, what)`.
     pub script: Vec<(Duration, crate::faults::Scripted)>,
     /// The exec workload runs too (`--execs`): a client running, retrying, attaching to and
@@ -247,8 +288,13 @@ impl Scenario {
         let faults = Faults { late_store_replies: later.rate(0.5, 0.02, 0.1), ..faults };
         let faults =
             Faults { crashes_after_effects: Draw::new(seed, Stream::EffectCrashes).rate(0.4, 0.02, 0.15), ..faults };
-        let faults =
+        let mut faults =
             Faults { unstartable_commands: Draw::new(seed, Stream::Unstartable).rate(0.3, 0.02, 0.1), ..faults };
+        let mut f = Draw::new(seed, Stream::Focus);
+        let focus = f.chance(0.25).then(|| f.pick(&[Focus::Redrive, Focus::Exits]));
+        if let Some(focus) = focus {
+            focus.raise(&mut faults, &mut f);
+        }
         let driver = Draw::new(seed, Stream::Driver).pick(&[DriverKind::Container, DriverKind::Process]);
         let mut d = Draw::new(seed, Stream::Timings);
         let start_max = d.millis(50, 2_000);
@@ -269,6 +315,7 @@ impl Scenario {
             gateways: 1,
             page_size,
             faults,
+            focus,
             script: Vec::new(),
             execs: false,
             lifetimes: false,
@@ -340,6 +387,7 @@ mod tests {
             Stream::EffectCrashes,
             Stream::ExecRestarts,
             Stream::Unstartable,
+            Stream::Focus,
             Stream::ExecClient,
         ];
         streams.extend((0..100).map(Stream::Client));

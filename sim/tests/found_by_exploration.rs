@@ -79,9 +79,9 @@ const FOUND_WITH_EVERYTHING: [(u64, &str); 3] = [
     // driver adopted the run from its records with no pid, so no stop reached the child (the
     // fix: the run's group is found by the identity its members carry, and recorded).
     (
-        35,
-        "D1: sb6 generation 3's command's child (orphaned, adopted by init) pid 117 still runs 1s after a stop of \
-         generation 3 was acknowledged",
+        20,
+        "D1: sb3 generation 14's command's child (orphaned, adopted by init) pid 120 still runs 1s after a stop of \
+         generation 15 was acknowledged",
     ),
     (
         154,

@@ -138,6 +138,16 @@ mod tests {
     }
 
     #[test]
+    fn a_command_that_could_not_start_must_have_been_unstartable() {
+        let mut started = runtime(vec![run(2, true)]);
+        assert!(verdict(FailureReason::CommandFailedToStart, &started, true).is_some());
+        started.unstartable.insert((sandbox("sb1", Intent::Running, Phase::Ready, 2).id, 1));
+        assert!(verdict(FailureReason::CommandFailedToStart, &started, true).is_some(), "another generation's");
+        started.unstartable.insert((sandbox("sb1", Intent::Running, Phase::Ready, 2).id, 2));
+        assert_eq!(verdict(FailureReason::CommandFailedToStart, &started, true), None);
+    }
+
+    #[test]
     fn a_failed_start_needs_a_refusal_since_its_generation() {
         let mut refused = runtime(vec![]);
         refused.refusals.insert(sandbox("sb1", Intent::Running, Phase::Ready, 2).id, vec![3]);

@@ -257,7 +257,7 @@ pub(crate) async fn a_folder_removed_under_an_unrecorded_live_run_leaves_the_run
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// D1 over process trees, found by the simulator (seeds 35 and 154 of `--execs --lifetimes
+/// D1 over process trees, found by the simulator (seeds 20 and 154 of `--execs --lifetimes
 /// --egress`): a gateway died right after the supervisor was spawned, then the command exited,
 /// leaving a child deaf to SIGTERM in the run's group, and the supervisor went after recording
 /// the exit. The

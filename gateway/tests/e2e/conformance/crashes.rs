@@ -260,10 +260,9 @@ pub(crate) async fn a_folder_removed_under_an_unrecorded_live_run_leaves_the_run
 /// D1 over process trees, found by the simulator (seeds 20 and 154 of `--execs --lifetimes
 /// --egress`): a gateway died right after the supervisor was spawned, then the command exited,
 /// leaving a child deaf to SIGTERM in the run's group, and the supervisor went after recording
-/// the exit. The
-/// next driver knows the run only by its `began` and `exit` records, with no pid: it must still
-/// find the group by the identity its members carry, so the next start's stop of that run, and
-/// a stop, end the child.
+/// the exit. The next driver knows the run only by its `began` and `exit` records, with no pid:
+/// it must still find the group by the identity its members carry, so that the acknowledged
+/// stop ends the child.
 pub(crate) async fn a_child_of_an_unrecorded_run_whose_supervisor_went_is_stopped_with_it() {
     let Some(target) = target(Runtime::Process, "crashchild").await else { return };
     let data = DataDir::new();

@@ -37,25 +37,19 @@ pub(crate) async fn until_visible(target: &Target, id: &str) {
 
 /// The live supervisors carrying sandbox `id`'s identity, each leading its own group.
 pub(crate) fn supervisor_pids(id: &str) -> Vec<i32> {
-    let tag = format!("BERTH_SANDBOX_ID={id}");
-    let leaders = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-        // An exec leads its own group too, but carries no generation.
-        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
-        let tagged = vars.contains(&tag.as_bytes()) && vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="));
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
-        let leads = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw() == pid;
-        (tagged && alive && leads).then_some(pid)
-    });
-    leaders.collect()
+    run_processes(id).into_iter().filter(|&(pid, group)| pid == group).map(|(pid, _)| pid).collect()
 }
 
-/// Every live process of sandbox `id`'s runs, whatever its role (an exec's carry no generation).
+/// Every live process of sandbox `id`'s runs, whatever its role.
 pub(crate) fn run_members(id: &str) -> Vec<i32> {
+    run_processes(id).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// The live processes whose environment names a run of sandbox `id` (an exec leads its own
+/// group too, but carries no generation): each pid and its process group, in pid order.
+fn run_processes(id: &str) -> Vec<(i32, i32)> {
     let tag = format!("BERTH_SANDBOX_ID={id}");
-    let mut members: Vec<i32> = std::fs::read_dir("/proc")
+    let mut found: Vec<(i32, i32)> = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| {
@@ -65,11 +59,12 @@ pub(crate) fn run_members(id: &str) -> Vec<i32> {
             let tagged = vars.contains(&tag.as_bytes()) && vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="));
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             let alive = !matches!(stat[stat.rfind(')')? + 2..].chars().next(), Some('Z' | 'X'));
-            (tagged && alive).then_some(pid)
+            let group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))).ok()?.as_raw();
+            (tagged && alive).then_some((pid, group))
         })
         .collect();
-    members.sort_unstable();
-    members
+    found.sort_unstable();
+    found
 }
 
 /// What a driver gets to start `generation` of sandbox `id`, whose command sleeps.

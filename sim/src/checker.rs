@@ -258,7 +258,7 @@ impl Store for TracingStore {
         self.latency(true).await;
         let released = self.world.store.release_lease(holder).await;
         if released.is_ok() && self.world.lease_holder().as_deref() == Some(holder) {
-            self.world.lease_released();
+            self.world.lease_released(holder);
         }
         self.stall(true).await;
         released

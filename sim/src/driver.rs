@@ -30,7 +30,7 @@ impl SimDriver {
 
     /// The reconcile loop's look at the runtime: L1's gateway side is checked at each.
     fn reconciles(&self, kind: Kind, what: &str) {
-        self.world.check_reconciling(&self.gateway, what);
+        self.world.reconciling(&self.gateway, what);
         self.world.event(self.gateway.clone(), kind, what);
     }
 

@@ -13,7 +13,7 @@ use berth_core::{Intent, PhaseKind, SandboxId, Timestamp};
 use berth_gateway::store::memory::MemoryStore;
 use serde::Serialize;
 
-use crate::invariants::{Checker, Fact, Found, Invariant, l1_one_holder};
+use crate::invariants::{Checker, Fact, Found, Invariant};
 use crate::runtime::RuntimeModel;
 use crate::scenario::Scenario;
 use crate::trace::Kind;
@@ -114,15 +114,6 @@ impl Stall {
     }
 }
 
-/// What the store did with the reconcile lease: a grant (a take-over or a renewal) to
-/// `holder`, or a release (`None`).
-#[derive(Clone, Debug, Serialize)]
-pub struct Grant {
-    pub t: u64,
-    pub holder: Option<String>,
-    pub term: u64,
-}
-
 pub struct World {
     pub scenario: Scenario,
     pub store: Arc<MemoryStore>,
@@ -141,8 +132,9 @@ pub struct World {
     pub boots: AtomicU64,
     /// The store's latencies, drawn from the seed.
     pub store_draw: Mutex<crate::scenario::Draw>,
-    /// The reconcile lease's grants and releases, in the order the store made them.
-    grants: Mutex<Vec<Grant>>,
+    /// The reconcile lease's last holder and term as the store granted them (`None`: released
+    /// or never held), for the faults aimed at the holder.
+    lease: Mutex<(Option<String>, u64)>,
     last_stamp: Mutex<u64>,
     /// Per gateway: until when its store connection is stalled (simulated time), for every
     /// call and for the lease's calls only.
@@ -171,7 +163,7 @@ impl World {
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
             store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, crate::scenario::Stream::Store)),
-            grants: Mutex::default(),
+            lease: Mutex::default(),
             last_stamp: Mutex::default(),
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             shutdowns: Mutex::default(),
@@ -267,37 +259,38 @@ impl World {
 
     /// The gateway the store last granted the reconcile lease to, if it has not released it.
     pub fn lease_holder(&self) -> Option<String> {
-        lock(&self.grants).last().and_then(|g| g.holder.clone())
+        lock(&self.lease).0.clone()
     }
 
-    pub fn lease_released(&self) {
+    /// The store released `holder`'s lease.
+    pub fn lease_released(&self, holder: &str) {
         let t = self.stamp();
-        let mut grants = lock(&self.grants);
-        let term = grants.last().map_or(0, |g| g.term);
-        grants.push(Grant { t, holder: None, term });
+        let term = {
+            let mut lease = lock(&self.lease);
+            lease.0 = None;
+            lease.1
+        };
+        self.fact(&Fact::Lease { t, holder, term, released: true });
     }
 
-    /// Records a grant of the lease (a take-over or a renewal) as the store made it, and checks
-    /// L1's store side on each take-over.
+    /// The store granted the lease (a take-over or a renewal) to `holder` in `term`.
     pub fn lease_granted(&self, holder: &str, term: u64) {
         let t = self.stamp();
-        let last = lock(&self.grants).last().cloned();
-        lock(&self.grants).push(Grant { t, holder: Some(holder.to_string()), term });
-        if l1_one_holder::renews(last.as_ref(), holder, term) {
-            return;
+        let took_over = {
+            let mut lease = lock(&self.lease);
+            let took_over = (lease.0.as_deref(), lease.1) != (Some(holder), term);
+            *lease = (Some(holder.to_string()), term);
+            took_over
+        };
+        if took_over {
+            self.event(holder, Kind::Lease { term }, format!("holds the reconcile lease, term {term}"));
         }
-        match l1_one_holder::takeover_problem(last.as_ref(), holder, term, t) {
-            Some(problem) => self.violate(Invariant::L1, problem),
-            None => self.event(holder, Kind::Lease { term }, format!("holds the reconcile lease, term {term}")),
-        }
+        self.fact(&Fact::Lease { t, holder, term, released: false });
     }
 
-    /// L1's gateway side, as a gateway runs reconcile (a watch or a poll of the runtime).
-    pub fn check_reconciling(&self, gateway: &str, what: &str) {
-        let problem = l1_one_holder::reconciling_problem(lock(&self.grants).last(), gateway, what, Self::micros());
-        if let Some(problem) = problem {
-            self.violate(Invariant::L1, problem);
-        }
+    /// A gateway runs reconcile (a watch or a poll of the runtime): `what` it did.
+    pub fn reconciling(&self, gateway: &str, what: &str) {
+        self.fact(&Fact::Reconciling { t: Self::micros(), gateway, what });
     }
 
     /// The generations committed of a sandbox, `(t, generation)` in commit order.

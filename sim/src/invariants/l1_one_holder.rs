@@ -3,8 +3,45 @@
 //! holder only once the last one's lapsed or was released), and on the gateway's side at each
 //! poll and watch of the runtime (only by the holder, within its time-to-live).
 
+use super::{Checker, Fact, Found, Invariant};
 use crate::gateway::LEASE_TTL;
-use crate::world::{Grant, micros};
+use crate::world::micros;
+
+/// What the store did with the reconcile lease: a grant (a take-over or a renewal) to
+/// `holder`, or a release (`None`).
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub t: u64,
+    pub holder: Option<String>,
+    pub term: u64,
+}
+
+/// L1's evidence: the store's last grant or release of the lease.
+#[derive(Default)]
+pub struct Lease {
+    last: Option<Grant>,
+}
+
+impl Checker for Lease {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        match *fact {
+            Fact::Lease { t, holder, term, released } => {
+                if released {
+                    self.last = Some(Grant { t, holder: None, term });
+                    return;
+                }
+                let last = self.last.replace(Grant { t, holder: Some(holder.to_string()), term });
+                if !renews(last.as_ref(), holder, term) {
+                    found.extend(takeover_problem(last.as_ref(), holder, term, t).map(|p| (Invariant::L1, p)));
+                }
+            }
+            Fact::Reconciling { t, gateway, what } => {
+                found.extend(reconciling_problem(self.last.as_ref(), gateway, what, t).map(|p| (Invariant::L1, p)));
+            }
+            _ => {}
+        }
+    }
+}
 
 /// Whether a grant of `term` to `holder` renews the `last` one.
 pub fn renews(last: Option<&Grant>, holder: &str, term: u64) -> bool {
@@ -68,6 +105,33 @@ mod tests {
         assert_eq!(takeover_problem(Some(&held), "gateway1", 4, 1_000 + TTL), None);
         assert_eq!(takeover_problem(Some(&grant(1_000, None, 3)), "gateway1", 4, 1_001), None, "released");
         assert_eq!(takeover_problem(None, "gateway0", 1, 0), None);
+    }
+
+    #[test]
+    fn the_checker_keeps_the_last_grant_and_judges_each_takeover_and_reconcile_by_it() {
+        let lease = |t, holder, term, released| Fact::Lease { t, holder, term, released };
+        let reconciling = |t, gateway| Fact::Reconciling { t, gateway, what: "list" };
+        let found = crate::invariants::feed(
+            &mut Lease::default(),
+            &[
+                reconciling(0, "gateway0"),
+                lease(10, "gateway0", 1, false),
+                reconciling(20, "gateway0"),
+                lease(30, "gateway1", 2, false),
+                lease(40, "gateway0", 2, true),
+                lease(50, "gateway1", 3, false),
+                reconciling(60, "gateway0"),
+                reconciling(70, "gateway1"),
+            ],
+        );
+        assert_eq!(
+            found,
+            [
+                "L1: gateway0 ran reconcile (list) but no gateway ever held the lease",
+                "L1: gateway1 took the lease in term 2 while Some(\"gateway0\")'s term 1, renewed at 10 us, had not lapsed",
+                "L1: gateway0 ran reconcile (list) but the lease is Some(\"gateway1\")'s (term 3) since 50 us",
+            ]
+        );
     }
 
     #[test]

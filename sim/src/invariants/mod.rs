@@ -6,7 +6,7 @@
 //! it is fed [`Fact`]s and keeps its own evidence (the claims made, the last exec activity, when
 //! each run ended), so adding one is one module and one line in [`checkers`], and the world
 //! never learns what it keeps. The rules that need the runtime's ground truth (I1, I2, I6, I7,
-//! I8, D1, L1, E1-E4) are still called where that truth is at hand (the store wrapper, the
+//! I8, D1, E1-E4) are still called where that truth is at hand (the store wrapper, the
 //! supervisors, the runtime, the run) and report with [`crate::world::World::violate`].
 //!
 //! I4 has no module of its own: a stale version's ABORTED is part of I5's register model, and
@@ -101,6 +101,11 @@ pub enum Fact<'a> {
     /// What the egress proxy did with a run's request: opened a connection (as the upstream saw
     /// it arrive) or refused it (as the run heard).
     Egress { opened: bool, request: &'a n1_egress::Request<'a> },
+    /// The store granted the reconcile lease to `holder` in `term` at `t` (a take-over or a
+    /// renewal), or released it (`released`).
+    Lease { t: u64, holder: &'a str, term: u64, released: bool },
+    /// Gateway `gateway` ran reconcile at `t` (`what`: a poll or a watch of the runtime).
+    Reconciling { t: u64, gateway: &'a str, what: &'a str },
     /// A template created or changed.
     Template(&'a berth_core::template::Template),
     /// A client's sandbox operation, as it was recorded for the linearizability check, with
@@ -140,6 +145,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::<m1_main_exit::MainExit>::default(),
         Box::<p1_pools::Pools>::default(),
         Box::new(n1_egress::Egress::new(crate::egress::endpoints)),
+        Box::<l1_one_holder::Lease>::default(),
     ]
 }
 

@@ -14,235 +14,33 @@
 //! is when the run starts. Every run is kept with the generation its token carried: the ground
 //! truth the checkers compare the records with.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_core::SandboxId;
 use berth_core::identity::{IdentityKey, verify_token};
-use berth_core::{SandboxId, Timestamp};
 use berth_drivers::container::{
     ContainerSpec, EngineError, EngineEvent, Inspection, LABEL_NAME, Start, Status, container_name,
     sandbox_of_container,
 };
 use berth_drivers::handoff::{began, flag, token};
-use berth_drivers::process::os::Signal;
 use berth_gateway::store::Store;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::invariants::{Invariant, d1_one_run};
-use crate::scenario::{Draw, DriverKind, Stream};
+use crate::scenario::{Draw, Stream};
 use crate::trace::Kind;
 use crate::world::{World, lock};
 
+mod model;
+mod out_of_band;
+
+pub use model::*;
+pub use out_of_band::CRASH;
+pub(crate) use out_of_band::crash_loops;
+
 /// How long the engine's client waits for the runtime before it calls the call unanswered.
 pub const DRIVER_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a run ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EndCause {
-    Stopped,
-    Deleted,
-    Killed,
-    Removed,
-    /// Restarted outside Berth (`docker restart`): a new run of the same container followed.
-    Restarted,
-    WorkloadExit,
-    /// The kernel killed the workload for memory; its supervisor saw it and exited.
-    OutOfMemory,
-    /// Its supervisor was rejected, or found no token, and exited.
-    SupervisorExit,
-    /// Its command could not be started: its supervisor reported that and exited.
-    Unstartable,
-}
-
-impl EndCause {
-    /// The status a supervisor that exits by itself for this cause exits with (berth-supervisor's).
-    pub fn supervisor_status(self) -> i32 {
-        if self == EndCause::Unstartable { 127 } else { 1 }
-    }
-}
-
-/// What a run's supervisor is told about its run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RunSignal {
-    Running,
-    /// The workload exited with this code (killed for memory, with `out_of_memory`); the run
-    /// ends right after.
-    MainExited {
-        code: i32,
-        out_of_memory: bool,
-    },
-    Ended,
-}
-
-pub struct Run {
-    /// The generation of the token its supervisor read (0: it found none).
-    pub generation: u64,
-    pub started_at: Timestamp,
-    pub finished: Option<(Timestamp, i32, EndCause)>,
-    pub token: String,
-    /// Started outside Berth (an out-of-band restart), not by a driver's start.
-    pub out_of_band: bool,
-    pub(crate) signal: watch::Sender<RunSignal>,
-}
-
-impl Run {
-    /// A run started by a driver's start.
-    pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
-        Self { generation, started_at, finished: None, token, out_of_band: false, signal }
-    }
-
-    pub fn live(&self) -> bool {
-        self.finished.is_none()
-    }
-}
-
-pub struct Container {
-    pub runs: Vec<Run>,
-    spec: ContainerSpec,
-}
-
-impl Container {
-    fn alive(&mut self) -> Option<&mut Run> {
-        self.runs.last_mut().filter(|r| r.finished.is_none())
-    }
-
-    pub fn alive_generation(&self) -> Option<u64> {
-        self.runs.last().filter(|r| r.finished.is_none()).map(|r| r.generation)
-    }
-
-    /// What the engine shows, as Docker does: the last run's start, and the last finish (the
-    /// previous run's while one runs).
-    pub fn inspection(&self) -> Inspection {
-        let last = self.runs.last();
-        let finished = last.and_then(|r| r.finished);
-        Inspection {
-            status: match (last, finished) {
-                (None, _) => Status::Created,
-                (Some(_), None) => Status::Running,
-                (Some(_), Some(_)) => Status::Exited,
-            },
-            started_at: last.map(|r| r.started_at),
-            finished_at: self.runs.iter().rev().find_map(|r| r.finished).map(|(at, _, _)| at),
-            exit_code: finished.map_or(0, |(_, code, _)| code),
-            // Docker's `OOMKilled`.
-            out_of_memory: finished.is_some_and(|(_, _, cause)| cause == EndCause::OutOfMemory),
-        }
-    }
-
-    /// Where the file the supervisor's flag `name` names is on the host, through the container's
-    /// binds.
-    fn host_file(&self, name: &str) -> Option<PathBuf> {
-        let args = &self.spec.command;
-        let flag = flag::arg(name);
-        let inside = args.iter().position(|a| *a == flag).and_then(|i| args.get(i + 1))?;
-        self.spec.binds.iter().find_map(|bind| {
-            let rest = Path::new(inside).strip_prefix(&bind.target).ok()?;
-            Some(bind.source.join(rest))
-        })
-    }
-}
-
-type Subscriber = mpsc::UnboundedSender<Result<EngineEvent, EngineError>>;
-
-/// The command of a crash-looping sandbox: while faults are on it fails soon after every start.
-pub const CRASH: &str = "crash";
-
-/// Whether a run whose arguments end in the user's command crash-loops.
-pub(crate) fn crash_loops(args: &[String]) -> bool {
-    args.last().is_some_and(|a| a == CRASH)
-}
-
-/// A run's supervisor to start.
-pub struct Spawn {
-    pub sandbox: SandboxId,
-    pub generation: u64,
-    pub token: String,
-    pub signal: watch::Receiver<RunSignal>,
-    /// A stale supervisor of an ended run, reconnecting with its old token.
-    pub ghost: bool,
-    /// Why the run's command could not be started, if it could not.
-    pub failed_to_start: Option<String>,
-}
-
-#[derive(Default)]
-pub struct RuntimeModel {
-    pub containers: BTreeMap<SandboxId, Container>,
-    pub volumes: BTreeSet<String>,
-    /// When each sandbox's container was removed (runtime clock).
-    pub removals: BTreeMap<SandboxId, Vec<Timestamp>>,
-    /// The runs of removed containers: ground truth outlives the container.
-    pub removed_runs: BTreeMap<SandboxId, Vec<Run>>,
-    /// When the runtime refused a create or start of each sandbox's container (simulated
-    /// microseconds).
-    pub refusals: BTreeMap<SandboxId, Vec<u64>>,
-    /// Main-process exits the runtime's supervisors were told of: `(sandbox, generation)`.
-    pub main_exits: Vec<(SandboxId, u64)>,
-    /// The runs whose command could not be started: `(sandbox, generation)`.
-    pub unstartable: BTreeSet<(SandboxId, u64)>,
-    /// The runs whose workload the kernel killed for memory, by generation.
-    pub oom_kills: Vec<(SandboxId, u64)>,
-    /// Under the process driver: every run each sandbox's supervisors led.
-    pub processes: BTreeMap<SandboxId, Vec<crate::kernel::Process>>,
-    /// Under the process driver: the host's process table, by pid.
-    pub tasks: BTreeMap<i32, crate::kernel::Task>,
-    /// Stops and deletes the drivers acknowledged, until D1 has checked what they left.
-    pub acknowledged: Vec<crate::kernel::Acknowledged>,
-    pub(crate) kernel_starts: u64,
-    subscribers: Vec<Subscriber>,
-    locks: BTreeMap<SandboxId, Arc<tokio::sync::Mutex<()>>>,
-    last_time: i64,
-    /// Sandbox names, for the trace.
-    names: BTreeMap<SandboxId, String>,
-}
-
-impl RuntimeModel {
-    pub fn tick(&mut self, now: i64) -> Timestamp {
-        self.last_time = (self.last_time + 1).max(now);
-        Timestamp::from_unix_nanos(self.last_time)
-    }
-
-    /// The next process's start time in the kernel.
-    pub fn next_kernel_start(&mut self) -> u64 {
-        self.kernel_starts += 1;
-        self.kernel_starts
-    }
-
-    /// The sandbox's name if the runtime has been told it, for the trace.
-    pub fn name(&self, id: &SandboxId) -> String {
-        self.names.get(id).cloned().unwrap_or_else(|| id.to_string())
-    }
-
-    pub fn name_sandbox(&mut self, id: &SandboxId, name: &str) {
-        self.names.insert(id.clone(), name.to_string());
-    }
-
-    /// Every sandbox the runtime was ever told of.
-    pub fn sandboxes(&self) -> impl Iterator<Item = &SandboxId> {
-        self.names.keys()
-    }
-
-    /// Every run the sandbox ever had, its removed containers' included.
-    pub fn runs(&self, id: &SandboxId) -> impl Iterator<Item = &Run> {
-        let current = self.containers.get(id).map(|c| c.runs.iter()).into_iter().flatten();
-        let processes = self.processes.get(id).into_iter().flatten().map(|p| &p.run);
-        current.chain(self.removed_runs.get(id).into_iter().flatten()).chain(processes)
-    }
-
-    /// The generation of what runs for the sandbox: its container's live run, or its live
-    /// process group (the newest, if D1 was broken and there are several).
-    pub fn alive_generation(&self, id: &SandboxId) -> Option<u64> {
-        let container = self.containers.get(id).and_then(Container::alive_generation);
-        let process = || self.processes.get(id)?.iter().rev().find(|p| p.live()).map(|p| p.run.generation);
-        container.or_else(process)
-    }
-
-    /// The latest run of `generation`: after an out-of-band restart, the restart's.
-    pub fn latest_run(&self, id: &SandboxId, generation: u64) -> Option<&Run> {
-        self.runs(id).filter(|r| r.generation == generation).max_by_key(|r| r.started_at)
-    }
-}
 
 /// A call of the engine API.
 pub enum Call {
@@ -334,17 +132,6 @@ impl Runtime {
 
     pub(crate) fn between_millis(&self, low: u64, high: u64) -> Duration {
         self.draw(|d| d.millis(low, high))
-    }
-
-    /// Why a run's command could not be started, as berth-supervisor words it, traced.
-    pub(crate) fn cannot_start(&self, id: &SandboxId, generation: u64) -> String {
-        self.world.event("runtime", Kind::Unstartable, format!("{} generation {generation}", self.name(id)));
-        "cannot run \"work\": No such file or directory (os error 2)".to_string()
-    }
-
-    /// How long a crash-looping command runs before it fails.
-    pub(crate) fn crash_after_start(&self) -> Duration {
-        self.between_millis(200, 1_500)
     }
 
     pub(crate) fn name(&self, id: &SandboxId) -> String {
@@ -704,195 +491,5 @@ impl Runtime {
                 }
             }
         }
-    }
-
-    /// The runtime-side faults: stream disconnects, removals, kills, restarts, workload exits
-    /// and stale supervisors, at this run's rates, while faults are on.
-    async fn inject_faults(self: Arc<Self>) {
-        const EVERY: Duration = Duration::from_millis(100);
-        let per_tick = |per_minute: f64| per_minute * EVERY.as_secs_f64() / 60.0;
-        loop {
-            tokio::time::sleep(EVERY).await;
-            if !self.world.faults_on() {
-                continue;
-            }
-            let f = self.world.scenario.faults.clone();
-            if self.fault(per_tick(f.watch_disconnects)) {
-                self.world.event("runtime", Kind::WatchStreamsDropped, "");
-                lock(&self.world.runtime).subscribers.clear();
-            }
-            let processes = self.world.scenario.driver == DriverKind::Process;
-            if self.fault(per_tick(f.removals)) {
-                if processes {
-                    self.remove_folder();
-                } else if let Some(id) = self.pick(|_| true) {
-                    let this = Arc::clone(&self);
-                    tokio::spawn(async move { this.remove(&id, EndCause::Removed).await });
-                }
-            }
-            if self.fault(per_tick(f.kills)) {
-                if processes {
-                    // `kill -9 -PGID`: the run's whole group.
-                    if let Some((_, pid, _)) = self.pick_process() {
-                        self.signal(-pid, Signal::Kill, EndCause::Killed);
-                    }
-                } else if let Some(id) = self.pick(|c| c.alive_generation().is_some()) {
-                    self.end_run(&id, None, 137, EndCause::Killed);
-                }
-            }
-            // A process has no restart outside its driver: only containers do.
-            if self.fault(per_tick(f.restarts))
-                && !processes
-                && let Some(id) = self.pick(|c| !c.runs.is_empty())
-            {
-                let this = Arc::clone(&self);
-                tokio::spawn(async move { this.restart(&id).await });
-            }
-            if self.fault(per_tick(f.workload_exits)) {
-                let picked = if processes {
-                    self.pick_process().map(|(id, pid, start)| (id, Some((pid, start))))
-                } else {
-                    self.pick(|c| c.alive_generation().is_some()).map(|id| (id, None))
-                };
-                if let Some((id, process)) = picked {
-                    self.workload_exit(&id, process, false).await;
-                }
-            }
-            if self.fault(per_tick(f.stale_supervisors)) {
-                self.ghost();
-            }
-        }
-    }
-
-    fn pick(&self, filter: impl Fn(&Container) -> bool) -> Option<SandboxId> {
-        let ids: Vec<SandboxId> =
-            lock(&self.world.runtime).containers.iter().filter(|(_, c)| filter(c)).map(|(id, _)| id.clone()).collect();
-        self.pick_of(ids)
-    }
-
-    fn pick_of<T: Clone>(&self, items: Vec<T>) -> Option<T> {
-        (!items.is_empty()).then(|| items[self.draw(|d| d.below(items.len() as u64)) as usize].clone())
-    }
-
-    /// A live process group: `(sandbox, pid, kernel start)`.
-    fn pick_process(&self) -> Option<(SandboxId, i32, u64)> {
-        let live = lock(&self.world.runtime).live_processes();
-        self.pick_of(live)
-    }
-
-    /// `rm -rf` of a sandbox's folder behind the process driver's back, its processes killed
-    /// first (they hold it open).
-    fn remove_folder(self: &Arc<Self>) {
-        let Ok(entries) = std::fs::read_dir(&self.world.state_dir) else { return };
-        let mut ids: Vec<SandboxId> = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|name| !name.starts_with('.'))
-            .map(SandboxId::new)
-            .collect();
-        ids.sort();
-        let Some(id) = self.pick_of(ids) else { return };
-        let tree: Vec<i32> =
-            lock(&self.world.runtime).running_tasks().filter(|t| t.sandbox == id).map(|t| t.pid).collect();
-        // All of them dead before any supervisor could see its command go.
-        let mut later = Vec::new();
-        for pid in tree {
-            later.extend(crate::kernel::kill(&self.world, pid, Signal::Kill, EndCause::Removed).1);
-        }
-        for later in later {
-            self.carry_out(later);
-        }
-        let _ = std::fs::remove_dir_all(self.world.state_dir.join(id.as_str()));
-        let at = self.world.runtime_time();
-        lock(&self.world.runtime).removals.entry(id.clone()).or_default().push(at);
-        self.world.event("runtime", Kind::Removed, format!("{}'s folder (out of band)", self.name(&id)));
-    }
-
-    /// `docker restart` behind Berth's back: the run ends, and a new one starts with whatever
-    /// token the state directory holds now.
-    async fn restart(self: Arc<Self>, id: &SandboxId) {
-        let serialize = self.sandbox_lock(id);
-        let _guard = serialize.lock().await;
-        self.world.event("runtime", Kind::RestartOutOfBand, self.name(id));
-        self.end_run(id, None, 143, EndCause::Restarted);
-        let _ = self.start_run(id, true).await;
-    }
-
-    /// The workload exits by itself (the container's, or the command of the supervisor `(pid,
-    /// kernel start)`): its supervisor reports it, then the run ends. A crash (`fails`) is never
-    /// a completion.
-    pub(crate) async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>, fails: bool) {
-        // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for
-        // memory (DESIGN 10), as the supervisor reports it: 137, out of memory.
-        let code = self.draw(|d| if fails { 1 + d.below(9) } else { d.below(10) } as i32);
-        let (code, cause) = if code == 9 { (137, EndCause::OutOfMemory) } else { (code, EndCause::WorkloadExit) };
-        if let Some(supervisor) = process {
-            return self.command_exits(id, supervisor, code, cause);
-        }
-        let Some(generation) = self.main_exited(id, None, code, cause) else { return };
-        let this = Arc::clone(self);
-        let id = id.clone();
-        let linger = self.draw(|d| d.millis(20, 500));
-        tokio::spawn(async move {
-            tokio::time::sleep(linger).await;
-            this.end_run(&id, Some(generation), code, cause);
-        });
-    }
-
-    /// Tells the live run (the container's, or that of the supervisor `(pid, kernel start)`)
-    /// that its workload exited with `code`, as its supervisor sees it: the run's generation.
-    pub(crate) fn main_exited(
-        &self,
-        id: &SandboxId,
-        process: Option<(i32, u64)>,
-        code: i32,
-        cause: EndCause,
-    ) -> Option<u64> {
-        let out_of_memory = cause == EndCause::OutOfMemory;
-        // berth-supervisor learns of a kill for memory from its cgroup's counter; one in three
-        // containers' supervisors cannot read it (no cgroup of their own to read), and report a
-        // plain 137, which the engine's own verdict (Docker's `OOMKilled`) refines.
-        let reported = out_of_memory && (process.is_some() || self.draw(|d| d.below(3) != 0));
-        let generation = {
-            let mut m = lock(&self.world.runtime);
-            let run = match process {
-                None => m.containers.get_mut(id).and_then(Container::alive),
-                Some((pid, start)) => m.live_process_mut(id, pid, start).map(|p| &mut p.run),
-            };
-            let run = run?;
-            run.signal.send_replace(RunSignal::MainExited { code, out_of_memory: reported });
-            let generation = run.generation;
-            m.main_exits.push((id.clone(), generation));
-            if out_of_memory {
-                m.oom_kills.push((id.clone(), generation));
-            }
-            generation
-        };
-        self.world.event(
-            "runtime",
-            Kind::WorkloadExits,
-            format!("{} generation {generation} code {code}", self.name(id)),
-        );
-        Some(generation)
-    }
-
-    /// A supervisor of an ended run reconnects with its old token.
-    fn ghost(&self) {
-        let ended: Vec<(SandboxId, u64, String)> = {
-            let m = lock(&self.world.runtime);
-            let containers = m.containers.iter().flat_map(|(id, c)| c.runs.iter().map(move |r| (id, r)));
-            let processes = m.processes.iter().flat_map(|(id, ps)| ps.iter().map(move |p| (id, &p.run)));
-            containers
-                .chain(processes)
-                .filter(|(_, r)| r.finished.is_some() && !r.token.is_empty())
-                .map(|(id, r)| (id.clone(), r.generation, r.token.clone()))
-                .collect()
-        };
-        if ended.is_empty() {
-            return;
-        }
-        let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
-        self.world.event("runtime", Kind::StaleSupervisor, format!("{} generation {generation}", self.name(&sandbox)));
-        let (_, signal) = watch::channel(RunSignal::Ended);
-        let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true, failed_to_start: None });
     }
 }

@@ -8,7 +8,6 @@
 //! gateway's exec API, sessions and sweep. Each launch is checked (E1, E2), each byte and end a
 //! reader gets (E4), and every exec once the quiet phase is over (E3).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::client::{Bearer, sandbox_name};
-use crate::invariants::{Invariant, e_execs, i10_no_panic_or_internal};
+use crate::invariants::{Fact, Invariant, e_execs, i10_no_panic_or_internal};
 use crate::net;
 use crate::scenario::Draw;
 use crate::trace::Kind;
@@ -41,16 +40,9 @@ pub fn byte_at(id: &str, offset: u64) -> u8 {
     (seed.wrapping_add(offset.wrapping_mul(7)) % 251) as u8
 }
 
-/// What the runs' execs did, for E1 and E4.
-#[derive(Default)]
-pub struct Ledger {
-    /// Launches per sandbox and exec id.
-    launches: BTreeMap<(SandboxId, String), u32>,
-    /// The first end a reader saw, per exec (its sandbox's name, its id, when it was admitted).
-    ends: BTreeMap<(String, String, i64), ExecState>,
-    /// What the runs' started-logs hold: it outlives a run, as production's file does.
-    started: std::collections::BTreeSet<(SandboxId, u64, String)>,
-}
+/// What the runs' started-logs hold, `(sandbox, generation, exec id)`: it outlives a run, as
+/// production's file does.
+pub type StartedLogs = std::collections::BTreeSet<(SandboxId, u64, String)>;
 
 /// A run's log of the execs its generation started, in the world.
 pub struct SimLog {
@@ -60,10 +52,10 @@ pub struct SimLog {
 
 impl StartedLog for SimLog {
     fn started(&self, generation: u64, id: &str) -> bool {
-        lock(&self.world.execs).started.contains(&(self.sandbox.clone(), generation, id.to_string()))
+        lock(&self.world.started_execs).contains(&(self.sandbox.clone(), generation, id.to_string()))
     }
     fn record(&self, generation: u64, id: &str) -> std::io::Result<()> {
-        lock(&self.world.execs).started.insert((self.sandbox.clone(), generation, id.to_string()));
+        lock(&self.world.started_execs).insert((self.sandbox.clone(), generation, id.to_string()));
         Ok(())
     }
 }
@@ -87,15 +79,7 @@ fn emit_args(argv: &[String]) -> Option<(u64, Duration, i32)> {
 impl Launcher for SimLauncher {
     fn launch(&self, exec_id: &str, run: &pb::RunExec) -> std::io::Result<Launched> {
         let world = self.world.clone();
-        let launches = {
-            let mut ledger = lock(&world.execs);
-            let n = ledger.launches.entry((self.sandbox.clone(), exec_id.to_string())).or_insert(0);
-            *n += 1;
-            *n
-        };
-        if let Some(problem) = e_execs::launched_again(self.sandbox.as_str(), exec_id, launches) {
-            world.violate(Invariant::E1, problem);
-        }
+        world.fact(&Fact::Launched { sandbox: self.sandbox.as_str(), exec: exec_id });
         world.event(
             "supervisor",
             Kind::Exec,
@@ -234,14 +218,9 @@ impl ExecClient {
                 Some(Output::End(exec)) => {
                     let state = state_of(&exec);
                     self.world.event("exec client", Kind::End, format!("{sandbox} {id}: {state:?}"));
-                    let key = (sandbox.to_string(), id.to_string(), admitted.unwrap_or(exec.admitted_at_unix_ms));
-                    let mut ledger = lock(&self.world.execs);
-                    let first = ledger.ends.entry(key).or_insert_with(|| state.clone());
-                    if let Some(problem) = e_execs::other_end(id, first, &state) {
-                        drop(ledger);
-                        self.world.violate(Invariant::E4, problem);
-                    }
-                    return;
+                    let admitted = admitted.unwrap_or(exec.admitted_at_unix_ms);
+                    let end = Fact::ExecEnded { sandbox, exec: id, admitted, state: &state };
+                    return self.world.fact(&end);
                 }
                 None => {}
             }

@@ -143,8 +143,8 @@ pub struct World {
     pub shutdowns: Mutex<BTreeMap<usize, tokio::sync::watch::Sender<bool>>>,
     /// Gateways to crash at the next step, as the runtime's host asked.
     crash_requests: Mutex<Vec<usize>>,
-    /// What the runs' execs did (E1, E4).
-    pub execs: Mutex<crate::execs::Ledger>,
+    /// What the runs' started-logs hold.
+    pub started_execs: Mutex<crate::execs::StartedLogs>,
     /// The checkers fed every [`Fact`], each with the evidence it keeps.
     checkers: Mutex<Vec<Box<dyn Checker>>>,
 }
@@ -168,7 +168,7 @@ impl World {
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             shutdowns: Mutex::default(),
             crash_requests: Mutex::default(),
-            execs: Mutex::default(),
+            started_execs: Mutex::default(),
             checkers: Mutex::new(crate::invariants::checkers()),
             scenario,
         })

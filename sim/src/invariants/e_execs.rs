@@ -2,7 +2,38 @@
 //! admitted for, every exec ends within a bound of its run's end, and every reader sees the
 //! same bytes at the same offsets and the same end.
 
+use std::collections::BTreeMap;
+
 use berth_core::exec::{Exec, ExecState};
+
+use super::{Checker, Fact, Found, Invariant};
+
+/// E1's and E4's evidence: how often each exec id was launched in each sandbox, and the first
+/// end any reader saw of each exec (by its sandbox, its id and when it was admitted: an id may
+/// be used again once its exec is gone with its sandbox).
+#[derive(Default)]
+pub struct Execs {
+    launches: BTreeMap<(String, String), u32>,
+    ends: BTreeMap<(String, String, i64), ExecState>,
+}
+
+impl Checker for Execs {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        match *fact {
+            Fact::Launched { sandbox, exec } => {
+                let n = self.launches.entry((sandbox.to_string(), exec.to_string())).or_insert(0);
+                *n += 1;
+                found.extend(launched_again(sandbox, exec, *n).map(|p| (Invariant::E1, p)));
+            }
+            Fact::ExecEnded { sandbox, exec, admitted, state } => {
+                let key = (sandbox.to_string(), exec.to_string(), admitted);
+                let first = self.ends.entry(key).or_insert_with(|| state.clone());
+                found.extend(other_end(exec, first, state).map(|p| (Invariant::E4, p)));
+            }
+            _ => {}
+        }
+    }
+}
 
 /// E1, when `exec` of `sandbox` is launched for the `launches`th time.
 pub fn launched_again(sandbox: &str, exec: &str, launches: u32) -> Option<String> {
@@ -51,6 +82,27 @@ mod tests {
     use berth_core::exec::ExecEnd;
 
     use super::*;
+
+    #[test]
+    fn the_checker_counts_launches_and_keeps_each_execs_first_end() {
+        let exited = |code| ExecState::Ended { end: ExecEnd::Exited(code), message: String::new() };
+        let (zero, one) = (exited(0), exited(1));
+        let found = crate::invariants::feed(
+            &mut Execs::default(),
+            &[
+                Fact::Launched { sandbox: "sb1", exec: "e1" },
+                Fact::Launched { sandbox: "sb2", exec: "e1" },
+                Fact::ExecEnded { sandbox: "sb1", exec: "e1", admitted: 5, state: &zero },
+                Fact::ExecEnded { sandbox: "sb1", exec: "e1", admitted: 5, state: &zero },
+                Fact::ExecEnded { sandbox: "sb1", exec: "e1", admitted: 9, state: &one },
+                Fact::Launched { sandbox: "sb1", exec: "e1" },
+                Fact::ExecEnded { sandbox: "sb1", exec: "e1", admitted: 5, state: &one },
+            ],
+        );
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found[0], "E1: exec e1 of sb1 was launched 2 times");
+        assert!(found[1].starts_with("E4: readers of exec e1 saw it end as"), "{found:?}");
+    }
 
     #[test]
     fn each_rule_names_what_broke_it() {

@@ -6,7 +6,7 @@
 //! it is fed [`Fact`]s and keeps its own evidence (the claims made, the last exec activity, when
 //! each run ended), so adding one is one module and one line in [`checkers`], and the world
 //! never learns what it keeps. The rules that need the runtime's ground truth (I1, I2, I6, I7,
-//! I8, D1, E1-E4) are still called where that truth is at hand (the store wrapper, the
+//! I8, D1, E2, E3) are still called where that truth is at hand (the store wrapper, the
 //! supervisors, the runtime, the run) and report with [`crate::world::World::violate`].
 //!
 //! I4 has no module of its own: a stale version's ABORTED is part of I5's register model, and
@@ -106,6 +106,10 @@ pub enum Fact<'a> {
     Lease { t: u64, holder: &'a str, term: u64, released: bool },
     /// Gateway `gateway` ran reconcile at `t` (`what`: a poll or a watch of the runtime).
     Reconciling { t: u64, gateway: &'a str, what: &'a str },
+    /// A run launched exec `exec` of `sandbox` (as the supervisor's launcher did it).
+    Launched { sandbox: &'a str, exec: &'a str },
+    /// A reader of exec `exec` of `sandbox` (admitted at `admitted`, ms) saw it end as `state`.
+    ExecEnded { sandbox: &'a str, exec: &'a str, admitted: i64, state: &'a berth_core::exec::ExecState },
     /// A template created or changed.
     Template(&'a berth_core::template::Template),
     /// A client's sandbox operation, as it was recorded for the linearizability check, with
@@ -146,6 +150,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::<p1_pools::Pools>::default(),
         Box::new(n1_egress::Egress::new(crate::egress::endpoints)),
         Box::<l1_one_holder::Lease>::default(),
+        Box::<e_execs::Execs>::default(),
     ]
 }
 

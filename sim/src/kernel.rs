@@ -636,17 +636,19 @@ impl Runtime {
     }
 }
 
-/// The group of a running process whose environment names `(sandbox, generation)`: every
-/// process of a run's tree inherits its supervisor's, so it names what its supervisor's did.
+/// The group of a running process whose environment names `(sandbox, generation)` (every
+/// process of a run's tree inherits its supervisor's, so it names what its supervisor's did),
+/// unless the group's leader runs.
 pub fn find_group(world: &World, sandbox: &SandboxId, generation: u64) -> Option<i32> {
     let m = lock(&world.runtime);
     let named = |t: &Task| {
         let processes = m.processes.get(sandbox).into_iter().flatten();
         processes.filter(|p| p.kernel_start == t.run).any(|p| p.named == generation)
     };
+    let leader_runs = |pgid: i32| m.tasks.get(&pgid).is_some_and(Task::running);
     let mut members: Vec<&Task> = m.tasks.values().filter(|t| t.running() && t.sandbox == *sandbox).collect();
     members.sort_by_key(|t| t.pid);
-    members.into_iter().find(|t| named(t)).map(|t| t.pgid)
+    members.into_iter().find(|t| named(t) && !leader_runs(t.pgid)).map(|t| t.pgid)
 }
 
 /// The live leader of a group whose environment names `(sandbox, generation)`.

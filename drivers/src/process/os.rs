@@ -75,7 +75,8 @@ pub trait Os: Send + Sync + 'static {
 
     /// The process group of a live process whose environment names `generation`'s run of
     /// `sandbox`, whatever its role: what a run whose supervisor is gone left running (the
-    /// command's children inherit its variables). Never the caller's own group.
+    /// command's children inherit its variables). Never the caller's own group, nor one whose
+    /// leader lives: that is a live run's (a process may join any group of its session).
     fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32>;
 
     /// Kills every process group an exec of the sandbox's runs leads (its environment names the
@@ -190,8 +191,9 @@ impl Os for HostOs {
     fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32> {
         let generation_var = format!("BERTH_GENERATION={generation}");
         let ours = nix::unistd::getpgrp().as_raw();
+        let leader_lives = |pgid: i32| self.stat(pgid).is_some_and(|stat| stat.live);
         let mut members = processes(sandbox, |vars| vars.contains(&generation_var.as_bytes()));
-        members.find_map(|(_, pgid)| (pgid > 1 && pgid != ours).then_some(pgid))
+        members.find_map(|(_, pgid)| (pgid > 1 && pgid != ours && !leader_lives(pgid)).then_some(pgid))
     }
 
     fn kill_execs(&self, sandbox: &SandboxId) {

@@ -54,8 +54,8 @@ pub enum Call {
     RemoveVolume(String),
     ListVolumes,
     Events,
-    /// A supervisor exited (it was rejected): its run ends.
-    /// The supervisor of `(sandbox, generation)` exits by itself, for `cause`.
+    /// The supervisor of `(sandbox, generation)` exits by itself, for `cause` (it was rejected,
+    /// or its command could not be started): its run ends.
     SupervisorExited(SandboxId, u64, EndCause),
 }
 

@@ -227,7 +227,10 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
     match source {
         RuntimeSource::PollGet | RuntimeSource::PollList => on(Bug::PollBypassesFence),
         RuntimeSource::WatchEvent => on(Bug::EventBypassesFence),
-        RuntimeSource::InitialSync | RuntimeSource::RecoveryLookup => false,
+        RuntimeSource::InitialSync
+        | RuntimeSource::RecoveryLookup
+        | RuntimeSource::PauseReply
+        | RuntimeSource::ResumeReply => false,
     }
 }
 

@@ -61,6 +61,14 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             let sandbox = existing(request, reads)?;
             delete(sandbox, now)
         }
+        Command::PauseSandbox { .. } => {
+            let sandbox = existing(request, reads)?;
+            pause(sandbox, now)
+        }
+        Command::ResumeSandbox { .. } => {
+            let sandbox = existing(request, reads)?;
+            resume(sandbox, now)
+        }
         Command::AttachProvider { provider, .. } => {
             let sandbox = existing(request, reads)?;
             attach(sandbox, provider, reads, now)
@@ -185,7 +193,7 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
             branch::hit(Branch::StopDeleting);
             Err(wrong_phase(sandbox, "stop"))
         }
-        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
+        PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused | PhaseKind::Error => {
             branch::hit(Branch::StopRun);
             next.phase = Phase::Stopping;
             next.intent = Intent::Stopped;
@@ -201,8 +209,9 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
             branch::hit(Branch::StartAlreadyRunning);
             Ok(Decision::sandbox_as_is(sandbox))
         }
-        // A stop that has not finished has no exit marker to fence the new generation with.
-        PhaseKind::Stopping | PhaseKind::Deleting => {
+        // A stop that has not finished has no exit marker to fence the new generation with; a
+        // paused run is alive (a resume thaws it).
+        PhaseKind::Paused | PhaseKind::Stopping | PhaseKind::Deleting => {
             branch::hit(Branch::StartWhileStopping);
             Err(wrong_phase(sandbox, "start"))
         }
@@ -218,7 +227,7 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
                 Some(renewed) => Some(renewed),
                 None if sandbox.deadline.is_some_and(|d| d <= now) => {
                     branch::hit(Branch::StartPastDeadline);
-                    return Err(Error::Expired { sandbox: sandbox.name.to_string() });
+                    return Err(Error::Expired { sandbox: sandbox.name.to_string(), action: "starting" });
                 }
                 None => sandbox.deadline,
             };
@@ -254,7 +263,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
         branch::hit(Branch::ExpireNotDue);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
-    let (mut next, effects) = expiring(sandbox)?;
+    let (mut next, effects) = expiring(sandbox, sandbox.spec.lifetime.on_expiry)?;
     next.expired_at = Some(now);
     Ok(commit(sandbox, next, vec![], effects, now))
 }
@@ -266,14 +275,15 @@ fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Time
         branch::hit(Branch::ExpireIdleNotDue);
         return Ok(Decision::sandbox_as_is(sandbox));
     }
-    let (mut next, effects) = expiring(sandbox)?;
+    let (mut next, effects) = expiring(sandbox, sandbox.spec.lifetime.idle_action())?;
     next.idle_expired_at = Some(now);
     Ok(commit(sandbox, next, vec![], effects, now))
 }
 
-/// What either expiry does: a stop or a delete as the spec says, with no restart after it.
-fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
-    let (mut next, effects) = match sandbox.spec.lifetime.on_expiry {
+/// What either expiry does: a stop, a delete or a pause as the spec says, with no restart
+/// after it.
+fn expiring(sandbox: &Sandbox, action: OnExpiry) -> Result<(Sandbox, Vec<Effect>), Error> {
+    let (mut next, effects) = match action {
         OnExpiry::Stop => {
             branch::hit(Branch::ExpireStops);
             stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![]))
@@ -282,6 +292,16 @@ fn expiring(sandbox: &Sandbox) -> Result<(Sandbox, Vec<Effect>), Error> {
             branch::hit(Branch::ExpireDeletes);
             deleting(sandbox)
         }
+        OnExpiry::Pause => match pausing(sandbox) {
+            Some(paused) => {
+                branch::hit(Branch::ExpirePauses);
+                paused
+            }
+            None => {
+                branch::hit(Branch::ExpirePausesNothing);
+                (sandbox.clone(), vec![])
+            }
+        },
     };
     next.restarts.next_at = None;
     Ok((next, effects))
@@ -348,6 +368,69 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
     crate::bugs::leave_rotation_out(sandbox, &mut next);
     (next, effect)
+}
+
+/// DESIGN 12.1: a pause of a Ready run. A repeated one re-drives the runtime, like a delete.
+fn pause(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    if let Some((next, effects)) = pausing(sandbox) {
+        branch::hit(Branch::Pause);
+        return Ok(commit(sandbox, next, vec![], effects, now));
+    }
+    match (sandbox.intent, sandbox.phase.kind()) {
+        (Intent::Paused, _) => {
+            branch::hit(Branch::PauseRepeated);
+            let effect = Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation };
+            Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![effect]))
+        }
+        _ => {
+            branch::hit(Branch::PauseNotReady);
+            Err(wrong_phase(sandbox, "pause"))
+        }
+    }
+}
+
+/// What a pause changes: the intent, and the effect that freezes the run. Only a live run,
+/// Ready (or being resumed), can be frozen; `None` for any other.
+fn pausing(sandbox: &Sandbox) -> Option<(Sandbox, Vec<Effect>)> {
+    let live = matches!(sandbox.phase.kind(), PhaseKind::Ready | PhaseKind::Paused);
+    if sandbox.intent != Intent::Running || !live {
+        return None;
+    }
+    let mut next = sandbox.clone();
+    next.intent = Intent::Paused;
+    Some((next, vec![Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation }]))
+}
+
+/// DESIGN 12.1: a resume of a paused (or pausing) run, on the generation it paused. Past its
+/// deadline a sandbox is renewed first, as for a start; the idle clock counts again from now.
+fn resume(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
+    let effect = Effect::Resume { sandbox: sandbox.id.clone(), generation: sandbox.generation };
+    match (sandbox.intent, sandbox.phase.kind()) {
+        (Intent::Paused, _) if sandbox.deadline.is_some_and(|d| d <= now) => {
+            branch::hit(Branch::ResumePastDeadline);
+            Err(Error::Expired { sandbox: sandbox.name.to_string(), action: "resuming" })
+        }
+        (Intent::Paused, _) => {
+            branch::hit(Branch::Resume);
+            let mut next = sandbox.clone();
+            next.intent = Intent::Running;
+            next.active_at = lifetime::clock_from(&sandbox.spec.lifetime, now);
+            next.idle_expired_at = None;
+            Ok(commit(sandbox, next, vec![], vec![effect], now))
+        }
+        (Intent::Running, PhaseKind::Paused) => {
+            branch::hit(Branch::ResumeRepeated);
+            Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![effect]))
+        }
+        (Intent::Running, PhaseKind::Ready) => {
+            branch::hit(Branch::ResumeNotPaused);
+            Ok(Decision::sandbox_as_is(sandbox))
+        }
+        _ => {
+            branch::hit(Branch::ResumeNotLive);
+            Err(wrong_phase(sandbox, "resume"))
+        }
+    }
 }
 
 fn delete(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {

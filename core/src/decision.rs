@@ -119,6 +119,11 @@ pub enum Effect {
     Start { sandbox: SandboxId, generation: u64 },
     /// Stop whatever runs; reply only once it has fully exited, with the final state.
     Stop { sandbox: SandboxId, generation: u64 },
+    /// Freeze every process of `generation`'s run, keeping its memory (DESIGN 12.1); reply
+    /// with the state it left the run in. A run already frozen is success.
+    Pause { sandbox: SandboxId, generation: u64 },
+    /// Thaw `generation`'s run; a run not frozen is success.
+    Resume { sandbox: SandboxId, generation: u64 },
     /// Remove the compute resource and everything made for it; absence is success.
     Delete { sandbox: SandboxId },
 }
@@ -126,7 +131,11 @@ pub enum Effect {
 impl Effect {
     pub fn sandbox(&self) -> &SandboxId {
         match self {
-            Effect::Start { sandbox, .. } | Effect::Stop { sandbox, .. } | Effect::Delete { sandbox } => sandbox,
+            Effect::Start { sandbox, .. }
+            | Effect::Stop { sandbox, .. }
+            | Effect::Pause { sandbox, .. }
+            | Effect::Resume { sandbox, .. }
+            | Effect::Delete { sandbox } => sandbox,
         }
     }
 }

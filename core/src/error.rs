@@ -54,8 +54,8 @@ pub enum Error {
     #[error("cannot {action} sandbox '{sandbox}' while it is {phase}")]
     WrongPhase { sandbox: String, action: &'static str, phase: PhaseKind },
 
-    #[error("sandbox '{sandbox}' is past its deadline: renew it before starting it")]
-    Expired { sandbox: String },
+    #[error("sandbox '{sandbox}' is past its deadline: renew it before {action} it")]
+    Expired { sandbox: String, action: &'static str },
 
     #[error(
         "the pool of template '{template}' has no Ready sandbox to claim now; retry shortly (it refills), or ask to wait"
@@ -89,6 +89,10 @@ pub enum Error {
     #[error("invalid {field}: the {driver} driver cannot enforce it here: {reason}")]
     Unenforceable { field: String, driver: &'static str, reason: String },
 
+    /// What this host's runtime cannot do at all (a pause without a freezer, DESIGN 12.1).
+    #[error("the {driver} driver cannot {action} here: {reason}")]
+    Unsupported { action: &'static str, driver: &'static str, reason: String },
+
     #[error("{kind} '{name}' is under contention: {attempts} conditional writes conflicted")]
     Contention { kind: Kind, name: String, attempts: u32 },
 }
@@ -104,7 +108,8 @@ impl Error {
             | Error::UnknownProvider { .. }
             | Error::ProviderAttached { .. }
             | Error::CredentialCollision { .. }
-            | Error::Unenforceable { .. } => Code::FailedPrecondition,
+            | Error::Unenforceable { .. }
+            | Error::Unsupported { .. } => Code::FailedPrecondition,
             Error::StaleVersion { .. } => Code::Aborted,
             Error::StaleIdentity { .. } => Code::PermissionDenied,
             Error::MalformedToken | Error::BadToken => Code::Unauthenticated,

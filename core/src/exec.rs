@@ -137,6 +137,16 @@ pub fn admit(
         branch::hit(Branch::AdmitRetry);
         return Ok(exec.as_is());
     }
+    // A pause committed but not yet seen to freeze the run leaves it Ready: the intent says
+    // it is on its way to Paused, and an exec admitted now would freeze with it.
+    if sandbox.intent == Intent::Paused {
+        branch::hit(Branch::AdmitPaused);
+        return Err(Error::WrongPhase {
+            sandbox: sandbox.name.to_string(),
+            action: "exec in",
+            phase: PhaseKind::Paused,
+        });
+    }
     let starting_too = crate::bug!(ExecWhileStarting) && sandbox.is(PhaseKind::Starting);
     if sandbox.phase.kind() != PhaseKind::Ready && !starting_too {
         branch::hit(Branch::AdmitNotReady);
@@ -241,7 +251,8 @@ pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Decisio
         Some(s) => {
             let replaced = s.generation != exec.generation;
             let ended = matches!(s.run, Run::Ended(_));
-            let live = matches!(s.phase.kind(), PhaseKind::Ready);
+            // A paused run keeps its execs: they go on when it is resumed.
+            let live = matches!(s.phase.kind(), PhaseKind::Ready | PhaseKind::Paused);
             if !replaced && !ended && live {
                 branch::hit(Branch::SettleLive);
                 return exec.as_is();
@@ -255,13 +266,13 @@ pub fn settle(exec: &Exec, sandbox: Option<&Sandbox>, now: Timestamp) -> Decisio
                     branch::hit(Branch::SettleDeleting);
                     ExecState::Ended { end: ExecEnd::Cancelled, message: "the sandbox is being deleted".into() }
                 }
-                Intent::Running if replaced => {
+                Intent::Running | Intent::Paused if replaced => {
                     branch::hit(Branch::SettleReplaced);
                     ExecState::Lost {
                         message: format!("generation {} was replaced by generation {}", exec.generation, s.generation),
                     }
                 }
-                Intent::Running => {
+                Intent::Running | Intent::Paused => {
                     branch::hit(Branch::SettleRunEnded);
                     ExecState::Lost { message: format!("the sandbox's run ended (the sandbox is {})", s.phase) }
                 }

@@ -192,7 +192,7 @@ impl Merge<'_> {
         match state {
             RuntimeState::Absent { at } => self.absent(at, as_of_version),
             RuntimeState::Created => branch::hit(Branch::RuntimeCreated),
-            RuntimeState::Running { started_at } => self.running(started_at, attributed),
+            RuntimeState::Running { started_at, frozen } => self.running(started_at, Some(frozen), attributed),
             RuntimeState::Exited(marker) => self.exited(marker, attributed),
         }
     }
@@ -217,19 +217,20 @@ impl Merge<'_> {
             return;
         }
         self.edit().run = Run::Ended(marker);
+        self.edit().end_pause();
         match (self.next().intent, self.next().phase.kind()) {
             (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => {
                 branch::hit(Branch::ExitStopped);
                 self.edit().phase = Phase::Stopped;
             }
             // DESIGN 9.3: the supervisor ends with its command's code, so 0 is a completion.
-            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused)
                 if marker.exit_code == 0 =>
             {
                 branch::hit(Branch::ExitCompleted);
                 self.edit().phase = Phase::Stopped;
             }
-            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready) => {
+            (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused) => {
                 let failure = match marker.out_of_memory {
                     true => {
                         branch::hit(Branch::ExitFailedOutOfMemory);
@@ -273,7 +274,9 @@ impl Merge<'_> {
         }
     }
 
-    fn running(&mut self, started_at: Timestamp, attributed: bool) {
+    /// `frozen`: whether the freezer holds the run, when the report says (a start reply does
+    /// not: it speaks of the start alone).
+    fn running(&mut self, started_at: Timestamp, frozen: Option<bool>, attributed: bool) {
         if !attributed && !self.owns(started_at) {
             // Whose run this is may be unknown (until this generation's run is known, an
             // unsettled fence attributes none by its start time alone), but one that started
@@ -307,7 +310,47 @@ impl Merge<'_> {
             // A later run, started outside Berth.
             Run::Ended(_) => branch::hit(Branch::RunningAfterEnd),
         }
+        if let Some(frozen) = frozen {
+            self.freezer(frozen);
+        }
         self.stop_if_unwanted();
+    }
+
+    /// DESIGN 12.1, level-based like a stop: a live run of this generation is frozen or not,
+    /// and the intent says which it should be. A pause or resume is confirmed only by seeing
+    /// the run so; one the runtime has not carried out (a failed call, a gateway that died
+    /// before making it, a `docker pause` or `unpause` behind Berth's back) is asked again.
+    fn freezer(&mut self, frozen: bool) {
+        let paused = self.next().is(PhaseKind::Paused);
+        match (self.next().intent, frozen) {
+            (Intent::Paused, true) if !paused && self.next().is(PhaseKind::Ready) => {
+                branch::hit(Branch::PauseConfirmed);
+                self.edit().phase = Phase::Paused;
+            }
+            (Intent::Paused, false) => {
+                branch::hit(Branch::PauseAgain);
+                if paused {
+                    // Thawed behind Berth's back: it runs, though no exec is admitted.
+                    self.edit().phase = Phase::Ready;
+                }
+                self.effects
+                    .push(Effect::Pause { sandbox: self.next().id.clone(), generation: self.next().generation });
+            }
+            (Intent::Running, false) if paused => {
+                branch::hit(Branch::ResumeConfirmed);
+                self.edit().phase = Phase::Ready;
+            }
+            (Intent::Running, true) => {
+                branch::hit(Branch::ResumeAgain);
+                // Frozen behind Berth's back: nothing in it can answer an exec.
+                if self.next().is(PhaseKind::Ready) {
+                    self.edit().phase = Phase::Paused;
+                }
+                self.effects
+                    .push(Effect::Resume { sandbox: self.next().id.clone(), generation: self.next().generation });
+            }
+            _ => branch::hit(Branch::FreezerAsMeant),
+        }
     }
 
     /// A later run than the one this generation started: the runtime restarted the sandbox
@@ -316,8 +359,11 @@ impl Merge<'_> {
     /// started the new one (rule 7: only a new generation is Ready again). With intent Stopped,
     /// the level-based stop below ends it.
     fn restarted_out_of_band(&mut self) {
-        if self.next().intent == Intent::Running
-            && matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        if matches!(self.next().intent, Intent::Running | Intent::Paused)
+            && matches!(
+                self.next().phase.kind(),
+                PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused
+            )
         {
             self.edit().fail(Failure {
                 reason: FailureReason::ContainerExited,
@@ -373,7 +419,7 @@ impl Merge<'_> {
 
     fn start_reply(&mut self, reply: &StartReply) {
         match reply {
-            StartReply::Running { started_at } => self.running(*started_at, true),
+            StartReply::Running { started_at } => self.running(*started_at, None, true),
             StartReply::Exited(marker) => self.exited(*marker, true),
             // It ran, so this is a loss (rule 6), not a start that failed.
             StartReply::Gone => {
@@ -424,15 +470,21 @@ impl Merge<'_> {
                 self.edit().phase = Phase::Stopped;
             }
             // A driver must not reply before the run has exited; ask again.
-            RuntimeState::Running { started_at } => {
+            RuntimeState::Running { started_at, frozen } => {
                 branch::hit(Branch::StopReplyRunning);
-                self.running(started_at, false);
+                self.running(started_at, Some(frozen), false);
             }
         }
     }
 
     /// Rule 4 (the generation was checked before).
     fn supervisor_connected(&mut self) {
+        // A paused run's supervisor reconnects after the thaw (its session went silent while
+        // frozen): it changes nothing.
+        if self.next().intent == Intent::Paused {
+            branch::hit(Branch::SupervisorOfPaused);
+            return;
+        }
         if self.next().intent != Intent::Running {
             branch::hit(Branch::SupervisorUnwanted);
             return;
@@ -451,12 +503,16 @@ impl Merge<'_> {
 
     /// Whether a report of the main process's end can still end this generation's run.
     fn main_process_may_end(&mut self) -> bool {
-        if self.next().intent != Intent::Running
-            || !matches!(self.next().phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready)
+        if !matches!(self.next().intent, Intent::Running | Intent::Paused)
+            || !matches!(
+                self.next().phase.kind(),
+                PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused
+            )
         {
             branch::hit(Branch::MainEndIgnored);
             return false;
         }
+        self.edit().end_pause();
         if self.next().run == Run::Pending {
             self.edit().run = Run::Started { at: None };
         }

@@ -13,6 +13,10 @@ pub enum Phase {
     Starting,
     /// The current generation's supervisor is connected.
     Ready,
+    /// Every process of the current run is frozen with its memory kept (DESIGN 12.1): no exec
+    /// is admitted, the idle clock is held, the deadline still runs. With intent Running, a
+    /// resume is under way.
+    Paused,
     /// A stop is under way.
     Stopping,
     /// Nothing runs; the workspace is kept. With intent Running, the command completed: it
@@ -30,6 +34,7 @@ pub enum PhaseKind {
     Provisioning,
     Starting,
     Ready,
+    Paused,
     Stopping,
     Stopped,
     Deleting,
@@ -38,10 +43,11 @@ pub enum PhaseKind {
 
 impl PhaseKind {
     /// Every phase, in lifecycle order.
-    pub const ALL: [PhaseKind; 7] = [
+    pub const ALL: [PhaseKind; 8] = [
         PhaseKind::Provisioning,
         PhaseKind::Starting,
         PhaseKind::Ready,
+        PhaseKind::Paused,
         PhaseKind::Stopping,
         PhaseKind::Stopped,
         PhaseKind::Deleting,
@@ -55,6 +61,7 @@ impl Phase {
             Phase::Provisioning => PhaseKind::Provisioning,
             Phase::Starting => PhaseKind::Starting,
             Phase::Ready => PhaseKind::Ready,
+            Phase::Paused => PhaseKind::Paused,
             Phase::Stopping => PhaseKind::Stopping,
             Phase::Stopped => PhaseKind::Stopped,
             Phase::Deleting => PhaseKind::Deleting,

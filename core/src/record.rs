@@ -16,10 +16,15 @@ use crate::phase::{Failure, Phase, PhaseKind};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::time::Timestamp;
 
-/// What the sandbox should be doing. Changed only by API commands, never by observations.
+/// What the sandbox should be doing. Changed only by API commands, never by observations, with
+/// one exception: a run that ends while paused takes its pause with it (there is nothing left to
+/// keep frozen), so Paused goes back to Running and the end counts as any run's does, restart
+/// policy included (DESIGN 12.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Intent {
     Running,
+    /// Running, with every process frozen and its memory kept (DESIGN 12.1).
+    Paused,
     Stopped,
     Deleted,
 }
@@ -153,8 +158,19 @@ impl Sandbox {
         self.phase.kind() == kind
     }
 
+    /// The run failed; a pause ends with it (see [`Intent`]).
     pub(crate) fn fail(&mut self, failure: Failure) {
+        self.end_pause();
         self.phase = Phase::Error(failure);
+    }
+
+    /// The run ended: a pause of it has nothing left to hold, and the end counts as a running
+    /// run's does (see [`Intent`]).
+    pub(crate) fn end_pause(&mut self) {
+        if self.intent == Intent::Paused {
+            crate::branch::hit(crate::branch::Branch::PauseEndsWithRun);
+            self.intent = Intent::Running;
+        }
     }
 }
 

@@ -26,6 +26,15 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
             branch::hit(Branch::RedriveStop);
             Some(Effect::Stop { sandbox: id, generation })
         }
+        // A pause or a resume is confirmed only by a report that sees the run frozen or thawed.
+        (Intent::Paused, PhaseKind::Ready, _) => {
+            branch::hit(Branch::RedrivePause);
+            Some(Effect::Pause { sandbox: id, generation })
+        }
+        (Intent::Running, PhaseKind::Paused, _) => {
+            branch::hit(Branch::RedriveResume);
+            Some(Effect::Resume { sandbox: id, generation })
+        }
         (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
             branch::hit(Branch::RedriveStart);
             Some(Effect::Start { sandbox: id, generation })

@@ -13,20 +13,20 @@ pub enum RuntimeSource {
     PollGet,
     PollList,
     RecoveryLookup,
+    /// The driver's reply to a pause or a resume: the state it left the run in.
+    PauseReply,
+    ResumeReply,
 }
 
 /// What the runtime shows of a sandbox's compute resource, in the runtime's clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuntimeState {
     /// No such resource. `at` is the runtime's time of the removal when an event gave it.
-    Absent {
-        at: Option<Timestamp>,
-    },
+    Absent { at: Option<Timestamp> },
     /// Exists, has never run.
     Created,
-    Running {
-        started_at: Timestamp,
-    },
+    /// A run is alive; `frozen` when every process of it is held by the freezer (paused).
+    Running { started_at: Timestamp, frozen: bool },
     /// Not running; the last run ended like this.
     Exited(ExitMarker),
 }
@@ -94,6 +94,8 @@ impl Observation {
                 RuntimeSource::PollGet => "poll get",
                 RuntimeSource::PollList => "poll list",
                 RuntimeSource::RecoveryLookup => "recovery lookup",
+                RuntimeSource::PauseReply => "driver pause reply",
+                RuntimeSource::ResumeReply => "driver resume reply",
             },
             Observation::Started { .. } => "driver start reply",
             Observation::Stopped { .. } => "driver stop reply",

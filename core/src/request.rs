@@ -31,6 +31,14 @@ pub enum Command {
     DeleteSandbox {
         name: String,
     },
+    /// DESIGN 12.1: freeze a Ready sandbox's run.
+    PauseSandbox {
+        name: String,
+    },
+    /// DESIGN 12.1: thaw a paused sandbox's run.
+    ResumeSandbox {
+        name: String,
+    },
     /// Sets a new deadline (DESIGN 9.1).
     RenewSandbox {
         name: String,

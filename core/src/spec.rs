@@ -39,6 +39,10 @@ pub enum OnExpiry {
     Stop,
     /// Delete it and everything made for it.
     Delete,
+    /// Pause it (DESIGN 12.1): memory kept, a resume thaws it. An expiry of a sandbox that is
+    /// not Ready (nothing runs to freeze) or already paused changes nothing but the record's
+    /// note that it expired.
+    Pause,
 }
 
 /// The lifetime part of a spec (DESIGN 9.1).
@@ -50,8 +54,18 @@ pub struct Lifetime {
     /// How long the sandbox may go without activity while it is meant to run.
     #[serde(default)]
     pub idle_timeout: Option<Duration>,
-    /// What the deadline and the idle timeout both do.
+    /// What the deadline does, and the idle timeout unless `on_idle` says otherwise.
     pub on_expiry: OnExpiry,
+    /// What the idle timeout does, if not what `on_expiry` says.
+    #[serde(default)]
+    pub on_idle: Option<OnExpiry>,
+}
+
+impl Lifetime {
+    /// What an idle expiry does.
+    pub fn idle_action(&self) -> OnExpiry {
+        self.on_idle.unwrap_or(self.on_expiry)
+    }
 }
 
 /// Which ends of a run its policy restarts.

@@ -95,7 +95,7 @@ pub fn superseded(generation: u64, newest: u64) -> StartReply {
 /// run (`None` when the runtime has no run of it: its compute resource was removed since).
 pub fn report(run: Option<RuntimeState>) -> StartReply {
     match run {
-        Some(RuntimeState::Running { started_at }) => {
+        Some(RuntimeState::Running { started_at, .. }) => {
             branch::hit(Branch::ReportRunning);
             StartReply::Running { started_at }
         }
@@ -140,7 +140,10 @@ mod tests {
     fn a_started_generation_reports_its_run_or_that_it_is_gone() {
         let t = Timestamp::from_unix_nanos;
         let marker = ExitMarker { started_at: t(1), finished_at: t(2), exit_code: 3, out_of_memory: false };
-        assert_eq!(report(Some(RuntimeState::Running { started_at: t(1) })), StartReply::Running { started_at: t(1) });
+        assert_eq!(
+            report(Some(RuntimeState::Running { started_at: t(1), frozen: false })),
+            StartReply::Running { started_at: t(1) }
+        );
         assert_eq!(report(Some(RuntimeState::Exited(marker))), StartReply::Exited(marker));
         assert_eq!(report(Some(RuntimeState::Absent { at: None })), StartReply::Gone);
         assert_eq!(report(Some(RuntimeState::Created)), StartReply::Gone);

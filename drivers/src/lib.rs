@@ -220,6 +220,16 @@ pub trait Driver: Send + Sync + 'static {
     /// success.
     async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError>;
 
+    /// Whether this host lets the driver pause runs at all: an error saying why not, before a
+    /// pause is committed that could never be carried out.
+    fn admit_pause(&self) -> Result<(), berth_core::Error> {
+        Ok(())
+    }
+    /// Freezes every process of the sandbox's run, keeping its memory (DESIGN 12.1); a run
+    /// frozen already is left so. The state the run is in after.
+    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
+    /// Thaws the sandbox's run; one not frozen is left so. The state the run is in after.
+    async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;

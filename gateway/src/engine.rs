@@ -266,6 +266,7 @@ fn admit(driver: &dyn Driver, command: &berth_core::Command) -> Result<(), berth
             berth_core::limits::validate(&spec.limits)?;
             driver.admit(spec)
         }
+        berth_core::Command::PauseSandbox { .. } => driver.admit_pause(),
         _ => Ok(()),
     }
 }
@@ -463,6 +464,12 @@ pub(crate) mod tests {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn delete(&self, _: &SandboxId, _: Duration) -> Result<(), DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn pause(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn resume(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn get(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {

@@ -270,6 +270,7 @@ impl Client {
             ttl_ms: Some(millis(d.millis(3_000, 25_000))),
             idle_timeout_ms: None,
             on_expiry: if d.chance(0.5) { pb::OnExpiry::Stop } else { pb::OnExpiry::Delete } as i32,
+            on_idle: None,
         });
         let mode = d.pick(&[pb::RestartMode::Never, pb::RestartMode::OnFailure, pb::RestartMode::Always]);
         let restart = (mode != pb::RestartMode::Never).then(|| pb::RestartPolicy {
@@ -283,7 +284,8 @@ impl Client {
         if d.chance(0.35) {
             let idle = Some(millis(d.millis(2_000, 6_000)));
             let on_expiry = if d.chance(0.5) { pb::OnExpiry::Stop } else { pb::OnExpiry::Delete } as i32;
-            let l = lifetime.get_or_insert(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry });
+            let l =
+                lifetime.get_or_insert(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry, on_idle: None });
             l.idle_timeout_ms = idle;
         }
         let crashes = restart.is_some() && d.chance(0.3);

@@ -82,6 +82,24 @@ impl Driver for SimDriver {
         self.replied(what, reply)
     }
 
+    fn admit_pause(&self) -> Result<(), berth_core::Error> {
+        self.driver.admit_pause()
+    }
+
+    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let what = format!("pause {}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.pause(sandbox).await;
+        self.replied(what, reply)
+    }
+
+    async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let what = format!("resume {}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.resume(sandbox).await;
+        self.replied(what, reply)
+    }
+
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         let what = format!("get {}", self.name(sandbox));
         self.trace(what.clone());

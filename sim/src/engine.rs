@@ -91,6 +91,14 @@ impl Engine for SimEngine {
         self.done(Call::Stop(sandbox(container)?)).await
     }
 
+    async fn pause(&self, container: &str) -> Result<(), EngineError> {
+        self.done(Call::Freeze(sandbox(container)?, true)).await
+    }
+
+    async fn unpause(&self, container: &str) -> Result<(), EngineError> {
+        self.done(Call::Freeze(sandbox(container)?, false)).await
+    }
+
     async fn remove(&self, container: &str) -> Result<(), EngineError> {
         self.done(Call::Remove(sandbox(container)?)).await
     }

@@ -658,3 +658,23 @@ pub fn find_supervisor(world: &World, sandbox: &SandboxId, generation: u64) -> O
     let found = processes.iter().filter(|p| p.live() && p.named == generation).min_by_key(|p| p.pid);
     found.map(|p| (p.pid, p.kernel_start))
 }
+
+/// The freezer of the sandbox's cgroup: holds (`frozen`) or releases its live run. A sandbox
+/// with no live run has no cgroup with anything to hold.
+pub fn freeze(world: &World, sandbox: &SandboxId, frozen: bool) -> Result<(), String> {
+    {
+        let mut m = lock(&world.runtime);
+        let live = m.processes.get_mut(sandbox).into_iter().flatten().find(|p| p.live());
+        let Some(process) = live else { return Err("no run of it is alive".to_string()) };
+        process.run.frozen = frozen;
+    }
+    let name = lock(&world.runtime).name(sandbox);
+    world.event("runtime", if frozen { Kind::Paused } else { Kind::Resumed }, name);
+    Ok(())
+}
+
+/// Whether the sandbox's live run is held by the freezer.
+pub fn frozen(world: &World, sandbox: &SandboxId) -> bool {
+    let m = lock(&world.runtime);
+    m.processes.get(sandbox).into_iter().flatten().any(|p| p.live() && p.run.frozen)
+}

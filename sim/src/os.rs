@@ -123,4 +123,19 @@ impl Os for SimOs {
     async fn unlimit(&self, _sandbox: &SandboxId) -> Result<(), DriverError> {
         Ok(())
     }
+
+    /// The simulated kernel's freezer holds the run whose supervisor leads the sandbox's live
+    /// group, as a cgroup would.
+    async fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> Result<(), DriverError> {
+        kernel::freeze(&self.world, sandbox, frozen)
+            .map_err(|why| DriverError::Failed(format!("cannot freeze the run: {why}")))
+    }
+
+    fn frozen(&self, sandbox: &SandboxId) -> bool {
+        kernel::frozen(&self.world, sandbox)
+    }
+
+    fn no_freezer(&self) -> Option<String> {
+        None
+    }
 }

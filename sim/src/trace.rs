@@ -59,6 +59,9 @@ pub enum Kind {
     Spawned,
     Signalled,
     Exited,
+    /// A run was frozen (paused) or thawed.
+    Paused,
+    Resumed,
     Removed,
     WorkloadExits,
     /// A run's command could not be started.
@@ -108,6 +111,8 @@ impl Kind {
             Kind::Reply => "reply",
             Kind::Moves => "moves",
             Kind::Exec => "exec",
+            Kind::Paused => "paused",
+            Kind::Resumed => "resumed",
             Kind::Attach => "attach",
             Kind::Cancel => "cancel",
             Kind::End => "end",

@@ -22,7 +22,7 @@ fn error_phase() -> Phase {
     Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "x".into() })
 }
 
-const ALL: [PhaseKind; 7] = PhaseKind::ALL;
+const ALL: [PhaseKind; 8] = PhaseKind::ALL;
 
 /// A record in `kind`, with the intent that phase has when reached through the API.
 fn record(kind: PhaseKind) -> Sandbox {
@@ -30,6 +30,7 @@ fn record(kind: PhaseKind) -> Sandbox {
         PhaseKind::Provisioning => (Phase::Provisioning, Intent::Running, Run::Pending),
         PhaseKind::Starting => (Phase::Starting, Intent::Running, Run::Pending),
         PhaseKind::Ready => (Phase::Ready, Intent::Running, Run::Started { at: None }),
+        PhaseKind::Paused => (Phase::Paused, Intent::Paused, Run::Started { at: None }),
         PhaseKind::Stopping => (Phase::Stopping, Intent::Stopped, Run::Started { at: None }),
         PhaseKind::Stopped => (Phase::Stopped, Intent::Stopped, Run::Ended(marker(500))),
         PhaseKind::Deleting => (Phase::Deleting, Intent::Deleted, Run::Pending),
@@ -141,7 +142,7 @@ fn stop_row() {
     for kind in ALL {
         let result = on(kind, stop());
         match kind {
-            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Error => {
+            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused | PhaseKind::Error => {
                 let d = result.unwrap();
                 let next = written(&d);
                 assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Stopping, Intent::Stopped), "{kind}");
@@ -197,13 +198,100 @@ fn start_row() {
                 let d = result.unwrap();
                 assert!(d.writes.is_empty() && d.effects.is_empty(), "{kind}: a no-op success");
             }
-            PhaseKind::Deleting | PhaseKind::Stopping => {
+            PhaseKind::Deleting | PhaseKind::Stopping | PhaseKind::Paused => {
                 let err = result.unwrap_err();
                 assert_eq!(err.code(), Code::FailedPrecondition, "{kind}");
                 assert!(err.to_string().contains(&kind.to_string()), "{err}");
             }
         }
     }
+}
+
+fn pause() -> Command {
+    Command::PauseSandbox { name: "box".into() }
+}
+fn resume() -> Command {
+    Command::ResumeSandbox { name: "box".into() }
+}
+
+/// DESIGN 12.1: only a live run is paused; the generation never moves; a repeat re-drives.
+#[test]
+fn pause_row() {
+    let pause_effect = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 3 };
+    for kind in ALL {
+        let result = on(kind, pause());
+        match kind {
+            PhaseKind::Ready => {
+                let d = result.unwrap();
+                let next = written(&d);
+                // The phase moves only when the run is seen frozen.
+                assert_eq!((next.phase.kind(), next.intent, next.generation), (PhaseKind::Ready, Intent::Paused, 3));
+                assert_eq!(d.effects, vec![pause_effect.clone()]);
+            }
+            PhaseKind::Paused => {
+                let d = result.unwrap();
+                assert!(d.writes.is_empty(), "already paused: nothing written");
+                assert_eq!(d.effects, vec![pause_effect.clone()], "but the runtime is asked again");
+            }
+            _ => {
+                let err = result.unwrap_err();
+                assert_eq!(err.code(), Code::FailedPrecondition, "{kind}");
+                assert!(
+                    err.to_string().contains("cannot pause") && err.to_string().contains(&kind.to_string()),
+                    "{err}"
+                );
+            }
+        }
+    }
+    // A resume under way is turned back.
+    let mut resuming = record(PhaseKind::Paused);
+    resuming.intent = Intent::Running;
+    let d = decide(&Request::new(pause(), None), &reads(Some(resuming)), NOW).unwrap();
+    assert_eq!(written(&d).intent, Intent::Paused);
+    assert_eq!(d.effects, vec![pause_effect]);
+}
+
+#[test]
+fn resume_row() {
+    let resume_effect = Effect::Resume { sandbox: SandboxId::new("sb-1"), generation: 3 };
+    for kind in ALL {
+        let result = on(kind, resume());
+        match kind {
+            PhaseKind::Paused => {
+                let d = result.unwrap();
+                let next = written(&d);
+                assert_eq!((next.phase.kind(), next.intent, next.generation), (PhaseKind::Paused, Intent::Running, 3));
+                assert_eq!(d.effects, vec![resume_effect.clone()]);
+            }
+            PhaseKind::Ready => {
+                let d = result.unwrap();
+                assert!(d.writes.is_empty() && d.effects.is_empty(), "not paused: a no-op success");
+            }
+            _ => {
+                let err = result.unwrap_err();
+                assert_eq!(err.code(), Code::FailedPrecondition, "{kind}");
+                assert!(err.to_string().contains("cannot resume"), "{err}");
+            }
+        }
+    }
+    // A pause not yet seen to land is resumed all the same.
+    let mut pausing = record(PhaseKind::Ready);
+    pausing.intent = Intent::Paused;
+    let d = decide(&Request::new(resume(), None), &reads(Some(pausing.clone())), NOW).unwrap();
+    assert_eq!(written(&d).intent, Intent::Running);
+    assert_eq!(d.effects, vec![resume_effect.clone()]);
+    // Past its deadline a sandbox is renewed before it is resumed, as before it is started.
+    let mut late = record(PhaseKind::Paused);
+    late.deadline = Some(NOW);
+    let err = decide(&Request::new(resume(), None), &reads(Some(late)), NOW).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("renew it before resuming it"), "{err}");
+    // A resume repeated while the first is under way re-drives the runtime.
+    let mut resuming = record(PhaseKind::Paused);
+    resuming.intent = Intent::Running;
+    let d = decide(&Request::new(resume(), None), &reads(Some(resuming)), NOW).unwrap();
+    assert!(d.writes.is_empty());
+    assert_eq!(d.effects, vec![resume_effect]);
 }
 
 #[test]

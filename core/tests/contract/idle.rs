@@ -21,7 +21,10 @@ fn at(secs: u64) -> Timestamp {
 }
 
 fn idle_spec(secs: u64, on_expiry: OnExpiry) -> SandboxSpec {
-    SandboxSpec { lifetime: Lifetime { idle_timeout: Some(Duration::from_secs(secs)), ttl: None, on_expiry }, ..spec() }
+    SandboxSpec {
+        lifetime: Lifetime { idle_timeout: Some(Duration::from_secs(secs)), ttl: None, on_expiry, on_idle: None },
+        ..spec()
+    }
 }
 
 fn run(store: &mut Store, command: Command, now: Timestamp) -> Result<Decision, Error> {

@@ -53,6 +53,7 @@ fn phases() -> Vec<Sandbox> {
         sandbox(Phase::Starting, Intent::Running, Run::Pending),
         sandbox(Phase::Starting, Intent::Running, started),
         sandbox(Phase::Ready, Intent::Running, started),
+        sandbox(Phase::Paused, Intent::Paused, started),
         sandbox(Phase::Stopping, Intent::Stopped, started),
         sandbox(Phase::Stopped, Intent::Stopped, Run::Ended(exit(200, 300, 143))),
         sandbox(error(FailureReason::ContainerExited), Intent::Running, Run::Ended(exit(200, 300, 1))),
@@ -60,6 +61,16 @@ fn phases() -> Vec<Sandbox> {
     .into_iter()
     .map(with_last_exit)
     .collect()
+}
+
+/// Whether a report of its command's end ends `sandbox`'s run: one meant to run (or paused),
+/// starting or up.
+fn live(sandbox: &Sandbox) -> bool {
+    matches!(sandbox.intent, Intent::Running | Intent::Paused)
+        && matches!(
+            sandbox.phase.kind(),
+            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused
+        )
 }
 
 fn runtime(source: RuntimeSource, state: RuntimeState) -> Observation {
@@ -72,7 +83,9 @@ fn everything() -> Vec<Observation> {
         .iter()
         .flat_map(|s| {
             [
-                runtime(*s, RuntimeState::Running { started_at: t(400) }),
+                runtime(*s, RuntimeState::Running { started_at: t(400), frozen: false }),
+                runtime(*s, RuntimeState::Running { started_at: t(200), frozen: true }),
+                runtime(*s, RuntimeState::Running { started_at: t(200), frozen: false }),
                 runtime(*s, RuntimeState::Exited(exit(400, 500, 9))),
                 runtime(*s, RuntimeState::Exited(fence())),
                 runtime(*s, RuntimeState::Created),
@@ -148,7 +161,7 @@ fn rule_3_a_fresh_exit_follows_the_intent() {
             let next = after(&before, &runtime(source, RuntimeState::Exited(fresh)));
             let expected = match (before.intent, before.phase.kind()) {
                 (Intent::Stopped, _) => PhaseKind::Stopped,
-                (Intent::Running, _) => PhaseKind::Error,
+                (Intent::Running | Intent::Paused, _) => PhaseKind::Error,
                 (Intent::Deleted, _) => unreachable!(),
             };
             assert_eq!(next.phase.kind(), expected, "{} via {source:?}", before.phase);
@@ -196,7 +209,7 @@ fn rule_5_a_main_process_exit_of_the_current_generation_is_an_error() {
     for before in phases() {
         let next =
             after(&before, &Observation::MainProcessExited { generation: 2, exit_code: 7, out_of_memory: false });
-        if before.intent == Intent::Running && before.phase.kind() != PhaseKind::Error {
+        if live(&before) {
             assert_eq!(
                 next.phase,
                 Phase::Error(Failure {
@@ -254,8 +267,7 @@ fn a_main_process_exit_0_completes_the_generation_on_every_path() {
 #[test]
 fn a_hello_after_the_command_ended_or_failed_to_start_never_makes_the_sandbox_ready() {
     for before in phases() {
-        let starting = before.intent == Intent::Running
-            && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
+        let starting = live(&before);
         let exited = after(
             &before,
             &Observation::SupervisorConnected {
@@ -359,7 +371,13 @@ fn rule_7_observations_never_change_intent_nor_bring_error_or_stopped_back_to_re
         for observation in everything() {
             let Ok(d) = merge(Some(&before), &before.id, &observation, NOW) else { continue };
             let Some(Write::UpdateSandbox { record: next, .. }) = d.writes.first() else { continue };
-            assert_eq!(next.intent, before.intent, "{} + {observation:?}", before.phase);
+            // The one exception: a run that ends under a pause takes the pause with it.
+            let pause_ended = before.intent == Intent::Paused
+                && next.intent == Intent::Running
+                && matches!(next.phase.kind(), PhaseKind::Error | PhaseKind::Stopped);
+            if !pause_ended {
+                assert_eq!(next.intent, before.intent, "{} + {observation:?}", before.phase);
+            }
             assert_eq!(next.generation, before.generation, "observations never rotate identities");
             if matches!(before.phase.kind(), PhaseKind::Error | PhaseKind::Stopped) {
                 assert_ne!(next.phase.kind(), PhaseKind::Ready, "{} + {observation:?}", before.phase);
@@ -414,7 +432,7 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     let d = merge(
         Some(&stopped),
         &stopped.id,
-        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200) }),
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200), frozen: false }),
         NOW,
     )
     .unwrap();
@@ -423,7 +441,7 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     let d = merge(
         Some(&stopped),
         &stopped.id,
-        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350) }),
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350), frozen: false }),
         NOW,
     )
     .unwrap();
@@ -438,7 +456,8 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
 fn a_run_that_came_up_after_its_stop_was_acknowledged_is_stopped_whoever_it_belongs_to() {
     let mut stopped = sandbox(Phase::Stopped, Intent::Stopped, Run::Pending);
     stopped.exit_fence.settled = false;
-    let running = |started| runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(started) });
+    let running =
+        |started| runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(started), frozen: false });
     // A snapshot of the run the fence's exit ended: stale.
     let d = merge(Some(&stopped), &stopped.id, &running(50), NOW).unwrap();
     assert!(d.writes.is_empty() && d.effects.is_empty(), "{d:?}");
@@ -461,8 +480,13 @@ fn a_run_that_came_up_after_its_stop_was_acknowledged_is_stopped_whoever_it_belo
 #[test]
 fn a_leftover_resource_without_a_record_is_removed() {
     let id = SandboxId::new("sb-gone");
-    let d =
-        merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1) }), NOW).unwrap();
+    let d = merge(
+        None,
+        &id,
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1), frozen: false }),
+        NOW,
+    )
+    .unwrap();
     assert_eq!(d.effects, vec![Effect::Delete { sandbox: id.clone() }]);
     assert!(d.writes.is_empty());
     let d = merge(None, &id, &runtime(RuntimeSource::PollList, RuntimeState::Absent { at: None }), NOW).unwrap();
@@ -567,8 +591,7 @@ fn a_run_killed_for_memory_is_out_of_memory_on_every_path() {
             },
         ];
         reports.extend(SOURCES.iter().map(|s| runtime(*s, RuntimeState::Exited(killed))));
-        let ends = before.intent == Intent::Running
-            && matches!(before.phase.kind(), PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready);
+        let ends = live(&before);
         for observation in reports {
             let next = after(&before, &observation);
             if ends {
@@ -620,4 +643,51 @@ fn the_runtimes_out_of_memory_refines_a_bare_main_process_exit_of_the_same_run()
         sandbox(error(FailureReason::ComputeResourceMissing), Intent::Running, Run::Started { at: Some(t(200)) });
     let next = after(&lost, &runtime(RuntimeSource::PollGet, RuntimeState::Exited(killed)));
     assert_eq!(next.phase, lost.phase, "only a bare main process exit is refined");
+}
+
+/// DESIGN 12.1: a pause or a resume is confirmed only by seeing the run frozen or thawed, and a
+/// run that is not as its intent says is asked again, whatever path brought the report.
+#[test]
+fn the_freezer_follows_the_intent_on_every_path() {
+    let started = Run::Started { at: Some(t(200)) };
+    let frozen = |f| RuntimeState::Running { started_at: t(200), frozen: f };
+    let pause = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 2 };
+    let resume = Effect::Resume { sandbox: SandboxId::new("sb-1"), generation: 2 };
+    let cases = [
+        // (phase, intent, frozen) -> (phase after, effects)
+        (Phase::Ready, Intent::Paused, true, PhaseKind::Paused, vec![]),
+        (Phase::Ready, Intent::Paused, false, PhaseKind::Ready, vec![pause.clone()]),
+        // Thawed behind Berth's back: it runs (no exec is admitted all the same) and is paused again.
+        (Phase::Paused, Intent::Paused, false, PhaseKind::Ready, vec![pause]),
+        (Phase::Paused, Intent::Paused, true, PhaseKind::Paused, vec![]),
+        (Phase::Paused, Intent::Running, false, PhaseKind::Ready, vec![]),
+        (Phase::Paused, Intent::Running, true, PhaseKind::Paused, vec![resume.clone()]),
+        // Frozen behind Berth's back (`docker pause`): not Ready while nothing in it can answer.
+        (Phase::Ready, Intent::Running, true, PhaseKind::Paused, vec![resume]),
+        (Phase::Ready, Intent::Running, false, PhaseKind::Ready, vec![]),
+    ];
+    for (phase, intent, is_frozen, expected, effects) in cases {
+        let before = sandbox(phase.clone(), intent, started);
+        for source in SOURCES.iter().copied().chain([RuntimeSource::PauseReply, RuntimeSource::ResumeReply]) {
+            let d = merge(Some(&before), &before.id, &runtime(source, frozen(is_frozen)), NOW).unwrap();
+            let next = after(&before, &runtime(source, frozen(is_frozen)));
+            assert_eq!(next.phase.kind(), expected, "{phase} {intent:?} frozen={is_frozen} via {source:?}");
+            assert_eq!((next.intent, next.generation), (intent, before.generation), "nothing restarts");
+            assert_eq!(d.effects, effects, "{phase} {intent:?} frozen={is_frozen}");
+        }
+    }
+}
+
+/// DESIGN 12.1: a paused run that is gone (a host reboot) ends as a lost run, never Paused with
+/// nothing behind it; its pause ends with it, so its restart policy applies.
+#[test]
+fn a_paused_run_that_is_gone_ends_as_a_lost_run() {
+    let paused = sandbox(Phase::Paused, Intent::Paused, Run::Started { at: Some(t(200)) });
+    let next = after(&paused, &runtime(RuntimeSource::PollGet, RuntimeState::Absent { at: None }));
+    assert_eq!((next.phase, next.intent), (error_missing(), Intent::Running));
+    let next = after(&paused, &runtime(RuntimeSource::PollGet, RuntimeState::Exited(exit(200, 900, 137))));
+    assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Error, Intent::Running));
+    // A supervisor reconnecting after the thaw changes nothing.
+    let hello = Observation::SupervisorConnected { generation: 2, main: MainProcess::Running };
+    assert!(merge(Some(&paused), &paused.id, &hello, NOW).unwrap().writes.is_empty());
 }

@@ -5,8 +5,9 @@
 //! I8).
 //!
 //! The reference model is deliberately simple: for each sandbox name the set of intents
-//! (or absence) the commands so far allow. Observations never change intent, so the system's
-//! actual intent must always be in that set.
+//! (or absence) the commands so far allow. Observations never change intent but for a run that
+//! ends under a pause (Paused goes back to Running), so the system's actual intent must always
+//! be in that set.
 
 use std::collections::BTreeMap;
 
@@ -48,6 +49,14 @@ enum Step {
         version: Version,
     },
     Delete {
+        sandbox: usize,
+        version: Version,
+    },
+    Pause {
+        sandbox: usize,
+        version: Version,
+    },
+    Resume {
         sandbox: usize,
         version: Version,
     },
@@ -117,7 +126,8 @@ const ABSENT: u8 = 1;
 const RUNNING: u8 = 2;
 const STOPPED: u8 = 4;
 const DELETED: u8 = 8;
-const LIVE: u8 = RUNNING | STOPPED;
+const PAUSED: u8 = 16;
+const LIVE: u8 = RUNNING | STOPPED | PAUSED;
 const PRESENT: u8 = 2;
 
 #[derive(Clone, Debug)]
@@ -132,6 +142,7 @@ fn intent_bit(intent: Option<Intent>) -> u8 {
         Some(Intent::Running) => RUNNING,
         Some(Intent::Stopped) => STOPPED,
         Some(Intent::Deleted) => DELETED,
+        Some(Intent::Paused) => PAUSED,
     }
 }
 
@@ -165,6 +176,8 @@ impl ReferenceStateMachine for Model {
             3 => (s.clone(), version.clone()).prop_map(|(sandbox, version)| Step::Stop { sandbox, version }),
             3 => (s.clone(), version.clone()).prop_map(|(sandbox, version)| Step::Start { sandbox, version }),
             1 => (s.clone(), version.clone()).prop_map(|(sandbox, version)| Step::Delete { sandbox, version }),
+            2 => (s.clone(), version.clone()).prop_map(|(sandbox, version)| Step::Pause { sandbox, version }),
+            2 => (s.clone(), version.clone()).prop_map(|(sandbox, version)| Step::Resume { sandbox, version }),
             1 => (s.clone(), p.clone(), version.clone()).prop_map(|(sandbox, provider, version)| Step::Attach { sandbox, provider, version }),
             1 => (s.clone(), p.clone(), version.clone()).prop_map(|(sandbox, provider, version)| Step::Detach { sandbox, provider, version }),
             1 => p.clone().prop_map(|provider| Step::CreateProvider { provider }),
@@ -202,9 +215,23 @@ impl ReferenceStateMachine for Model {
                 let old = state.sandboxes[sandbox];
                 state.sandboxes[sandbox] = after_command(old, DELETED, version, LIVE);
             }
+            Step::Pause { sandbox, version } => {
+                let old = state.sandboxes[sandbox];
+                state.sandboxes[sandbox] = after_command(old, PAUSED, version, RUNNING | PAUSED);
+            }
+            Step::Resume { sandbox, version } => {
+                let old = state.sandboxes[sandbox];
+                state.sandboxes[sandbox] = after_command(old, RUNNING, version, PAUSED);
+            }
             Step::CreateProvider { provider } => state.providers[provider] |= PRESENT,
             Step::DeleteProvider { provider, .. } => state.providers[provider] |= ABSENT,
             _ => {}
+        }
+        // A paused run may end at any moment, and its pause with it.
+        for s in &mut state.sandboxes {
+            if *s & PAUSED != 0 {
+                *s |= RUNNING;
+            }
         }
         // A deleted sandbox may be gone at any moment after.
         for s in &mut state.sandboxes {
@@ -313,7 +340,7 @@ impl System {
     /// Ground truth: which generation's run a runtime state shows.
     fn generation_of(&self, id: &SandboxId, state: RuntimeState) -> Option<u64> {
         let started_at = match state {
-            RuntimeState::Running { started_at } => started_at,
+            RuntimeState::Running { started_at, .. } => started_at,
             RuntimeState::Exited(m) => m.started_at,
             _ => return None,
         };
@@ -378,6 +405,12 @@ impl System {
             }
             Step::Delete { sandbox, version } => {
                 self.command(Command::DeleteSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);
+            }
+            Step::Pause { sandbox, version } => {
+                self.command(Command::PauseSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);
+            }
+            Step::Resume { sandbox, version } => {
+                self.command(Command::ResumeSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);
             }
             Step::Attach { sandbox, provider, version } => {
                 let command =
@@ -505,8 +538,12 @@ impl System {
             }
         }
         for (id, s) in &self.world.store.sandboxes {
+            // A pause that outlived its run went back to Running (and was started again).
+            let paused_run_ended = desired[id] == Intent::Paused && s.intent == Intent::Running;
             let expected = match desired[id] {
                 Intent::Running => PhaseKind::Ready,
+                Intent::Paused if paused_run_ended => PhaseKind::Ready,
+                Intent::Paused => PhaseKind::Paused,
                 Intent::Stopped => PhaseKind::Stopped,
                 Intent::Deleted => panic!("I7: {id} is still {} after the quiet phase", s.phase),
             };

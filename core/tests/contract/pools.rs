@@ -91,6 +91,7 @@ fn a_claim_takes_one_ready_member_and_makes_it_the_claimers() {
             ttl: Some(core::time::Duration::from_secs(60)),
             on_expiry: berth_core::lifetime::OnExpiry::Delete,
             idle_timeout: None,
+            on_idle: None,
         },
         ..spec()
     };

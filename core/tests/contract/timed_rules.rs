@@ -21,7 +21,7 @@ fn at(secs: u64) -> Timestamp {
 
 fn ttl_spec(secs: u64, on_expiry: OnExpiry) -> berth_core::SandboxSpec {
     berth_core::SandboxSpec {
-        lifetime: Lifetime { ttl: Some(Duration::from_secs(secs)), idle_timeout: None, on_expiry },
+        lifetime: Lifetime { ttl: Some(Duration::from_secs(secs)), idle_timeout: None, on_expiry, on_idle: None },
         ..spec()
     }
 }

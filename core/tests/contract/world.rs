@@ -30,6 +30,8 @@ pub struct RunRecord {
     pub generation: u64,
     pub started_at: Timestamp,
     pub finished: Option<(Timestamp, i32)>,
+    /// Held by the freezer (paused).
+    pub frozen: bool,
 }
 
 impl RunRecord {
@@ -45,7 +47,7 @@ impl RunRecord {
     pub fn state(&self) -> RuntimeState {
         match self.marker() {
             Some(m) => RuntimeState::Exited(m),
-            None => RuntimeState::Running { started_at: self.started_at },
+            None => RuntimeState::Running { started_at: self.started_at, frozen: self.frozen },
         }
     }
 }
@@ -380,7 +382,7 @@ impl World {
                             alive.finished = Some((now, 143));
                         }
                         let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
-                        c.runs.push(RunRecord { generation: *generation, started_at, finished: None });
+                        c.runs.push(RunRecord { generation: *generation, started_at, finished: None, frozen: false });
                         self.newest_started.insert(sandbox.clone(), *generation);
                         StartReply::Running { started_at }
                     }
@@ -399,6 +401,17 @@ impl World {
                     }
                 };
                 (sandbox.clone(), Observation::Stopped { generation: *generation, state })
+            }
+            Effect::Pause { sandbox, .. } | Effect::Resume { sandbox, .. } => {
+                self.tick();
+                let pause = matches!(effect, Effect::Pause { .. });
+                let c = self.containers.get_mut(sandbox);
+                if let Some(alive) = c.and_then(|c| c.runs.last_mut()).filter(|r| r.finished.is_none()) {
+                    alive.frozen = pause;
+                }
+                let source = if pause { RuntimeSource::PauseReply } else { RuntimeSource::ResumeReply };
+                let state = self.snapshot(sandbox);
+                (sandbox.clone(), Observation::Runtime { source, state, as_of_version: None })
             }
             Effect::Delete { sandbox } => {
                 self.tick();

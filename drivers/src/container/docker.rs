@@ -179,6 +179,14 @@ impl Engine for DockerEngine {
         }
     }
 
+    async fn pause(&self, container: &str) -> Result<(), EngineError> {
+        self.docker.pause_container(container).await.map_err(error)
+    }
+
+    async fn unpause(&self, container: &str) -> Result<(), EngineError> {
+        self.docker.unpause_container(container).await.map_err(error)
+    }
+
     async fn remove(&self, container: &str) -> Result<(), EngineError> {
         let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
         match self.docker.remove_container(container, Some(options)).await.map_err(error) {
@@ -222,6 +230,7 @@ impl Engine for DockerEngine {
         let state = response.state.unwrap_or_default();
         let status = match state.status {
             Some(ContainerStateStatusEnum::RUNNING) => Status::Running,
+            Some(ContainerStateStatusEnum::PAUSED) => Status::Paused,
             Some(ContainerStateStatusEnum::CREATED) => Status::Created,
             Some(ContainerStateStatusEnum::EXITED | ContainerStateStatusEnum::DEAD) => Status::Exited,
             _ => Status::Other,

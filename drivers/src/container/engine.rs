@@ -43,8 +43,10 @@ pub struct ContainerSpec {
 pub enum Status {
     Created,
     Running,
+    /// Running, with every process held by the freezer.
+    Paused,
     Exited,
-    /// Being removed, or a state Berth does not use (paused, restarting).
+    /// Being removed, or a state Berth does not use (restarting).
     Other,
 }
 
@@ -72,7 +74,9 @@ pub struct Inspection {
 impl Inspection {
     pub fn state(&self) -> RuntimeState {
         match (self.status, self.started_at) {
-            (Status::Running | Status::Other, Some(started_at)) => RuntimeState::Running { started_at },
+            (Status::Running | Status::Paused | Status::Other, Some(started_at)) => {
+                RuntimeState::Running { started_at, frozen: self.status == Status::Paused }
+            }
             (Status::Exited, Some(started_at)) => RuntimeState::Exited(ExitMarker {
                 started_at,
                 finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
@@ -83,8 +87,9 @@ impl Inspection {
         }
     }
 
+    /// Whether a run is alive, frozen or not.
     pub(super) fn running(&self) -> bool {
-        self.status == Status::Running
+        matches!(self.status, Status::Running | Status::Paused)
     }
 }
 
@@ -136,6 +141,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn start(&self, container: &str) -> Result<Start, EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.
     async fn stop(&self, container: &str, grace: Duration) -> Result<(), EngineError>;
+    /// Freezes every process of a running container (the cgroup freezer).
+    async fn pause(&self, container: &str) -> Result<(), EngineError>;
+    /// Thaws a paused container.
+    async fn unpause(&self, container: &str) -> Result<(), EngineError>;
     /// Removes the container, forcibly; absence is success.
     async fn remove(&self, container: &str) -> Result<(), EngineError>;
     /// Creates a labelled volume; an existing one is success.

@@ -174,6 +174,11 @@ impl<E: Engine> ContainerDriver<E> {
             return Ok(RuntimeState::Absent { at: None });
         };
         if inspection.running() {
+            // A frozen run cannot take its SIGTERM: it is thawed first, so a stop of a paused
+            // sandbox is as graceful as any other.
+            if inspection.status == Status::Paused {
+                self.engine.unpause(&name).await?;
+            }
             match self.engine.stop(&name, grace).await {
                 Ok(()) | Err(EngineError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
@@ -400,6 +405,21 @@ impl<E: Engine> ContainerDriver<E> {
         }
     }
 
+    /// Freezes (`pause`) or thaws the container's run if it is not so already, and shows the
+    /// state it left the run in (the caller holds the lock).
+    async fn freeze_locked(&self, sandbox: &SandboxId, pause: bool) -> Result<RuntimeState, DriverError> {
+        let name = container_name(sandbox);
+        let Some(inspection) = self.engine.inspect(&name).await? else {
+            return Ok(RuntimeState::Absent { at: None });
+        };
+        match (inspection.status, pause) {
+            (Status::Running, true) => self.engine.pause(&name).await?,
+            (Status::Paused, false) => self.engine.unpause(&name).await?,
+            _ => return Ok(inspection.state()),
+        }
+        self.state(sandbox).await
+    }
+
     async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         Ok(match self.engine.inspect(&container_name(sandbox)).await? {
             Some(i) => i.state(),
@@ -456,6 +476,16 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     async fn delete_then_crash(&self, sandbox: &SandboxId, grace: Duration, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
         cut_short(self.delete_locked(sandbox, grace, Some(at)).await, at)
+    }
+
+    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let _guard = self.locks.lock(sandbox, false).await?;
+        self.freeze_locked(sandbox, true).await
+    }
+
+    async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let _guard = self.locks.lock(sandbox, false).await?;
+        self.freeze_locked(sandbox, false).await
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

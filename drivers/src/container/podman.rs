@@ -190,6 +190,14 @@ impl Engine for PodmanEngine {
         }
     }
 
+    async fn pause(&self, container: &str) -> Result<(), EngineError> {
+        self.podman.containers().get(container).pause().await.map_err(error)
+    }
+
+    async fn unpause(&self, container: &str) -> Result<(), EngineError> {
+        self.podman.containers().get(container).unpause().await.map_err(error)
+    }
+
     async fn remove(&self, container: &str) -> Result<(), EngineError> {
         let opts = ContainerDeleteOpts::builder().force(true).volumes(true).build();
         match self.podman.containers().get(container).delete(&opts).await.map_err(error) {
@@ -233,6 +241,7 @@ impl Engine for PodmanEngine {
         };
         let status = match state.status.as_deref() {
             Some("running") => Status::Running,
+            Some("paused") => Status::Paused,
             Some("created" | "configured" | "initialized") => Status::Created,
             Some("exited" | "stopped") => Status::Exited,
             _ => Status::Other,

@@ -6,6 +6,11 @@
 //! with the sandbox, after whatever is left in them is killed. Making a cgroup needs a writable
 //! cgroup file system (the gateway as root, or a delegated v2 subtree): where there is none, a
 //! limit is refused at admission, never run without.
+//!
+//! Every run, limited or not, also joins a freezer where the host has one (v1's `freezer`
+//! controller, v2's `cgroup.freeze` of the same sandbox cgroup): that is what a pause freezes
+//! (DESIGN 12.1). Where there is none the run starts all the same, and a pause is refused
+//! saying why.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,10 +29,14 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 const CONTROLLERS: [(&str, &str); 3] =
     [("cpu", "spec.limits.cpu_millis"), ("memory", "spec.limits.memory_bytes"), ("pids", "spec.limits.pids")];
 
+/// How long a freeze or a thaw may take to hold every process.
+const FREEZE_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 enum Hierarchy {
-    /// cgroup v1: where each usable controller is mounted (at its root), or why it is not usable.
-    V1(BTreeMap<&'static str, Result<PathBuf, String>>),
+    /// cgroup v1: where each usable controller is mounted (at its root), or why it is not usable;
+    /// and the freezer's, likewise.
+    V1 { controllers: BTreeMap<&'static str, Result<PathBuf, String>>, freezer: Result<PathBuf, String> },
     /// cgroup v2: the unified hierarchy's root, and the controllers delegated to `berth/`.
     V2 { root: PathBuf, controllers: Vec<String> },
     /// Neither: why.
@@ -62,20 +71,13 @@ impl Cgroups {
         let v1 = |controller: &str| {
             mounts.iter().find(|m| m.fs_type == "cgroup" && m.root == "/" && m.super_options.contains_key(controller))
         };
-        if CONTROLLERS.iter().any(|(controller, _)| v1(controller).is_some()) {
-            let usable = CONTROLLERS
-                .iter()
-                .map(|(controller, _)| {
-                    let usable = match v1(controller) {
-                        None => Err(format!("no cgroup v1 {controller} controller is mounted")),
-                        Some(m) => make_dir(&m.mount_point.join(PARENT))
-                            .map(|()| m.mount_point.clone())
-                            .map_err(|e| e.to_string()),
-                    };
-                    (*controller, usable)
-                })
-                .collect();
-            return Self(Hierarchy::V1(usable));
+        let usable = |controller: &str| match v1(controller) {
+            None => Err(format!("no cgroup v1 {controller} controller is mounted")),
+            Some(m) => make_dir(&m.mount_point.join(PARENT)).map(|()| m.mount_point.clone()).map_err(|e| e.to_string()),
+        };
+        if CONTROLLERS.iter().chain([&("freezer", "")]).any(|(controller, _)| v1(controller).is_some()) {
+            let controllers = CONTROLLERS.iter().map(|(controller, _)| (*controller, usable(controller))).collect();
+            return Self(Hierarchy::V1 { controllers, freezer: usable("freezer") });
         }
         match mounts.iter().find(|m| m.fs_type == "cgroup2" && m.root == "/") {
             None => Self(Hierarchy::Unusable("no cgroup file system is mounted".into())),
@@ -91,7 +93,9 @@ impl Cgroups {
         let asked = [limits.cpu_millis.is_some(), limits.memory_bytes.is_some(), limits.pids.is_some()];
         CONTROLLERS.iter().zip(asked).filter(|(_, asked)| *asked).find_map(|((controller, field), _)| {
             let why = match &self.0 {
-                Hierarchy::V1(usable) => usable.get(controller).and_then(|u| u.as_ref().err().cloned()),
+                Hierarchy::V1 { controllers, .. } => {
+                    controllers.get(controller).and_then(|u| u.as_ref().err().cloned())
+                }
                 Hierarchy::V2 { controllers, .. } if !controllers.iter().any(|c| c == controller) => {
                     Some(format!("the cgroup v2 {controller} controller is not available to {PARENT}/"))
                 }
@@ -102,13 +106,15 @@ impl Cgroups {
         })
     }
 
-    /// The sandbox's cgroup directories, as they are or would be.
+    /// The sandbox's cgroup directories, as they are or would be (v1's freezer last).
     fn dirs(&self, sandbox: &SandboxId) -> Vec<(&'static str, PathBuf)> {
         match &self.0 {
-            Hierarchy::V1(usable) => usable
+            Hierarchy::V1 { controllers, freezer } => controllers
                 .iter()
+                .map(|(controller, root)| (*controller, root))
+                .chain([("freezer", freezer)])
                 .filter_map(|(controller, root)| {
-                    Some((*controller, root.as_ref().ok()?.join(PARENT).join(sandbox.as_str())))
+                    Some((controller, root.as_ref().ok()?.join(PARENT).join(sandbox.as_str())))
                 })
                 .collect(),
             Hierarchy::V2 { root, .. } => vec![("", root.join(PARENT).join(sandbox.as_str()))],
@@ -117,22 +123,27 @@ impl Cgroups {
     }
 
     /// Makes the sandbox's cgroups holding `limits` (again, before each start: the values are
-    /// the spec's, which never changes) and returns the directories its supervisor joins: none
-    /// without limits.
+    /// the spec's, which never changes) and its freezer's, and returns the directories its
+    /// supervisor joins. A freezer that cannot be made is left out (the run cannot be paused,
+    /// and a pause says why); a limit that cannot be held is an error.
     pub fn make(&self, sandbox: &SandboxId, limits: &ResourceLimits) -> std::io::Result<Vec<PathBuf>> {
-        if limits.is_unlimited() {
-            return Ok(Vec::new());
-        }
         if let Some((field, why)) = self.unenforceable(limits) {
             return Err(std::io::Error::other(format!("{field}: {why}")));
         }
         let mut joined = Vec::new();
         for (controller, dir) in self.dirs(sandbox) {
             let files = settings(controller, limits);
-            if files.is_empty() {
+            let freezer = matches!(controller, "freezer" | "");
+            if files.is_empty() && !freezer {
                 continue;
             }
-            make_dir(&dir)?;
+            if let Err(e) = make_dir(&dir) {
+                if files.is_empty() {
+                    tracing::warn!(sandbox = %sandbox, error = %e, "no freezer for this run: it cannot be paused");
+                    continue;
+                }
+                return Err(e);
+            }
             for (file, value) in files {
                 // memory.memsw is there only with swap accounting on; without it there is no
                 // swap to hold back.
@@ -151,6 +162,10 @@ impl Cgroups {
 
     /// Kills whatever is left in the sandbox's cgroups and removes them. Absence is success.
     pub async fn remove(&self, sandbox: &SandboxId) -> std::io::Result<()> {
+        // A frozen process takes no signal (on v1 not even SIGKILL) until it is thawed.
+        if self.frozen(sandbox) {
+            self.freeze(sandbox, false).await?;
+        }
         for (_, dir) in self.dirs(sandbox) {
             if !dir.exists() {
                 continue;
@@ -184,6 +199,83 @@ impl Cgroups {
     }
 }
 
+impl Cgroups {
+    /// The sandbox's freezer directory, or why this host gives it none.
+    fn freezer(&self, sandbox: &SandboxId) -> Result<PathBuf, String> {
+        let dir = match &self.0 {
+            Hierarchy::V1 { freezer, .. } => freezer.clone()?.join(PARENT).join(sandbox.as_str()),
+            Hierarchy::V2 { root, .. } => root.join(PARENT).join(sandbox.as_str()),
+            Hierarchy::Unusable(why) => return Err(why.clone()),
+        };
+        match dir.is_dir() {
+            true => Ok(dir),
+            false => Err(format!("its run is in no freezer cgroup ({} is missing)", dir.display())),
+        }
+    }
+
+    /// Why this host gives runs no freezer, if it does not.
+    pub fn no_freezer(&self) -> Option<String> {
+        match &self.0 {
+            Hierarchy::V1 { freezer, .. } => freezer.as_ref().err().cloned(),
+            Hierarchy::V2 { .. } => None,
+            Hierarchy::Unusable(why) => Some(why.clone()),
+        }
+    }
+
+    /// Whether the sandbox's run is frozen (every process of it held).
+    pub fn frozen(&self, sandbox: &SandboxId) -> bool {
+        self.freezer(sandbox).is_ok_and(|dir| read_frozen(&dir, self.is_v1()) == Some(true))
+    }
+
+    fn is_v1(&self) -> bool {
+        matches!(self.0, Hierarchy::V1 { .. })
+    }
+
+    /// Freezes (`frozen`) or thaws the sandbox's run, and waits until the kernel says every
+    /// process of it is so.
+    pub async fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> std::io::Result<()> {
+        let dir =
+            self.freezer(sandbox).map_err(|why| std::io::Error::other(format!("cannot freeze the run: {why}")))?;
+        let v1 = self.is_v1();
+        let (file, value) = match (v1, frozen) {
+            (true, true) => ("freezer.state", "FROZEN"),
+            (true, false) => ("freezer.state", "THAWED"),
+            (false, true) => ("cgroup.freeze", "1"),
+            (false, false) => ("cgroup.freeze", "0"),
+        };
+        let deadline = tokio::time::Instant::now() + FREEZE_WAIT;
+        loop {
+            // v1 may settle back to FREEZING when a process was in a state it could not freeze
+            // in: asking again retries it.
+            write(&dir.join(file), value)?;
+            if read_frozen(&dir, v1) == Some(frozen) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(std::io::Error::other(format!(
+                    "{} did not become {value} within {FREEZE_WAIT:?}",
+                    dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// What a freezer directory says: frozen, thawed, or (v1's FREEZING, an unreadable file)
+/// neither yet.
+fn read_frozen(dir: &Path, v1: bool) -> Option<bool> {
+    if v1 {
+        return match std::fs::read_to_string(dir.join("freezer.state")).ok()?.trim() {
+            "FROZEN" => Some(true),
+            "THAWED" => Some(false),
+            _ => None,
+        };
+    }
+    let events = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    events.lines().find_map(|l| l.strip_prefix("frozen ")).map(|v| v.trim() == "1")
+}
+
 /// What to write in a sandbox's cgroup of `controller` ("" for v2's one) for `limits`, in
 /// order: a v1 memory limit before memory and swap together, which may never be below it. A
 /// cgroup made before holds these same values (a spec never changes), so writing them again
@@ -191,6 +283,7 @@ impl Cgroups {
 fn settings(controller: &str, limits: &ResourceLimits) -> Vec<(&'static str, String)> {
     let mut files = Vec::new();
     match controller {
+        "freezer" => {}
         "cpu" => {
             if let Some(millis) = limits.cpu_millis {
                 files.push(("cpu.cfs_period_us", CPU_PERIOD_US.to_string()));

@@ -197,7 +197,8 @@ impl<O: Os> Inner<O> {
         self.settle(sandbox)?;
         let Some(run) = self.run_file(sandbox)? else { return Ok(RuntimeState::Created) };
         if self.alive(&run) {
-            return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at) });
+            let frozen = self.os.frozen(sandbox);
+            return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at), frozen });
         }
         Ok(RuntimeState::Exited(self.ended(sandbox, &run, KILLED_EXIT_CODE)?))
     }
@@ -212,6 +213,10 @@ impl<O: Os> Inner<O> {
         self.settle(sandbox)?;
         let run = self.run_file(sandbox)?;
         if let Some(run) = run.filter(|run| self.alive(run)) {
+            // A frozen run cannot take its SIGTERM: thawed first, it stops as gracefully as any.
+            if self.os.frozen(sandbox) {
+                self.os.freeze(sandbox, false).await?;
+            }
             self.kill_group(&run, Signal::Term);
             if crash == Some(CrashPoint::AfterStopAsked) {
                 return Err(crashed(CrashPoint::AfterStopAsked));
@@ -232,6 +237,17 @@ impl<O: Os> Inner<O> {
         }
         // Nor anything an exec of it started (a supervisor that got to stop them has).
         self.os.kill_execs(sandbox);
+        self.observe(sandbox)
+    }
+
+    /// Freezes (`pause`) or thaws the live run, and shows the state it left it in (the caller
+    /// holds the lock). Nothing alive is nothing to do.
+    async fn freeze_locked(&self, sandbox: &SandboxId, pause: bool) -> Result<RuntimeState, DriverError> {
+        if let RuntimeState::Running { frozen, .. } = self.observe(sandbox)?
+            && frozen != pause
+        {
+            self.os.freeze(sandbox, pause).await?;
+        }
         self.observe(sandbox)
     }
 
@@ -507,6 +523,23 @@ impl<O: Os> Driver for ProcessDriver<O> {
     async fn delete_then_crash(&self, sandbox: &SandboxId, grace: Duration, at: CrashPoint) -> Result<(), DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
         cut_short(self.inner.delete_locked(sandbox, grace, Some(at)).await, at)
+    }
+
+    fn admit_pause(&self) -> Result<(), berth_core::Error> {
+        match self.inner.os.no_freezer() {
+            None => Ok(()),
+            Some(reason) => Err(berth_core::Error::Unsupported { action: "pause", driver: "process", reason }),
+        }
+    }
+
+    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        self.inner.freeze_locked(sandbox, true).await
+    }
+
+    async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        self.inner.freeze_locked(sandbox, false).await
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {

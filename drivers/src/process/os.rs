@@ -97,6 +97,17 @@ pub trait Os: Send + Sync + 'static {
 
     /// Kills whatever is left in the sandbox's cgroups and removes them.
     async fn unlimit(&self, sandbox: &SandboxId) -> Result<(), DriverError>;
+
+    /// Freezes (`frozen`) or thaws every process of the sandbox's run, through its freezer
+    /// cgroup; returns once all are so. A host that gives the run no freezer is
+    /// [`DriverError::Failed`], saying why.
+    async fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> Result<(), DriverError>;
+
+    /// Whether the sandbox's run is frozen.
+    fn frozen(&self, sandbox: &SandboxId) -> bool;
+
+    /// Why this host gives runs no freezer, if it does not.
+    fn no_freezer(&self) -> Option<String>;
 }
 
 /// The machine the gateway runs on.
@@ -216,6 +227,18 @@ impl Os for HostOs {
 
     async fn unlimit(&self, sandbox: &SandboxId) -> Result<(), DriverError> {
         self.cgroups.remove(sandbox).await.map_err(|e| io("removing the sandbox's cgroups", e))
+    }
+
+    async fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> Result<(), DriverError> {
+        self.cgroups.freeze(sandbox, frozen).await.map_err(|e| DriverError::Failed(e.to_string()))
+    }
+
+    fn frozen(&self, sandbox: &SandboxId) -> bool {
+        self.cgroups.frozen(sandbox)
+    }
+
+    fn no_freezer(&self) -> Option<String> {
+        self.cgroups.no_freezer()
     }
 }
 

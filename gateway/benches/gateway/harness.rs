@@ -16,6 +16,17 @@ impl NoopDriver {
         *c += 1;
         Timestamp::from_unix_nanos(*c)
     }
+
+    /// The freezer's state of a live run set to `frozen`; the state after.
+    fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> RuntimeState {
+        let mut states = self.states.lock().unwrap();
+        match states.get_mut(sandbox) {
+            Some(RuntimeState::Running { frozen: f, .. }) => *f = frozen,
+            Some(_) => {}
+            None => return RuntimeState::Absent { at: None },
+        }
+        states[sandbox]
+    }
 }
 
 #[async_trait]
@@ -28,14 +39,14 @@ impl Driver for NoopDriver {
     }
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let started_at = self.tick();
-        self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at });
+        self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at, frozen: false });
         Ok(StartReply::Running { started_at })
     }
     async fn stop(&self, sandbox: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {
         let finished_at = self.tick();
         let mut states = self.states.lock().unwrap();
         let state = match states.get(sandbox) {
-            Some(RuntimeState::Running { started_at }) => RuntimeState::Exited(berth_core::ExitMarker {
+            Some(RuntimeState::Running { started_at, .. }) => RuntimeState::Exited(berth_core::ExitMarker {
                 started_at: *started_at,
                 finished_at,
                 exit_code: 143,
@@ -50,6 +61,12 @@ impl Driver for NoopDriver {
     async fn delete(&self, sandbox: &SandboxId, _: Duration) -> Result<(), DriverError> {
         self.states.lock().unwrap().remove(sandbox);
         Ok(())
+    }
+    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        Ok(self.freeze(sandbox, true))
+    }
+    async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+        Ok(self.freeze(sandbox, false))
     }
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         Ok(self.states.lock().unwrap().get(sandbox).copied().unwrap_or(RuntimeState::Absent { at: None }))

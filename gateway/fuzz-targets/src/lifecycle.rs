@@ -21,7 +21,8 @@ enum Source {
 enum State {
     Absent,
     Created,
-    Running(u16),
+    /// Started at, frozen.
+    Running(u16, bool),
     Exited(u16, u16, i8, bool),
 }
 
@@ -31,6 +32,8 @@ enum Step {
     Stop(bool),
     Start(bool),
     Delete(bool),
+    Pause(bool),
+    Resume(bool),
     Runtime(Source, State, bool),
     StartReply(u8, State),
     StartFailed(u8),
@@ -48,7 +51,7 @@ fn state(s: &State) -> RuntimeState {
     match *s {
         State::Absent => RuntimeState::Absent { at: None },
         State::Created => RuntimeState::Created,
-        State::Running(at) => RuntimeState::Running { started_at: t(at) },
+        State::Running(at, frozen) => RuntimeState::Running { started_at: t(at), frozen },
         State::Exited(started, length, code, out_of_memory) => RuntimeState::Exited(ExitMarker {
             started_at: t(started),
             finished_at: Timestamp::from_unix_nanos(i64::from(started) + i64::from(length) + 1),
@@ -110,11 +113,13 @@ fn check(steps: Vec<Step>) {
                 };
                 decide(&Request::new(c, None), &Reads { sandbox: before.clone(), ..Reads::default() }, now)
             }
-            Step::Stop(v) | Step::Start(v) | Step::Delete(v) => {
+            Step::Stop(v) | Step::Start(v) | Step::Delete(v) | Step::Pause(v) | Step::Resume(v) => {
                 let name = "box".to_string();
                 let c = match step {
                     Step::Stop(_) => Command::StopSandbox { name },
                     Step::Start(_) => Command::StartSandbox { name },
+                    Step::Pause(_) => Command::PauseSandbox { name },
+                    Step::Resume(_) => Command::ResumeSandbox { name },
                     _ => Command::DeleteSandbox { name },
                 };
                 let request = command(c, *v);
@@ -138,7 +143,7 @@ fn check(steps: Vec<Step>) {
             }
             Step::StartReply(g, s) => {
                 let reply = match state(s) {
-                    RuntimeState::Running { started_at } => StartReply::Running { started_at },
+                    RuntimeState::Running { started_at, .. } => StartReply::Running { started_at },
                     RuntimeState::Exited(m) => StartReply::Exited(m),
                     RuntimeState::Absent { .. } => StartReply::Gone,
                     RuntimeState::Created => StartReply::Failed { message: "no".into() },
@@ -184,17 +189,25 @@ fn check(steps: Vec<Step>) {
             assert_eq!(decision.writes.len(), 1, "a written outcome is its one write's record");
         }
         let (Some(b), Some(a)) = (&before, &record) else { continue };
-        let is_command = matches!(step, Step::Create | Step::Stop(_) | Step::Start(_) | Step::Delete(_));
+        let is_command = matches!(
+            step,
+            Step::Create | Step::Stop(_) | Step::Start(_) | Step::Delete(_) | Step::Pause(_) | Step::Resume(_)
+        );
         if !is_command {
-            // Observations never change intent or rotate identities (DESIGN 3.5 rule 7).
-            assert_eq!(a.intent, b.intent);
+            // Observations never change intent or rotate identities (DESIGN 3.5 rule 7), but for
+            // a run that ends under a pause: the pause ends with it (DESIGN 12.1).
+            let pause_ended = (b.intent, a.intent) == (Intent::Paused, Intent::Running)
+                && matches!(a.phase.kind(), PhaseKind::Error | PhaseKind::Stopped);
+            if !pause_ended {
+                assert_eq!(a.intent, b.intent);
+            }
             assert_eq!(a.generation, b.generation);
             // Within one generation, Error and Stopped never go back to Ready.
             if matches!(b.phase.kind(), PhaseKind::Error | PhaseKind::Stopped) {
                 assert_ne!(a.phase.kind(), PhaseKind::Ready);
             }
             // I1: a report about a run that started before a settled fence changes no phase.
-            if let Step::Runtime(_, State::Exited(started, ..) | State::Running(started), _) = step
+            if let Step::Runtime(_, State::Exited(started, ..) | State::Running(started, _), _) = step
                 && b.run == Run::Pending
                 && b.exit_fence.settled
                 && b.exit_fence.marker.is_some_and(|f| t(*started) <= f.finished_at)
@@ -208,7 +221,15 @@ fn check(steps: Vec<Step>) {
             assert_eq!((a.phase.kind(), a.intent), (PhaseKind::Starting, Intent::Running));
         }
         if a.phase.kind() == PhaseKind::Ready && b.phase.kind() != PhaseKind::Ready {
-            assert!(matches!(step, Step::Connect(_)), "only the current supervisor makes a sandbox Ready");
+            // Only the current supervisor makes a sandbox Ready, or a paused one's run seen
+            // thawed (its supervisor made it Ready before the pause).
+            let thawed =
+                b.phase.kind() == PhaseKind::Paused && matches!(step, Step::Runtime(_, State::Running(_, false), _));
+            assert!(matches!(step, Step::Connect(_)) || thawed, "only the current supervisor makes a sandbox Ready");
+        }
+        // Pause and resume never rotate the identity.
+        if matches!(step, Step::Pause(_) | Step::Resume(_)) {
+            assert_eq!(a.generation, b.generation);
         }
     }
 }

@@ -12,11 +12,8 @@ use berth_proto::v1 as pb;
 /// can say and the core's cannot (a negative duration).
 pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::Error> {
     let lifetime = spec.lifetime.unwrap_or_default();
-    let on_expiry = match pb::OnExpiry::try_from(lifetime.on_expiry) {
-        Ok(pb::OnExpiry::Unspecified | pb::OnExpiry::Stop) => OnExpiry::Stop,
-        Ok(pb::OnExpiry::Delete) => OnExpiry::Delete,
-        Err(_) => return Err(invalid("spec.lifetime.on_expiry", format!("unknown value {}", lifetime.on_expiry))),
-    };
+    let on_expiry = on_expiry_from_wire("spec.lifetime.on_expiry", lifetime.on_expiry)?;
+    let on_idle = lifetime.on_idle.map(|v| on_expiry_from_wire("spec.lifetime.on_idle", v)).transpose()?;
     let restart = spec.restart.unwrap_or_default();
     let mode = match pb::RestartMode::try_from(restart.mode) {
         Ok(pb::RestartMode::Unspecified | pb::RestartMode::Never) => RestartMode::Never,
@@ -38,6 +35,7 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
             ttl: lifetime.ttl_ms.map(|ms| millis("spec.lifetime.ttl_ms", ms)).transpose()?,
             idle_timeout: lifetime.idle_timeout_ms.map(|ms| millis("spec.lifetime.idle_timeout_ms", ms)).transpose()?,
             on_expiry,
+            on_idle,
         },
         restart: RestartPolicy {
             mode,
@@ -89,10 +87,8 @@ pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
         lifetime: Some(pb::Lifetime {
             ttl_ms: spec.lifetime.ttl.map(millis),
             idle_timeout_ms: spec.lifetime.idle_timeout.map(millis),
-            on_expiry: match spec.lifetime.on_expiry {
-                OnExpiry::Stop => pb::OnExpiry::Stop,
-                OnExpiry::Delete => pb::OnExpiry::Delete,
-            } as i32,
+            on_expiry: on_expiry_to_wire(spec.lifetime.on_expiry) as i32,
+            on_idle: spec.lifetime.on_idle.map(|a| on_expiry_to_wire(a) as i32),
         }),
         restart: Some(pb::RestartPolicy {
             mode: match spec.restart.mode {
@@ -116,11 +112,29 @@ pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
     }
 }
 
+fn on_expiry_from_wire(field: &str, value: i32) -> Result<OnExpiry, berth_core::Error> {
+    match pb::OnExpiry::try_from(value) {
+        Ok(pb::OnExpiry::Unspecified | pb::OnExpiry::Stop) => Ok(OnExpiry::Stop),
+        Ok(pb::OnExpiry::Delete) => Ok(OnExpiry::Delete),
+        Ok(pb::OnExpiry::Pause) => Ok(OnExpiry::Pause),
+        Err(_) => Err(invalid(field, format!("unknown value {value}"))),
+    }
+}
+
+fn on_expiry_to_wire(action: OnExpiry) -> pb::OnExpiry {
+    match action {
+        OnExpiry::Stop => pb::OnExpiry::Stop,
+        OnExpiry::Delete => pb::OnExpiry::Delete,
+        OnExpiry::Pause => pb::OnExpiry::Pause,
+    }
+}
+
 pub fn phase(phase: &Phase) -> pb::Phase {
     match phase {
         Phase::Provisioning => pb::Phase::Provisioning,
         Phase::Starting => pb::Phase::Starting,
         Phase::Ready => pb::Phase::Ready,
+        Phase::Paused => pb::Phase::Paused,
         Phase::Stopping => pb::Phase::Stopping,
         Phase::Stopped => pb::Phase::Stopped,
         Phase::Deleting => pb::Phase::Deleting,
@@ -133,6 +147,7 @@ fn intent(intent: Intent) -> pb::Intent {
         Intent::Running => pb::Intent::Running,
         Intent::Stopped => pb::Intent::Stopped,
         Intent::Deleted => pb::Intent::Deleted,
+        Intent::Paused => pb::Intent::Paused,
     }
 }
 

@@ -226,7 +226,7 @@ async fn watch_sandbox(State(api): Shared, Path(name): Path<String>) -> Response
     lines(api.sandboxes.watch_sandbox(request(pb::WatchSandboxRequest { name })).await)
 }
 
-/// `POST /v1/sandboxes/{name}/{verb}`: stop, start, delete, renew; the body's fields beside the
+/// `POST /v1/sandboxes/{name}/{verb}`: stop, start, pause, resume, delete, renew; the body's fields beside the
 /// name (an expected version, a renewal).
 async fn sandbox_verb(State(api): Shared, Path((name, verb)): Path<(String, String)>, bytes: Bytes) -> Response {
     match verb.as_str() {
@@ -235,15 +235,19 @@ async fn sandbox_verb(State(api): Shared, Path((name, verb)): Path<(String, Stri
                 api.sandboxes.renew_sandbox(request(pb::RenewSandboxRequest { name, ..r })).await
             ))
         }
-        "stop" | "start" | "delete" => with_body!(bytes, |r: pb::LifecycleRequest| {
+        "stop" | "start" | "pause" | "resume" | "delete" => with_body!(bytes, |r: pb::LifecycleRequest| {
             let r = request(pb::LifecycleRequest { name, ..r });
             reply(match verb.as_str() {
                 "stop" => api.sandboxes.stop_sandbox(r).await,
                 "start" => api.sandboxes.start_sandbox(r).await,
+                "pause" => api.sandboxes.pause_sandbox(r).await,
+                "resume" => api.sandboxes.resume_sandbox(r).await,
                 _ => api.sandboxes.delete_sandbox(r).await,
             })
         }),
-        other => error(&Status::not_found(format!("no sandbox action {other:?} (stop, start, delete, renew)"))),
+        other => error(&Status::not_found(format!(
+            "no sandbox action {other:?} (stop, start, pause, resume, delete, renew)"
+        ))),
     }
 }
 

@@ -168,6 +168,22 @@ impl Sandboxes for SandboxApi {
         let r = request.into_inner();
         self.lifecycle(Command::DeleteSandbox { name: r.name }, r.expected_resource_version).await
     }
+
+    async fn pause_sandbox(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        self.lifecycle(Command::PauseSandbox { name: r.name }, r.expected_resource_version).await
+    }
+
+    async fn resume_sandbox(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::SandboxReply>, Status> {
+        let r = request.into_inner();
+        self.lifecycle(Command::ResumeSandbox { name: r.name }, r.expected_resource_version).await
+    }
 }
 
 pub struct ProviderApi {

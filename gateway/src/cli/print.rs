@@ -34,6 +34,7 @@ pub(super) fn phase_name(phase: i32) -> &'static str {
         pb::Phase::Provisioning => "Provisioning",
         pb::Phase::Starting => "Starting",
         pb::Phase::Ready => "Ready",
+        pb::Phase::Paused => "Paused",
         pb::Phase::Stopping => "Stopping",
         pb::Phase::Stopped => "Stopped",
         pb::Phase::Deleting => "Deleting",
@@ -47,7 +48,16 @@ fn intent_name(intent: i32) -> &'static str {
         pb::Intent::Running => "Running",
         pb::Intent::Stopped => "Stopped",
         pb::Intent::Deleted => "Deleted",
+        pb::Intent::Paused => "Paused",
     })
+}
+
+fn on_expiry_name(action: i32) -> &'static str {
+    match pb::OnExpiry::try_from(action) {
+        Ok(pb::OnExpiry::Delete) => "delete",
+        Ok(pb::OnExpiry::Pause) => "pause",
+        _ => "stop",
+    }
 }
 
 pub(super) fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
@@ -55,7 +65,8 @@ pub(super) fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
         "image": spec.image, "command": spec.command, "env": spec.env, "labels": spec.labels,
         "lifetime": spec.lifetime.map(|l| json!({
             "ttl_ms": l.ttl_ms, "idle_timeout_ms": l.idle_timeout_ms,
-            "on_expiry": if l.on_expiry == pb::OnExpiry::Delete as i32 { "delete" } else { "stop" },
+            "on_expiry": on_expiry_name(l.on_expiry),
+            "on_idle": l.on_idle.map(on_expiry_name),
         })),
         "restart": spec.restart.map(|r| json!({
             "mode": pb::RestartMode::try_from(r.mode).map_or("never", |m| match m {

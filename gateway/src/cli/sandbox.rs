@@ -95,6 +95,24 @@ pub(super) enum SandboxCmd {
         #[command(flatten)]
         wait: Wait,
     },
+    /// Freeze a Ready sandbox's processes, keeping their memory, and wait until it is Paused.
+    /// Nothing restarts: the generation and identity stay. While paused no exec runs and the
+    /// idle timeout is held; the deadline still applies.
+    Pause {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
+    /// Thaw a paused sandbox and wait until it is Ready again, where it left off.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        version: Versioned,
+        #[command(flatten)]
+        wait: Wait,
+    },
     /// Delete a sandbox and everything made for it, and wait until it is gone.
     Delete {
         name: String,
@@ -156,6 +174,7 @@ pub(super) enum SandboxCmd {
 #[derive(Clone, Copy)]
 enum Target {
     Ready,
+    Paused,
     Stopped,
     Gone,
 }
@@ -206,12 +225,18 @@ impl Client {
                 spinner.set_message(format!("{name}: {}", phase_name(s.phase)));
                 let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
                 match (target, phase) {
-                    (Target::Ready, pb::Phase::Ready) | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
+                    (Target::Ready, pb::Phase::Ready)
+                    | (Target::Paused, pb::Phase::Paused)
+                    | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
                     // The command ran and exited 0 before it was seen Ready: done, not failed.
                     (Target::Ready, pb::Phase::Stopped) if s.completed => return Ok(Some(s)),
-                    (Target::Ready | Target::Stopped, pb::Phase::Error) => {
+                    (Target::Ready | Target::Paused | Target::Stopped, pb::Phase::Error) => {
                         let f = s.failure.unwrap_or_default();
                         return Err(Failed(format!("sandbox '{name}' failed: {} ({})", f.reason, f.message)));
+                    }
+                    // Its run ended (a completion, or a stop) before it could be frozen.
+                    (Target::Paused, pb::Phase::Stopping | pb::Phase::Stopped | pb::Phase::Deleting) => {
+                        return Err(Failed(format!("sandbox '{name}' is {} and will not pause", phase_name(s.phase))));
                     }
                     _ => {}
                 }
@@ -238,6 +263,7 @@ impl Client {
         let already = match (target, pb::Phase::try_from(sandbox.phase)) {
             (Target::Ready, Ok(pb::Phase::Ready)) => Some("Ready"),
             (Target::Stopped, Ok(pb::Phase::Stopped)) => Some("Stopped"),
+            (Target::Paused, Ok(pb::Phase::Paused)) if sandbox.intent == pb::Intent::Paused as i32 => Some("Paused"),
             _ => None,
         };
         if let Some(phase) = already {
@@ -332,6 +358,16 @@ impl Client {
             SandboxCmd::Start { name, version, wait } => {
                 let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
                 let reply = self.sandboxes.start_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Pause { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.pause_sandbox(request).await?.into_inner();
+                self.lifecycle(reply, Target::Paused, &wait).await
+            }
+            SandboxCmd::Resume { name, version, wait } => {
+                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+                let reply = self.sandboxes.resume_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
             }
             SandboxCmd::Delete { name, version, wait } => {

@@ -117,15 +117,31 @@ struct LifetimeArgs {
     /// its claim) and every start.
     #[arg(long, value_parser = humantime::parse_duration)]
     idle_timeout: Option<Duration>,
-    /// What the deadline and the idle timeout do when they pass.
+    /// What the deadline does when it passes, and the idle timeout unless --on-idle says:
+    /// stop (workspace kept), delete, or pause (memory kept; a resume thaws it).
     #[arg(long, value_enum, default_value_t = OnExpiryArg::Stop)]
     on_expiry: OnExpiryArg,
+    /// What the idle timeout does when it passes. [default: as --on-expiry]
+    #[arg(long, value_enum, requires = "idle_timeout")]
+    on_idle: Option<OnExpiryArg>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum OnExpiryArg {
     Stop,
     Delete,
+    Pause,
+}
+
+impl OnExpiryArg {
+    fn wire(self) -> i32 {
+        let action = match self {
+            OnExpiryArg::Stop => pb::OnExpiry::Stop,
+            OnExpiryArg::Delete => pb::OnExpiry::Delete,
+            OnExpiryArg::Pause => pb::OnExpiry::Pause,
+        };
+        action as i32
+    }
 }
 
 #[derive(Args)]
@@ -167,10 +183,8 @@ impl LifetimeArgs {
         pb::Lifetime {
             ttl_ms: self.ttl.map(wire_millis),
             idle_timeout_ms: self.idle_timeout.map(wire_millis),
-            on_expiry: match self.on_expiry {
-                OnExpiryArg::Stop => pb::OnExpiry::Stop,
-                OnExpiryArg::Delete => pb::OnExpiry::Delete,
-            } as i32,
+            on_expiry: self.on_expiry.wire(),
+            on_idle: self.on_idle.map(OnExpiryArg::wire),
         }
     }
 }

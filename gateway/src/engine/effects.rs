@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use berth_core::identity::{RuntimeIdentity, derive_token};
-use berth_core::{Effect, Observation, Sandbox, SandboxId, recovery};
+use berth_core::{Effect, Observation, RuntimeSource, Sandbox, SandboxId, recovery};
 use berth_drivers::{DriverError, Launch};
 use tracing::{debug, warn};
 
@@ -104,6 +104,8 @@ impl Engine {
         let op = match effect {
             Effect::Start { .. } => "start",
             Effect::Stop { .. } => "stop",
+            Effect::Pause { .. } => "pause",
+            Effect::Resume { .. } => "resume",
             Effect::Delete { .. } => "delete",
         };
         let began = tokio::time::Instant::now();
@@ -123,6 +125,18 @@ impl Engine {
             (Effect::Stop { sandbox, generation }, _) => {
                 let state = driver.stop(sandbox, *generation, self.inner.settings.stop_grace).await?;
                 Ok(Observation::Stopped { generation: *generation, state })
+            }
+            // The state a pause or resume left is a runtime report like a poll's, its absence
+            // fenced by the record read before the call.
+            (Effect::Pause { sandbox, .. }, _) => {
+                let state = driver.pause(sandbox).await?;
+                let as_of_version = record.map(|r| r.resource_version);
+                Ok(Observation::Runtime { source: RuntimeSource::PauseReply, state, as_of_version })
+            }
+            (Effect::Resume { sandbox, .. }, _) => {
+                let state = driver.resume(sandbox).await?;
+                let as_of_version = record.map(|r| r.resource_version);
+                Ok(Observation::Runtime { source: RuntimeSource::ResumeReply, state, as_of_version })
             }
             (Effect::Delete { sandbox }, _) => {
                 driver.delete(sandbox, self.inner.settings.stop_grace).await?;

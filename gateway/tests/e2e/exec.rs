@@ -84,7 +84,7 @@ pub(crate) fn start(sandbox: &str, argv: &[&str]) -> pb::ExecStart {
 }
 
 /// Starts an exec; the stream of its output and the sender of what follows the start.
-async fn open(
+pub(crate) async fn open(
     execs: &mut Execs,
     start: pb::ExecStart,
 ) -> Result<(tonic::Streaming<pb::ExecOutput>, mpsc::Sender<pb::ExecInput>), tonic::Status> {

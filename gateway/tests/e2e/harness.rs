@@ -326,6 +326,8 @@ pub async fn lifecycle(sandboxes: &mut Sandboxes, verb: &str, name: &str) -> Res
     let reply = match verb {
         "stop" => sandboxes.stop_sandbox(request).await,
         "start" => sandboxes.start_sandbox(request).await,
+        "pause" => sandboxes.pause_sandbox(request).await,
+        "resume" => sandboxes.resume_sandbox(request).await,
         "delete" => sandboxes.delete_sandbox(request).await,
         other => panic!("no verb {other}"),
     };

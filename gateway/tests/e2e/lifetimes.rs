@@ -13,11 +13,21 @@ use crate::conformance::{Runtime, Target, clean_up, target};
 use crate::harness::*;
 
 fn lifetime(ttl: Duration, on_expiry: pb::OnExpiry) -> pb::Lifetime {
-    pb::Lifetime { ttl_ms: Some(ttl.as_millis() as i64), idle_timeout_ms: None, on_expiry: on_expiry as i32 }
+    pb::Lifetime {
+        ttl_ms: Some(ttl.as_millis() as i64),
+        idle_timeout_ms: None,
+        on_expiry: on_expiry as i32,
+        on_idle: None,
+    }
 }
 
 fn idle(timeout: Duration, on_expiry: pb::OnExpiry) -> pb::Lifetime {
-    pb::Lifetime { ttl_ms: None, idle_timeout_ms: Some(timeout.as_millis() as i64), on_expiry: on_expiry as i32 }
+    pb::Lifetime {
+        ttl_ms: None,
+        idle_timeout_ms: Some(timeout.as_millis() as i64),
+        on_expiry: on_expiry as i32,
+        on_idle: None,
+    }
 }
 
 fn always(backoff_ms: i64) -> pb::RestartPolicy {
@@ -244,8 +254,8 @@ async fn bad_lifetimes_and_policies_name_their_field_and_write_nothing() {
             deadline_unix_ms: deadline,
         }
     };
-    let ttl = |ms: i64| Some(pb::Lifetime { ttl_ms: Some(ms), idle_timeout_ms: None, on_expiry: 0 });
-    let idle_ms = |ms: i64| Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: Some(ms), on_expiry: 0 });
+    let ttl = |ms: i64| Some(pb::Lifetime { ttl_ms: Some(ms), idle_timeout_ms: None, on_expiry: 0, on_idle: None });
+    let idle_ms = |ms: i64| Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: Some(ms), on_expiry: 0, on_idle: None });
     let cases = [
         (with(ttl(0), None, None), "spec.lifetime.ttl_ms"),
         (with(ttl(-5), None, None), "spec.lifetime.ttl_ms"),
@@ -255,7 +265,7 @@ async fn bad_lifetimes_and_policies_name_their_field_and_write_nothing() {
         (with(idle_ms(500), None, None), "spec.lifetime.idle_timeout_ms"),
         (with(idle_ms(2 * 3600 * 1000), None, None), "spec.lifetime.idle_timeout_ms"),
         (
-            with(Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry: 9 }), None, None),
+            with(Some(pb::Lifetime { ttl_ms: None, idle_timeout_ms: None, on_expiry: 9, on_idle: None }), None, None),
             "spec.lifetime.on_expiry",
         ),
         (with(None, None, Some(1_000)), "deadline_unix_ms"),

@@ -9,6 +9,7 @@ use berth_core::{Intent, PhaseKind, Run, Sandbox};
 pub fn not_converged(s: &Sandbox, alive: Option<u64>) -> Vec<String> {
     let expected = match s.intent {
         Intent::Running => PhaseKind::Ready,
+        Intent::Paused => PhaseKind::Paused,
         Intent::Stopped => PhaseKind::Stopped,
         Intent::Deleted => return Vec::new(),
     };
@@ -17,7 +18,7 @@ pub fn not_converged(s: &Sandbox, alive: Option<u64>) -> Vec<String> {
     }
     let mut problems = Vec::new();
     let consistent = match expected {
-        PhaseKind::Ready => alive == Some(s.generation),
+        PhaseKind::Ready | PhaseKind::Paused => alive == Some(s.generation),
         _ => alive.is_none(),
     };
     if !consistent {

@@ -47,6 +47,8 @@ pub enum Call {
     Create(Box<ContainerSpec>),
     Start(SandboxId),
     Stop(SandboxId),
+    /// Freeze (`true`) or thaw the container's run.
+    Freeze(SandboxId, bool),
     Remove(SandboxId),
     Inspect(SandboxId),
     List,
@@ -66,6 +68,8 @@ impl Call {
             Call::Create(spec) => format!("create {}", spec.labels.get(LABEL_NAME).map_or("?", String::as_str)),
             Call::Start(id) => format!("start {}", runtime.name(id)),
             Call::Stop(id) => format!("stop {}", runtime.name(id)),
+            Call::Freeze(id, true) => format!("pause {}", runtime.name(id)),
+            Call::Freeze(id, false) => format!("unpause {}", runtime.name(id)),
             Call::Remove(id) => format!("remove {}", runtime.name(id)),
             Call::Inspect(id) => format!("inspect {}", runtime.name(id)),
             Call::List => "list".into(),
@@ -188,7 +192,7 @@ impl Runtime {
         }
         let gateway = request.gateway;
         let effect = match &request.call {
-            Call::Create(_) | Call::Start(_) | Call::Stop(_) | Call::Remove(_) => {
+            Call::Create(_) | Call::Start(_) | Call::Stop(_) | Call::Freeze(..) | Call::Remove(_) => {
                 Some(request.call.describe(&lock(&self.world.runtime)))
             }
             _ => None,
@@ -197,6 +201,7 @@ impl Runtime {
             Call::Create(spec) => self.create(*spec).into(),
             Call::Start(id) => self.start(&id).await.map_or_else(Answer::Failed, Answer::Started),
             Call::Stop(id) => self.stop(&id).await.into(),
+            Call::Freeze(id, frozen) => self.freeze(&id, frozen).await.into(),
             Call::Remove(id) => {
                 self.remove(&id, EndCause::Deleted).await;
                 Answer::Done
@@ -330,6 +335,7 @@ impl Runtime {
                 finished: None,
                 token: token.clone().unwrap_or_default(),
                 out_of_band,
+                frozen: false,
                 signal,
             });
             (twice, crashes)
@@ -404,6 +410,30 @@ impl Runtime {
             self.check_stop_wanted(id).await;
             self.end_run(id, None, 143, EndCause::Stopped);
         }
+        Ok(())
+    }
+
+    /// Docker's pause and unpause: only a live run can be frozen or thawed, and one already so
+    /// is refused, as Docker refuses it (409).
+    async fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), EngineError> {
+        let serialize = self.sandbox_lock(id);
+        let _guard = serialize.lock().await;
+        let name = container_name(id);
+        {
+            let mut m = lock(&self.world.runtime);
+            let container =
+                m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
+            let Some(run) = container.alive() else {
+                return Err(EngineError::Refused(format!("Container {name} is not running")));
+            };
+            if run.frozen == frozen {
+                let state = if frozen { "already paused" } else { "not paused" };
+                return Err(EngineError::Refused(format!("Container {name} is {state}")));
+            }
+            run.frozen = frozen;
+        }
+        let kind = if frozen { Kind::Paused } else { Kind::Resumed };
+        self.world.event("runtime", kind, self.name(id));
         Ok(())
     }
 

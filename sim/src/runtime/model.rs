@@ -58,13 +58,15 @@ pub struct Run {
     pub token: String,
     /// Started outside Berth (an out-of-band restart), not by a driver's start.
     pub out_of_band: bool,
+    /// Held by the freezer (paused).
+    pub frozen: bool,
     pub(crate) signal: watch::Sender<RunSignal>,
 }
 
 impl Run {
     /// A run started by a driver's start.
     pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
-        Self { generation, started_at, finished: None, token, out_of_band: false, signal }
+        Self { generation, started_at, finished: None, token, out_of_band: false, frozen: false, signal }
     }
 
     pub fn live(&self) -> bool {
@@ -94,6 +96,7 @@ impl Container {
         Inspection {
             status: match (last, finished) {
                 (None, _) => Status::Created,
+                (Some(run), None) if run.frozen => Status::Paused,
                 (Some(_), None) => Status::Running,
                 (Some(_), Some(_)) => Status::Exited,
             },

@@ -18,7 +18,11 @@ pub(crate) async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_
         panic!("{runtime:?}: generation 2 did not start")
     };
     let seen = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(seen, RuntimeState::Running { started_at }, "{runtime:?}: the stale stop ended generation 2");
+    assert_eq!(
+        seen,
+        RuntimeState::Running { started_at, frozen: false },
+        "{runtime:?}: the stale stop ended generation 2"
+    );
     assert_eq!(live_runs(&target, id), 1, "{runtime:?}");
     let stopped = driver.stop(&sandbox, 2, Duration::from_secs(5)).await.unwrap();
     assert!(matches!(stopped, RuntimeState::Exited(_)), "{runtime:?}: {stopped:?}");

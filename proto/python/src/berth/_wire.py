@@ -13,12 +13,18 @@ PHASES = {
     pb.PHASE_PROVISIONING: "Provisioning",
     pb.PHASE_STARTING: "Starting",
     pb.PHASE_READY: "Ready",
+    pb.PHASE_PAUSED: "Paused",
     pb.PHASE_STOPPING: "Stopping",
     pb.PHASE_STOPPED: "Stopped",
     pb.PHASE_DELETING: "Deleting",
     pb.PHASE_ERROR: "Error",
 }
-INTENTS = {pb.INTENT_RUNNING: "Running", pb.INTENT_STOPPED: "Stopped", pb.INTENT_DELETED: "Deleted"}
+INTENTS = {
+    pb.INTENT_RUNNING: "Running",
+    pb.INTENT_PAUSED: "Paused",
+    pb.INTENT_STOPPED: "Stopped",
+    pb.INTENT_DELETED: "Deleted",
+}
 EXEC_STATES = {
     pe.EXEC_STATE_ADMITTED: "Admitted",
     pe.EXEC_STATE_RUNNING: "Running",
@@ -29,10 +35,10 @@ EXEC_STATES = {
     pe.EXEC_STATE_LOST: "Lost",
 }
 STREAMS = {pe.OUTPUT_STREAM_STDOUT: "stdout", pe.OUTPUT_STREAM_STDERR: "stderr", pe.OUTPUT_STREAM_TTY: "tty"}
-ON_EXPIRY = {"stop": pb.ON_EXPIRY_STOP, "delete": pb.ON_EXPIRY_DELETE}
+ON_EXPIRY = {"stop": pb.ON_EXPIRY_STOP, "delete": pb.ON_EXPIRY_DELETE, "pause": pb.ON_EXPIRY_PAUSE}
 RESTART = {"never": pb.RESTART_MODE_NEVER, "on-failure": pb.RESTART_MODE_ON_FAILURE, "always": pb.RESTART_MODE_ALWAYS}
 #: The phase each lifecycle command waits for; `None`: gone.
-TARGETS = {"create": "Ready", "start": "Ready", "stop": "Stopped", "delete": None}
+TARGETS = {"create": "Ready", "start": "Ready", "stop": "Stopped", "pause": "Paused", "resume": "Ready", "delete": None}
 
 
 def _opt(message, field: str):
@@ -113,18 +119,21 @@ def create_request(
     memory: Optional[int] = None,
     pids: Optional[int] = None,
     allow: Optional[Iterable[str]] = None,
+    on_idle: Optional[str] = None,
 ) -> pb.CreateSandboxRequest:
-    if on_expiry is not None and on_expiry not in ON_EXPIRY:
-        raise ValueError(f"on_expiry: expected one of {sorted(ON_EXPIRY)}, got {on_expiry!r}")
+    for field, action in (("on_expiry", on_expiry), ("on_idle", on_idle)):
+        if action is not None and action not in ON_EXPIRY:
+            raise ValueError(f"{field}: expected one of {sorted(ON_EXPIRY)}, got {action!r}")
     if restart is not None and restart not in RESTART:
         raise ValueError(f"restart: expected one of {sorted(RESTART)}, got {restart!r}")
     spec = pb.SandboxSpec(image=image, command=list(command), env=dict(env or {}), labels=dict(labels or {}))
-    if ttl is not None or idle_timeout is not None or on_expiry is not None:
+    if ttl is not None or idle_timeout is not None or on_expiry is not None or on_idle is not None:
         spec.lifetime.CopyFrom(
             pb.Lifetime(
                 ttl_ms=_millis(ttl),
                 idle_timeout_ms=_millis(idle_timeout),
                 on_expiry=ON_EXPIRY.get(on_expiry or "stop"),
+                on_idle=None if on_idle is None else ON_EXPIRY[on_idle],
             )
         )
     if restart is not None:

@@ -85,6 +85,7 @@ class AsyncClient:
         memory: Optional[int] = None,
         pids: Optional[int] = None,
         allow: Optional[Iterable[str]] = None,
+        on_idle: Optional[str] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
@@ -104,6 +105,7 @@ class AsyncClient:
             memory=memory,
             pids=pids,
             allow=allow,
+            on_idle=on_idle,
         )
         created = _wire.sandbox((await self._call(self._sandboxes.CreateSandbox, request)).sandbox)
         return await self.wait_for(name, "Ready", timeout=timeout) if wait else created
@@ -166,7 +168,7 @@ class AsyncClient:
                     raise SandboxFailed(name, "Deleted", "the sandbox was deleted")
                 if s.phase == phase or (phase == "Ready" and s.phase == "Stopped" and s.completed):
                     return s
-                if s.phase == "Error" and phase in ("Ready", "Stopped"):
+                if s.phase == "Error" and phase in ("Ready", "Paused", "Stopped"):
                     f = s.failure
                     raise SandboxFailed(name, f.reason if f else "Error", f.message if f else "")
         except BerthError as e:
@@ -179,7 +181,13 @@ class AsyncClient:
 
     async def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
         request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
-        method = {"stop": self._sandboxes.StopSandbox, "start": self._sandboxes.StartSandbox, "delete": self._sandboxes.DeleteSandbox}[verb]
+        method = {
+            "stop": self._sandboxes.StopSandbox,
+            "start": self._sandboxes.StartSandbox,
+            "pause": self._sandboxes.PauseSandbox,
+            "resume": self._sandboxes.ResumeSandbox,
+            "delete": self._sandboxes.DeleteSandbox,
+        }[verb]
         accepted = _wire.sandbox((await self._call(method, request)).sandbox)
         return await self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
 
@@ -188,6 +196,15 @@ class AsyncClient:
 
     async def start(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
         return await self._lifecycle("start", name, expected_version, wait, timeout)
+
+    async def pause(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Freezes a Ready sandbox's processes, memory kept, and with `wait` returns it once Paused.
+        Nothing restarts: generation and identity stay. No exec runs while it is paused."""
+        return await self._lifecycle("pause", name, expected_version, wait, timeout)
+
+    async def resume(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Thaws a paused sandbox, and with `wait` returns it once Ready again."""
+        return await self._lifecycle("resume", name, expected_version, wait, timeout)
 
     async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         await self._lifecycle("delete", name, expected_version, wait, timeout)

@@ -107,11 +107,13 @@ class Client:
         memory: Optional[int] = None,
         pids: Optional[int] = None,
         allow: Optional[Iterable[str]] = None,
+        on_idle: Optional[str] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
         """Creates a sandbox running `command` and, with `wait`, returns it once Ready. Durations
-        are in seconds; `on_expiry` is "stop" or "delete"; `restart` "never", "on-failure" or
+        are in seconds; `on_expiry` (and `on_idle`, for the idle timeout if not as `on_expiry`) is
+        "stop", "delete" or "pause"; `restart` "never", "on-failure" or
         "always". Limits: `cpus` in cores (0.5), `memory` in bytes (swap included), `pids` the
         processes and threads together; a run killed for memory ends in Error OutOfMemory. `allow`:
         where its runs may connect through Berth's egress proxy (host names, `*.suffixes`, CIDR
@@ -132,6 +134,7 @@ class Client:
             memory=memory,
             pids=pids,
             allow=allow,
+            on_idle=on_idle,
         )
         created = _wire.sandbox(self._call(self._sandboxes.CreateSandbox, request).sandbox)
         return self.wait_for(name, "Ready", timeout=timeout) if wait else created
@@ -205,7 +208,7 @@ class Client:
                     raise SandboxFailed(name, "Deleted", "the sandbox was deleted")
                 if s.phase == phase or (phase == "Ready" and s.phase == "Stopped" and s.completed):
                     return s
-                if s.phase == "Error" and phase in ("Ready", "Stopped"):
+                if s.phase == "Error" and phase in ("Ready", "Paused", "Stopped"):
                     f = s.failure
                     raise SandboxFailed(name, f.reason if f else "Error", f.message if f else "")
         except BerthError as e:
@@ -218,7 +221,13 @@ class Client:
 
     def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
         request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
-        method = {"stop": self._sandboxes.StopSandbox, "start": self._sandboxes.StartSandbox, "delete": self._sandboxes.DeleteSandbox}[verb]
+        method = {
+            "stop": self._sandboxes.StopSandbox,
+            "start": self._sandboxes.StartSandbox,
+            "pause": self._sandboxes.PauseSandbox,
+            "resume": self._sandboxes.ResumeSandbox,
+            "delete": self._sandboxes.DeleteSandbox,
+        }[verb]
         accepted = _wire.sandbox(self._call(method, request).sandbox)
         return self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
 
@@ -227,6 +236,15 @@ class Client:
 
     def start(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
         return self._lifecycle("start", name, expected_version, wait, timeout)
+
+    def pause(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Freezes a Ready sandbox's processes, memory kept, and with `wait` returns it once Paused.
+        Nothing restarts: generation and identity stay. No exec runs while it is paused."""
+        return self._lifecycle("pause", name, expected_version, wait, timeout)
+
+    def resume(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+        """Thaws a paused sandbox, and with `wait` returns it once Ready again."""
+        return self._lifecycle("resume", name, expected_version, wait, timeout)
 
     def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         self._lifecycle("delete", name, expected_version, wait, timeout)

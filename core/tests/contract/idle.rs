@@ -220,3 +220,60 @@ fn an_idle_timeout_out_of_bounds_is_refused_naming_its_field() {
         assert!(store.sandboxes.is_empty() && store.templates.is_empty(), "nothing written");
     }
 }
+
+/// The run of "box" (started at T0) seen frozen (or thawed), as the driver's reply to a pause
+/// (a resume) shows it.
+fn freezer_seen(store: &mut Store, frozen: bool, now: Timestamp) {
+    let s = record(store);
+    let seen = berth_core::RuntimeState::Running { started_at: T0, frozen };
+    let source = if frozen { berth_core::RuntimeSource::PauseReply } else { berth_core::RuntimeSource::ResumeReply };
+    let d = merge(Some(&s), &s.id, &Observation::Runtime { source, state: seen, as_of_version: None }, now).unwrap();
+    store.commit(&d.writes).unwrap();
+}
+
+/// DESIGN 12.1: `on_idle: pause` pauses instead of stopping; while paused the idle clock is
+/// held (no timer, no expiry however long), no exec is admitted; a resume counts from itself.
+#[test]
+fn an_idle_pause_holds_the_clock_until_the_resume_counts_it_again() {
+    let spec = SandboxSpec {
+        lifetime: Lifetime { on_idle: Some(OnExpiry::Pause), ..idle_spec(30, OnExpiry::Delete).lifetime },
+        ..spec()
+    };
+    let mut store = ready(spec);
+    let id = record(&store).id.clone();
+    let d = run(&mut store, expire_idle(T0), at(30)).unwrap();
+    assert_eq!(d.effects, [Effect::Pause { sandbox: id.clone(), generation: 1 }], "the idle timeout pauses");
+    let s = record(&store);
+    assert_eq!((s.intent, s.phase.kind(), s.idle_expired_at), (Intent::Paused, PhaseKind::Ready, Some(at(30))));
+    freezer_seen(&mut store, true, at(31));
+    let s = record(&store);
+    assert_eq!(s.phase.kind(), PhaseKind::Paused);
+    assert_eq!(timers::next(&s, at(31)), None, "no idle timer while paused");
+    assert!(run(&mut store, expire_idle(T0), at(3_000)).unwrap().writes.is_empty(), "the clock is held");
+    let refused =
+        exec::admit("box", &ExecId::parse("exec_id", "e1").unwrap(), &exec_spec(), Some(&s), None, at(40)).unwrap_err();
+    assert_eq!(refused.code(), berth_core::Code::FailedPrecondition);
+    assert!(refused.to_string().contains("while it is Paused"), "{refused}");
+
+    let d = run(&mut store, Command::ResumeSandbox { name: "box".into() }, at(100)).unwrap();
+    assert_eq!(d.effects, [Effect::Resume { sandbox: id, generation: 1 }]);
+    let s = record(&store);
+    assert_eq!((s.intent, s.active_at, s.idle_expired_at, s.generation), (Intent::Running, Some(at(100)), None, 1));
+    freezer_seen(&mut store, false, at(101));
+    let s = record(&store);
+    assert_eq!(s.phase.kind(), PhaseKind::Ready);
+    assert_eq!(timers::next(&s, at(101)), Some((at(130), Timer::Idle { since: at(100) })), "counted from the resume");
+}
+
+/// DESIGN 12.1: an exec is refused from the moment a pause is committed, before the runtime has
+/// frozen anything (the phase is still Ready): it would be handed to a run frozen under it.
+#[test]
+fn an_exec_is_refused_as_soon_as_a_pause_is_committed() {
+    let mut store = ready(spec());
+    run(&mut store, Command::PauseSandbox { name: "box".into() }, at(1)).unwrap();
+    let s = record(&store);
+    assert_eq!((s.intent, s.phase.kind()), (Intent::Paused, PhaseKind::Ready));
+    let refused =
+        exec::admit("box", &ExecId::parse("exec_id", "e1").unwrap(), &exec_spec(), Some(&s), None, at(2)).unwrap_err();
+    assert!(refused.to_string().contains("while it is Paused"), "{refused}");
+}

@@ -32,6 +32,24 @@ def test_a_sandbox_goes_through_its_lifecycle(client):
     assert "web" in missing.value.message
 
 
+def test_a_paused_sandbox_runs_nothing_until_it_is_resumed(client):
+    client.create("held", ["sh", "-c", "i=0; while true; do i=$((i + 1)); echo $i > ticks; sleep 0.05; done"])
+    paused = client.pause("held")
+    assert (paused.phase, paused.intent, paused.generation) == ("Paused", "Paused", 1)
+    with pytest.raises(berth.FailedPrecondition) as refused:
+        client.exec("held", ["cat", "ticks"])
+    assert "Paused" in refused.value.message
+    resumed = client.resume("held")
+    assert (resumed.phase, resumed.intent, resumed.generation) == ("Ready", "Running", 1)
+    first = int(client.exec("held", ["cat", "ticks"]).stdout)
+    time.sleep(0.3)
+    assert int(client.exec("held", ["cat", "ticks"]).stdout) > first, "the same run goes on counting"
+    client.stop("held")
+    with pytest.raises(berth.FailedPrecondition):
+        client.pause("held")
+    client.delete("held")
+
+
 def test_a_watch_sees_each_phase_and_the_removal(client):
     client.create("w", SLEEP)
     seen = []

@@ -37,6 +37,14 @@ EXEC_STATES = {
 STREAMS = {pe.OUTPUT_STREAM_STDOUT: "stdout", pe.OUTPUT_STREAM_STDERR: "stderr", pe.OUTPUT_STREAM_TTY: "tty"}
 ON_EXPIRY = {"stop": pb.ON_EXPIRY_STOP, "delete": pb.ON_EXPIRY_DELETE, "pause": pb.ON_EXPIRY_PAUSE}
 RESTART = {"never": pb.RESTART_MODE_NEVER, "on-failure": pb.RESTART_MODE_ON_FAILURE, "always": pb.RESTART_MODE_ALWAYS}
+#: The RPC of each lifecycle command.
+LIFECYCLE_RPCS = {
+    "stop": "StopSandbox",
+    "start": "StartSandbox",
+    "pause": "PauseSandbox",
+    "resume": "ResumeSandbox",
+    "delete": "DeleteSandbox",
+}
 #: The phase each lifecycle command waits for; `None`: gone.
 TARGETS = {"create": "Ready", "start": "Ready", "stop": "Stopped", "pause": "Paused", "resume": "Ready", "delete": None}
 

@@ -221,13 +221,7 @@ class Client:
 
     def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
         request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
-        method = {
-            "stop": self._sandboxes.StopSandbox,
-            "start": self._sandboxes.StartSandbox,
-            "pause": self._sandboxes.PauseSandbox,
-            "resume": self._sandboxes.ResumeSandbox,
-            "delete": self._sandboxes.DeleteSandbox,
-        }[verb]
+        method = getattr(self._sandboxes, _wire.LIFECYCLE_RPCS[verb])
         accepted = _wire.sandbox(self._call(method, request).sandbox)
         return self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
 

@@ -83,10 +83,21 @@ pub enum Bug {
     /// R1: a restart policy's maximum is not looked at, so a run that keeps failing is
     /// restarted past it.
     RestartPastMaximum,
+    /// S3: an exec is admitted to a sandbox whose pause is committed but not yet seen to
+    /// freeze its run (still Ready), so it is handed to a run frozen under it.
+    ExecWhilePausing,
+    /// S3: a run that ends while paused leaves its pause in place, so the sandbox waits, Paused
+    /// in intent, on a run that is gone: its restart policy never applies (after a host reboot,
+    /// the paused sandbox that vanishes).
+    PauseOutlivesRun,
+    /// S3: a pause is taken as done once it was asked for: any report of the live run confirms
+    /// it, frozen or not, so a pause the runtime never carried out (a failed call, a gateway
+    /// that died first) is Paused in the record over a run that goes on.
+    PauseConfirmedBlind,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 20] = [
+    pub const ALL: [Bug; 23] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -107,6 +118,9 @@ impl Bug {
         Bug::ClaimUnready,
         Bug::ExecWhileStarting,
         Bug::RestartPastMaximum,
+        Bug::ExecWhilePausing,
+        Bug::PauseOutlivesRun,
+        Bug::PauseConfirmedBlind,
     ];
 
     pub fn name(self) -> &'static str {
@@ -131,6 +145,9 @@ impl Bug {
             Bug::ClaimUnready => "claim-unready",
             Bug::ExecWhileStarting => "exec-while-starting",
             Bug::RestartPastMaximum => "restart-past-maximum",
+            Bug::ExecWhilePausing => "exec-while-pausing",
+            Bug::PauseOutlivesRun => "pause-outlives-run",
+            Bug::PauseConfirmedBlind => "pause-confirmed-blind",
         }
     }
 
@@ -160,7 +177,10 @@ impl Bug {
             | Bug::ChildLeftBehind
             | Bug::ClaimUnready
             | Bug::ExecWhileStarting
-            | Bug::RestartPastMaximum => 1,
+            | Bug::RestartPastMaximum
+            | Bug::ExecWhilePausing
+            | Bug::PauseOutlivesRun
+            | Bug::PauseConfirmedBlind => 1,
         }
     }
 
@@ -183,7 +203,19 @@ impl Bug {
 
     /// Whether the race needs the exec workload.
     pub fn execs(self) -> bool {
-        matches!(self, Bug::ExecRetryRunsTwice | Bug::ExecNotFenced | Bug::IdleIgnoresExecs | Bug::ExecWhileStarting)
+        matches!(
+            self,
+            Bug::ExecRetryRunsTwice
+                | Bug::ExecNotFenced
+                | Bug::IdleIgnoresExecs
+                | Bug::ExecWhileStarting
+                | Bug::ExecWhilePausing
+        )
+    }
+
+    /// Whether the race needs the state workload (pause and resume).
+    pub fn state(self) -> bool {
+        matches!(self, Bug::ExecWhilePausing | Bug::PauseOutlivesRun | Bug::PauseConfirmedBlind)
     }
 }
 

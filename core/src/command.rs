@@ -204,6 +204,12 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
 }
 
 fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
+    // A pause under way is as good as done: a start refuses it as it refuses Paused (a resume
+    // thaws it).
+    if sandbox.intent == Intent::Paused {
+        branch::hit(Branch::StartWhileStopping);
+        return Err(Error::WrongPhase { sandbox: sandbox.name.to_string(), action: "start", phase: PhaseKind::Paused });
+    }
     match sandbox.phase.kind() {
         PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready => {
             branch::hit(Branch::StartAlreadyRunning);
@@ -292,14 +298,20 @@ fn expiring(sandbox: &Sandbox, action: OnExpiry) -> Result<(Sandbox, Vec<Effect>
             branch::hit(Branch::ExpireDeletes);
             deleting(sandbox)
         }
+        // Only a Ready run can be frozen: one still starting (or failed) is stopped instead,
+        // so the deadline ends what runs whichever it is.
         OnExpiry::Pause => match pausing(sandbox) {
             Some(paused) => {
                 branch::hit(Branch::ExpirePauses);
                 paused
             }
-            None => {
-                branch::hit(Branch::ExpirePausesNothing);
+            None if sandbox.intent == Intent::Paused => {
+                branch::hit(Branch::ExpirePausedAlready);
                 (sandbox.clone(), vec![])
+            }
+            None => {
+                branch::hit(Branch::ExpirePauseStops);
+                stopping(sandbox)?.unwrap_or_else(|| (sandbox.clone(), vec![]))
             }
         },
     };

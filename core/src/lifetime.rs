@@ -129,6 +129,14 @@ pub fn clock_from(lifetime: &Lifetime, now: Timestamp) -> Option<Timestamp> {
     lifetime.idle_timeout.map(|_| now)
 }
 
+/// A merge that ended a pause with its run (`before` paused, `next` not): the idle clock, held
+/// while paused, counts again from `now`, as after a resume.
+pub fn unheld(before: &Sandbox, next: &mut Sandbox, now: Timestamp) {
+    if before.intent == Intent::Paused && next.intent != Intent::Paused && next.active_at.is_some() {
+        next.active_at = Some(now);
+    }
+}
+
 /// An activity at `now`: the record with its idle clock restarted, if the clock runs (the
 /// record is then written with it, conditional on its version); `None` when there is nothing
 /// to write.

@@ -219,7 +219,8 @@ impl Merge<'_> {
         self.edit().run = Run::Ended(marker);
         self.edit().end_pause();
         match (self.next().intent, self.next().phase.kind()) {
-            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped) => {
+            // Ready or Paused with intent Stopped: an expiry's pause ended with its run.
+            (Intent::Stopped, PhaseKind::Stopping | PhaseKind::Stopped | PhaseKind::Ready | PhaseKind::Paused) => {
                 branch::hit(Branch::ExitStopped);
                 self.edit().phase = Phase::Stopped;
             }
@@ -321,6 +322,7 @@ impl Merge<'_> {
     /// the run so; one the runtime has not carried out (a failed call, a gateway that died
     /// before making it, a `docker pause` or `unpause` behind Berth's back) is asked again.
     fn freezer(&mut self, frozen: bool) {
+        let frozen = frozen || (crate::bug!(PauseConfirmedBlind) && self.next().intent == Intent::Paused);
         let paused = self.next().is(PhaseKind::Paused);
         match (self.next().intent, frozen) {
             (Intent::Paused, true) if !paused && self.next().is(PhaseKind::Ready) => {
@@ -567,6 +569,7 @@ impl Merge<'_> {
         }
         match writes.first_mut() {
             Some(Write::UpdateSandbox { record, .. }) if *record != *before => {
+                crate::lifetime::unheld(before, record, now);
                 crate::restart::schedule(before, record, now);
                 next_version(before, record, now);
             }

@@ -19,7 +19,8 @@ use crate::time::Timestamp;
 /// What the sandbox should be doing. Changed only by API commands, never by observations, with
 /// one exception: a run that ends while paused takes its pause with it (there is nothing left to
 /// keep frozen), so Paused goes back to Running and the end counts as any run's does, restart
-/// policy included (DESIGN 12.1).
+/// policy included (DESIGN 12.1); or, for a pause an expiry made, to Stopped, as the expiry
+/// would have stopped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Intent {
     Running,
@@ -164,12 +165,15 @@ impl Sandbox {
         self.phase = Phase::Error(failure);
     }
 
-    /// The run ended: a pause of it has nothing left to hold, and the end counts as a running
-    /// run's does (see [`Intent`]).
+    /// The run ended: a pause of it has nothing left to hold. A user's pause ends as the run
+    /// would have, meant to run (its restart policy applies); an expiry's (its deadline or idle
+    /// timeout passed, with `pause` for what it does) ends as the stop it stood in for, so that
+    /// nothing runs past the deadline (see [`Intent`]).
     pub(crate) fn end_pause(&mut self) {
-        if self.intent == Intent::Paused {
+        if self.intent == Intent::Paused && !crate::bug!(PauseOutlivesRun) {
             crate::branch::hit(crate::branch::Branch::PauseEndsWithRun);
-            self.intent = Intent::Running;
+            let expired = self.expired_at.is_some() || self.idle_expired_at.is_some();
+            self.intent = if expired { Intent::Stopped } else { Intent::Running };
         }
     }
 }

@@ -26,6 +26,22 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
             branch::hit(Branch::RedriveStop);
             Some(Effect::Stop { sandbox: id, generation })
         }
+        (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
+            branch::hit(Branch::RedriveStart);
+            Some(Effect::Start { sandbox: id, generation })
+        }
+        // Started, but with an unsettled fence only the driver's reply tells which run is this
+        // generation's: ask again until it has answered.
+        // Paused or not: a report of the run can be taken for this generation's (a pause
+        // confirmed by it) only once the run is known.
+        (
+            Intent::Running | Intent::Paused,
+            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused,
+            Run::Started { at: None },
+        ) if !sandbox.exit_fence.settled => {
+            branch::hit(Branch::RedriveStartUnsettled);
+            Some(Effect::Start { sandbox: id, generation })
+        }
         // A pause or a resume is confirmed only by a report that sees the run frozen or thawed.
         (Intent::Paused, PhaseKind::Ready, _) => {
             branch::hit(Branch::RedrivePause);
@@ -34,20 +50,6 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
         (Intent::Running, PhaseKind::Paused, _) => {
             branch::hit(Branch::RedriveResume);
             Some(Effect::Resume { sandbox: id, generation })
-        }
-        (Intent::Running, PhaseKind::Provisioning | PhaseKind::Starting, Run::Pending) => {
-            branch::hit(Branch::RedriveStart);
-            Some(Effect::Start { sandbox: id, generation })
-        }
-        // Started, but with an unsettled fence only the driver's reply tells which run is this
-        // generation's: ask again until it has answered.
-        (
-            Intent::Running,
-            PhaseKind::Provisioning | PhaseKind::Starting | PhaseKind::Ready,
-            Run::Started { at: None },
-        ) if !sandbox.exit_fence.settled => {
-            branch::hit(Branch::RedriveStartUnsettled);
-            Some(Effect::Start { sandbox: id, generation })
         }
         _ => {
             branch::hit(Branch::NothingToRedrive);
@@ -140,6 +142,22 @@ mod tests {
         assert!(unfinished(&starting).is_some());
         let ready = sandbox(Phase::Ready, Intent::Running, Run::Started { at: None });
         assert_eq!(unfinished(&ready), None, "settled and started: nothing to finish");
+    }
+
+    #[test]
+    fn a_pause_or_resume_is_asked_again_until_a_report_confirms_it() {
+        let id = SandboxId::new("sb");
+        let known = Run::Started { at: Some(Timestamp::from_unix_nanos(500)) };
+        let pausing = sandbox(Phase::Ready, Intent::Paused, known);
+        assert_eq!(unfinished(&pausing), Some(Effect::Pause { sandbox: id.clone(), generation: 2 }));
+        let resuming = sandbox(Phase::Paused, Intent::Running, known);
+        assert_eq!(unfinished(&resuming), Some(Effect::Resume { sandbox: id.clone(), generation: 2 }));
+        assert_eq!(unfinished(&sandbox(Phase::Paused, Intent::Paused, known)), None, "paused: nothing to finish");
+        // A run not yet known for this generation's is asked for first: only then can a report
+        // of it confirm the pause.
+        let mut unknown = sandbox(Phase::Ready, Intent::Paused, Run::Started { at: None });
+        unknown.exit_fence.settled = false;
+        assert_eq!(unfinished(&unknown), Some(Effect::Start { sandbox: id, generation: 2 }));
     }
 
     #[test]

@@ -39,9 +39,9 @@ pub enum OnExpiry {
     Stop,
     /// Delete it and everything made for it.
     Delete,
-    /// Pause it (DESIGN 12.1): memory kept, a resume thaws it. An expiry of a sandbox that is
-    /// not Ready (nothing runs to freeze) or already paused changes nothing but the record's
-    /// note that it expired.
+    /// Pause it (DESIGN 12.1): memory kept, a resume thaws it. A sandbox already paused stays
+    /// so; one whose run is not Ready (still starting, or failed) is stopped instead, so that
+    /// the deadline ends what runs whichever it is.
     Pause,
 }
 

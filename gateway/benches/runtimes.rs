@@ -1,7 +1,9 @@
 //! Start-to-Ready through the gateway beside the runtime's own start of the same container,
 //! median of 20, and execs through Berth beside the runtime's own `exec` of the same container:
 //! `true`'s round trip (p50, p99 of 100), one exec streaming 1 GiB, and 64 at once; then a
-//! warm pool's claims beside create-to-Ready (p50, p99 of 20); for Docker and Podman. Needs the daemons and a static supervisor, named as the
+//! warm pool's claims beside create-to-Ready (p50, p99 of 20); pause and resume to Paused and
+//! Ready beside the runtime's own `pause` and `unpause` (p50, p99 of 20); for Docker and Podman.
+//! Needs the daemons and a static supervisor, named as the
 //! tests name them (`BERTH_TEST_DOCKER_SOCKET`, `BERTH_TEST_PODMAN_SOCKET`,
 //! `BERTH_TEST_STATIC_SUPERVISOR`; `ci/bench` sets them up). Asserts nothing.
 
@@ -141,6 +143,52 @@ async fn measure_execs(kind: DriverKind, socket: &str, gateway: &mut support::Ga
     println!("figure: {at_once} concurrent exec true, {name} exec alone = {:.3} ms", ms(alone));
 }
 
+/// The runtime's own CLI, `verb` (pause, unpause) of `container`.
+async fn runtime_verb(kind: DriverKind, socket: &str, container: &str, verb: &str) {
+    let (program, flag) = if kind == DriverKind::Docker { ("docker", "-H") } else { ("podman", "--url") };
+    let status = tokio::process::Command::new(program)
+        .args([flag, &format!("unix://{socket}"), verb, container])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success(), "{program} {verb} {container}");
+}
+
+/// A pause to Paused and a resume to Ready through Berth, each from the call to the phase as a
+/// client waiting on it sees it, in the Ready sandbox `bench`.
+async fn measure_pauses(gateway: &mut support::Gateway) -> (Vec<Duration>, Vec<Duration>) {
+    let client = &mut gateway.sandboxes;
+    let lifecycle = || pb::LifecycleRequest { name: "bench".into(), expected_resource_version: None };
+    let (mut pauses, mut resumes) = (vec![], vec![]);
+    for _ in 0..runs() {
+        let started = Instant::now();
+        client.pause_sandbox(lifecycle()).await.unwrap();
+        wait_phase(client, "bench", pb::Phase::Paused).await;
+        pauses.push(started.elapsed());
+        let started = Instant::now();
+        client.resume_sandbox(lifecycle()).await.unwrap();
+        wait_phase(client, "bench", pb::Phase::Ready).await;
+        resumes.push(started.elapsed());
+    }
+    (pauses, resumes)
+}
+
+/// Berth's pauses and resumes beside the runtime's own `pause` and `unpause`.
+fn print_pauses(kind: DriverKind, berth: (Vec<Duration>, Vec<Duration>), alone: (Vec<Duration>, Vec<Duration>)) {
+    let name = engine_name(kind);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (what, berth, alone, verb) in [("pause", berth.0, alone.0, "pause"), ("resume", berth.1, alone.1, "unpause")] {
+        let (b50, b99) = (quantile(berth.clone(), 50), quantile(berth, 99));
+        let (a50, a99) = (quantile(alone.clone(), 50), quantile(alone, 99));
+        println!("{name:<8} {what}: Berth p50 {b50:?} p99 {b99:?}; {name} {verb} p50 {a50:?} p99 {a99:?}");
+        println!("figure: {what} p50 through Berth, {name} = {:.3} ms", ms(b50));
+        println!("figure: {what} p99 through Berth, {name} = {:.3} ms", ms(b99));
+        println!("figure: {name} {verb} alone p50 = {:.3} ms", ms(a50));
+        println!("figure: {name} {verb} alone p99 = {:.3} ms", ms(a99));
+    }
+}
+
 /// A warm pool's claims (each with the pool full again first) beside create-to-Ready, both
 /// through the gateway on this runtime (SQLite).
 async fn measure_claims(kind: DriverKind, gateway: &mut support::Gateway) {
@@ -221,6 +269,7 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
     wait_phase(client, "bench", pb::Phase::Ready).await;
     let container = container_name(&berth_core::SandboxId::new(&created.id));
     measure_execs(kind, socket, &mut gateway, &container).await;
+    let berth_pauses = measure_pauses(&mut gateway).await;
     measure_claims(kind, &mut gateway).await;
     let client = &mut gateway.sandboxes;
     let lifecycle = || pb::LifecycleRequest { name: "bench".into(), expected_resource_version: None };
@@ -238,6 +287,7 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
     // The same container, started by the runtime alone, with no gateway watching it.
     gateway.stop_serving();
     let mut by_runtime = Vec::new();
+    let (mut pauses, mut resumes) = (Vec::new(), Vec::new());
     for _ in 0..runs() {
         let started = Instant::now();
         engine.start(&container).await.unwrap();
@@ -245,8 +295,16 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         by_runtime.push(started.elapsed());
+        // And its own pause and unpause of the running container, as a user's CLI makes them.
+        let started = Instant::now();
+        runtime_verb(kind, socket, &container, "pause").await;
+        pauses.push(started.elapsed());
+        let started = Instant::now();
+        runtime_verb(kind, socket, &container, "unpause").await;
+        resumes.push(started.elapsed());
         engine.stop(&container, Duration::from_secs(5)).await.unwrap();
     }
+    print_pauses(kind, berth_pauses, (pauses, resumes));
     let id = berth_core::SandboxId::new(container.trim_start_matches("berth-"));
     engine.remove(&container).await.unwrap();
     engine.remove_volume(&berth_drivers::container::volume_name(&id)).await.unwrap();

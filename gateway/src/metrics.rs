@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use berth_core::{PhaseKind, SandboxId};
+use berth_core::{Intent, PhaseKind, SandboxId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -109,7 +109,7 @@ impl Default for Metrics {
         registry.register("phase_transitions", "Phase changes this gateway committed", m.transitions.clone());
         registry.register(
             "transition_seconds",
-            "From a create, start or stop committed here to its phase (Ready, Stopped) committed here",
+            "From a create, start, stop, pause or resume committed here to its phase (Ready, Stopped, Paused) committed here",
             m.transition_seconds.clone(),
         );
         registry.register(
@@ -214,6 +214,17 @@ impl Metrics {
         }
     }
 
+    /// An intent change of `id` committed here: a pause (a resume) is timed from its commit to
+    /// the phase that confirms it, Paused (Ready), committed here.
+    pub fn intent_changed(&self, id: &SandboxId, old: Intent, new: Intent) {
+        let timed = match (old, new) {
+            (Intent::Running, Intent::Paused) => ("pause_to_paused", PhaseKind::Paused),
+            (Intent::Paused, Intent::Running) => ("resume_to_ready", PhaseKind::Ready),
+            _ => return,
+        };
+        lock(&self.pending).insert(id.clone(), (timed.0, Instant::now(), timed.1));
+    }
+
     /// An egress connection decided here (`allowed`: by the run's policy).
     pub fn egress(&self, allowed: bool) {
         self.egress.get_or_create(&VerdictLabel { verdict: if allowed { "allowed" } else { "denied" } }).inc();
@@ -290,6 +301,15 @@ mod tests {
             text.contains("berth_sandboxes{phase=\"Ready\"} 2") && text.contains("berth_sandboxes{phase=\"Error\"} 0")
         );
         assert!(text.contains("berth_execs_open 1"));
+        // A pause is timed from its commit (no phase change) to Paused, a resume to Ready.
+        let other = SandboxId::new("sb-other");
+        m.intent_changed(&other, Intent::Running, Intent::Paused);
+        m.phase_changed(&other, Some(PhaseKind::Ready), Some(PhaseKind::Paused));
+        m.intent_changed(&other, Intent::Paused, Intent::Running);
+        m.phase_changed(&other, Some(PhaseKind::Paused), Some(PhaseKind::Ready));
+        let text = m.render(&BTreeMap::new(), 0);
+        assert!(text.contains("berth_transition_seconds_count{kind=\"pause_to_paused\"} 1"), "{text}");
+        assert!(text.contains("berth_transition_seconds_count{kind=\"resume_to_ready\"} 1"), "{text}");
         assert!(!text.contains("sb-secret-name"));
     }
 }

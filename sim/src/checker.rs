@@ -12,7 +12,9 @@ use berth_core::template::Template;
 use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
 
-use crate::invariants::{Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness};
+use crate::invariants::{
+    Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s3_pause,
+};
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
 use crate::trace::Kind;
@@ -342,6 +344,9 @@ pub async fn check_converged(world: &World) {
         }
         for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
             world.violate(Invariant::I8, problem);
+        }
+        if let Some(problem) = s3_pause::freezer_not_as_recorded(s, runtime.frozen(&s.id, Some(s.generation))) {
+            world.violate(Invariant::S3, problem);
         }
     }
     for problem in i7_delete_completes::left_behind(&records, &held(world, &runtime), &runtime) {

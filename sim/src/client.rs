@@ -56,12 +56,14 @@ fn seen(s: &pb::Sandbox) -> Seen {
     let intent = match pb::Intent::try_from(s.intent) {
         Ok(pb::Intent::Stopped) => Intent::Stopped,
         Ok(pb::Intent::Deleted) => Intent::Deleted,
+        Ok(pb::Intent::Paused) => Intent::Paused,
         _ => Intent::Running,
     };
     let phase = match pb::Phase::try_from(s.phase) {
         Ok(pb::Phase::Provisioning) => PhaseKind::Provisioning,
         Ok(pb::Phase::Starting) => PhaseKind::Starting,
         Ok(pb::Phase::Ready) => PhaseKind::Ready,
+        Ok(pb::Phase::Paused) => PhaseKind::Paused,
         Ok(pb::Phase::Stopping) => PhaseKind::Stopping,
         Ok(pb::Phase::Stopped) => PhaseKind::Stopped,
         Ok(pb::Phase::Deleting) => PhaseKind::Deleting,
@@ -225,6 +227,8 @@ impl Client {
         let result = match verb {
             "stop" => self.timed(c.stop_sandbox(request)).await,
             "start" => self.timed(c.start_sandbox(request)).await,
+            "pause" => self.timed(c.pause_sandbox(request)).await,
+            "resume" => self.timed(c.resume_sandbox(request)).await,
             _ => self.timed(c.delete_sandbox(request)).await,
         }
         .map(|r| r.sandbox);
@@ -289,6 +293,18 @@ impl Client {
             l.idle_timeout_ms = idle;
         }
         let crashes = restart.is_some() && d.chance(0.3);
+        // With the state workload, some deadlines and idle timeouts pause (drawn after the rest,
+        // so the draws above are what they were).
+        if self.world.scenario.state
+            && let Some(l) = lifetime.as_mut()
+        {
+            if d.chance(0.3) {
+                l.on_expiry = pb::OnExpiry::Pause as i32;
+            }
+            if l.idle_timeout_ms.is_some() && d.chance(0.5) {
+                l.on_idle = Some(pb::OnExpiry::Pause as i32);
+            }
+        }
         (lifetime, restart, crashes)
     }
 
@@ -534,10 +550,36 @@ impl Client {
         }
     }
 
+    /// DESIGN 12.1's verbs: a pause or a resume (some with a version), or a pause held for a
+    /// while and resumed, waiting for each to land as a user's client would.
+    async fn pause_or_resume(&mut self, name: &str) {
+        let mode = self.versioned();
+        let expected = self.version(name, mode).await;
+        match self.draw.below(10) {
+            0..=3 => {
+                self.lifecycle("pause", name, expected).await;
+            }
+            4..=6 => {
+                self.lifecycle("resume", name, expected).await;
+            }
+            _ => {
+                self.lifecycle("pause", name, expected).await;
+                self.wait(name, Duration::from_secs(5), |s| s.phase == pb::Phase::Paused as i32).await;
+                tokio::time::sleep(self.draw.millis(0, 2_000)).await;
+                self.lifecycle("resume", name, None).await;
+                self.wait(name, Duration::from_secs(5), |s| s.phase == pb::Phase::Ready as i32).await;
+            }
+        }
+    }
+
     async fn random_operation(&mut self) {
         let scenario = &self.world.scenario;
         let name = sandbox_name(self.draw.below(scenario.sandboxes as u64) as usize);
         let provider = provider_name(self.draw.below(scenario.providers as u64) as usize);
+        // Drawn only with the state workload, so the other workloads' draws stay as they were.
+        if scenario.state && self.draw.chance(0.2) {
+            return self.pause_or_resume(&name).await;
+        }
         match self.draw.below(100) {
             0..=14 => {
                 let providers = if self.draw.chance(0.3) { vec![provider] } else { vec![] };
@@ -621,7 +663,12 @@ impl Client {
                 {
                     self.renew(&s.name, Some(end_ms - now_ms + 60_000), None, None).await;
                 }
-                let intent = *desired.entry(s.name.clone()).or_insert(seen(&s).intent);
+                // A pause that ended with its run left the sandbox as that run's end did: its
+                // intent now is what to heal it to.
+                let intent = match *desired.entry(s.name.clone()).or_insert(seen(&s).intent) {
+                    Intent::Paused => seen(&s).intent,
+                    intent => intent,
+                };
                 match (intent, seen(&s).phase) {
                     // Error, or a command that completed (exit 0) while its intent is Running.
                     (Intent::Running | Intent::Stopped, PhaseKind::Error) | (Intent::Running, PhaseKind::Stopped) => {

@@ -60,6 +60,9 @@ impl StartedLog for SimLog {
     }
 }
 
+/// How often a frozen exec looks whether its run was thawed.
+const FROZEN_LOOK: Duration = Duration::from_millis(50);
+
 /// The commands of one run.
 pub struct SimLauncher {
     pub world: Arc<World>,
@@ -106,6 +109,15 @@ impl Launcher for SimLauncher {
             let end = loop {
                 if let Some(signal) = *signalled.borrow_and_update() {
                     break Exit::Signal(signal as i32);
+                }
+                // The freezer holds the exec with its run: no byte, no end, until the thaw.
+                if lock(&world.runtime).frozen(&sandbox, Some(generation)) {
+                    tokio::select! {
+                        biased;
+                        _ = signalled.changed() => {}
+                        () = tokio::time::sleep(FROZEN_LOOK) => {}
+                    }
+                    continue;
                 }
                 if offset >= bytes {
                     break Exit::Code(code);
@@ -327,11 +339,12 @@ pub async fn exec_client(world: Arc<World>) -> turmoil::Result {
     Ok(())
 }
 
-/// E3, once the quiet phase is over: every exec has ended.
+/// E3, once the quiet phase is over: every exec has ended, but for a paused run's.
 pub async fn check_ended(world: &World) {
     let open = world.store.open_execs(None).await.unwrap_or_default();
     for exec in &open {
-        if let Some(problem) = e_execs::still_open(exec) {
+        let frozen = lock(&world.runtime).frozen(&exec.sandbox, Some(exec.generation));
+        if let Some(problem) = e_execs::still_open(exec, frozen) {
             world.violate(Invariant::E3, problem);
         }
     }

@@ -44,6 +44,9 @@ struct Phases {
     /// Have every run ask for its providers' endpoints through the egress proxy (N1).
     #[arg(long)]
     egress: bool,
+    /// Have clients pause and resume sandboxes, and idle timeouts pause them (S3).
+    #[arg(long)]
+    state: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -115,6 +118,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_execs(phases.execs)
         .with_lifetimes(phases.lifetimes)
         .with_egress(phases.egress)
+        .with_state(phases.state)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -137,6 +141,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.egress {
         command += " --egress";
+    }
+    if phases.state {
+        command += " --state";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -299,6 +306,7 @@ fn main() -> std::process::ExitCode {
                     execs: bug.execs(),
                     lifetimes: bug.lifetimes(),
                     egress: bug.egress(),
+                    state: bug.state(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

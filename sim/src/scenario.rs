@@ -39,6 +39,8 @@ pub enum Stream {
     Unstartable,
     /// Whether the seed is focused, and on what.
     Focus,
+    /// The state workload's fault rates.
+    State,
     /// Client `i`'s operations (`i < 100`).
     Client(usize),
     /// The exec client's operations.
@@ -66,6 +68,7 @@ impl Stream {
             Stream::ExecRestarts => 9,
             Stream::Unstartable => 10,
             Stream::Focus => 11,
+            Stream::State => 12,
             Stream::Client(i) => {
                 assert!(i < 100, "client {i} would share the exec client's stream");
                 100 + i as u64
@@ -165,6 +168,9 @@ pub struct Faults {
     /// and replies held for up to a few lease time-to-lives, as a hung database connection holds
     /// them), aimed at the lease holder.
     pub store_stalls: f64,
+    /// With the state workload: paused runs lost per minute, every process killed as a host
+    /// reboot kills them (a freezer does not survive its host, DESIGN 12.1).
+    pub paused_runs_lost: f64,
 }
 
 /// What a focused seed raises together: fault combinations that reach core's rarest decisions
@@ -248,6 +254,9 @@ pub struct Scenario {
     /// The egress workload runs too (`--egress`): every run asks for its providers' endpoints
     /// through the egress proxy while they are attached and detached, checked by N1.
     pub egress: bool,
+    /// The state workload runs too (`--state`): clients pause and resume sandboxes (DESIGN
+    /// 12.1) among every other call, and idle timeouts may pause; checked by S3.
+    pub state: bool,
 }
 
 impl Scenario {
@@ -320,7 +329,18 @@ impl Scenario {
             execs: false,
             lifetimes: false,
             egress: false,
+            state: false,
         }
+    }
+
+    /// The state workload, with losses of paused runs drawn from a stream of their own (the
+    /// other draws of a seed stay what they were).
+    pub fn with_state(mut self, state: bool) -> Self {
+        self.state = state;
+        if state {
+            self.faults.paused_runs_lost = Draw::new(self.seed, Stream::State).rate(0.7, 1.0, 4.0);
+        }
+        self
     }
 
     pub fn with_egress(mut self, egress: bool) -> Self {

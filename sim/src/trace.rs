@@ -62,6 +62,8 @@ pub enum Kind {
     /// A run was frozen (paused) or thawed.
     Paused,
     Resumed,
+    /// A paused run's host rebooted: the run is gone.
+    PausedRunLost,
     Removed,
     WorkloadExits,
     /// A run's command could not be started.
@@ -113,6 +115,7 @@ impl Kind {
             Kind::Exec => "exec",
             Kind::Paused => "paused",
             Kind::Resumed => "resumed",
+            Kind::PausedRunLost => "paused run lost",
             Kind::Attach => "attach",
             Kind::Cancel => "cancel",
             Kind::End => "end",

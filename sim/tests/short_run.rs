@@ -72,6 +72,10 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::ClaimUnready => (0, Invariant::P1),
             Bug::ExecWhileStarting => (0, Invariant::X1),
             Bug::RestartPastMaximum => (1, Invariant::R1),
+            Bug::ExecWhilePausing => (0, Invariant::S3),
+            // The lost run's exit is reported nowhere: the record waits, Paused, on nothing.
+            Bug::PauseOutlivesRun => (2, Invariant::I2),
+            Bug::PauseConfirmedBlind => (9, Invariant::S3),
         };
         caught_at(bug, seed, invariant);
     }
@@ -92,7 +96,8 @@ fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outco
         .with_gateways(bug.gateways())
         .with_execs(bug.execs())
         .with_lifetimes(bug.lifetimes())
-        .with_egress(bug.egress());
+        .with_egress(bug.egress())
+        .with_state(bug.state());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

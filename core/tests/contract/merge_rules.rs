@@ -373,7 +373,7 @@ fn rule_7_observations_never_change_intent_nor_bring_error_or_stopped_back_to_re
             let Some(Write::UpdateSandbox { record: next, .. }) = d.writes.first() else { continue };
             // The one exception: a run that ends under a pause takes the pause with it.
             let pause_ended = before.intent == Intent::Paused
-                && next.intent == Intent::Running
+                && matches!(next.intent, Intent::Running | Intent::Stopped)
                 && matches!(next.phase.kind(), PhaseKind::Error | PhaseKind::Stopped);
             if !pause_ended {
                 assert_eq!(next.intent, before.intent, "{} + {observation:?}", before.phase);
@@ -690,4 +690,35 @@ fn a_paused_run_that_is_gone_ends_as_a_lost_run() {
     // A supervisor reconnecting after the thaw changes nothing.
     let hello = Observation::SupervisorConnected { generation: 2, main: MainProcess::Running };
     assert!(merge(Some(&paused), &paused.id, &hello, NOW).unwrap().writes.is_empty());
+}
+
+/// DESIGN 12.1 and 9.1: a pause an expiry made (its deadline passed, `on_expiry: pause`) ends
+/// with its run as the stop it stood in for: nothing is meant to run past the deadline, and no
+/// restart policy brings it back.
+#[test]
+fn an_expirys_pause_ends_with_its_run_as_a_stop() {
+    let mut paused = sandbox(Phase::Paused, Intent::Paused, Run::Started { at: Some(t(200)) });
+    paused.expired_at = Some(t(150));
+    let next = after(&paused, &runtime(RuntimeSource::PollGet, RuntimeState::Exited(exit(200, 900, 137))));
+    assert_eq!((next.phase.kind(), next.intent), (PhaseKind::Stopped, Intent::Stopped));
+    let next = after(&paused, &runtime(RuntimeSource::PollGet, RuntimeState::Absent { at: None }));
+    assert_eq!((next.phase, next.intent), (error_missing(), Intent::Stopped));
+    assert_eq!(next.restarts.next_at, None, "no restart past the deadline");
+}
+
+/// The idle clock is held while paused: a pause that ends with its run counts it again from
+/// then, so the paused time is never taken for idleness.
+#[test]
+fn a_pause_that_ends_with_its_run_counts_the_idle_clock_from_then() {
+    let mut paused = sandbox(Phase::Paused, Intent::Paused, Run::Started { at: Some(t(200)) });
+    paused.spec = std::sync::Arc::new(berth_core::SandboxSpec {
+        lifetime: berth_core::lifetime::Lifetime {
+            idle_timeout: Some(core::time::Duration::from_secs(30)),
+            ..Default::default()
+        },
+        ..(*paused.spec).clone()
+    });
+    paused.active_at = Some(t(100));
+    let next = after(&paused, &runtime(RuntimeSource::PollGet, RuntimeState::Exited(exit(200, 900, 1))));
+    assert_eq!((next.intent, next.active_at), (Intent::Running, Some(NOW)));
 }

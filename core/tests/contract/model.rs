@@ -227,10 +227,11 @@ impl ReferenceStateMachine for Model {
             Step::DeleteProvider { provider, .. } => state.providers[provider] |= ABSENT,
             _ => {}
         }
-        // A paused run may end at any moment, and its pause with it.
+        // A paused run may end at any moment, and its pause with it (to Stopped for an
+        // expiry's pause; the model's sandboxes have no deadline, but it is allowed all the same).
         for s in &mut state.sandboxes {
             if *s & PAUSED != 0 {
-                *s |= RUNNING;
+                *s |= RUNNING | STOPPED;
             }
         }
         // A deleted sandbox may be gone at any moment after.
@@ -527,7 +528,10 @@ impl System {
                 let name = s.name.clone();
                 match (desired.get(&s.id), s.phase.kind()) {
                     // Error, and a completion (exit 0), wait for a user to start again.
-                    (Some(_), PhaseKind::Error) | (Some(Intent::Running), PhaseKind::Stopped) => {
+                    // (A pause that ended with a completed run is a completion too.)
+                    (Some(_), PhaseKind::Error) | (Some(Intent::Running | Intent::Paused), PhaseKind::Stopped)
+                        if s.phase.kind() == PhaseKind::Error || s.completed() =>
+                    {
                         self.world.start(&name).unwrap();
                     }
                     (Some(Intent::Stopped), PhaseKind::Ready) => {

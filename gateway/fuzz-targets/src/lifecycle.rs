@@ -196,7 +196,8 @@ fn check(steps: Vec<Step>) {
         if !is_command {
             // Observations never change intent or rotate identities (DESIGN 3.5 rule 7), but for
             // a run that ends under a pause: the pause ends with it (DESIGN 12.1).
-            let pause_ended = (b.intent, a.intent) == (Intent::Paused, Intent::Running)
+            let pause_ended = b.intent == Intent::Paused
+                && matches!(a.intent, Intent::Running | Intent::Stopped)
                 && matches!(a.phase.kind(), PhaseKind::Error | PhaseKind::Stopped);
             if !pause_ended {
                 assert_eq!(a.intent, b.intent);

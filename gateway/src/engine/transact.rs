@@ -101,6 +101,11 @@ impl Engine {
     async fn commit(&self, decision: &Decision, before: Option<&Sandbox>, cause: &str) -> Result<(), CommitError> {
         if !decision.writes.is_empty() {
             self.inner.store.commit(&decision.writes).await?;
+            if let (Some(b), Some(a)) = (before, decision.sandbox())
+                && b.intent != a.intent
+            {
+                self.inner.metrics.intent_changed(&a.id, b.intent, a.intent);
+            }
             if let Some((old, new)) = decision.phase_change(before) {
                 let after = decision.sandbox();
                 let record = after.or(before);

@@ -55,9 +55,10 @@ pub fn launched_elsewhere(sandbox: &str, exec: &str, run_generation: u64, admitt
 }
 
 /// E3 at the end of the quiet phase: every exec has ended (the workload's commands are short,
-/// and a run that is over ends its execs).
-pub fn still_open(exec: &Exec) -> Option<String> {
-    (!exec.state.is_terminal())
+/// and a run that is over ends its execs), but for those of a run held paused: the freezer
+/// holds them with it (`frozen`), and they go on when it is resumed.
+pub fn still_open(exec: &Exec, frozen: bool) -> Option<String> {
+    (!exec.state.is_terminal() && !frozen)
         .then(|| format!("exec {} of {} is still {:?} after the quiet phase", exec.id, exec.sandbox, exec.state))
 }
 

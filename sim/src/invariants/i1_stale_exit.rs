@@ -7,11 +7,11 @@ use berth_core::{Failure, FailureReason, Phase, PhaseKind, Sandbox};
 use crate::runtime::RuntimeModel;
 use crate::world::micros_of;
 
-/// The failure a write records that I1 must justify: an Error out of Starting or Ready, still at
-/// the generation it left.
+/// The failure a write records that I1 must justify: an Error out of Starting, Ready or Paused,
+/// still at the generation it left.
 pub fn failure_to_justify<'a>(before: &Sandbox, after: &'a Sandbox) -> Option<&'a Failure> {
     let Phase::Error(failure) = &after.phase else { return None };
-    let out_of_a_run = matches!(before.phase.kind(), PhaseKind::Starting | PhaseKind::Ready);
+    let out_of_a_run = matches!(before.phase.kind(), PhaseKind::Starting | PhaseKind::Ready | PhaseKind::Paused);
     (out_of_a_run && before.generation == after.generation).then_some(failure)
 }
 

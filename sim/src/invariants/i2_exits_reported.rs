@@ -17,7 +17,8 @@ pub struct Bound {
 /// The problem with `s` at `now`, if its run's exit is overdue in the record.
 pub fn unreported(s: &Sandbox, runtime: &RuntimeModel, now: u64, bound: &Bound) -> Option<String> {
     // Error and a completion (Stopped with intent Running) are how an exit is reported.
-    if s.intent != Intent::Running
+    // A paused run's end is reported like any other's: the pause ends with it.
+    if !matches!(s.intent, Intent::Running | Intent::Paused)
         || matches!(s.phase.kind(), PhaseKind::Error | PhaseKind::Stopped | PhaseKind::Deleting)
     {
         return None;

@@ -33,6 +33,7 @@ pub mod m1_main_exit;
 pub mod n1_egress;
 pub mod p1_pools;
 pub mod r1_restarts;
+pub mod s3_pause;
 pub mod t1_deadlines;
 pub mod t1_idle;
 pub mod x1_admission;
@@ -74,6 +75,9 @@ pub enum Invariant {
     R1,
     /// DESIGN 9.3: a completion is an exit 0, an exit failure a non-zero code (`m1_main_exit`).
     M1,
+    /// DESIGN 12.1: pause and resume keep the generation; a paused sandbox admits no exec;
+    /// intent Paused converges to Paused over a frozen run (`s3_pause`).
+    S3,
 }
 
 /// What a [`Checker`] is fed: what the store committed and what clients were told, with the
@@ -143,6 +147,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::<i5_versions::Versions>::default(),
         Box::<c1_records::Records>::default(),
         Box::<x1_admission::Admission>::default(),
+        Box::<s3_pause::Pause>::default(),
         Box::<t1_deadlines::Deadlines>::default(),
         Box::<t1_idle::Idle>::default(),
         Box::<r1_restarts::Restarts>::default(),

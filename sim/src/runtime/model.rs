@@ -207,6 +207,13 @@ impl RuntimeModel {
         container.or_else(process)
     }
 
+    /// Whether the sandbox's live run (of `generation`, if given) is held by the freezer: it
+    /// makes no progress, its execs included, and its command cannot exit by itself.
+    pub fn frozen(&self, id: &SandboxId, generation: Option<u64>) -> bool {
+        let wanted = |r: &Run| r.live() && r.frozen && generation.is_none_or(|g| g == r.generation);
+        self.runs(id).any(wanted)
+    }
+
     /// The latest run of `generation`: after an out-of-band restart, the restart's.
     pub fn latest_run(&self, id: &SandboxId, generation: u64) -> Option<&Run> {
         self.runs(id).filter(|r| r.generation == generation).max_by_key(|r| r.started_at)

@@ -90,6 +90,28 @@ impl Runtime {
             if self.fault(per_tick(f.stale_supervisors)) {
                 self.ghost();
             }
+            if self.fault(per_tick(f.paused_runs_lost)) {
+                self.lose_a_paused_run(processes);
+            }
+        }
+    }
+
+    /// A paused run's host rebooted: every process of the run is gone (the container's run
+    /// killed, or the run's group), as is the freezer that held it.
+    fn lose_a_paused_run(self: &Arc<Self>, processes: bool) {
+        let frozen: Vec<SandboxId> = {
+            let m = lock(&self.world.runtime);
+            m.sandboxes().filter(|id| m.frozen(id, None)).cloned().collect()
+        };
+        let Some(id) = self.pick_of(frozen) else { return };
+        self.world.event("runtime", Kind::PausedRunLost, self.name(&id));
+        if !processes {
+            self.end_run(&id, None, 137, EndCause::Killed);
+            return;
+        }
+        let live = lock(&self.world.runtime).live_processes();
+        if let Some((_, pid, _)) = live.into_iter().find(|(sandbox, _, _)| *sandbox == id) {
+            self.signal(-pid, Signal::Kill, EndCause::Killed);
         }
     }
 
@@ -150,6 +172,10 @@ impl Runtime {
     /// kernel start)`): its supervisor reports it, then the run ends. A crash (`fails`) is never
     /// a completion.
     pub(crate) async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>, fails: bool) {
+        // A frozen command cannot end by itself (a kill still ends it).
+        if lock(&self.world.runtime).frozen(id, None) {
+            return;
+        }
         // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for
         // memory (DESIGN 10), as the supervisor reports it: 137, out of memory.
         let code = self.draw(|d| if fails { 1 + d.below(9) } else { d.below(10) } as i32);

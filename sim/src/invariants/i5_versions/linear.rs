@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::hash::Hash;
 
-use berth_core::PhaseKind;
+use berth_core::{Intent, PhaseKind};
 
 use crate::world::{Commit, Op, Outcome, Seen};
 
@@ -78,6 +78,11 @@ pub enum SandboxOp {
     Client { kind: &'static str, expected: Option<u64>, outcome: Outcome },
 }
 
+/// Whether `s` has a live run that a pause or a resume acts on.
+fn live(s: &Seen) -> bool {
+    matches!(s.phase, PhaseKind::Ready | PhaseKind::Paused)
+}
+
 /// The versioned register one sandbox name is.
 pub struct Register;
 
@@ -120,9 +125,17 @@ impl Model for Register {
                             // absolute deadline, which the register does not hold: the reply
                             // names it (DESIGN 9.1).
                             "start" => state.as_ref().is_some_and(|s| match s.phase {
-                                PhaseKind::Stopping | PhaseKind::Deleting => true,
+                                PhaseKind::Stopping | PhaseKind::Deleting | PhaseKind::Paused => true,
+                                _ if s.intent == Intent::Paused => true,
                                 PhaseKind::Stopped | PhaseKind::Error => message.contains("past its deadline"),
                                 _ => false,
+                            }),
+                            // Only a live run (Ready, or paused) is paused or resumed; a paused
+                            // one past its deadline is renewed before it is resumed.
+                            "pause" => state.as_ref().is_some_and(|s| s.intent != Intent::Paused && !live(s)),
+                            "resume" => state.as_ref().is_some_and(|s| match s.intent {
+                                Intent::Paused => message.contains("past its deadline"),
+                                _ => !live(s),
                             }),
                             _ => true,
                         },
@@ -173,7 +186,6 @@ pub fn check_histories(ops: &[Op], commits: &[Commit]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use berth_core::Intent;
 
     fn seen(version: u64, phase: PhaseKind) -> Seen {
         Seen { version, generation: 1, intent: Intent::Running, phase }

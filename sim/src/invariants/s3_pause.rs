@@ -1,0 +1,127 @@
+//! S3 (DESIGN 16): pause and resume never change the generation or the identity; a paused
+//! sandbox runs no exec; after faults stop, intent Paused converges to Paused over a frozen run
+//! (or, once its run is gone, to what its restart policy says: the pause ends with the run).
+//!
+//! The store's writes are fed as facts (an admission against a paused record, a generation
+//! moved out of a pause); convergence is judged at the end against the runtime's freezer.
+
+use berth_core::{Intent, PhaseKind, Sandbox};
+
+use super::{Checker, Fact, Found, Invariant};
+
+/// S3 keeps no evidence: each write comes with the record it was decided against.
+#[derive(Default)]
+pub struct Pause;
+
+impl Checker for Pause {
+    fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
+        let problem = match *fact {
+            Fact::Exec { before: None, after, sandbox: Some(s) } if paused(s) => Some(format!(
+                "exec {} was admitted to {} while its intent is {:?} and it is {}",
+                after.id, s.name, s.intent, s.phase
+            )),
+            Fact::Sandbox { before: Some(b), after: Some(a), .. } => rotated_out_of_a_pause(b, a),
+            _ => None,
+        };
+        found.extend(problem.map(|p| (Invariant::S3, p)));
+    }
+}
+
+/// Whether `s` is paused or on its way there: no exec may be admitted to it.
+fn paused(s: &Sandbox) -> bool {
+    s.intent == Intent::Paused || s.phase.kind() == PhaseKind::Paused
+}
+
+/// A write that moved a paused (or pausing) sandbox to another generation: only a start or a
+/// restart does that, and neither may start from a pause.
+fn rotated_out_of_a_pause(before: &Sandbox, after: &Sandbox) -> Option<String> {
+    (paused(before) && after.generation != before.generation).then(|| {
+        format!(
+            "{} went from {} (intent {:?}) at generation {} to generation {}",
+            before.name, before.phase, before.intent, before.generation, after.generation
+        )
+    })
+}
+
+/// After the quiet phase: a sandbox that says it is paused, or that it runs, is so in the
+/// runtime (`frozen`: whether its current generation's live run is held by the freezer).
+pub fn freezer_not_as_recorded(s: &Sandbox, frozen: bool) -> Option<String> {
+    match (s.intent, s.phase.kind(), frozen) {
+        (Intent::Paused, PhaseKind::Paused, false) => {
+            Some(format!("{} is Paused at generation {} but its run is not frozen", s.name, s.generation))
+        }
+        (Intent::Running, PhaseKind::Ready, true) => {
+            Some(format!("{} is Ready at generation {} but its run is frozen", s.name, s.generation))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_core::exec::{Exec, ExecId, ExecState};
+    use berth_core::{Phase, SandboxId};
+
+    use super::*;
+    use crate::invariants::{feed, sandbox, write};
+
+    fn exec() -> Exec {
+        Exec {
+            sandbox: SandboxId::new("id-a"),
+            id: ExecId::parse("id", "x1").unwrap(),
+            spec: Default::default(),
+            generation: 2,
+            state: ExecState::Admitted,
+            cancel_requested: false,
+            output_bytes: None,
+            resource_version: 1,
+            admitted_at: Default::default(),
+            updated_at: Default::default(),
+        }
+    }
+
+    #[test]
+    fn an_exec_admitted_to_a_pausing_or_paused_sandbox_fires() {
+        let ready = sandbox("a", Intent::Running, Phase::Ready, 2);
+        let pausing = sandbox("a", Intent::Paused, Phase::Ready, 2);
+        let resuming = sandbox("a", Intent::Running, Phase::Paused, 2);
+        let e = exec();
+        let admit = |s| Fact::Exec { before: None, after: &e, sandbox: Some(s) };
+        assert!(feed(&mut Pause, &[admit(&ready)]).is_empty());
+        assert_eq!(
+            feed(&mut Pause, &[admit(&pausing), admit(&resuming)]),
+            [
+                "S3: exec x1 was admitted to a while its intent is Paused and it is Ready",
+                "S3: exec x1 was admitted to a while its intent is Running and it is Paused",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_generation_moved_out_of_a_pause_fires() {
+        let paused = sandbox("a", Intent::Paused, Phase::Paused, 2);
+        let resumed = sandbox("a", Intent::Running, Phase::Ready, 2);
+        let restarted = sandbox("a", Intent::Running, Phase::Starting, 3);
+        assert!(feed(&mut Pause, &[write(1, Some(&paused), Some(&resumed))]).is_empty());
+        assert_eq!(
+            feed(&mut Pause, &[write(1, Some(&paused), Some(&restarted))]),
+            ["S3: a went from Paused (intent Paused) at generation 2 to generation 3"]
+        );
+    }
+
+    #[test]
+    fn a_record_the_freezer_does_not_bear_out_fires() {
+        let paused = sandbox("a", Intent::Paused, Phase::Paused, 2);
+        let ready = sandbox("a", Intent::Running, Phase::Ready, 2);
+        assert_eq!(freezer_not_as_recorded(&paused, true), None);
+        assert_eq!(freezer_not_as_recorded(&ready, false), None);
+        assert_eq!(
+            freezer_not_as_recorded(&paused, false).as_deref(),
+            Some("a is Paused at generation 2 but its run is not frozen")
+        );
+        assert_eq!(
+            freezer_not_as_recorded(&ready, true).as_deref(),
+            Some("a is Ready at generation 2 but its run is frozen")
+        );
+    }
+}

@@ -226,6 +226,24 @@ pub(crate) fn sandbox(
     }
 }
 
+/// Exec `x1` of sandbox `a`'s record (see [`sandbox`]), admitted for `generation`, for the unit
+/// tests.
+#[cfg(test)]
+pub(crate) fn exec(generation: u64, state: berth_core::exec::ExecState) -> berth_core::exec::Exec {
+    berth_core::exec::Exec {
+        sandbox: berth_core::SandboxId::new("id-a"),
+        id: berth_core::exec::ExecId::parse("id", "x1").unwrap(),
+        spec: Default::default(),
+        generation,
+        state,
+        cancel_requested: false,
+        output_bytes: None,
+        resource_version: 1,
+        admitted_at: Default::default(),
+        updated_at: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Invariant;

@@ -59,33 +59,18 @@ pub fn freezer_not_as_recorded(s: &Sandbox, frozen: bool) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use berth_core::exec::{Exec, ExecId, ExecState};
-    use berth_core::{Phase, SandboxId};
+    use berth_core::Phase;
+    use berth_core::exec::ExecState;
 
     use super::*;
-    use crate::invariants::{feed, sandbox, write};
-
-    fn exec() -> Exec {
-        Exec {
-            sandbox: SandboxId::new("id-a"),
-            id: ExecId::parse("id", "x1").unwrap(),
-            spec: Default::default(),
-            generation: 2,
-            state: ExecState::Admitted,
-            cancel_requested: false,
-            output_bytes: None,
-            resource_version: 1,
-            admitted_at: Default::default(),
-            updated_at: Default::default(),
-        }
-    }
+    use crate::invariants::{exec, feed, sandbox, write};
 
     #[test]
     fn an_exec_admitted_to_a_pausing_or_paused_sandbox_fires() {
         let ready = sandbox("a", Intent::Running, Phase::Ready, 2);
         let pausing = sandbox("a", Intent::Paused, Phase::Ready, 2);
         let resuming = sandbox("a", Intent::Running, Phase::Paused, 2);
-        let e = exec();
+        let e = exec(2, ExecState::Admitted);
         let admit = |s| Fact::Exec { before: None, after: &e, sandbox: Some(s) };
         assert!(feed(&mut Pause, &[admit(&ready)]).is_empty());
         assert_eq!(

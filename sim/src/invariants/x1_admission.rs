@@ -41,26 +41,11 @@ fn admitted_wrongly(exec: &Exec, sandbox: Option<&berth_core::Sandbox>) -> Optio
 
 #[cfg(test)]
 mod tests {
-    use berth_core::exec::{ExecEnd, ExecId, ExecState};
+    use berth_core::exec::{ExecEnd, ExecState};
     use berth_core::{Intent, Phase};
 
     use super::*;
-    use crate::invariants::{feed, sandbox};
-
-    fn exec(generation: u64, state: ExecState) -> Exec {
-        Exec {
-            sandbox: berth_core::SandboxId::new("id-a"),
-            id: ExecId::parse("id", "x1").unwrap(),
-            spec: Default::default(),
-            generation,
-            state,
-            cancel_requested: false,
-            output_bytes: None,
-            resource_version: 1,
-            admitted_at: Default::default(),
-            updated_at: Default::default(),
-        }
-    }
+    use crate::invariants::{exec, feed, sandbox};
 
     #[test]
     fn an_exec_admitted_to_a_sandbox_not_ready_or_of_another_generation_fires() {

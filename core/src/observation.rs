@@ -293,25 +293,34 @@ impl Merge<'_> {
             }
             return;
         }
-        match self.next().run {
+        // Whether it is this generation's live run, whose freezer the intent speaks for.
+        let current = match self.next().run {
             Run::Pending | Run::Started { at: None } => {
                 branch::hit(Branch::RunningFirstSeen);
                 self.edit().run = Run::Started { at: Some(started_at) };
+                true
             }
             Run::Started { at: Some(at) } if started_at > at => {
                 branch::hit(Branch::RunningRestartedOutOfBand);
                 self.restarted_out_of_band();
+                false
             }
-            Run::Started { at: Some(_) } => branch::hit(Branch::RunningKnown),
+            Run::Started { at: Some(_) } => {
+                branch::hit(Branch::RunningKnown);
+                true
+            }
             // A snapshot of the run that has since been seen to end.
             Run::Ended(marker) if started_at <= marker.finished_at => {
                 branch::hit(Branch::RunningSnapshotOfEnded);
                 return;
             }
             // A later run, started outside Berth.
-            Run::Ended(_) => branch::hit(Branch::RunningAfterEnd),
-        }
-        if let Some(frozen) = frozen {
+            Run::Ended(_) => {
+                branch::hit(Branch::RunningAfterEnd);
+                false
+            }
+        };
+        if let (true, Some(frozen)) = (current, frozen) {
             self.freezer(frozen);
         }
         self.stop_if_unwanted();

@@ -184,6 +184,8 @@ async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
                 "5m",
                 "--on-expiry",
                 "delete",
+                "--on-idle",
+                "pause",
                 "--restart",
                 "on-failure",
             ]
@@ -195,7 +197,7 @@ async fn the_cli_sets_lifetimes_restart_policies_and_claims_from_pools() {
     );
     assert_eq!(
         created["spec"]["lifetime"],
-        serde_json::json!({"ttl_ms": 600_000, "idle_timeout_ms": 300_000, "on_expiry": "delete"})
+        serde_json::json!({"ttl_ms": 600_000, "idle_timeout_ms": 300_000, "on_expiry": "delete", "on_idle": "pause"})
     );
     assert_eq!(created["active_at_unix_ms"], created["created_at_unix_ms"], "the idle clock runs from the create");
     assert_eq!(created["spec"]["restart"]["mode"], "on-failure");

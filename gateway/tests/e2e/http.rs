@@ -29,6 +29,19 @@ impl Curl {
         (status.trim().parse().unwrap_or(0), body.to_string())
     }
 
+    /// The sandbox `name` once it is in `phase` (the wire's name), within 10 s.
+    async fn wait_phase(&self, name: &str, phase: &str) -> Value {
+        let mut seen = Value::Null;
+        for _ in 0..100 {
+            seen = self.json("GET", &format!("/v1/sandboxes/{name}"), None).1;
+            if seen["sandbox"]["phase"] == phase {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{name} never reached {phase}: {seen}");
+    }
+
     fn json(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
         let (status, text) = self.call(method, path, body, None);
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}")))
@@ -56,15 +69,7 @@ async fn curl_drives_the_http_json_api() {
     let (status, created) = curl.json("POST", "/v1/sandboxes", Some(create));
     assert_eq!((status, created["sandbox"]["name"].as_str()), (200, Some("web")), "{created}");
     assert_eq!(created["sandbox"]["phase"], "PHASE_PROVISIONING");
-    let mut ready = Value::Null;
-    for _ in 0..100 {
-        ready = curl.json("GET", "/v1/sandboxes/web", None).1;
-        if ready["sandbox"]["phase"] == "PHASE_READY" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(ready["sandbox"]["phase"], "PHASE_READY", "{ready}");
+    let ready = curl.wait_phase("web", "PHASE_READY").await;
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     assert_eq!(listed["sandboxes"].as_array().map(Vec::len), Some(1), "{listed}");
     let (_, none) = curl.json("GET", "/v1/sandboxes?selector=team=b", None);
@@ -129,6 +134,21 @@ async fn curl_drives_the_http_json_api() {
     assert_eq!(names, ["web"], "no refused create made a sandbox: {all}");
     let (_, execs) = curl.json("GET", "/v1/sandboxes/web/execs", None);
     assert_eq!(execs["execs"].as_array().map(Vec::len), Some(1), "the refused exec was not recorded: {execs}");
+
+    // Pause and resume: the intent at once, the phase once the run is seen frozen (thawed).
+    let (status, pausing) = curl.json("POST", "/v1/sandboxes/web/pause", None);
+    assert_eq!((status, pausing["sandbox"]["intent"].as_str()), (200, Some("INTENT_PAUSED")), "{pausing}");
+    let paused = curl.wait_phase("web", "PHASE_PAUSED").await;
+    assert_eq!(paused["sandbox"]["generation"], ready["sandbox"]["generation"], "nothing restarted");
+    let (status, code, message) = refused("POST", "/v1/sandboxes/web/start", None);
+    assert_eq!((status, code.as_str()), (400, "FAILED_PRECONDITION"));
+    assert!(message.contains("while it is Paused"), "{message}");
+    let (status, resuming) = curl.json("POST", "/v1/sandboxes/web/resume", None);
+    assert_eq!((status, resuming["sandbox"]["intent"].as_str()), (200, Some("INTENT_RUNNING")), "{resuming}");
+    curl.wait_phase("web", "PHASE_READY").await;
+    let (status, code, message) = refused("POST", "/v1/sandboxes/web/freeze", None);
+    assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
+    assert!(message.contains("pause, resume"), "{message}");
 
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     let cursor = listed["cursor"].as_str().unwrap().to_string();

@@ -146,6 +146,25 @@ branches! {
     EffectSuperseded => "recovery: a queued effect superseded",
     EffectWanted => "recovery: a queued effect still wanted",
 
+    // snapshot: snapshots and forks.
+    SnapshotCreate => "snapshot: a snapshot is asked for",
+    ForkCreate => "snapshot: a fork is asked for",
+    SnapshotSourceUnsettled => "snapshot: the source is between phases",
+    SnapshotQuota => "snapshot: the store's quota is reached",
+    SnapshotDelete => "snapshot: delete",
+    SnapshotDeleteAgain => "snapshot: delete of a snapshot being deleted",
+    SnapshotInUse => "snapshot: delete refused while a sandbox needs its files",
+    SnapshotGone => "snapshot: an answer for a snapshot that is gone",
+    SnapshotTakenLate => "snapshot: an answer for a snapshot no longer being taken",
+    SnapshotFailed => "snapshot: the copy failed",
+    SnapshotReady => "snapshot: the copy is confirmed",
+    ForkNameTaken => "snapshot: a fork's name was taken meanwhile",
+    ForkMade => "snapshot: a fork's sandboxes are made",
+    SnapshotRemoved => "snapshot: the removal is confirmed",
+    SnapshotNotReady => "snapshot: a create from a snapshot not Ready",
+    SnapshotSeeds => "snapshot: a create from a snapshot",
+    SnapshotSeeded => "snapshot: a sandbox made from a snapshot has its files",
+
     // start_gate: the rule every driver keeps about starting runs.
     GateStart => "start_gate: start",
     GateResume => "start_gate: resume an unconfirmed start",

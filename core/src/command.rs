@@ -15,19 +15,34 @@ use crate::error::{Error, Kind};
 use crate::id::SandboxId;
 use crate::lifetime::{self, OnExpiry, Renewal};
 use crate::phase::{Phase, PhaseKind};
-use crate::record::{ExitFence, Intent, Provider, Run, Sandbox};
+use crate::record::{ExitFence, Intent, Provider, Run, Sandbox, Seed};
 use crate::request::{Command, Reads, Request};
 use crate::restart::{self, Restarts};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
-use crate::{provider, template, validate};
+use crate::{provider, snapshot, template, validate};
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
     request.plan().validate_names()?;
     match &request.command {
         Command::CreateSandbox { id, name, spec, providers, deadline } => {
-            create_sandbox(request, reads, Created { id, name, spec, providers, deadline: *deadline }, now)
+            create_sandbox(request, reads, Created { id, name, spec, providers, deadline: *deadline, seed: None }, now)
+        }
+        Command::CreateFromSnapshot { id, name, snapshot, labels, providers, deadline } => {
+            let (spec, seed, touch) = snapshot::seeding(reads, snapshot, labels, now)?;
+            let created = Created { id, name, spec: &spec, providers, deadline: *deadline, seed: Some(seed) };
+            let mut decision = create_sandbox(request, reads, created, now)?;
+            decision.writes.push(touch);
+            Ok(decision)
+        }
+        Command::CreateSnapshot { id, name, .. } => snapshot::create(request, reads, id, name, now),
+        Command::DeleteSnapshot { name } => snapshot::delete(request, reads, name, now),
+        Command::SnapshotTaken { id, result, .. } => snapshot::taken(reads, id, result, now),
+        Command::SnapshotRemoved { id, .. } => Ok(snapshot::removed(reads, id)),
+        Command::ForkSandbox { snapshot, snapshot_name, forks, labels, .. } => {
+            let forking = snapshot::Forking { snapshot, snapshot_name, forks, labels };
+            snapshot::fork(request, reads, forking, now)
         }
         Command::StopSandbox { .. } => {
             let sandbox = existing(request, reads)?;
@@ -134,10 +149,11 @@ struct Created<'a> {
     spec: &'a SandboxSpec,
     providers: &'a BTreeSet<String>,
     deadline: Option<Timestamp>,
+    seed: Option<Seed>,
 }
 
 fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: Timestamp) -> Result<Decision, Error> {
-    let Created { id, name, spec, providers, deadline } = created;
+    let Created { id, name, spec, providers, deadline, seed } = created;
     validate::spec(spec)?;
     validate::provider_names("providers", providers)?;
     lifetime::validate(&spec.lifetime, &reads.limits)?;
@@ -151,12 +167,17 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     let attached = provider::resolve(providers, reads, "providers")?;
     provider::check_credentials(spec, &attached)?;
     let providers = std::sync::Arc::new(providers.clone());
+    let mut spec = spec.clone();
+    if let Some(seed) = &seed {
+        snapshot::label(&mut spec, seed);
+    }
     let record = Sandbox {
         egress_providers: providers.clone(),
         providers,
         deadline,
         active_at: lifetime::clock_from(&spec.lifetime, now),
-        ..Sandbox::new(id.clone(), name, spec.clone(), now)
+        seed,
+        ..Sandbox::new(id.clone(), name, spec, now)
     };
     let mut writes = vec![Write::CreateSandbox(record.clone())];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));

@@ -4,9 +4,9 @@
 //! condition checked, and only then runs `effects`: a decision is durable before its effects, so
 //! an effect can always be re-driven from the committed record.
 
-use crate::id::{ExecId, SandboxId};
+use crate::id::{ExecId, SandboxId, SnapshotId};
 use crate::phase::PhaseKind;
-use crate::record::{Exec, Provider, Sandbox, Template};
+use crate::record::{Exec, Provider, Sandbox, Snapshot, Template};
 use crate::time::Timestamp;
 
 /// One conditional write. A transaction is a list of them, all applied or none.
@@ -50,6 +50,15 @@ pub enum Write {
         name: String,
         expected: u64,
     },
+    CreateSnapshot(Snapshot),
+    UpdateSnapshot {
+        record: Snapshot,
+        expected: u64,
+    },
+    RemoveSnapshot {
+        name: String,
+        expected: u64,
+    },
     /// Create-if-absent. An exec is removed with its sandbox.
     CreateExec(Exec),
     UpdateExec {
@@ -69,15 +78,19 @@ impl Write {
             Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => Key::Exec(e.sandbox.clone(), e.id.clone()),
             Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } => Key::Template(t.name.clone()),
             Write::RemoveTemplate { name, .. } => Key::Template(name.clone()),
+            Write::CreateSnapshot(s) | Write::UpdateSnapshot { record: s, .. } => Key::Snapshot(s.name.clone()),
+            Write::RemoveSnapshot { name, .. } => Key::Snapshot(name.clone()),
         }
     }
 
     /// The version the record must have for the write to apply; `None` means it must not exist.
     pub fn expected(&self) -> Option<u64> {
         match self {
-            Write::CreateSandbox(_) | Write::CreateProvider(_) | Write::CreateExec(_) | Write::CreateTemplate(_) => {
-                None
-            }
+            Write::CreateSandbox(_)
+            | Write::CreateProvider(_)
+            | Write::CreateExec(_)
+            | Write::CreateTemplate(_)
+            | Write::CreateSnapshot(_) => None,
             Write::UpdateSandbox { expected, .. }
             | Write::RemoveSandbox { expected, .. }
             | Write::UpdateProvider { expected, .. }
@@ -85,7 +98,9 @@ impl Write {
             | Write::CheckSandbox { expected, .. }
             | Write::UpdateExec { expected, .. }
             | Write::UpdateTemplate { expected, .. }
-            | Write::RemoveTemplate { expected, .. } => Some(*expected),
+            | Write::RemoveTemplate { expected, .. }
+            | Write::UpdateSnapshot { expected, .. }
+            | Write::RemoveSnapshot { expected, .. } => Some(*expected),
         }
     }
 }
@@ -96,6 +111,7 @@ pub enum Key {
     Provider(String),
     Exec(SandboxId, ExecId),
     Template(String),
+    Snapshot(String),
 }
 
 /// What a store reports when a condition of a transaction does not hold.
@@ -126,16 +142,34 @@ pub enum Effect {
     Resume { sandbox: SandboxId, generation: u64 },
     /// Remove the compute resource and everything made for it; absence is success.
     Delete { sandbox: SandboxId },
+    /// Copy `sandbox`'s files as snapshot `snapshot` (DESIGN 12.2), freezing a live run for the
+    /// moment of the copy; reply with what was kept. Taking it again replaces a copy not yet
+    /// confirmed.
+    Snapshot { snapshot: SnapshotId, name: String, sandbox: SandboxId },
+    /// Remove everything the runtime keeps of snapshot `snapshot`; absence is success.
+    RemoveSnapshot { snapshot: SnapshotId, name: String },
+}
+
+/// What an effect acts on: the effects of one subject run one after another, in order.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Subject {
+    Sandbox(SandboxId),
+    /// A snapshot's taking and its removal never overlap: a removal cannot run under a copy
+    /// still being written. The driver orders a copy with its sandbox's own effects.
+    Snapshot(SnapshotId),
 }
 
 impl Effect {
-    pub fn sandbox(&self) -> &SandboxId {
+    pub fn subject(&self) -> Subject {
         match self {
             Effect::Start { sandbox, .. }
             | Effect::Stop { sandbox, .. }
             | Effect::Pause { sandbox, .. }
             | Effect::Resume { sandbox, .. }
-            | Effect::Delete { sandbox } => sandbox,
+            | Effect::Delete { sandbox } => Subject::Sandbox(sandbox.clone()),
+            Effect::Snapshot { snapshot, .. } | Effect::RemoveSnapshot { snapshot, .. } => {
+                Subject::Snapshot(snapshot.clone())
+            }
         }
     }
 }
@@ -149,6 +183,7 @@ pub enum Outcome {
     Sandbox(Box<Sandbox>),
     Provider(Box<Provider>),
     Template(Box<Template>),
+    Snapshot(Box<Snapshot>),
     /// The exec as an exec rule leaves it ([`crate::exec`]).
     Exec(Box<Exec>),
     /// The record is gone (or, for an observation, there was none).

@@ -18,6 +18,7 @@ pub enum Code {
     Unavailable,
     DeadlineExceeded,
     Internal,
+    ResourceExhausted,
 }
 
 /// Which kind of record an error is about.
@@ -27,6 +28,7 @@ pub enum Kind {
     Provider,
     Exec,
     Template,
+    Snapshot,
 }
 
 impl fmt::Display for Kind {
@@ -36,6 +38,7 @@ impl fmt::Display for Kind {
             Kind::Provider => "provider",
             Kind::Exec => "exec",
             Kind::Template => "template",
+            Kind::Snapshot => "snapshot",
         })
     }
 }
@@ -93,6 +96,17 @@ pub enum Error {
     #[error("the {driver} driver cannot {action} here: {reason}")]
     Unsupported { action: &'static str, driver: &'static str, reason: String },
 
+    /// A snapshot's delete while sandboxes being made from it still need its files (S2).
+    #[error("snapshot '{snapshot}' is still needed by sandbox(es) being made from it: {}", sandboxes.join(", "))]
+    SnapshotInUse { snapshot: String, sandboxes: Vec<String> },
+
+    #[error("cannot {action} snapshot '{snapshot}' while it is {phase}")]
+    SnapshotPhase { snapshot: String, action: &'static str, phase: &'static str },
+
+    /// A configured bound of the store's (its snapshots' count or bytes) is reached.
+    #[error("{what}: at most {limit} (the gateway's {flag}); delete some first")]
+    Quota { what: &'static str, limit: u64, flag: &'static str },
+
     #[error("{kind} '{name}' is under contention: {attempts} conditional writes conflicted")]
     Contention { kind: Kind, name: String, attempts: u32 },
 }
@@ -109,7 +123,10 @@ impl Error {
             | Error::ProviderAttached { .. }
             | Error::CredentialCollision { .. }
             | Error::Unenforceable { .. }
-            | Error::Unsupported { .. } => Code::FailedPrecondition,
+            | Error::Unsupported { .. }
+            | Error::SnapshotInUse { .. }
+            | Error::SnapshotPhase { .. } => Code::FailedPrecondition,
+            Error::Quota { .. } => Code::ResourceExhausted,
             Error::StaleVersion { .. } => Code::Aborted,
             Error::StaleIdentity { .. } => Code::PermissionDenied,
             Error::MalformedToken | Error::BadToken => Code::Unauthenticated,

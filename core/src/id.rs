@@ -27,6 +27,28 @@ impl fmt::Display for SandboxId {
     }
 }
 
+/// A snapshot's id (DESIGN 12.2): assigned by the gateway when the snapshot is asked for, never
+/// reused. What the runtime keeps of a snapshot (its copy, its image) is named by it, so a
+/// snapshot deleted and another taken under the same name never share anything.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SnapshotId(std::sync::Arc<str>);
+
+impl SnapshotId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into().into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Longest exec id.
 pub const MAX_EXEC_ID_BYTES: usize = 128;
 

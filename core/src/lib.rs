@@ -12,7 +12,7 @@
 //! - [`error`]: typed errors with their status class (3.7)
 //! - [`limits`], [`allowlist`]: CPU, memory and process limits, and egress allow-lists (10)
 //! - [`spec`]: what a user asks to run
-//! - [`record`]: sandboxes, providers, templates and execs (3.1)
+//! - [`record`]: sandboxes, providers, templates, snapshots and execs (3.1)
 //! - [`decision`]: the conditional writes and driver effects a rule decides
 //! - [`request`]: a command, its expected version, and what was read for it (3.2)
 //! - [`report`]: what the runtime, drivers and supervisors report
@@ -26,6 +26,7 @@
 //! - [`egress`]: where a sandbox's runs may connect (10)
 //! - [`provider`]: making and removing providers
 //! - [`template`]: templates, warm pools and claims (9.4)
+//! - [`snapshot`]: snapshots, creates from them, and forks (12.2, 12.3)
 //! - [`command`]: API commands decided against a read (3.2)
 //! - [`cas`]: what to do after a conflicting write (3.3)
 //! - [`identity`]: runtime identity tokens (3.4)
@@ -59,6 +60,7 @@ pub mod recovery;
 pub mod report;
 pub mod request;
 pub mod restart;
+pub mod snapshot;
 pub mod spec;
 pub mod start_gate;
 pub mod template;
@@ -69,10 +71,10 @@ pub mod validate;
 pub use command::decide;
 pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
 pub use error::{Code, Error, Kind};
-pub use id::SandboxId;
+pub use id::{SandboxId, SnapshotId};
 pub use observation::merge;
 pub use phase::{Failure, FailureReason, Phase, PhaseKind};
-pub use record::{ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret};
+pub use record::{ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase};
 pub use report::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply};
 pub use request::{Command, Reads, Request};
 pub use spec::SandboxSpec;

@@ -578,6 +578,7 @@ impl Merge<'_> {
         }
         match writes.first_mut() {
             Some(Write::UpdateSandbox { record, .. }) if *record != *before => {
+                crate::snapshot::seeded(record);
                 crate::lifetime::unheld(before, record, now);
                 crate::restart::schedule(before, record, now);
                 next_version(before, record, now);

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use crate::error::{Error, Kind};
-use crate::record::Sandbox;
+use crate::record::{Sandbox, Snapshot};
 use crate::request::{Command, Request};
 use crate::validate;
 
@@ -40,6 +40,7 @@ pub enum Lock {
     Sandbox(String),
     Provider(String),
     Template(String),
+    Snapshot(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +62,14 @@ pub struct Plan<'a> {
     pub members: bool,
     /// Whether it counts the sandbox's open execs.
     pub open_execs: bool,
+    /// The snapshot it reads (by name) and writes.
+    pub snapshot: Option<Named<'a>>,
+    /// Whether it reads every snapshot (the store's quota).
+    pub all_snapshots: bool,
+    /// Whether it reads the sandboxes made from the snapshot.
+    pub snapshot_users: bool,
+    /// Whether it reads which names of the snapshot's fork are taken.
+    pub fork_names: bool,
     /// The kind of record a client-supplied version refers to.
     pub subject: Kind,
 }
@@ -81,6 +90,10 @@ impl Command {
             users_of: None,
             members: false,
             open_execs: false,
+            snapshot: None,
+            all_snapshots: false,
+            snapshot_users: false,
+            fork_names: false,
             subject: Kind::Sandbox,
         };
         // No catch-all arm: each command spells out its whole plan.
@@ -152,6 +165,46 @@ impl Command {
                 members: true,
                 ..base
             },
+            Command::CreateSnapshot { name, sandbox, .. } => Plan {
+                name: "CreateSnapshot",
+                sandbox: named("sandbox", sandbox),
+                snapshot: named("name", name),
+                all_snapshots: true,
+                subject: Kind::Snapshot,
+                ..base
+            },
+            Command::DeleteSnapshot { name } => Plan {
+                name: "DeleteSnapshot",
+                snapshot: named("name", name),
+                snapshot_users: true,
+                subject: Kind::Snapshot,
+                ..base
+            },
+            Command::SnapshotTaken { name, .. } => Plan {
+                name: "SnapshotTaken",
+                snapshot: named("name", name),
+                fork_names: true,
+                subject: Kind::Snapshot,
+                ..base
+            },
+            Command::SnapshotRemoved { name, .. } => {
+                Plan { name: "SnapshotRemoved", snapshot: named("name", name), subject: Kind::Snapshot, ..base }
+            }
+            Command::CreateFromSnapshot { name, snapshot, providers, .. } => Plan {
+                name: "CreateFromSnapshot",
+                sandbox: named("name", name),
+                snapshot: named("snapshot", snapshot),
+                providers: ProviderReads::Each(providers),
+                ..base
+            },
+            Command::ForkSandbox { name, snapshot_name, .. } => Plan {
+                name: "ForkSandbox",
+                sandbox: named("name", name),
+                snapshot: named("snapshot", snapshot_name),
+                all_snapshots: true,
+                fork_names: true,
+                ..base
+            },
         }
     }
 }
@@ -178,6 +231,7 @@ impl<'a> Plan<'a> {
         locks.extend(self.sandbox.iter().chain(&self.creates).map(|s| Lock::Sandbox(s.name.to_string())));
         // Claims and fills of one template take turns here; those of other gateways conflict.
         locks.extend(self.template.map(|t| Lock::Template(t.name.to_string())));
+        locks.extend(self.snapshot.map(|s| Lock::Snapshot(s.name.to_string())));
         match self.providers {
             ProviderReads::None => {}
             ProviderReads::Each(names) => locks.extend(names.iter().cloned().map(Lock::Provider)),
@@ -196,6 +250,7 @@ impl<'a> Plan<'a> {
                 _ => None,
             },
             Kind::Template => self.template.map(|t| t.name),
+            Kind::Snapshot => self.snapshot.map(|s| s.name),
             _ => self.sandbox.map(|s| s.name),
         };
         (self.subject, name.unwrap_or_default())
@@ -203,7 +258,7 @@ impl<'a> Plan<'a> {
 
     /// Names are DNS labels everywhere: a malformed one is INVALID_ARGUMENT, never NOT_FOUND.
     pub(crate) fn validate_names(&self) -> Result<(), Error> {
-        for s in self.sandbox.iter().chain(&self.creates) {
+        for s in self.sandbox.iter().chain(&self.creates).chain(&self.snapshot) {
             validate::dns_label(s.field, s.name)?;
         }
         if let Some(t) = self.template {
@@ -223,6 +278,21 @@ impl<'a> Plan<'a> {
 impl Request {
     pub fn plan(&self) -> Plan<'_> {
         self.command.plan()
+    }
+
+    /// The names of the sandboxes a fork is to make ([`Plan::fork_names`]), from the command
+    /// or, once its snapshot is taken, from the snapshot as read: the executor reads which of
+    /// them are taken.
+    pub fn fork_names<'r>(&'r self, snapshot: Option<&'r Snapshot>) -> Vec<&'r str> {
+        let forks = match &self.command {
+            Command::ForkSandbox { forks, .. } => forks,
+            Command::SnapshotTaken { .. } => match snapshot.and_then(|s| s.fork.as_ref()) {
+                Some(fork) => &fork.sandboxes,
+                None => return Vec::new(),
+            },
+            _ => return Vec::new(),
+        };
+        forks.iter().map(|(_, name)| name.as_str()).collect()
     }
 
     /// The client's version against the current one of the record the plan names: a stale one

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::allowlist::Policy;
-use crate::id::{ExecId, SandboxId};
+use crate::id::{ExecId, SandboxId, SnapshotId};
 use crate::phase::{Failure, Phase, PhaseKind};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::time::Timestamp;
@@ -116,8 +116,23 @@ pub struct Sandbox {
     /// The template it was made from, for a pool member (kept once claimed).
     #[serde(default)]
     pub template: Option<String>,
+    /// The snapshot it was made from (DESIGN 12.2), and whether its workspace has the
+    /// snapshot's files yet.
+    #[serde(default)]
+    pub seed: Option<Seed>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// Where a sandbox made from a snapshot takes its files from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seed {
+    pub snapshot: String,
+    pub id: SnapshotId,
+    /// A run of the sandbox has started: its driver copied the snapshot's files before it (its
+    /// first start does), so the sandbox needs the snapshot no more. Until then the snapshot
+    /// cannot be deleted (S2).
+    pub seeded: bool,
 }
 
 impl Sandbox {
@@ -144,6 +159,7 @@ impl Sandbox {
             idle_expired_at: None,
             restarts: Restarts::default(),
             template: None,
+            seed: None,
             created_at: now,
             updated_at: now,
         }
@@ -233,6 +249,77 @@ pub struct Template {
     pub resource_version: u64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// A snapshot (DESIGN 12.2): a sandbox's files at one moment, which new sandboxes start from.
+/// Once Ready it never changes (S1) until its delete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub name: String,
+    pub id: SnapshotId,
+    pub source: SnapshotSource,
+    /// What a sandbox made from it runs: its source's spec when it was asked for.
+    pub spec: SandboxSpec,
+    pub phase: SnapshotPhase,
+    /// What the runtime keeps of it, once taken.
+    pub content: Option<Content>,
+    /// The fork it was taken for, if a fork asked for it (DESIGN 12.3).
+    pub fork: Option<Fork>,
+    pub resource_version: u64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// The sandbox a snapshot was taken of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotSource {
+    pub id: SandboxId,
+    pub name: String,
+    /// The generation whose run (or whose stopped workspace) was copied.
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotPhase {
+    /// Asked for; the runtime has not confirmed the copy.
+    Creating,
+    Ready,
+    /// The copy could not be made; nothing of it is kept.
+    Error(String),
+    /// A delete was committed; the runtime has not confirmed the removal.
+    Deleting,
+}
+
+impl SnapshotPhase {
+    /// The phase's name, as metrics and the wire say it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SnapshotPhase::Creating => "Creating",
+            SnapshotPhase::Ready => "Ready",
+            SnapshotPhase::Error(_) => "Error",
+            SnapshotPhase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// What a taken snapshot holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Content {
+    /// The workspace copy's size in bytes (plus the image's on a container runtime).
+    pub size_bytes: u64,
+    /// SHA-256 of the workspace copy, hex: every sandbox made from the snapshot starts with
+    /// exactly the files it sums (S1).
+    pub sha256: String,
+    /// The image the runtime committed of the source's filesystem; none on the process driver.
+    pub image: Option<String>,
+}
+
+/// The sandboxes a fork makes once its snapshot is taken, all in one write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fork {
+    pub sandboxes: Vec<(SandboxId, String)>,
+    /// Added to each fork's labels.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// How an exec ended, as its run reports it.

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use core::time::Duration;
 
 use crate::allowlist::Policy;
-use crate::id::SandboxId;
-use crate::record::{Provider, Sandbox, Secret, Template};
+use crate::id::{SandboxId, SnapshotId};
+use crate::record::{Content, Provider, Sandbox, Secret, Snapshot, Template};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
 use crate::validate::Limits;
@@ -109,6 +109,45 @@ pub enum Command {
         labels: BTreeMap<String, String>,
         providers: BTreeSet<String>,
     },
+    /// DESIGN 12.2: a snapshot `name` of sandbox `sandbox`.
+    CreateSnapshot {
+        id: SnapshotId,
+        name: String,
+        sandbox: String,
+    },
+    DeleteSnapshot {
+        name: String,
+    },
+    /// Server-owned: the runtime's answer to snapshot `id`'s copy: what it kept, or why none.
+    SnapshotTaken {
+        name: String,
+        id: SnapshotId,
+        result: Result<Content, String>,
+    },
+    /// Server-owned: the runtime removed everything of snapshot `id`.
+    SnapshotRemoved {
+        name: String,
+        id: SnapshotId,
+    },
+    /// DESIGN 12.2: a new sandbox with the snapshot's spec, image and files; `labels` are added
+    /// to the spec's.
+    CreateFromSnapshot {
+        id: SandboxId,
+        name: String,
+        snapshot: String,
+        labels: BTreeMap<String, String>,
+        providers: BTreeSet<String>,
+        deadline: Option<Timestamp>,
+    },
+    /// DESIGN 12.3: `forks` (ids and names) made from one snapshot of sandbox `name`, taken as
+    /// `snapshot`; `labels` are added to each.
+    ForkSandbox {
+        name: String,
+        snapshot: SnapshotId,
+        snapshot_name: String,
+        forks: Vec<(SandboxId, String)>,
+        labels: BTreeMap<String, String>,
+    },
 }
 
 /// A command and the version the client expects its record to have, if it said one.
@@ -135,6 +174,14 @@ pub struct Reads {
     pub members: Vec<Sandbox>,
     /// For an idle expiry: how many of the sandbox's execs are not yet ended.
     pub open_execs: usize,
+    /// The snapshot the plan names.
+    pub snapshot: Option<Snapshot>,
+    /// Every snapshot, for the store's quota.
+    pub snapshots: Vec<Snapshot>,
+    /// For a snapshot delete: the sandboxes made from it (by its label), in any phase.
+    pub snapshot_users: Vec<Sandbox>,
+    /// For a fork's snapshot: which of the names its sandboxes are to have are taken.
+    pub names_taken: BTreeSet<String>,
 }
 
 impl Request {

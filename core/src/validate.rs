@@ -14,11 +14,21 @@ pub struct Limits {
     pub max_ttl: core::time::Duration,
     /// The most Ready sandboxes one template's pool may keep.
     pub max_pool: u32,
+    /// The most snapshots the store may hold, a fork's own included (DESIGN 12.2).
+    pub max_snapshots: u32,
+    /// The most bytes the store's snapshots may hold together; a snapshot is refused once they
+    /// reach it.
+    pub max_snapshot_bytes: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_ttl: core::time::Duration::from_secs(30 * 24 * 3600), max_pool: 100 }
+        Self {
+            max_ttl: core::time::Duration::from_secs(30 * 24 * 3600),
+            max_pool: 100,
+            max_snapshots: 100,
+            max_snapshot_bytes: 50 << 30,
+        }
     }
 }
 

@@ -9,5 +9,6 @@ mod model;
 mod plan;
 mod pools;
 mod reports;
+mod snapshots;
 mod timed_rules;
 mod world;

@@ -10,8 +10,8 @@ use berth_core::exec::{Exec, ExecId};
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
     Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, MainProcess, Observation, Outcome, Provider,
-    Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide,
-    merge,
+    Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Snapshot, StartReply, Timestamp,
+    Write, decide, merge,
 };
 
 /// Every path a runtime report can come by.
@@ -73,6 +73,7 @@ pub struct Store {
     pub providers: BTreeMap<String, Provider>,
     pub execs: BTreeMap<(SandboxId, ExecId), Exec>,
     pub templates: BTreeMap<String, berth_core::template::Template>,
+    pub snapshots: BTreeMap<String, Snapshot>,
 }
 
 impl Store {
@@ -106,6 +107,7 @@ impl Store {
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
+            Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
         }
     }
 
@@ -146,6 +148,12 @@ impl Store {
                 Write::RemoveTemplate { name, .. } => {
                     self.templates.remove(&name);
                 }
+                Write::CreateSnapshot(s) | Write::UpdateSnapshot { record: s, .. } => {
+                    self.snapshots.insert(s.name.clone(), s);
+                }
+                Write::RemoveSnapshot { name, .. } => {
+                    self.snapshots.remove(&name);
+                }
             }
         }
         Ok(())
@@ -175,7 +183,36 @@ impl Store {
             (true, Some(s)) => self.execs.values().filter(|e| e.sandbox == s.id && !e.state.is_terminal()).count(),
             _ => 0,
         };
-        Reads { sandbox, providers, users, template, members, open_execs, ..Reads::default() }
+        let snapshot = plan.snapshot.and_then(|s| self.snapshots.get(s.name)).cloned();
+        let snapshots = if plan.all_snapshots { self.snapshots.values().cloned().collect() } else { Vec::new() };
+        let snapshot_users = match (plan.snapshot_users, &snapshot) {
+            (true, Some(snap)) => self
+                .sandboxes
+                .values()
+                .filter(|s| s.spec.labels.get(berth_core::snapshot::SNAPSHOT_LABEL) == Some(&snap.name))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        let names_taken = request
+            .fork_names(snapshot.as_ref())
+            .into_iter()
+            .filter(|n| self.by_name(n).is_some())
+            .map(str::to_string)
+            .collect();
+        Reads {
+            sandbox,
+            providers,
+            users,
+            template,
+            members,
+            open_execs,
+            snapshot,
+            snapshots,
+            snapshot_users,
+            names_taken,
+            ..Reads::default()
+        }
     }
 
     /// One read-decide-write of `request` by another client, landing in between.
@@ -212,6 +249,8 @@ pub struct World {
     pub interference: Vec<String>,
     pub next_id: u64,
     pub seed: u64,
+    /// The snapshots the runtime keeps a copy of.
+    pub kept: std::collections::BTreeSet<berth_core::SnapshotId>,
 }
 
 impl Default for World {
@@ -226,6 +265,7 @@ impl Default for World {
             interference: Vec::new(),
             next_id: 1,
             seed: 0x5eed,
+            kept: Default::default(),
         }
     }
 }
@@ -419,12 +459,47 @@ impl World {
                 self.newest_started.remove(sandbox);
                 (sandbox.clone(), Observation::Deleted)
             }
+            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } => {
+                panic!("a snapshot's effect is answered by a command: World::perform_snapshot")
+            }
+        }
+    }
+
+    /// Runs a snapshot's effect against the runtime; returns the runtime's answer as the
+    /// server-owned command the gateway makes of it. A copy sums the files the source's runs
+    /// wrote, so two copies of one unchanged sandbox sum the same.
+    pub fn perform_snapshot(&mut self, effect: &Effect) -> Command {
+        self.tick();
+        match effect {
+            Effect::Snapshot { snapshot, name, sandbox } => {
+                let result = match self.containers.get(sandbox) {
+                    Some(c) => Ok(berth_core::record::Content {
+                        size_bytes: 10 * c.runs.len() as u64,
+                        sha256: format!("{sandbox}:{}", c.runs.len()),
+                        image: None,
+                    }),
+                    None => Err(format!("sandbox {sandbox} has no files")),
+                };
+                self.kept.insert(snapshot.clone());
+                Command::SnapshotTaken { name: name.clone(), id: snapshot.clone(), result }
+            }
+            Effect::RemoveSnapshot { snapshot, name } => {
+                self.kept.remove(snapshot);
+                Command::SnapshotRemoved { name: name.clone(), id: snapshot.clone() }
+            }
+            other => panic!("not a snapshot's effect: {other:?}"),
         }
     }
 
     /// Runs the oldest queued effect and merges its reply.
     pub fn run_effect(&mut self) -> Option<Result<Decision, Error>> {
         let effect = self.effects.pop_front()?;
+        if let berth_core::decision::Subject::Snapshot(_) = effect.subject() {
+            let answer = self.perform_snapshot(&effect);
+            let request = Request::new(answer, None);
+            let retry = Retry::for_request(RetryPolicy::default(), &request);
+            return Some(self.cas_loop(retry, |w| decide(&request, &w.store.reads(&request), w.now)));
+        }
         let (id, reply) = self.perform(&effect);
         Some(self.observe(&id, reply))
     }

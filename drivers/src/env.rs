@@ -115,6 +115,7 @@ mod tests {
             spec: berth_core::SandboxSpec { env: map(env), ..Default::default() },
             credentials: credentials.iter().map(|(k, v)| (k.to_string(), Secret::new(*v))).collect(),
             token: derive_token(&IdentityKey::from_bytes([7; 32]), &identity),
+            seed: None,
         }
     }
 

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::identity::RuntimeToken;
-use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, StartReply};
+use berth_core::record::Content;
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, SnapshotId, StartReply};
 use futures_util::Stream;
 
 pub mod container;
@@ -23,6 +24,7 @@ pub mod files;
 pub use berth_handoff as handoff;
 pub mod process;
 mod sandbox_lock;
+pub mod snapshot;
 mod state_file;
 pub mod tombstone;
 
@@ -64,6 +66,9 @@ pub struct Launch {
     pub credentials: BTreeMap<String, Secret>,
     /// The generation's runtime token, installed before the sandbox's process starts.
     pub token: RuntimeToken,
+    /// The snapshot the sandbox was made from (DESIGN 12.2): its files (and on a container
+    /// runtime, its image) are the sandbox's before its first run.
+    pub seed: Option<SnapshotId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -231,6 +236,19 @@ pub trait Driver: Send + Sync + 'static {
     /// Thaws the sandbox's run; one not frozen is left so. The state the run is in after.
     async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
+
+    /// Copies the sandbox's files as snapshot `snapshot` (DESIGN 12.2): its workspace, and on a
+    /// container runtime its container's filesystem as an image. A live run is frozen for the
+    /// moment of the copy and thawed after; a frozen or stopped one is copied as it is. A copy
+    /// made before under the same id is replaced. [`DriverError::Failed`] says why no copy can
+    /// be made (the sandbox has no files, the host has no freezer).
+    async fn snapshot(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError>;
+    /// Removes everything kept of snapshot `snapshot`; absence is success. What sandboxes made
+    /// from it hold of it is theirs and stays.
+    async fn remove_snapshot(&self, snapshot: &SnapshotId) -> Result<(), DriverError>;
+    /// The snapshots this driver keeps anything of, in id order: what the sweep compares with
+    /// the records, so that nothing is kept of a snapshot without one.
+    async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError>;
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
 

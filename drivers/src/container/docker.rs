@@ -9,12 +9,14 @@ use berth_core::{SandboxId, Timestamp};
 use bollard::Docker;
 use bollard::errors::Error as BollardError;
 use bollard::models::{
-    ContainerCreateBody, ContainerStateStatusEnum, EventMessage, HostConfig, Mount, MountType, VolumeCreateRequest,
+    ContainerConfig, ContainerCreateBody, ContainerStateStatusEnum, EventMessage, HostConfig, Mount, MountType,
+    VolumeCreateRequest,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
-    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, RemoveVolumeOptions,
-    StartContainerOptions, StopContainerOptionsBuilder,
+    CommitContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
+    InspectContainerOptions, ListContainersOptionsBuilder, ListImagesOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveImageOptionsBuilder, RemoveVolumeOptions, StartContainerOptions,
+    StopContainerOptionsBuilder, TagImageOptionsBuilder,
 };
 use futures_util::StreamExt;
 
@@ -288,6 +290,48 @@ impl Engine for DockerEngine {
         }
         Ok(())
     }
+
+    async fn commit(&self, container: &str, reference: &str) -> Result<(), EngineError> {
+        let (repo, tag) = reference.rsplit_once(':').unwrap_or((reference, "latest"));
+        let options = CommitContainerOptionsBuilder::default().container(container).repo(repo).tag(tag).pause(false);
+        self.docker.commit_container(options.build(), ContainerConfig::default()).await.map(|_| ()).map_err(error)
+    }
+
+    async fn tag_image(&self, source: &str, target: &str) -> Result<(), EngineError> {
+        let (repo, tag) = target.rsplit_once(':').unwrap_or((target, "latest"));
+        let options = TagImageOptionsBuilder::default().repo(repo).tag(tag).build();
+        self.docker.tag_image(source, Some(options)).await.map_err(error)
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        let options = RemoveImageOptionsBuilder::default().force(false).build();
+        match self.docker.remove_image(reference, Some(options), None).await.map_err(error) {
+            Err(EngineError::NotFound(_)) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError> {
+        let filters = HashMap::from([("reference", vec![repository])]);
+        let options = ListImagesOptionsBuilder::default().filters(&filters).build();
+        let images = self.docker.list_images(Some(options)).await.map_err(error)?;
+        Ok(tags_of(repository, images.into_iter().flat_map(|i| i.repo_tags)))
+    }
+}
+
+/// The tags among `references` (`repository:tag`, with or without a registry) of `repository`.
+pub(super) fn tags_of(repository: &str, references: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut tags: Vec<String> = references
+        .into_iter()
+        .filter_map(|r| {
+            let (repo, tag) = r.rsplit_once(':')?;
+            let repo = repo.rsplit_once('/').map_or(repo, |(_, name)| name);
+            (repo == repository).then(|| tag.to_string())
+        })
+        .collect();
+    tags.sort();
+    tags.dedup();
+    tags
 }
 
 #[cfg(test)]

@@ -162,6 +162,16 @@ pub trait Engine: Send + Sync + 'static {
     async fn events(&self) -> Result<EventStream, EngineError>;
     /// Imports a root filesystem tarball as an image.
     async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError>;
+    /// Commits the container's filesystem as image `reference`, without pausing it (the
+    /// caller froze it, or it is not running).
+    async fn commit(&self, container: &str, reference: &str) -> Result<(), EngineError>;
+    /// Gives image `source` the further name `target`.
+    async fn tag_image(&self, source: &str, target: &str) -> Result<(), EngineError>;
+    /// Removes the name `reference` (the image with it once no other name or container holds
+    /// it); absence is success. Never by force: a container using it keeps running.
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError>;
+    /// The tags of `repository`'s images.
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError>;
 }
 
 /// A runtime timestamp from RFC 3339 (as both APIs print them); the zero time means "never".

@@ -51,7 +51,9 @@ impl<E: Engine> ContainerDriver<E> {
             // In the container's own layer: it outlives `docker restart`, as the execs a
             // generation started must.
             "--exec-log".into(),
-            "/run/berth/execs".into(),
+            // Named by the sandbox: a sandbox made from a snapshot has its source's layer, and
+            // with it the source's record of the execs it ran, never its own.
+            format!("/run/berth/execs/{id}"),
             "--logs".into(),
             "/run/berth/logs".into(),
             flag::arg(flag::BEGAN_FILE),
@@ -74,7 +76,11 @@ impl<E: Engine> ContainerDriver<E> {
         }
         ContainerSpec {
             name: container_name(id),
-            image: launch.spec.image.clone(),
+            // A sandbox made from a snapshot runs the image committed of its source.
+            image: match &launch.seed {
+                Some(_) => super::seed_image(id),
+                None => launch.spec.image.clone(),
+            },
             entrypoint: vec!["/run/berth/bin/berth-supervisor".into()],
             command,
             env: [(var::SANDBOX_ID.to_string(), id.to_string()), (var::SANDBOX_NAME.to_string(), launch.name.clone())]

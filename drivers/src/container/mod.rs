@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_core::{RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
 use berth_handoff::began;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(feature = "fault-points")]
 use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
+use crate::snapshot::Snapshots;
 use crate::state_file;
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
@@ -45,7 +47,8 @@ pub use engine::{
     Bind, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, Start, Status, parse_time,
 };
 pub use names::{
-    LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, container_name, of_store, sandbox_of_container, volume_name,
+    LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, SEED_REPOSITORY, SNAPSHOT_REPOSITORY, container_name,
+    of_store, sandbox_of_container, seed_image, snapshot_image, volume_name,
 };
 
 /// How long a stop may take beyond its grace period before the driver gives up waiting.
@@ -96,6 +99,7 @@ pub struct ContainerDriver<E> {
     config: ContainerConfig,
     locks: SandboxLocks,
     tombstones: Tombstones,
+    snapshots: Snapshots,
 }
 
 /// Whether an executable is statically linked (has no ELF interpreter): a container's
@@ -143,7 +147,8 @@ impl<E: Engine> ContainerDriver<E> {
             .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
-        Ok(Self { engine: Arc::new(engine), config, locks, tombstones })
+        let snapshots = Snapshots::under(&config.root);
+        Ok(Self { engine: Arc::new(engine), config, locks, tombstones, snapshots })
     }
 
     pub fn engine(&self) -> &E {
@@ -234,6 +239,7 @@ impl<E: Engine> ContainerDriver<E> {
             tracing::debug!(sandbox = %sandbox, error = %e, "the stop before a delete did not finish; removing by force");
         }
         self.engine.remove(&container_name(sandbox)).await?;
+        self.engine.remove_image(&seed_image(sandbox)).await?;
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
             return Err(crashed(CrashPoint::AfterRuntimeRemove));
         }
@@ -292,6 +298,7 @@ impl<E: Engine> ContainerDriver<E> {
         self.make_dir(id)?;
         let spec = self.spec(launch);
         self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
+        self.seed(launch).await?;
         let created = match current {
             Some(_) => Ok(()),
             None => self.engine.create(&spec).await,
@@ -426,6 +433,45 @@ impl<E: Engine> ContainerDriver<E> {
             None => RuntimeState::Absent { at: None },
         })
     }
+
+    /// Commits the container's filesystem and copies its workspace as snapshot `snapshot`, a
+    /// running container paused for both (the caller holds the lock).
+    async fn snapshot_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        let name = container_name(sandbox);
+        let no_files = || DriverError::Failed("the sandbox has no container yet: it has not started".into());
+        let workspace = self.engine.volume_path(&volume_name(sandbox)).await?.ok_or_else(no_files)?;
+        let inspection = self.engine.inspect(&name).await?.ok_or_else(no_files)?;
+        let thaw = inspection.status == Status::Running;
+        if thaw {
+            self.engine.pause(&name).await?;
+        }
+        let image = snapshot_image(snapshot);
+        let kept = match self.engine.commit(&name, &image).await {
+            Ok(()) => self.snapshots.keep(snapshot, &workspace),
+            Err(e) => Err(e.into()),
+        };
+        // Thawed whatever the copy did; one that fails leaves a paused container the record
+        // says is Ready, which the merge's freezer rule thaws again.
+        if thaw {
+            self.engine.unpause(&name).await?;
+        }
+        let kept = kept?;
+        Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) })
+    }
+
+    /// Gives a sandbox made from a snapshot its own name for the snapshot's image and the
+    /// snapshot's files, once (the caller holds the lock).
+    async fn seed(&self, launch: &Launch) -> Result<(), DriverError> {
+        let (Some(snapshot), dir) = (&launch.seed, self.dir(&launch.sandbox)) else { return Ok(()) };
+        if Snapshots::seeded(&dir) {
+            return Ok(());
+        }
+        self.engine.tag_image(&snapshot_image(snapshot), &seed_image(&launch.sandbox)).await?;
+        let workspace = self.engine.volume_path(&volume_name(&launch.sandbox)).await?.ok_or_else(|| {
+            DriverError::Unavailable(format!("the workspace volume of {} has no path yet", launch.sandbox))
+        })?;
+        self.snapshots.seed(snapshot, &workspace, &dir)
+    }
 }
 
 #[async_trait]
@@ -490,6 +536,24 @@ impl<E: Engine> Driver for ContainerDriver<E> {
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         self.state(sandbox).await
+    }
+
+    async fn snapshot(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        let _guard = self.locks.lock(sandbox, false).await?;
+        self.snapshot_locked(sandbox, snapshot).await
+    }
+
+    async fn remove_snapshot(&self, snapshot: &SnapshotId) -> Result<(), DriverError> {
+        self.engine.remove_image(&snapshot_image(snapshot)).await?;
+        self.snapshots.remove(snapshot)
+    }
+
+    async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError> {
+        let mut kept = self.snapshots.list()?;
+        kept.extend(self.engine.image_tags(SNAPSHOT_REPOSITORY).await?.into_iter().map(SnapshotId::new));
+        kept.sort();
+        kept.dedup();
+        Ok(kept)
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {

@@ -1,7 +1,7 @@
 //! What Berth names and labels in a runtime: a sandbox's container and volume, and the labels
 //! that tell whose they are.
 
-use berth_core::SandboxId;
+use berth_core::{SandboxId, SnapshotId};
 
 /// Labels on everything Berth makes in a runtime. The owner is the gateway instance (gateways
 /// sharing one runtime each see only their own).
@@ -33,6 +33,23 @@ pub fn sandbox_of_container(name: &str) -> Option<SandboxId> {
 }
 
 const CONTAINER_PREFIX: &str = "berth-";
+
+/// The repository of the images Berth commits of snapshots, each tagged with its snapshot's id.
+pub const SNAPSHOT_REPOSITORY: &str = "berth-snapshot";
+/// The repository of the names sandboxes made from snapshots give their snapshot's image, each
+/// tagged with its sandbox's id.
+pub const SEED_REPOSITORY: &str = "berth-seed";
+
+/// The image committed of a snapshot's source (DESIGN 12.2).
+pub fn snapshot_image(snapshot: &SnapshotId) -> String {
+    format!("{SNAPSHOT_REPOSITORY}:{snapshot}")
+}
+
+/// A sandbox made from a snapshot runs its own name of the snapshot's image: the image stays
+/// while the sandbox does, and goes with the last of its names.
+pub fn seed_image(sandbox: &SandboxId) -> String {
+    format!("{SEED_REPOSITORY}:{sandbox}")
+}
 
 pub fn volume_name(sandbox: &SandboxId) -> String {
     format!("berth-{sandbox}-workspace")

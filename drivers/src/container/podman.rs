@@ -11,8 +11,9 @@ use futures_util::StreamExt;
 use podman_api::Podman;
 use podman_api::models::{ContainerMount, LinuxCpu, LinuxMemory, LinuxPids, LinuxResources, NamedVolume, Namespace};
 use podman_api::opts::{
-    ContainerCreateOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts, ContainerStopOpts, EventsOpts,
-    ImageImportOpts, VolumeCreateOpts, VolumeListFilter, VolumeListOpts,
+    ContainerCommitOpts, ContainerCreateOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts,
+    ContainerStopOpts, EventsOpts, ImageImportOpts, ImageListFilter, ImageListOpts, ImageTagOpts, VolumeCreateOpts,
+    VolumeListFilter, VolumeListOpts,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -323,6 +324,32 @@ impl Engine for PodmanEngine {
     async fn import_image(&self, reference: &str, rootfs: Vec<u8>) -> Result<(), EngineError> {
         let opts = ImageImportOpts::builder().reference(reference).build();
         self.podman.images().import(&opts, rootfs).await.map(|_| ()).map_err(error)
+    }
+
+    async fn commit(&self, container: &str, reference: &str) -> Result<(), EngineError> {
+        let (repo, tag) = reference.rsplit_once(':').unwrap_or((reference, "latest"));
+        let opts = ContainerCommitOpts::builder().repo(repo).tag(tag).pause(false).build();
+        self.podman.containers().get(container).commit(&opts).await.map_err(error)
+    }
+
+    async fn tag_image(&self, source: &str, target: &str) -> Result<(), EngineError> {
+        let (repo, tag) = target.rsplit_once(':').unwrap_or((target, "latest"));
+        let opts = ImageTagOpts::builder().repo(repo).tag(tag).build();
+        self.podman.images().get(source).tag(&opts).await.map_err(error)
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        match self.podman.images().get(reference).delete().await.map_err(error) {
+            Err(EngineError::NotFound(_)) => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError> {
+        let filter = ImageListFilter::Reference(repository.to_string().into(), None);
+        let opts = ImageListOpts::builder().filter([filter]).build();
+        let images = self.podman.images().list(&opts).await.map_err(error)?;
+        Ok(super::docker::tags_of(repository, images.into_iter().flat_map(|i| i.repo_tags.unwrap_or_default())))
     }
 }
 

@@ -14,6 +14,7 @@
 //! <root>/<sandbox id>/logs/           the command's output, per generation (berth-logs)
 //! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
 //! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
+//! <root>/.snapshots/<snapshot id>/     what is kept of a snapshot ([`crate::snapshot`])
 //! ```
 //!
 //! The start gate (berth-core's [`start_gate`]) is recorded before the supervisor is spawned.
@@ -47,8 +48,9 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
 use berth_handoff::exit::Exit;
 use berth_handoff::{began, exit, flag};
 use tokio::sync::broadcast;
@@ -57,6 +59,7 @@ use self::os::{HostOs, Os, Signal, SpawnSpec};
 #[cfg(feature = "fault-points")]
 use crate::cut_short;
 use crate::sandbox_lock::SandboxLocks;
+use crate::snapshot::Snapshots;
 use crate::state_file::{self, read_json, write_json};
 use crate::tombstone::{self, Tombstones};
 use crate::{CrashPoint, Driver, DriverError, Launch, ListPage, WatchEvent, WatchStream, crashed, io, removed};
@@ -92,6 +95,7 @@ struct Inner<O> {
     config: ProcessConfig,
     locks: SandboxLocks,
     tombstones: Tombstones,
+    snapshots: Snapshots,
     events: broadcast::Sender<(SandboxId, RuntimeState)>,
     monitor: Once,
 }
@@ -114,7 +118,9 @@ impl<O: Os> ProcessDriver<O> {
         let (events, _) = broadcast::channel(1024);
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
-        Ok(Self { inner: Arc::new(Inner { os, config, locks, tombstones, events, monitor: Once::new() }) })
+        let snapshots = Snapshots::under(&config.root);
+        let inner = Inner { os, config, locks, tombstones, snapshots, events, monitor: Once::new() };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     /// The workspace directory of a sandbox (for tests and operators).
@@ -251,6 +257,36 @@ impl<O: Os> Inner<O> {
         self.observe(sandbox)
     }
 
+    /// Copies the workspace as snapshot `snapshot`, the live run frozen for the copy (the
+    /// caller holds the lock).
+    async fn snapshot_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        let workspace = self.dir(sandbox).join("workspace");
+        if !workspace.is_dir() {
+            return Err(DriverError::Failed("the sandbox has no workspace yet: it has not started".into()));
+        }
+        let thaw = match self.observe(sandbox)? {
+            RuntimeState::Running { frozen: false, .. } => {
+                if let Some(reason) = self.os.no_freezer() {
+                    return Err(DriverError::Failed(format!(
+                        "a running sandbox is frozen for its copy, and this host cannot freeze it ({reason}): \
+                         stop or pause it first"
+                    )));
+                }
+                self.os.freeze(sandbox, true).await?;
+                true
+            }
+            _ => false,
+        };
+        let kept = self.snapshots.keep(snapshot, &workspace);
+        // Thawed whatever the copy did; a thaw that fails leaves a frozen run the record says
+        // is Ready, which the merge's freezer rule thaws again.
+        if thaw {
+            self.os.freeze(sandbox, false).await?;
+        }
+        let kept = kept?;
+        Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: None })
+    }
+
     /// A stop decided for `generation`: a newer generation begun since is left running, and
     /// what runs is shown; otherwise the run is stopped (the caller holds the lock).
     async fn stop_superseded_or(
@@ -347,6 +383,9 @@ impl<O: Os> Inner<O> {
                 .mode(0o700)
                 .create(d)
                 .map_err(|e| io(&format!("creating {}", d.display()), e))?;
+        }
+        if let Some(snapshot) = &launch.seed {
+            self.snapshots.seed(snapshot, &workspace, &dir)?;
         }
         let exit_path = run_dir.join(exit::FILE);
         let began_path = run_dir.join(began::FILE);
@@ -545,6 +584,19 @@ impl<O: Os> Driver for ProcessDriver<O> {
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         let _guard = self.inner.locks.lock(sandbox, false).await?;
         self.inner.observe(sandbox)
+    }
+
+    async fn snapshot(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        let _guard = self.inner.locks.lock(sandbox, false).await?;
+        self.inner.snapshot_locked(sandbox, snapshot).await
+    }
+
+    async fn remove_snapshot(&self, snapshot: &SnapshotId) -> Result<(), DriverError> {
+        self.inner.snapshots.remove(snapshot)
+    }
+
+    async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError> {
+        self.inner.snapshots.list()
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {

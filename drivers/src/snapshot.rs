@@ -1,0 +1,215 @@
+//! What a driver keeps of a snapshot on this host (DESIGN 12.2): its source's workspace as one
+//! tar archive, and how a sandbox made from it gets those files.
+//!
+//! ```text
+//! <root>/.snapshots/<snapshot id>/workspace.tar          the workspace as it was copied
+//! <root>/.snapshots/<snapshot id>/workspace.tar.partial  a copy being written
+//! <root>/<sandbox id>/seeded                             the sandbox's workspace has its snapshot's files
+//! ```
+//!
+//! An archive is written aside and renamed into place, so one that exists is whole; taking a
+//! snapshot again (a re-driven copy) writes it anew. The archive is packed and unpacked by
+//! [`crate::files`], the files API's own code: nothing in a workspace is trusted, whichever
+//! sandbox wrote it. A seed unpacks into an emptied workspace and only then records `seeded`,
+//! so a start cut short seeds again from the start, and a seeded workspace is never seeded over.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use berth_core::SnapshotId;
+use sha2::{Digest, Sha256};
+
+use crate::files::{self, FilesError};
+use crate::{DriverError, io, removed};
+
+/// The archive's file name in a snapshot's directory.
+const ARCHIVE: &str = "workspace.tar";
+/// The marker a seeded sandbox's directory holds.
+const SEEDED: &str = "seeded";
+
+/// Bounds a snapshot's archive lives within: a workspace any run could write.
+const LIMITS: files::Limits = files::Limits { max_bytes: 1 << 40, max_entries: 10_000_000 };
+
+/// What a copy kept: its size in bytes and the SHA-256 of its archive, hex.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub size_bytes: u64,
+    pub sha256: String,
+}
+
+/// A driver's snapshots, under its root.
+#[derive(Clone, Debug)]
+pub struct Snapshots {
+    root: PathBuf,
+}
+
+fn files_error(context: &str, e: FilesError) -> DriverError {
+    match e {
+        // The workspace is the sandbox's: what it holds can be refused, and that is final.
+        FilesError::Invalid { .. } | FilesError::TooLarge(_) | FilesError::NotFound(_) => {
+            DriverError::Failed(format!("{context}: {e}"))
+        }
+        FilesError::Io(_) => DriverError::Unavailable(format!("{context}: {e}")),
+    }
+}
+
+/// A writer that sums and counts what goes through it.
+struct Summing<W> {
+    inner: W,
+    hasher: Sha256,
+    written: u64,
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Snapshots {
+    /// The snapshots of the driver whose root is `root`.
+    pub fn under(root: &Path) -> Self {
+        Self { root: root.join(".snapshots") }
+    }
+
+    fn dir(&self, id: &SnapshotId) -> PathBuf {
+        self.root.join(id.as_str())
+    }
+
+    /// Copies the workspace at `workspace` as snapshot `id`, replacing a copy made before.
+    /// Run in place, not on a blocking thread: in the simulator a thread would make the run's
+    /// order depend on the host's scheduler.
+    pub fn keep(&self, id: &SnapshotId, workspace: &Path) -> Result<Kept, DriverError> {
+        let dir = self.dir(id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+        let partial = dir.join(format!("{ARCHIVE}.partial"));
+        let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
+        let mut out = Summing { inner: io::BufWriter::new(file), hasher: Sha256::new(), written: 0 };
+        files::pack(workspace, Path::new(""), &mut out, LIMITS).map_err(|e| files_error("copying the workspace", e))?;
+        let file = out.inner.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
+        file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
+        std::fs::rename(&partial, dir.join(ARCHIVE)).map_err(|e| io("placing the snapshot's archive", e))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing the snapshot's directory", e))?;
+        Ok(Kept { size_bytes: out.written, sha256: hex::encode(out.hasher.finalize()) })
+    }
+
+    /// Removes everything of snapshot `id`; absence is success.
+    pub fn remove(&self, id: &SnapshotId) -> Result<(), DriverError> {
+        removed(std::fs::remove_dir_all(self.dir(id)), "removing the snapshot's copy")
+    }
+
+    /// The snapshots this host keeps a copy (or part of one) of.
+    pub fn list(&self) -> Result<Vec<SnapshotId>, DriverError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("listing snapshots", e)),
+        };
+        let mut ids: Vec<SnapshotId> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .map(SnapshotId::new)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Whether the sandbox whose directory is `sandbox_dir` has its snapshot's files.
+    pub fn seeded(sandbox_dir: &Path) -> bool {
+        sandbox_dir.join(SEEDED).exists()
+    }
+
+    /// Gives the workspace at `workspace` snapshot `id`'s files, once: an unfinished seed
+    /// before it is emptied first, a finished one is left alone. `sandbox_dir` is the sandbox's
+    /// own directory, where the marker goes.
+    pub fn seed(&self, id: &SnapshotId, workspace: &Path, sandbox_dir: &Path) -> Result<(), DriverError> {
+        if Self::seeded(sandbox_dir) {
+            return Ok(());
+        }
+        let archive = self.dir(id).join(ARCHIVE);
+        let mut file = match File::open(&archive) {
+            Ok(file) => file,
+            // Final: a snapshot's copy does not come back.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(DriverError::Failed(format!("snapshot {id} has no copy on this host to start from")));
+            }
+            Err(e) => return Err(io("opening the snapshot's archive", e)),
+        };
+        empty(workspace)?;
+        files::unpack(workspace, Path::new(""), &mut file, LIMITS)
+            .map_err(|e| files_error("copying the snapshot's files", e))?;
+        crate::state_file::write(&sandbox_dir.join(SEEDED), id.as_str().as_bytes())
+    }
+}
+
+/// Removes everything in the directory `dir`, leaving it.
+fn empty(dir: &Path) -> Result<(), DriverError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| io("reading the workspace", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io("reading the workspace", e))?;
+        let path = entry.path();
+        let result = match entry.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        removed(result, "emptying the workspace")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_a_new_workspace_the_copied_files_once() {
+        let host = tempfile::tempdir().unwrap();
+        let source = host.path().join("source");
+        std::fs::create_dir_all(source.join("sub")).unwrap();
+        std::fs::write(source.join("a.txt"), b"hello").unwrap();
+        std::fs::write(source.join("sub/b.bin"), vec![7u8; 70_000]).unwrap();
+        let snapshots = Snapshots::under(host.path());
+        let id = SnapshotId::new("sn-1");
+        let kept = snapshots.keep(&id, &source).unwrap();
+        assert!(kept.size_bytes > 70_000);
+        // The same files sum the same.
+        assert_eq!(snapshots.keep(&id, &source).unwrap(), kept);
+        assert_eq!(snapshots.list().unwrap(), vec![id.clone()]);
+
+        let sandbox = host.path().join("sb-2");
+        let workspace = sandbox.join("workspace");
+        std::fs::create_dir_all(&workspace).unwrap();
+        // A seed cut short left a file behind: the seed starts from empty.
+        std::fs::write(workspace.join("half"), b"x").unwrap();
+        snapshots.seed(&id, &workspace, &sandbox).unwrap();
+        assert!(!workspace.join("half").exists());
+        assert_eq!(std::fs::read(workspace.join("a.txt")).unwrap(), b"hello");
+        assert_eq!(std::fs::read(workspace.join("sub/b.bin")).unwrap(), vec![7u8; 70_000]);
+        assert_eq!(snapshots.keep(&SnapshotId::new("sn-3"), &workspace).unwrap().sha256, kept.sha256);
+
+        // Seeded once: what the run writes afterwards is never seeded over, even once the
+        // snapshot is gone.
+        std::fs::write(workspace.join("a.txt"), b"changed").unwrap();
+        snapshots.remove(&id).unwrap();
+        snapshots.remove(&id).unwrap();
+        snapshots.seed(&id, &workspace, &sandbox).unwrap();
+        assert_eq!(std::fs::read(workspace.join("a.txt")).unwrap(), b"changed");
+        // A sandbox not yet seeded cannot start from a snapshot that is gone.
+        let other = host.path().join("sb-4");
+        std::fs::create_dir_all(other.join("workspace")).unwrap();
+        let gone = snapshots.seed(&id, &other.join("workspace"), &other).unwrap_err();
+        assert!(matches!(gone, DriverError::Failed(_)), "{gone}");
+    }
+}

@@ -64,6 +64,15 @@ pub fn unfinished(snapshot: &Snapshot) -> Option<Effect> {
     }
 }
 
+/// [`unfinished`], for a snapshot whose last write is at least `min_age` old (a sweep's
+/// re-drive, which leaves an effect still under way alone).
+pub fn due(snapshot: &Snapshot, now: Timestamp, min_age: core::time::Duration) -> Option<Effect> {
+    if snapshot.updated_at.plus(min_age) > now {
+        return None;
+    }
+    unfinished(snapshot)
+}
+
 /// Whether a fork's snapshot has done its work and is to go: its copy failed, or it is Ready
 /// and none of `users` (the sandboxes carrying its label) needs it any more.
 pub fn spent_fork(snapshot: &Snapshot, users: &[Sandbox]) -> bool {

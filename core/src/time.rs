@@ -27,6 +27,10 @@ impl Timestamp {
     pub fn plus(self, d: core::time::Duration) -> Self {
         Self(self.0.saturating_add(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
     }
+    /// How long after `earlier` this is; zero if it is not after it.
+    pub fn since(self, earlier: Timestamp) -> core::time::Duration {
+        core::time::Duration::from_nanos(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
 }
 
 #[cfg(test)]
@@ -39,5 +43,8 @@ mod tests {
         assert_eq!(Timestamp::from_unix_nanos(1_999_999).unix_millis(), 1);
         // Before 1970, down is further into the past, not towards zero.
         assert_eq!(Timestamp::from_unix_nanos(-1).unix_millis(), -1);
+        let t = Timestamp::from_unix_millis(5);
+        assert_eq!(t.plus(core::time::Duration::from_millis(2)).since(t), core::time::Duration::from_millis(2));
+        assert_eq!(t.since(t.plus(core::time::Duration::from_millis(2))), core::time::Duration::ZERO);
     }
 }

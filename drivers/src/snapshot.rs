@@ -84,23 +84,47 @@ impl Snapshots {
         self.root.join(id.as_str())
     }
 
-    /// Copies the workspace at `workspace` as snapshot `id`, replacing a copy made before.
-    /// Run in place, not on a blocking thread: in the simulator a thread would make the run's
-    /// order depend on the host's scheduler.
+    /// The copy of snapshot `id` made already, if one was: a copy once placed is the
+    /// snapshot's for good, so a copy re-driven (its answer lost with a gateway, or asked again
+    /// by another) answers the same.
+    pub fn existing(&self, id: &SnapshotId) -> Result<Option<Kept>, DriverError> {
+        let mut file = match File::open(self.dir(id).join(ARCHIVE)) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io("opening the snapshot's archive", e)),
+        };
+        let mut sum = Summing { inner: io::sink(), hasher: Sha256::new(), written: 0 };
+        io::copy(&mut file, &mut sum).map_err(|e| io("reading the snapshot's archive", e))?;
+        Ok(Some(Kept { size_bytes: sum.written, sha256: hex::encode(sum.hasher.finalize()) }))
+    }
+
+    /// Copies the workspace at `workspace` as snapshot `id` (see [`Snapshots::existing`] for
+    /// a copy made before). Run in place, not on a blocking thread: in the simulator a thread
+    /// would make the run's order depend on the host's scheduler.
     pub fn keep(&self, id: &SnapshotId, workspace: &Path) -> Result<Kept, DriverError> {
+        if let Some(kept) = self.existing(id)? {
+            return Ok(kept);
+        }
         let dir = self.dir(id);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
-        let partial = dir.join(format!("{ARCHIVE}.partial"));
+        // Apart from any other copy being written (a gateway that re-drives it): only the
+        // first one placed counts.
+        let partial = dir.join(format!("{ARCHIVE}.{}.partial", std::process::id()));
         let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
         let mut out = Summing { inner: io::BufWriter::new(file), hasher: Sha256::new(), written: 0 };
         files::pack(workspace, Path::new(""), &mut out, LIMITS).map_err(|e| files_error("copying the workspace", e))?;
         let file = out.inner.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
         file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
-        std::fs::rename(&partial, dir.join(ARCHIVE)).map_err(|e| io("placing the snapshot's archive", e))?;
+        let archive = dir.join(ARCHIVE);
+        if let Some(kept) = self.existing(id)? {
+            removed(std::fs::remove_file(&partial), "removing a copy made twice")?;
+            return Ok(kept);
+        }
+        std::fs::rename(&partial, &archive).map_err(|e| io("placing the snapshot's archive", e))?;
         File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing the snapshot's directory", e))?;
         Ok(Kept { size_bytes: out.written, sha256: hex::encode(out.hasher.finalize()) })
     }
@@ -184,8 +208,12 @@ mod tests {
         let id = SnapshotId::new("sn-1");
         let kept = snapshots.keep(&id, &source).unwrap();
         assert!(kept.size_bytes > 70_000);
-        // The same files sum the same.
+        // A copy once placed is the snapshot's: taken again, even of changed files, it answers
+        // the same.
+        std::fs::write(source.join("a.txt"), b"changed").unwrap();
         assert_eq!(snapshots.keep(&id, &source).unwrap(), kept);
+        assert_eq!(snapshots.existing(&id).unwrap(), Some(kept.clone()));
+        std::fs::write(source.join("a.txt"), b"hello").unwrap();
         assert_eq!(snapshots.list().unwrap(), vec![id.clone()]);
 
         let sandbox = host.path().join("sb-2");

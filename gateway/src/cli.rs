@@ -32,6 +32,7 @@ mod logs;
 mod print;
 mod providers;
 mod sandbox;
+mod snapshots;
 mod spec;
 mod templates;
 mod watch;
@@ -71,6 +72,9 @@ enum Top {
     /// Size and inspect templates' warm pools.
     #[command(subcommand)]
     Pool(templates::PoolCmd),
+    /// Take, inspect and delete snapshots of sandboxes' files.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCmd),
     /// Print this client's version and the gateway's.
     Version,
     /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
@@ -122,6 +126,7 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
             Top::Exec(c) => client.exec_command(c).await,
             Top::Template(c) => client.template(c).await.map(|()| 0),
             Top::Pool(c) => client.pool(c).await.map(|()| 0),
+            Top::Snapshot(c) => client.snapshot(c).await.map(|()| 0),
             Top::Version => client.version().await.map(|()| 0),
             // Answered above, before connecting.
             Top::Completions { .. } => Ok(0),

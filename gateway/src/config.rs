@@ -158,6 +158,12 @@ pub struct Flags {
     /// The most Ready sandboxes one template's warm pool may keep. [default: 100]
     #[arg(long, env = "BERTH_MAX_POOL")]
     pub max_pool: Option<u32>,
+    /// The most snapshots the store may hold, forks' own included. [default: 100]
+    #[arg(long, env = "BERTH_MAX_SNAPSHOTS")]
+    pub max_snapshots: Option<u32>,
+    /// The most bytes the store's snapshots may hold together. [default: 53687091200 (50 GiB)]
+    #[arg(long, env = "BERTH_MAX_SNAPSHOT_BYTES")]
+    pub max_snapshot_bytes: Option<u64>,
     /// Supervisors' heartbeat interval. [default: 5s]
     #[arg(long, env = "BERTH_HEARTBEAT", value_parser = duration)]
     pub heartbeat: Option<Duration>,
@@ -204,6 +210,8 @@ struct File {
     max_upload_bytes: Option<u64>,
     max_ttl: Option<String>,
     max_pool: Option<u32>,
+    max_snapshots: Option<u32>,
+    max_snapshot_bytes: Option<u64>,
     heartbeat: Option<String>,
     changes_kept: Option<u64>,
     store_connections: Option<usize>,
@@ -235,6 +243,8 @@ pub struct Config {
     pub max_upload_bytes: u64,
     pub max_ttl: Duration,
     pub max_pool: u32,
+    pub max_snapshots: u32,
+    pub max_snapshot_bytes: u64,
     pub heartbeat: Duration,
     pub changes_kept: u64,
     pub store_connections: usize,
@@ -269,6 +279,8 @@ impl fmt::Debug for Config {
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("max_ttl", &self.max_ttl)
             .field("max_pool", &self.max_pool)
+            .field("max_snapshots", &self.max_snapshots)
+            .field("max_snapshot_bytes", &self.max_snapshot_bytes)
             .field("heartbeat", &self.heartbeat)
             .field("changes_kept", &self.changes_kept)
             .field("store_connections", &self.store_connections)
@@ -381,6 +393,14 @@ impl Config {
                 .or(from_file("max_ttl", file.max_ttl)?)
                 .unwrap_or(berth_core::validate::Limits::default().max_ttl),
             max_pool: flags.max_pool.or(file.max_pool).unwrap_or(berth_core::validate::Limits::default().max_pool),
+            max_snapshots: flags
+                .max_snapshots
+                .or(file.max_snapshots)
+                .unwrap_or(berth_core::validate::Limits::default().max_snapshots),
+            max_snapshot_bytes: flags
+                .max_snapshot_bytes
+                .or(file.max_snapshot_bytes)
+                .unwrap_or(berth_core::validate::Limits::default().max_snapshot_bytes),
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             changes_kept,
             store_connections,

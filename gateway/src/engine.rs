@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
+use berth_core::decision::Subject;
 use berth_core::identity::IdentityKey;
 use berth_core::plan::Lock;
+use berth_core::snapshot::SNAPSHOT_LABEL;
 use berth_core::template::POOL_LABEL;
 use berth_core::{Decision, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge};
 use berth_drivers::Driver;
@@ -84,8 +86,8 @@ struct Inner {
     key: IdentityKey,
     settings: EngineSettings,
     rng: Mutex<ChaCha8Rng>,
-    /// Sandboxes with effects queued or running; a worker task drains each.
-    queues: Mutex<BTreeMap<SandboxId, effects::Queue>>,
+    /// Sandboxes and snapshots with effects queued or running; a worker task drains each.
+    queues: Mutex<BTreeMap<Subject, effects::Queue>>,
     /// One writer per record in this gateway: conflicts come only from other gateways.
     writers: RecordLocks,
     changes: broadcast::Sender<Change>,
@@ -302,25 +304,45 @@ impl Transaction for CommandTransaction<'_> {
             Some(t) => store.template(t.name).await?,
             None => None,
         };
-        let mut members = Vec::new();
-        if let (true, Some(t)) = (plan.members, &template) {
-            let selector = BTreeMap::from([(POOL_LABEL.to_string(), t.name.clone())]);
-            let mut page = PageRequest { after: None, limit: 500 };
-            loop {
-                let batch = store.list_sandboxes(&page, &selector).await?;
-                members.extend(batch.items);
-                match batch.next {
-                    Some(next) => page.after = Some(next),
-                    None => break,
-                }
-            }
-        }
+        let members = match (plan.members, &template) {
+            (true, Some(t)) => store.all_sandboxes(&BTreeMap::from([(POOL_LABEL.to_string(), t.name.clone())])).await?,
+            _ => Vec::new(),
+        };
         let open_execs = match (plan.open_execs, &sandbox) {
             (true, Some(s)) => store.open_execs(Some(&s.id)).await?.len(),
             _ => 0,
         };
+        let snapshot = match plan.snapshot {
+            Some(s) => store.snapshot(s.name).await?,
+            None => None,
+        };
+        let snapshots = if plan.all_snapshots { store.all_snapshots().await? } else { Vec::new() };
+        let snapshot_users = match (plan.snapshot_users, &snapshot) {
+            (true, Some(s)) => {
+                store.all_sandboxes(&BTreeMap::from([(SNAPSHOT_LABEL.to_string(), s.name.clone())])).await?
+            }
+            _ => Vec::new(),
+        };
+        let mut names_taken = std::collections::BTreeSet::new();
+        for name in self.0.fork_names(snapshot.as_ref()) {
+            if store.sandbox_by_name(name).await?.is_some() {
+                names_taken.insert(name.to_string());
+            }
+        }
         let limits = engine.inner.settings.limits;
-        Ok(Reads { sandbox, providers, users, limits, template, members, open_execs })
+        Ok(Reads {
+            sandbox,
+            providers,
+            users,
+            limits,
+            template,
+            members,
+            open_execs,
+            snapshot,
+            snapshots,
+            snapshot_users,
+            names_taken,
+        })
     }
 
     fn decide(&self, reads: &Reads, now: berth_core::Timestamp) -> Result<Decision, berth_core::Error> {
@@ -424,6 +446,12 @@ pub(crate) mod tests {
         async fn list_templates(&self, page: &PageRequest) -> Result<Page<berth_core::template::Template>, StoreError> {
             self.0.list_templates(page).await
         }
+        async fn snapshot(&self, name: &str) -> Result<Option<berth_core::Snapshot>, StoreError> {
+            self.0.snapshot(name).await
+        }
+        async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<berth_core::Snapshot>, StoreError> {
+            self.0.list_snapshots(page).await
+        }
         async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
             tokio::task::yield_now().await;
             self.0.exec(sandbox, id).await
@@ -473,6 +501,19 @@ pub(crate) mod tests {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn get(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn snapshot(
+            &self,
+            _: &SandboxId,
+            _: &berth_core::SnapshotId,
+        ) -> Result<berth_core::record::Content, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn remove_snapshot(&self, _: &berth_core::SnapshotId) -> Result<(), DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn snapshots(&self) -> Result<Vec<berth_core::SnapshotId>, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn list(&self, _: Option<&SandboxId>, _: usize) -> Result<ListPage, DriverError> {

@@ -47,5 +47,6 @@ pub fn code(code: Code) -> tonic::Code {
         Code::Unavailable => tonic::Code::Unavailable,
         Code::DeadlineExceeded => tonic::Code::DeadlineExceeded,
         Code::Internal => tonic::Code::Internal,
+        Code::ResourceExhausted => tonic::Code::ResourceExhausted,
     }
 }

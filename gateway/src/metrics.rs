@@ -45,6 +45,12 @@ struct VerdictLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SnapshotLabel {
+    kind: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: String,
 }
@@ -80,6 +86,8 @@ pub struct Metrics {
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
     egress: Family<VerdictLabel, Counter>,
+    snapshots: Family<SnapshotLabel, Counter>,
+    snapshot_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
     /// Transitions under way: which, since when, and the phase that ends them.
     pending: Mutex<BTreeMap<SandboxId, (&'static str, Instant, PhaseKind)>>,
 }
@@ -102,6 +110,8 @@ impl Default for Metrics {
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
             egress: Family::default(),
+            snapshots: Family::default(),
+            snapshot_seconds: Family::new_with_constructor(latency),
             pending: Mutex::default(),
             registry: Registry::default(),
         };
@@ -146,6 +156,16 @@ impl Default for Metrics {
             "egress_connections",
             "Connections sandboxes asked the egress proxy here for, by verdict (allowed, denied)",
             m.egress.clone(),
+        );
+        registry.register(
+            "snapshots",
+            "Snapshots and forks whose copy this gateway recorded, by kind (snapshot, fork) and outcome (ready, error)",
+            m.snapshots.clone(),
+        );
+        registry.register(
+            "snapshot_seconds",
+            "From a snapshot or fork asked for to its copy made (a fork's sandboxes then made), on the store's clock",
+            m.snapshot_seconds.clone(),
         );
         Self { registry, ..m }
     }
@@ -240,6 +260,16 @@ impl Metrics {
 
     pub fn swept(&self, took: Duration) {
         self.sweep_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A snapshot's copy recorded here, `took` after it was asked for.
+    pub fn snapshot_settled(&self, fork: bool, ready: bool, took: Duration) {
+        let kind = if fork { "fork" } else { "snapshot" };
+        let outcome = if ready { "ready" } else { "error" };
+        self.snapshots.get_or_create(&SnapshotLabel { kind, outcome }).inc();
+        if ready {
+            self.snapshot_seconds.get_or_create(&KindLabel { kind: kind.to_string() }).observe(took.as_secs_f64());
+        }
     }
 
     pub fn driver_call(&self, op: &str, took: Duration, failed: bool) {

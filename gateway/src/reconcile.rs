@@ -5,11 +5,13 @@
 //!   observation, and reconnects with jittered backoff when it ends.
 //! - The poll loop sweeps everything on an interval: every record (paged, no cap) and
 //!   everything the runtime lists (paged), re-driving transitions that waited too long.
+//! - Both go over the snapshots too ([`snapshots`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use berth_core::{Observation, RuntimeSource, RuntimeState, SandboxId, recovery};
+use berth_core::snapshot::{self, SNAPSHOT_LABEL};
+use berth_core::{Command, Observation, Request, RuntimeSource, RuntimeState, SandboxId, SnapshotId, recovery};
 use berth_drivers::WatchEvent;
 use futures_util::StreamExt;
 use tracing::{debug, info, warn};
@@ -71,10 +73,52 @@ pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) ->
                 for feed in feeds {
                     let _ = feed.send(records.clone()).await;
                 }
-                return Ok(redriven);
+                return Ok(redriven + snapshots(engine, None).await?);
             }
         }
     }
+}
+
+/// The snapshots' part of recovery (`min_age` none: every unconfirmed step) and of every sweep
+/// (steps unconfirmed for `min_age`): re-drives their copies and removals, deletes the
+/// snapshots of forks that are done with them, and removes what the runtime keeps of a
+/// snapshot that has no record (a removal that raced a copy through another gateway). The
+/// runtime is listed before the records: a copy is only ever made for a record committed
+/// before it, so no copy being made is taken for one without a record.
+pub async fn snapshots(engine: &Engine, min_age: Option<Duration>) -> Result<usize, ApiError> {
+    let kept = engine.driver().snapshots().await?;
+    let records = engine.store().all_snapshots().await?;
+    let now = engine.now();
+    let mut redriven = 0;
+    for record in &records {
+        let effect = match min_age {
+            Some(min_age) => snapshot::due(record, now, min_age),
+            None => snapshot::unfinished(record),
+        };
+        if let Some(effect) = effect {
+            info!(snapshot = %record.name, id = %record.id, phase = record.phase.name(), ?effect, "recovery re-drives an unfinished snapshot step");
+            engine.dispatch(&[effect]);
+            redriven += 1;
+        }
+        if record.fork.is_some() {
+            let users = engine
+                .store()
+                .all_sandboxes(&BTreeMap::from([(SNAPSHOT_LABEL.to_string(), record.name.clone())]))
+                .await?;
+            if snapshot::spent_fork(record, &users) {
+                let delete = Request::new(Command::DeleteSnapshot { name: record.name.clone() }, None);
+                if let Err(e) = engine.execute(&delete).await {
+                    debug!(snapshot = %record.name, error = %e, "a fork's spent snapshot is not deleted yet");
+                }
+            }
+        }
+    }
+    let known: BTreeSet<&SnapshotId> = records.iter().map(|s| &s.id).collect();
+    for id in kept.iter().filter(|id| !known.contains(id)) {
+        info!(snapshot = %id, "removing what the runtime keeps of a snapshot without a record");
+        engine.driver().remove_snapshot(id).await?;
+    }
+    Ok(redriven)
 }
 
 /// Consumes the runtime's event stream forever, reconnecting with backoff.
@@ -161,6 +205,7 @@ async fn sweep_feeding(
         }
     }
     stats.records = records.len();
+    stats.redriven += snapshots(engine, Some(settings.redrive_after)).await?;
     // A loop still busy with the last batch gets the next one.
     for feed in feeds {
         let _ = feed.try_send(records.values().cloned().collect());

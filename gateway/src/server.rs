@@ -96,7 +96,12 @@ pub async fn run(config: Config) -> Result<(), String> {
     let settings = EngineSettings {
         stop_grace: config.stop_grace,
         files,
-        limits: berth_core::validate::Limits { max_ttl: config.max_ttl, max_pool: config.max_pool },
+        limits: berth_core::validate::Limits {
+            max_ttl: config.max_ttl,
+            max_pool: config.max_pool,
+            max_snapshots: config.max_snapshots,
+            max_snapshot_bytes: config.max_snapshot_bytes,
+        },
         name: config.name.clone(),
         egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
         ..EngineSettings::default()

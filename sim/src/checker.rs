@@ -232,6 +232,12 @@ impl Store for TracingStore {
     async fn list_templates(&self, page: &PageRequest) -> Result<Page<Template>, StoreError> {
         self.call(self.world.store.list_templates(page)).await
     }
+    async fn snapshot(&self, name: &str) -> Result<Option<berth_core::Snapshot>, StoreError> {
+        self.call(self.world.store.snapshot(name)).await
+    }
+    async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<berth_core::Snapshot>, StoreError> {
+        self.call(self.world.store.list_snapshots(page)).await
+    }
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
         self.call(self.world.store.exec(sandbox, id)).await
     }

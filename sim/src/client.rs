@@ -253,6 +253,7 @@ impl Client {
             providers,
             expected_resource_version: None,
             deadline_unix_ms: None,
+            from_snapshot: String::new(),
         };
         let mut c = self.sandboxes();
         let result = self.timed(c.create_sandbox(request)).await.map(|r| r.sandbox);

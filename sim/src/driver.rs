@@ -107,6 +107,28 @@ impl Driver for SimDriver {
         self.replied(what, reply)
     }
 
+    async fn snapshot(
+        &self,
+        sandbox: &SandboxId,
+        snapshot: &berth_core::SnapshotId,
+    ) -> Result<berth_core::record::Content, DriverError> {
+        let what = format!("snapshot {} as {snapshot}", self.name(sandbox));
+        self.trace(what.clone());
+        let reply = self.driver.snapshot(sandbox, snapshot).await;
+        self.replied(what, reply)
+    }
+
+    async fn remove_snapshot(&self, snapshot: &berth_core::SnapshotId) -> Result<(), DriverError> {
+        let what = format!("remove snapshot {snapshot}");
+        self.trace(what.clone());
+        let reply = self.driver.remove_snapshot(snapshot).await;
+        self.replied(what, reply)
+    }
+
+    async fn snapshots(&self) -> Result<Vec<berth_core::SnapshotId>, DriverError> {
+        self.driver.snapshots().await
+    }
+
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         self.reconciles(Kind::Poll, "list");
         self.driver.list(after, limit).await

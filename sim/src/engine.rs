@@ -107,10 +107,11 @@ impl Engine for SimEngine {
         self.done(Call::CreateVolume(name.to_string())).await
     }
 
-    async fn volume_path(&self, _name: &str) -> Result<Option<PathBuf>, EngineError> {
-        // The simulated runtime models containers, not their file systems: the files API is
-        // tested on the real runtimes.
-        Err(EngineError::Refused("the simulated runtime keeps no volume content".into()))
+    async fn volume_path(&self, name: &str) -> Result<Option<PathBuf>, EngineError> {
+        match self.call(Call::VolumePath(name.to_string())).await? {
+            Answer::Path(path) => Ok(path),
+            _ => Err(unexpected()),
+        }
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
@@ -147,5 +148,24 @@ impl Engine for SimEngine {
 
     async fn import_image(&self, reference: &str, _rootfs: Vec<u8>) -> Result<(), EngineError> {
         Err(EngineError::Refused(format!("the simulated runtime runs no images; {reference} was not imported")))
+    }
+
+    async fn commit(&self, container: &str, reference: &str) -> Result<(), EngineError> {
+        self.done(Call::Commit(sandbox(container)?, reference.to_string())).await
+    }
+
+    async fn tag_image(&self, source: &str, target: &str) -> Result<(), EngineError> {
+        self.done(Call::Tag(source.to_string(), target.to_string())).await
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), EngineError> {
+        self.done(Call::RemoveImage(reference.to_string())).await
+    }
+
+    async fn image_tags(&self, repository: &str) -> Result<Vec<String>, EngineError> {
+        match self.call(Call::ImageTags(repository.to_string())).await? {
+            Answer::Volumes(tags) => Ok(tags),
+            _ => Err(unexpected()),
+        }
     }
 }

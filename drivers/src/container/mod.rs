@@ -437,6 +437,10 @@ impl<E: Engine> ContainerDriver<E> {
     /// Commits the container's filesystem and copies its workspace as snapshot `snapshot`, a
     /// running container paused for both (the caller holds the lock).
     async fn snapshot_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        let image = snapshot_image(snapshot);
+        if let Some(kept) = self.snapshots.existing(snapshot)? {
+            return Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) });
+        }
         let name = container_name(sandbox);
         let no_files = || DriverError::Failed("the sandbox has no container yet: it has not started".into());
         let workspace = self.engine.volume_path(&volume_name(sandbox)).await?.ok_or_else(no_files)?;
@@ -445,7 +449,8 @@ impl<E: Engine> ContainerDriver<E> {
         if thaw {
             self.engine.pause(&name).await?;
         }
-        let image = snapshot_image(snapshot);
+        // A commit re-driven replaces the one made before, which nothing else names.
+        self.engine.remove_image(&image).await?;
         let kept = match self.engine.commit(&name, &image).await {
             Ok(()) => self.snapshots.keep(snapshot, &workspace),
             Err(e) => Err(e.into()),

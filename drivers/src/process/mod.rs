@@ -260,6 +260,9 @@ impl<O: Os> Inner<O> {
     /// Copies the workspace as snapshot `snapshot`, the live run frozen for the copy (the
     /// caller holds the lock).
     async fn snapshot_locked(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError> {
+        if let Some(kept) = self.snapshots.existing(snapshot)? {
+            return Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: None });
+        }
         let workspace = self.dir(sandbox).join("workspace");
         if !workspace.is_dir() {
             return Err(DriverError::Failed("the sandbox has no workspace yet: it has not started".into()));

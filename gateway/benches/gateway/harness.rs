@@ -88,6 +88,19 @@ impl Driver for NoopDriver {
     async fn workspace(&self, _: &SandboxId) -> Result<std::path::PathBuf, DriverError> {
         Err(DriverError::Failed("this driver keeps no workspace".into()))
     }
+    async fn snapshot(
+        &self,
+        _: &SandboxId,
+        _: &berth_core::SnapshotId,
+    ) -> Result<berth_core::record::Content, DriverError> {
+        Err(DriverError::Failed("this driver keeps no workspace".into()))
+    }
+    async fn remove_snapshot(&self, _: &berth_core::SnapshotId) -> Result<(), DriverError> {
+        Ok(())
+    }
+    async fn snapshots(&self) -> Result<Vec<berth_core::SnapshotId>, DriverError> {
+        Ok(Vec::new())
+    }
 
     async fn logs(
         &self,

@@ -190,6 +190,38 @@ pub fn sandbox(s: Sandbox) -> pb::Sandbox {
         active_at_unix_ms,
         idle_expired_at_unix_ms: s.idle_expired_at.map(Timestamp::unix_millis),
         egress_providers,
+        from_snapshot: s.seed.map(|seed| seed.snapshot).unwrap_or_default(),
+    }
+}
+
+/// A snapshot as every read API shows it, with the names of the sandboxes made from it.
+pub fn snapshot(s: berth_core::Snapshot, users: Vec<String>) -> pb::Snapshot {
+    use berth_core::SnapshotPhase;
+    let (phase, error) = match s.phase {
+        SnapshotPhase::Creating => (pb::SnapshotPhase::Creating, String::new()),
+        SnapshotPhase::Ready => (pb::SnapshotPhase::Ready, String::new()),
+        SnapshotPhase::Error(reason) => (pb::SnapshotPhase::Error, reason),
+        SnapshotPhase::Deleting => (pb::SnapshotPhase::Deleting, String::new()),
+    };
+    let content =
+        s.content.unwrap_or(berth_core::record::Content { size_bytes: 0, sha256: String::new(), image: None });
+    pb::Snapshot {
+        name: s.name,
+        id: s.id.to_string(),
+        source: s.source.name.clone(),
+        source_id: s.source.id.to_string(),
+        source_generation: s.source.generation,
+        phase: phase as i32,
+        error,
+        size_bytes: content.size_bytes,
+        sha256: content.sha256,
+        image: content.image.unwrap_or_default(),
+        resource_version: s.resource_version,
+        created_at_unix_ms: s.created_at.unix_millis(),
+        updated_at_unix_ms: s.updated_at.unix_millis(),
+        users,
+        fork_of: if s.fork.is_some() { s.source.name } else { String::new() },
+        spec: Some(spec_to_wire(s.spec)),
     }
 }
 

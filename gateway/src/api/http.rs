@@ -24,6 +24,7 @@ use berth_proto::v1::gateway_server::Gateway;
 use berth_proto::v1::logs_server::Logs as _;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
+use berth_proto::v1::snapshots_server::Snapshots;
 use berth_proto::v1::templates_server::Templates;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
@@ -31,7 +32,7 @@ use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
 
 use super::auth::BearerAuth;
-use super::{exec, info, logs, public, templates};
+use super::{exec, info, logs, public, snapshots, templates};
 use crate::engine::Engine;
 use crate::engine::activity::Activity;
 use crate::engine::execs::Execs;
@@ -41,6 +42,7 @@ struct Api {
     sandboxes: public::SandboxApi,
     providers: public::ProviderApi,
     templates: templates::TemplateApi,
+    snapshots: snapshots::SnapshotApi,
     execs: exec::ExecApi,
     logs: logs::LogsApi,
     gateway: info::GatewayApi,
@@ -334,6 +336,32 @@ async fn claim(State(api): Shared, Path(template): Path<String>, bytes: Bytes) -
     ))
 }
 
+async fn create_snapshot(State(api): Shared, bytes: Bytes) -> Response {
+    with_body!(bytes, |r: pb::CreateSnapshotRequest| reply(api.snapshots.create_snapshot(request(r)).await))
+}
+
+async fn list_snapshots(State(api): Shared, Query(r): Query<PageQuery>) -> Response {
+    let r =
+        pb::ListSnapshotsRequest { page_size: r.page_size.unwrap_or(0), page_token: r.page_token.unwrap_or_default() };
+    reply(api.snapshots.list_snapshots(request(r)).await)
+}
+
+async fn get_snapshot(State(api): Shared, Path(name): Path<String>) -> Response {
+    reply(api.snapshots.get_snapshot(request(pb::GetSnapshotRequest { name })).await)
+}
+
+async fn delete_snapshot(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
+    with_body!(bytes, |r: pb::DeleteSnapshotRequest| reply(
+        api.snapshots.delete_snapshot(request(pb::DeleteSnapshotRequest { name, ..r })).await
+    ))
+}
+
+async fn fork(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
+    with_body!(bytes, |r: pb::ForkSandboxRequest| reply(
+        api.snapshots.fork_sandbox(request(pb::ForkSandboxRequest { name, ..r })).await
+    ))
+}
+
 /// `POST /v1/sandboxes/{name}/execs`: an `ExecStart` (no stdin); its output as it comes.
 async fn run_exec(State(api): Shared, Path(sandbox): Path<String>, bytes: Bytes) -> Response {
     with_body!(bytes, |start: pb::ExecStart| {
@@ -404,6 +432,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         sandboxes: public::SandboxApi::new(engine.clone()),
         providers: public::ProviderApi::new(engine.clone()),
         templates: templates::TemplateApi::new(engine.clone()),
+        snapshots: snapshots::SnapshotApi::new(engine.clone()),
         execs: exec::ExecApi::new(Execs::new(engine.clone()), activity.clone(), engine.shutdown().clone()),
         logs: logs::LogsApi::new(Logs::new(engine.clone()), activity, engine.shutdown().clone()),
         gateway: info::GatewayApi::new(engine.clone()),
@@ -421,6 +450,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/sandboxes/{name}/execs/{id}/output", get(attach_exec))
         .route("/v1/sandboxes/{name}/execs/{id}/cancel", post(cancel_exec))
         .route("/v1/sandboxes/{name}/providers/{provider}", post(attach_provider).delete(detach_provider))
+        .route("/v1/sandboxes/{name}/fork", post(fork))
         .route("/v1/sandboxes/{name}/{verb}", post(sandbox_verb))
         .route("/v1/providers", post(create_provider).get(list_providers))
         .route("/v1/providers/{name}", get(get_provider).delete(delete_provider))
@@ -428,6 +458,8 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/templates/{name}", get(get_template).delete(delete_template))
         .route("/v1/templates/{name}/pool", post(set_pool))
         .route("/v1/templates/{name}/claim", post(claim))
+        .route("/v1/snapshots", post(create_snapshot).get(list_snapshots))
+        .route("/v1/snapshots/{name}", get(get_snapshot).delete(delete_snapshot))
         .route_layer(middleware::from_fn_with_state(api.clone(), authorized))
         .with_state(api)
 }

@@ -9,6 +9,7 @@ pub mod http;
 pub mod info;
 pub mod logs;
 pub mod public;
+pub mod snapshots;
 pub mod supervisor;
 pub mod templates;
 pub mod watch;
@@ -21,6 +22,7 @@ use berth_proto::v1::gateway_server::GatewayServer;
 use berth_proto::v1::logs_server::LogsServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
+use berth_proto::v1::snapshots_server::SnapshotsServer;
 use berth_proto::v1::supervisor_server::SupervisorServer;
 use berth_proto::v1::templates_server::TemplatesServer;
 use tonic::server::NamedService;
@@ -37,7 +39,7 @@ use crate::engine::logs::Logs;
 /// The services' statuses the health service reports.
 pub struct Health {
     reporter: tonic_health::server::HealthReporter,
-    served: [&'static str; 8],
+    served: [&'static str; 9],
 }
 
 impl Health {
@@ -63,6 +65,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         LogsServer::<logs::LogsApi>::NAME,
         FilesServer::<files::FilesApi>::NAME,
         TemplatesServer::<templates::TemplateApi>::NAME,
+        SnapshotsServer::<snapshots::SnapshotApi>::NAME,
         GatewayServer::<info::GatewayApi>::NAME,
         SupervisorServer::<supervisor::SupervisorApi>::NAME,
     ];
@@ -80,6 +83,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
     let logs_auth = auth.clone();
     let files_auth = auth.clone();
     let templates_auth = auth.clone();
+    let snapshots_auth = auth.clone();
     let info_auth = auth;
     let execs = Execs::new(engine.clone());
     let activity = Activity::new(engine.clone());
@@ -105,6 +109,9 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         }))
         .add_service(TemplatesServer::with_interceptor(templates::TemplateApi::new(engine.clone()), move |r| {
             templates_auth.check(r)
+        }))
+        .add_service(SnapshotsServer::with_interceptor(snapshots::SnapshotApi::new(engine.clone()), move |r| {
+            snapshots_auth.check(r)
         }))
         .add_service(GatewayServer::with_interceptor(info::GatewayApi::new(engine.clone()), move |r| {
             info_auth.check(r)

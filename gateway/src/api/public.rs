@@ -77,6 +77,25 @@ impl Sandboxes for SandboxApi {
         request: Request<pb::CreateSandboxRequest>,
     ) -> Result<Response<pb::SandboxReply>, Status> {
         let r = request.into_inner();
+        if !r.from_snapshot.is_empty() {
+            let mut spec = r.spec.unwrap_or_default();
+            let labels = std::mem::take(&mut spec.labels);
+            if spec != pb::SandboxSpec::default() {
+                return Err(invalid(
+                    "spec",
+                    "a sandbox made from a snapshot runs the snapshot's spec: give only labels, to add to its",
+                ));
+            }
+            let command = Command::CreateFromSnapshot {
+                id: self.engine.new_sandbox_id(),
+                name: r.name,
+                snapshot: r.from_snapshot,
+                labels,
+                providers: r.providers.into_iter().collect(),
+                deadline: r.deadline_unix_ms.map(convert::unix_millis),
+            };
+            return self.lifecycle(command, r.expected_resource_version).await;
+        }
         let spec = r.spec.ok_or_else(|| invalid("spec", "is required"))?;
         let command = Command::CreateSandbox {
             id: self.engine.new_sandbox_id(),

@@ -11,6 +11,7 @@ use berth_proto::v1::gateway_client::GatewayClient;
 use berth_proto::v1::logs_client::LogsClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::snapshots_client::SnapshotsClient;
 use berth_proto::v1::templates_client::TemplatesClient;
 use clap::Args;
 use tonic::metadata::MetadataValue;
@@ -67,6 +68,7 @@ pub(super) struct Client {
     pub(super) logs: LogsClient<Authed>,
     pub(super) files: FilesClient<Authed>,
     pub(super) templates: TemplatesClient<Authed>,
+    pub(super) snapshots: SnapshotsClient<Authed>,
     pub(super) gateway: GatewayClient<Authed>,
     pub(super) output: Output,
 }
@@ -234,6 +236,7 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
         logs: LogsClient::with_interceptor(channel.clone(), auth.clone()),
         files: FilesClient::with_interceptor(channel.clone(), auth.clone()),
         templates: TemplatesClient::with_interceptor(channel.clone(), auth.clone()),
+        snapshots: SnapshotsClient::with_interceptor(channel.clone(), auth.clone()),
         gateway: GatewayClient::with_interceptor(channel, auth),
         output,
     })

@@ -18,9 +18,17 @@ use super::spec::{SpecArgs, Versioned, Wait, pair, unix_millis, wire_millis};
 
 #[derive(Subcommand)]
 pub(super) enum SandboxCmd {
-    /// Create a sandbox running COMMAND and wait until it is Ready.
+    /// Create a sandbox running COMMAND (or, with --from-snapshot, what the snapshot's source
+    /// ran, with its image and files) and wait until it is Ready.
     Create {
         name: String,
+        /// Make it from this snapshot: its spec, image and files (only --label and --provider
+        /// may be given beside it).
+        #[arg(long, conflicts_with_all = [
+            "image", "env", "ttl", "idle_timeout", "on_expiry", "on_idle", "restart", "max_restarts",
+            "restart_backoff", "restart_max_backoff", "cpus", "memory", "pids", "allow", "command",
+        ])]
+        from_snapshot: Option<String>,
         #[command(flatten)]
         spec: Box<SpecArgs>,
         /// A provider to attach (repeatable).
@@ -32,8 +40,24 @@ pub(super) enum SandboxCmd {
         #[command(flatten)]
         wait: Wait,
         /// The command and its arguments.
-        #[arg(last = true, required = true)]
+        #[arg(last = true, required_unless_present = "from_snapshot")]
         command: Vec<String>,
+    },
+    /// Make COUNT new sandboxes from one consistent point of NAME's files (all of them or
+    /// none), and wait until each is Ready. NAME keeps running: a Ready one is frozen only for
+    /// the copy. The forks are named NAME-1, NAME-2, .. (the lowest numbers free) unless named.
+    Fork {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// A fork's name (repeatable: as many as --count, in order).
+        #[arg(long = "as")]
+        names: Vec<String>,
+        /// A label for every fork, KEY=VALUE (repeatable).
+        #[arg(long = "label", short, value_parser = pair)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Take a Ready sandbox from a template's warm pool (never one another claim got), with
     /// labels and providers added; prints it.
@@ -311,16 +335,37 @@ impl Client {
             SandboxCmd::Logs { name, follow, generation, offset } => {
                 return self.logs(name, generation.unwrap_or(0), offset, follow).await;
             }
-            SandboxCmd::Create { name, spec, providers, deadline, wait, command } => {
+            SandboxCmd::Create { name, from_snapshot, spec, providers, deadline, wait, command } => {
+                let spec = match &from_snapshot {
+                    Some(_) => pb::SandboxSpec { labels: spec.labels(), ..Default::default() },
+                    None => spec.wire(command),
+                };
                 let request = pb::CreateSandboxRequest {
                     name,
-                    spec: Some(spec.wire(command)),
+                    spec: Some(spec),
                     providers,
                     expected_resource_version: None,
                     deadline_unix_ms: deadline.map(unix_millis),
+                    from_snapshot: from_snapshot.unwrap_or_default(),
                 };
                 let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
+            }
+            SandboxCmd::Fork { name, count, names, labels, wait } => {
+                let request = pb::ForkSandboxRequest { name, count, names, labels: labels.into_iter().collect() };
+                let forks = self.snapshots.fork_sandbox(request).await?.into_inner().sandboxes;
+                if wait.no_wait {
+                    self.print_sandboxes(&forks);
+                    return Ok(0);
+                }
+                let mut ready = Vec::with_capacity(forks.len());
+                for fork in forks {
+                    if let Some(s) = self.wait(&fork.name, Target::Ready, &wait).await? {
+                        ready.push(s);
+                    }
+                }
+                self.print_sandboxes(&ready);
+                Ok(())
             }
             SandboxCmd::Renew { name, ttl, deadline, version } => {
                 let request = pb::RenewSandboxRequest {

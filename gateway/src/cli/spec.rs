@@ -92,6 +92,11 @@ fn bytes(s: &str) -> Result<i64, String> {
 }
 
 impl SpecArgs {
+    /// The labels alone (a sandbox made from a snapshot takes the rest of its spec).
+    pub(super) fn labels(self: Box<Self>) -> std::collections::BTreeMap<String, String> {
+        self.labels.into_iter().collect()
+    }
+
     pub(super) fn wire(self: Box<Self>, command: Vec<String>) -> pb::SandboxSpec {
         pb::SandboxSpec {
             image: self.image,

@@ -1,12 +1,18 @@
-//! The effects a committed decision leaves to the runtime (DESIGN 3.3). Each sandbox has a
-//! queue drained by one task, so a sandbox's stop never overtakes its start; each effect is
-//! checked against the record just before it runs (a later decision may have superseded it),
-//! and the driver's reply is merged like any other observation.
+//! The effects a committed decision leaves to the runtime (DESIGN 3.3). Each sandbox, and each
+//! snapshot, has a queue drained by one task, so a sandbox's stop never overtakes its start and
+//! a snapshot's removal never runs under its copy; each effect is checked against the record
+//! just before it runs (a later decision may have superseded it), and the driver's reply is
+//! merged like any other observation (a snapshot's, as the server-owned command that records
+//! it).
 
 use std::collections::{BTreeMap, VecDeque};
 
+use berth_core::decision::Subject;
 use berth_core::identity::{RuntimeIdentity, derive_token};
-use berth_core::{Effect, Observation, RuntimeSource, Sandbox, SandboxId, recovery};
+use berth_core::{
+    Command, Effect, Observation, Outcome, Request, RuntimeSource, Sandbox, SandboxId, SnapshotPhase, recovery,
+    snapshot,
+};
 use berth_drivers::{DriverError, Launch};
 use tracing::{debug, warn};
 
@@ -23,7 +29,7 @@ impl Engine {
     /// not queued twice.
     pub fn dispatch(&self, effects: &[Effect]) {
         for effect in effects {
-            let id = effect.sandbox().clone();
+            let id = effect.subject();
             let spawn = {
                 let mut queues = lock(&self.inner.queues);
                 let idle = !queues.contains_key(&id);
@@ -44,7 +50,7 @@ impl Engine {
         !lock(&self.inner.queues).is_empty()
     }
 
-    async fn drain(self, id: SandboxId) {
+    async fn drain(self, id: Subject) {
         loop {
             let effect = {
                 let mut queues = lock(&self.inner.queues);
@@ -57,14 +63,95 @@ impl Engine {
                     }
                 }
             };
-            self.perform(&effect).await;
+            match &id {
+                Subject::Sandbox(sandbox) => self.perform(sandbox, &effect).await,
+                Subject::Snapshot(_) => self.perform_snapshot(&effect).await,
+            }
         }
+    }
+
+    /// Runs a snapshot's effect if it is still wanted, retrying a runtime that does not answer,
+    /// and records the driver's answer.
+    async fn perform_snapshot(&self, effect: &Effect) {
+        let name = match effect {
+            Effect::Snapshot { name, .. } | Effect::RemoveSnapshot { name, .. } => name,
+            _ => return,
+        };
+        let mut waits = self.inner.settings.effect_retries.iter();
+        loop {
+            match self.inner.store.snapshot(name).await {
+                Ok(record) if snapshot::still_wanted(record.as_ref(), effect) => {}
+                Ok(_) => {
+                    debug!(snapshot = %name, ?effect, "effect superseded");
+                    return;
+                }
+                Err(e) => {
+                    warn!(snapshot = %name, error = %e, ?effect, "cannot read the snapshot; recovery will re-drive the effect");
+                    return;
+                }
+            }
+            let answer = match self.snapshot_call(effect).await {
+                Ok(answer) => answer,
+                Err(e) => match waits.next() {
+                    Some(wait) => {
+                        debug!(snapshot = %name, error = %e, ?effect, "the runtime did not answer; retrying");
+                        tokio::time::sleep(*wait).await;
+                        continue;
+                    }
+                    None => {
+                        warn!(snapshot = %name, error = %e, ?effect, "the runtime did not answer; the reconcile sweep will re-drive the effect");
+                        return;
+                    }
+                },
+            };
+            match self.execute(&Request::new(answer, None)).await {
+                Ok(Outcome::Snapshot(s)) if matches!(effect, Effect::Snapshot { .. }) => {
+                    let took = self.now().since(s.created_at);
+                    let ready = s.phase == SnapshotPhase::Ready;
+                    self.inner.metrics.snapshot_settled(s.fork.is_some(), ready, took);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(snapshot = %name, error = %e, "cannot record the runtime's answer; recovery will re-drive it");
+                }
+            }
+            return;
+        }
+    }
+
+    /// The driver's answer to a snapshot's effect, as the command that records it. A copy the
+    /// runtime refused is an answer (the snapshot fails); one it did not answer is retried.
+    async fn snapshot_call(&self, effect: &Effect) -> Result<Command, DriverError> {
+        let driver = &self.inner.driver;
+        let began = tokio::time::Instant::now();
+        let (op, answer) = match effect {
+            Effect::Snapshot { snapshot, name, sandbox } => {
+                let result = match driver.snapshot(sandbox, snapshot).await {
+                    Ok(content) => Ok(Ok(content)),
+                    Err(DriverError::Failed(message)) => Ok(Err(message)),
+                    Err(e) => Err(e),
+                };
+                (
+                    "snapshot",
+                    result.map(|result| Command::SnapshotTaken { name: name.clone(), id: snapshot.clone(), result }),
+                )
+            }
+            Effect::RemoveSnapshot { snapshot, name } => {
+                let result = driver.remove_snapshot(snapshot).await;
+                (
+                    "remove_snapshot",
+                    result.map(|()| Command::SnapshotRemoved { name: name.clone(), id: snapshot.clone() }),
+                )
+            }
+            other => return Err(DriverError::Failed(format!("not a snapshot's effect: {other:?}"))),
+        };
+        self.inner.metrics.driver_call(op, began.elapsed(), answer.is_err());
+        answer
     }
 
     /// Runs one effect if it is still wanted, retrying a runtime that does not answer, and
     /// merges the driver's reply.
-    async fn perform(&self, effect: &Effect) {
-        let id = effect.sandbox();
+    async fn perform(&self, id: &SandboxId, effect: &Effect) {
         let mut waits = self.inner.settings.effect_retries.iter();
         loop {
             let record = match self.inner.store.sandbox(id).await {
@@ -107,6 +194,9 @@ impl Engine {
             Effect::Pause { .. } => "pause",
             Effect::Resume { .. } => "resume",
             Effect::Delete { .. } => "delete",
+            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } => {
+                return Err(DriverError::Failed(format!("a snapshot's effect queued as a sandbox's: {effect:?}")));
+            }
         };
         let began = tokio::time::Instant::now();
         let result = self.drive(effect, record).await;
@@ -143,6 +233,9 @@ impl Engine {
                 Ok(Observation::Deleted)
             }
             (Effect::Start { .. }, None) => Err(DriverError::Failed("the sandbox is gone".to_string())),
+            (Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. }, _) => {
+                Err(DriverError::Failed(format!("a snapshot's effect queued as a sandbox's: {effect:?}")))
+            }
         }
     }
 
@@ -164,6 +257,7 @@ impl Engine {
             spec: berth_core::SandboxSpec::clone(&sandbox.spec),
             credentials,
             token: derive_token(&self.inner.key, &identity),
+            seed: sandbox.seed.as_ref().map(|s| s.id.clone()),
         })
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox};
+use berth_core::{Provider, Sandbox, Snapshot};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -58,6 +58,19 @@ impl Record for Provider {
 
 impl Record for Template {
     const TABLE: &'static str = "templates";
+    fn key(&self) -> &str {
+        &self.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Record for Snapshot {
+    const TABLE: &'static str = "snapshots";
     fn key(&self) -> &str {
         &self.name
     }

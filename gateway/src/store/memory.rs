@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
 
 use super::{
     CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError, selects,
@@ -24,6 +24,7 @@ struct Tables {
     names: BTreeMap<String, SandboxId>,
     providers: BTreeMap<String, Provider>,
     templates: BTreeMap<String, Template>,
+    snapshots: BTreeMap<String, Snapshot>,
     execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
@@ -85,6 +86,7 @@ impl Tables {
             Key::Provider(name) => self.providers.get(name).map(|p| p.resource_version),
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
+            Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
         }
     }
 
@@ -154,6 +156,12 @@ impl Tables {
             }
             Write::RemoveTemplate { name, .. } => {
                 self.templates.remove(name);
+            }
+            Write::CreateSnapshot(s) | Write::UpdateSnapshot { record: s, .. } => {
+                self.snapshots.insert(s.name.clone(), s.clone());
+            }
+            Write::RemoveSnapshot { name, .. } => {
+                self.snapshots.remove(name);
             }
         }
     }
@@ -243,6 +251,15 @@ impl Store for MemoryStore {
     async fn list_templates(&self, request: &PageRequest) -> Result<Page<Template>, StoreError> {
         let t = self.lock();
         Ok(page(t.templates.iter().map(|(n, t)| (n.clone(), t.clone())), request))
+    }
+
+    async fn snapshot(&self, name: &str) -> Result<Option<Snapshot>, StoreError> {
+        Ok(self.lock().snapshots.get(name).cloned())
+    }
+
+    async fn list_snapshots(&self, request: &PageRequest) -> Result<Page<Snapshot>, StoreError> {
+        let t = self.lock();
+        Ok(page(t.snapshots.iter().map(|(n, s)| (n.clone(), s.clone())), request))
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {

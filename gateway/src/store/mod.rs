@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Timestamp, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
 
 mod codec;
 pub mod memory;
@@ -164,6 +164,34 @@ pub trait Store: Send + Sync + 'static {
     async fn list_providers(&self, page: &PageRequest) -> Result<Page<Provider>, StoreError>;
     async fn template(&self, name: &str) -> Result<Option<Template>, StoreError>;
     async fn list_templates(&self, page: &PageRequest) -> Result<Page<Template>, StoreError>;
+    async fn snapshot(&self, name: &str) -> Result<Option<Snapshot>, StoreError>;
+    async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<Snapshot>, StoreError>;
+    /// Every snapshot, page by page.
+    async fn all_snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
+        let mut all = Vec::new();
+        let mut page = PageRequest { after: None, limit: 500 };
+        loop {
+            let batch = self.list_snapshots(&page).await?;
+            all.extend(batch.items);
+            match batch.next {
+                Some(next) => page.after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+    /// Every sandbox whose labels hold every pair of `selector`, page by page.
+    async fn all_sandboxes(&self, selector: &BTreeMap<String, String>) -> Result<Vec<Sandbox>, StoreError> {
+        let mut all = Vec::new();
+        let mut page = PageRequest { after: None, limit: 500 };
+        loop {
+            let batch = self.list_sandboxes(&page, selector).await?;
+            all.extend(batch.items);
+            match batch.next {
+                Some(next) => page.after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError>;
     /// A sandbox's execs, ordered by id.
     async fn list_execs(&self, sandbox: &SandboxId, page: &PageRequest) -> Result<Page<Exec>, StoreError>;

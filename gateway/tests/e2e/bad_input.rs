@@ -22,6 +22,7 @@ fn create_request(name: &str, spec: pb::SandboxSpec, providers: Vec<String>) -> 
         providers,
         expected_resource_version: None,
         deadline_unix_ms: None,
+        from_snapshot: String::new(),
     }
 }
 

@@ -271,6 +271,7 @@ pub async fn create(sandboxes: &mut Sandboxes, name: &str, command: &[&str], pro
         providers: providers.iter().map(|p| p.to_string()).collect(),
         expected_resource_version: None,
         deadline_unix_ms: None,
+        from_snapshot: String::new(),
     };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }

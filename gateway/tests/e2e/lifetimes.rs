@@ -57,6 +57,7 @@ async fn create_policy(
         providers: vec![],
         expected_resource_version: None,
         deadline_unix_ms: None,
+        from_snapshot: String::new(),
     };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }
@@ -252,6 +253,7 @@ async fn bad_lifetimes_and_policies_name_their_field_and_write_nothing() {
             providers: vec![],
             expected_resource_version: None,
             deadline_unix_ms: deadline,
+            from_snapshot: String::new(),
         }
     };
     let ttl = |ms: i64| Some(pb::Lifetime { ttl_ms: Some(ms), idle_timeout_ms: None, on_expiry: 0, on_idle: None });

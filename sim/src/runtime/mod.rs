@@ -55,6 +55,15 @@ pub enum Call {
     CreateVolume(String),
     RemoveVolume(String),
     ListVolumes,
+    /// Where the volume's files are on the runtime's host.
+    VolumePath(String),
+    /// Commit the container's filesystem as image `reference`.
+    Commit(SandboxId, String),
+    /// Give image `source` the further name `target`.
+    Tag(String, String),
+    RemoveImage(String),
+    /// The tags of a repository's images.
+    ImageTags(String),
     Events,
     /// The supervisor of `(sandbox, generation)` exits by itself, for `cause` (it was rejected,
     /// or its command could not be started): its run ends.
@@ -76,6 +85,11 @@ impl Call {
             Call::CreateVolume(_) => "create volume".into(),
             Call::RemoveVolume(_) => "remove volume".into(),
             Call::ListVolumes => "list volumes".into(),
+            Call::VolumePath(_) => "volume path".into(),
+            Call::Commit(id, reference) => format!("commit {} as {reference}", runtime.name(id)),
+            Call::Tag(source, target) => format!("tag {source} as {target}"),
+            Call::RemoveImage(reference) => format!("remove image {reference}"),
+            Call::ImageTags(repository) => format!("list images of {repository}"),
             Call::Events => "events".into(),
             Call::SupervisorExited(id, generation, _) => {
                 format!("supervisor of {} {generation} exits", runtime.name(id))
@@ -90,6 +104,7 @@ pub enum Answer {
     Inspection(Option<Inspection>),
     Sandboxes(Vec<SandboxId>),
     Volumes(Vec<String>),
+    Path(Option<std::path::PathBuf>),
     Events(mpsc::UnboundedReceiver<Result<EngineEvent, EngineError>>),
     Failed(EngineError),
 }
@@ -192,9 +207,14 @@ impl Runtime {
         }
         let gateway = request.gateway;
         let effect = match &request.call {
-            Call::Create(_) | Call::Start(_) | Call::Stop(_) | Call::Freeze(..) | Call::Remove(_) => {
-                Some(request.call.describe(&lock(&self.world.runtime)))
-            }
+            Call::Create(_)
+            | Call::Start(_)
+            | Call::Stop(_)
+            | Call::Freeze(..)
+            | Call::Remove(_)
+            | Call::Commit(..)
+            | Call::Tag(..)
+            | Call::RemoveImage(_) => Some(request.call.describe(&lock(&self.world.runtime))),
             _ => None,
         };
         let answer = match request.call {
@@ -211,9 +231,23 @@ impl Runtime {
             }
             Call::List => Answer::Sandboxes(lock(&self.world.runtime).containers.keys().cloned().collect()),
             Call::CreateVolume(name) => {
+                let dir = self.volume_dir(&name);
                 lock(&self.world.runtime).volumes.insert(name);
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| EngineError::Unreachable(format!("creating {}: {e}", dir.display())))
+                    .into()
+            }
+            Call::VolumePath(name) => {
+                let kept = lock(&self.world.runtime).volumes.contains(&name);
+                Answer::Path(kept.then(|| self.volume_dir(&name)))
+            }
+            Call::Commit(id, reference) => lock(&self.world.runtime).commit(&id, reference).into(),
+            Call::Tag(source, target) => lock(&self.world.runtime).tag(&source, target).into(),
+            Call::RemoveImage(reference) => {
+                lock(&self.world.runtime).images.remove(&reference);
                 Answer::Done
             }
+            Call::ImageTags(repository) => Answer::Volumes(lock(&self.world.runtime).tags(&repository)),
             Call::RemoveVolume(name) => {
                 self.remove_volume(name);
                 Answer::Done
@@ -470,7 +504,13 @@ impl Runtime {
 
     /// Removes a volume; one still held a moment by the container's teardown stays listed
     /// until it is let go (the driver must look again before it calls its delete done).
+    /// Where a volume's files are: beside the drivers' state, on the one simulated host.
+    fn volume_dir(&self, name: &str) -> std::path::PathBuf {
+        self.world.state_dir.join(".volumes").join(name)
+    }
+
     fn remove_volume(self: &Arc<Self>, name: String) {
+        let _ = std::fs::remove_dir_all(self.volume_dir(&name));
         if self.fault(self.world.scenario.faults.lingering_volumes) {
             let linger = self.draw(|d| d.millis(10, 500));
             self.world.event("runtime", Kind::VolumeLingers, format!("for {linger:?}"));

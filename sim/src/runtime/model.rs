@@ -139,6 +139,10 @@ pub struct Spawn {
 pub struct RuntimeModel {
     pub containers: BTreeMap<SandboxId, Container>,
     pub volumes: BTreeSet<String>,
+    /// Image names (`repository:tag`) and the image each names.
+    pub images: BTreeMap<String, u64>,
+    /// Images committed so far: the next one's number.
+    pub committed: u64,
     /// When each sandbox's container was removed (runtime clock).
     pub removals: BTreeMap<SandboxId, Vec<Timestamp>>,
     /// The runs of removed containers: ground truth outlives the container.
@@ -167,6 +171,28 @@ pub struct RuntimeModel {
 }
 
 impl RuntimeModel {
+    /// A new image of `sandbox`'s container, named `reference` (a name already given moves).
+    pub fn commit(&mut self, sandbox: &SandboxId, reference: String) -> Result<(), EngineError> {
+        if !self.containers.contains_key(sandbox) {
+            return Err(EngineError::NotFound(format!("No such container: {sandbox}")));
+        }
+        self.committed += 1;
+        self.images.insert(reference, self.committed);
+        Ok(())
+    }
+
+    pub fn tag(&mut self, source: &str, target: String) -> Result<(), EngineError> {
+        let image =
+            *self.images.get(source).ok_or_else(|| EngineError::NotFound(format!("No such image: {source}")))?;
+        self.images.insert(target, image);
+        Ok(())
+    }
+
+    /// The tags of `repository`'s image names.
+    pub fn tags(&self, repository: &str) -> Vec<String> {
+        self.images.keys().filter_map(|r| r.strip_prefix(repository)?.strip_prefix(':')).map(str::to_string).collect()
+    }
+
     pub fn tick(&mut self, now: i64) -> Timestamp {
         self.last_time = (self.last_time + 1).max(now);
         Timestamp::from_unix_nanos(self.last_time)

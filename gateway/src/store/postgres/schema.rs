@@ -113,4 +113,11 @@ $$;
     r#"
 ALTER TABLE sandboxes ADD COLUMN indexed TEXT;
 "#,
+    r#"
+CREATE TABLE snapshots (
+    name    TEXT   COLLATE "C" NOT NULL PRIMARY KEY,
+    version BIGINT NOT NULL,
+    record  TEXT   NOT NULL
+);
+"#,
 ];

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Write};
 use tokio_postgres::types::ToSql;
 
 use crate::store::StoreError;
@@ -87,6 +87,10 @@ pub(super) fn version_check(i: usize, write: &Write) -> Result<Statement, StoreE
             "SELECT berth_expect_version((SELECT version FROM templates WHERE name = $1), $2::BIGINT)",
             vec![Box::new(name), expected],
         ),
+        Key::Snapshot(name) => (
+            "SELECT berth_expect_version((SELECT version FROM snapshots WHERE name = $1), $2::BIGINT)",
+            vec![Box::new(name), expected],
+        ),
         Key::Exec(sandbox, id) => (
             "SELECT berth_expect_version((SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2), $3::BIGINT)",
             vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string()), expected],
@@ -127,6 +131,7 @@ pub(super) fn conflict_in(
                     Key::Sandbox(id) => from_sql_version::<Sandbox>(id.as_str(), number(v)?)?,
                     Key::Provider(name) => from_sql_version::<Provider>(name, number(v)?)?,
                     Key::Template(name) => from_sql_version::<Template>(name, number(v)?)?,
+                    Key::Snapshot(name) => from_sql_version::<Snapshot>(name, number(v)?)?,
                     Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), number(v)?)?,
                 }),
             };
@@ -216,6 +221,9 @@ pub(super) fn apply(write: &Write) -> Result<Statement, StoreError> {
         Write::CreateTemplate(t) => return insert_named(t),
         Write::UpdateTemplate { record: t, expected } => return update_named(t, *expected),
         Write::RemoveTemplate { name, expected } => return remove_named::<Template>(name, *expected),
+        Write::CreateSnapshot(s) => return insert_named(s),
+        Write::UpdateSnapshot { record: s, expected } => return update_named(s, *expected),
+        Write::RemoveSnapshot { name, expected } => return remove_named::<Snapshot>(name, *expected),
         Write::CheckSandbox { id, expected } => (&CHECK_SANDBOX, vec![Box::new(id.to_string()), version(*expected)?]),
         Write::CreateExec(e) => (&CREATE_EXEC, exec_row(e, None)?),
         Write::UpdateExec { record: e, expected } => (&UPDATE_EXEC, exec_row(e, Some(*expected))?),

@@ -90,6 +90,13 @@ CREATE TABLE change_log (
 ) STRICT;
 INSERT INTO change_log (singleton, trimmed_through) VALUES (1, 0);
 "#,
+    r#"
+CREATE TABLE snapshots (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    version INTEGER NOT NULL,
+    record  TEXT    NOT NULL
+) STRICT;
+"#,
 ];
 
 // A handful of steps: the cast cannot truncate.

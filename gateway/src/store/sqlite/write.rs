@@ -4,7 +4,7 @@
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Write};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::store::codec::{Record, encode, from_sql_version, to_sql_version};
@@ -25,6 +25,9 @@ pub(super) fn version_of(tx: &Connection, key: &Key) -> Result<Option<u64>, Stor
             .transpose(),
         Key::Template(name) => read("SELECT version FROM templates WHERE name = ?1", name)?
             .map(|v| from_sql_version::<Template>(name, v))
+            .transpose(),
+        Key::Snapshot(name) => read("SELECT version FROM snapshots WHERE name = ?1", name)?
+            .map(|v| from_sql_version::<Snapshot>(name, v))
             .transpose(),
         Key::Exec(sandbox, id) => tx
             .prepare_cached("SELECT version FROM execs WHERE sandbox_id = ?1 AND id = ?2")?
@@ -104,6 +107,9 @@ pub(super) fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, 
         Write::CreateTemplate(t) => insert_named(tx, t)?,
         Write::UpdateTemplate { record: t, expected } => update_named(tx, t, *expected)?,
         Write::RemoveTemplate { name, expected } => remove_named::<Template>(tx, name, *expected)?,
+        Write::CreateSnapshot(s) => insert_named(tx, s)?,
+        Write::UpdateSnapshot { record: s, expected } => update_named(tx, s, *expected)?,
+        Write::RemoveSnapshot { name, expected } => remove_named::<Snapshot>(tx, name, *expected)?,
         // The write lock, held since the checks, keeps the sandbox as it was checked.
         Write::CheckSandbox { .. } => 1,
         Write::CreateExec(e) => tx

@@ -302,6 +302,7 @@ pub(crate) async fn create_with(
         providers,
         expected_resource_version: None,
         deadline_unix_ms: None,
+        from_snapshot: String::new(),
     };
     sandboxes.create_sandbox(request).await.unwrap().into_inner().sandbox.unwrap()
 }

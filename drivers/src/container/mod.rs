@@ -100,6 +100,9 @@ pub struct ContainerDriver<E> {
     locks: SandboxLocks,
     tombstones: Tombstones,
     snapshots: Snapshots,
+    /// Held while an image is given a name: a runtime may lose one of two names given one image
+    /// at once (Podman's tag reads the image's names and writes them back).
+    naming: tokio::sync::Mutex<()>,
 }
 
 /// Whether an executable is statically linked (has no ELF interpreter): a container's
@@ -148,7 +151,8 @@ impl<E: Engine> ContainerDriver<E> {
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
         let snapshots = Snapshots::under(&config.root);
-        Ok(Self { engine: Arc::new(engine), config, locks, tombstones, snapshots })
+        let naming = tokio::sync::Mutex::new(());
+        Ok(Self { engine: Arc::new(engine), config, locks, tombstones, snapshots, naming })
     }
 
     pub fn engine(&self) -> &E {
@@ -301,7 +305,10 @@ impl<E: Engine> ContainerDriver<E> {
         self.seed(launch).await?;
         let created = match current {
             Some(_) => Ok(()),
-            None => self.engine.create(&spec).await,
+            None => {
+                self.seed_image(launch).await?;
+                self.engine.create(&spec).await
+            }
         };
         let mut previous = current.and_then(|i| i.started_at);
         let begin = |previous| {
@@ -323,14 +330,17 @@ impl<E: Engine> ContainerDriver<E> {
                 }
                 match self.start_anew(id, generation).await {
                     // Removed since it was inspected: make it again.
-                    Err(EngineError::NotFound(_)) => match self.engine.create(&spec).await {
-                        Ok(()) => {
-                            previous = None;
-                            begin(previous)?;
-                            self.start_anew(id, generation).await
+                    Err(EngineError::NotFound(_)) => {
+                        self.seed_image(launch).await?;
+                        match self.engine.create(&spec).await {
+                            Ok(()) => {
+                                previous = None;
+                                begin(previous)?;
+                                self.start_anew(id, generation).await
+                            }
+                            Err(e) => Err(e),
                         }
-                        Err(e) => Err(e),
-                    },
+                    }
                     other => other,
                 }
             }
@@ -464,18 +474,35 @@ impl<E: Engine> ContainerDriver<E> {
         Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) })
     }
 
-    /// Gives a sandbox made from a snapshot its own name for the snapshot's image and the
-    /// snapshot's files, once (the caller holds the lock).
+    /// Gives a sandbox made from a snapshot the snapshot's files, once (the caller holds the
+    /// lock).
     async fn seed(&self, launch: &Launch) -> Result<(), DriverError> {
         let (Some(snapshot), dir) = (&launch.seed, self.dir(&launch.sandbox)) else { return Ok(()) };
         if Snapshots::seeded(&dir) {
             return Ok(());
         }
-        self.engine.tag_image(&snapshot_image(snapshot), &seed_image(&launch.sandbox)).await?;
+        self.seed_image(launch).await?;
         let workspace = self.engine.volume_path(&volume_name(&launch.sandbox)).await?.ok_or_else(|| {
             DriverError::Unavailable(format!("the workspace volume of {} has no path yet", launch.sandbox))
         })?;
         self.snapshots.seed(snapshot, &workspace, &dir)
+    }
+
+    /// Makes sure a sandbox made from a snapshot has its own name for the snapshot's image,
+    /// which its container is made from (the caller holds the lock).
+    async fn seed_image(&self, launch: &Launch) -> Result<(), DriverError> {
+        let Some(snapshot) = &launch.seed else { return Ok(()) };
+        let _naming = self.naming.lock().await;
+        let own = launch.sandbox.to_string();
+        if self.engine.image_tags(SEED_REPOSITORY).await?.contains(&own) {
+            return Ok(());
+        }
+        self.engine.tag_image(&snapshot_image(snapshot), &seed_image(&launch.sandbox)).await?;
+        // A name given by another gateway's driver at the same moment may have taken its place.
+        if !self.engine.image_tags(SEED_REPOSITORY).await?.contains(&own) {
+            return Err(DriverError::Unavailable(format!("the runtime lost the name {}", seed_image(&launch.sandbox))));
+        }
+        Ok(())
     }
 }
 

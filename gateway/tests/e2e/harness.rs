@@ -26,6 +26,7 @@ pub type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
 pub type LogsService = berth_proto::v1::logs_client::LogsClient<InterceptedService<Channel, Bearer>>;
 pub type Templates = berth_proto::v1::templates_client::TemplatesClient<InterceptedService<Channel, Bearer>>;
+pub type Snapshots = berth_proto::v1::snapshots_client::SnapshotsClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(pub String);
@@ -159,6 +160,13 @@ impl Gateway {
 
     pub async fn execs(&self) -> Execs {
         ExecsClient::with_interceptor(self.channel().await, Bearer(self.token.clone()))
+    }
+
+    pub async fn snapshots(&self) -> Snapshots {
+        berth_proto::v1::snapshots_client::SnapshotsClient::with_interceptor(
+            self.channel().await,
+            Bearer(self.token.clone()),
+        )
     }
 
     pub async fn templates(&self) -> Templates {

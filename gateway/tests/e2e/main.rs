@@ -28,5 +28,6 @@ mod postgres;
 mod providers;
 mod several;
 mod shutdown;
+mod snapshots;
 mod store_binding;
 mod store_labels;

@@ -102,6 +102,7 @@ conformance!(
     exec_pages_and_open_execs,
     an_exec_admission_never_commits_after_a_sandbox_write_it_did_not_see,
     templates_are_written_by_version_and_paged,
+    snapshots_are_written_by_version_and_paged,
     the_change_log_holds_every_sandbox_write_in_commit_order,
     a_listing_cursor_splits_the_log_at_the_listing_snapshot,
     readers_following_the_log_under_concurrent_commits_miss_nothing_and_see_nothing_twice,

@@ -272,7 +272,16 @@ impl Target {
             let label = format!("label=dev.berth.owner={}", self.instance);
             let containers = self.cli(&["ps", "-a", "--filter", &label, "--format", "{{.Names}}"]);
             let volumes = self.cli(&["volume", "ls", "--filter", &label, "--format", "{{.Name}}"]);
-            left.extend(containers.lines().chain(volumes.lines()).filter(|l| !l.is_empty()).map(str::to_string));
+            // Images committed of snapshots carry their source container's labels.
+            let images = self.cli(&["images", "--filter", &label, "--format", "{{.Repository}}:{{.Tag}}"]);
+            left.extend(
+                containers
+                    .lines()
+                    .chain(volumes.lines())
+                    .chain(images.lines())
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_string),
+            );
         }
         left
     }

@@ -94,10 +94,16 @@ pub enum Bug {
     /// it, frozen or not, so a pause the runtime never carried out (a failed call, a gateway
     /// that died first) is Paused in the record over a run that goes on.
     PauseConfirmedBlind,
+    /// S2: a snapshot's delete does not ask whether a sandbox made from it still needs its
+    /// files, so a sandbox created from it just before finds, at its first start, no copy to
+    /// start from.
+    SnapshotDeletedUnderSeed,
+    /// S4: a fork's copy is confirmed with only some of its sandboxes made, the rest never.
+    ForkHalfMade,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 23] = [
+    pub const ALL: [Bug; 25] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -121,6 +127,8 @@ impl Bug {
         Bug::ExecWhilePausing,
         Bug::PauseOutlivesRun,
         Bug::PauseConfirmedBlind,
+        Bug::SnapshotDeletedUnderSeed,
+        Bug::ForkHalfMade,
     ];
 
     pub fn name(self) -> &'static str {
@@ -148,6 +156,8 @@ impl Bug {
             Bug::ExecWhilePausing => "exec-while-pausing",
             Bug::PauseOutlivesRun => "pause-outlives-run",
             Bug::PauseConfirmedBlind => "pause-confirmed-blind",
+            Bug::SnapshotDeletedUnderSeed => "snapshot-deleted-under-seed",
+            Bug::ForkHalfMade => "fork-half-made",
         }
     }
 
@@ -180,7 +190,9 @@ impl Bug {
             | Bug::RestartPastMaximum
             | Bug::ExecWhilePausing
             | Bug::PauseOutlivesRun
-            | Bug::PauseConfirmedBlind => 1,
+            | Bug::PauseConfirmedBlind
+            | Bug::SnapshotDeletedUnderSeed
+            | Bug::ForkHalfMade => 1,
         }
     }
 
@@ -211,6 +223,11 @@ impl Bug {
                 | Bug::ExecWhileStarting
                 | Bug::ExecWhilePausing
         )
+    }
+
+    /// Whether the race needs the snapshot workload.
+    pub fn snapshots(self) -> bool {
+        matches!(self, Bug::SnapshotDeletedUnderSeed | Bug::ForkHalfMade)
     }
 
     /// Whether the race needs the state workload (pause and resume).

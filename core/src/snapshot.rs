@@ -245,7 +245,7 @@ pub(crate) fn delete(request: &Request, reads: &Reads, name: &str, now: Timestam
     }
     let users: Vec<String> =
         reads.snapshot_users.iter().filter(|s| needs(s, &snapshot.id)).map(|s| s.name.to_string()).collect();
-    if !users.is_empty() {
+    if !users.is_empty() && !crate::bug!(SnapshotDeletedUnderSeed) {
         branch::hit(Branch::SnapshotInUse);
         return Err(Error::SnapshotInUse { snapshot: name.to_string(), sandboxes: users });
     }
@@ -291,7 +291,8 @@ pub(crate) fn taken(
     }
     branch::hit(Branch::ForkMade);
     let mut decision = update(snapshot, ready, |_| None, now);
-    for (id, name) in &fork.sandboxes {
+    let made = if crate::bug!(ForkHalfMade) { fork.sandboxes.len().div_ceil(2) } else { fork.sandboxes.len() };
+    for (id, name) in fork.sandboxes.iter().take(made) {
         let seed = Seed { snapshot: snapshot.name.clone(), id: snapshot.id.clone(), seeded: false };
         let mut spec = snapshot.spec.clone();
         spec.labels.extend(fork.labels.iter().map(|(k, v)| (k.clone(), v.clone())));

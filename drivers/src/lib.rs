@@ -66,9 +66,11 @@ pub struct Launch {
     pub credentials: BTreeMap<String, Secret>,
     /// The generation's runtime token, installed before the sandbox's process starts.
     pub token: RuntimeToken,
-    /// The snapshot the sandbox was made from (DESIGN 12.2): its files (and on a container
-    /// runtime, its image) are the sandbox's before its first run.
-    pub seed: Option<SnapshotId>,
+    /// The snapshot the sandbox was made from (DESIGN 12.2): its files are the sandbox's before
+    /// its first run (unless the record says a run of it started: they are then its own, lost
+    /// with its workspace if that is removed out of band), and on a container runtime its image
+    /// is the sandbox's for good.
+    pub seed: Option<berth_core::record::Seed>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

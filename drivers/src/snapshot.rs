@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! <root>/.snapshots/<snapshot id>/workspace.tar          the workspace as it was copied
+//! <root>/.snapshots/<snapshot id>/workspace.sum          its size and the sum of its files
 //! <root>/.snapshots/<snapshot id>/workspace.tar.partial  a copy being written
 //! <root>/<sandbox id>/seeded                             the sandbox's workspace has its snapshot's files
 //! ```
@@ -21,19 +22,22 @@ use std::path::{Path, PathBuf};
 use berth_core::SnapshotId;
 use sha2::{Digest, Sha256};
 
-use crate::files::{self, FilesError};
+use crate::files::{self, FileSum, FilesError};
+use crate::state_file::{read_json, write_json};
 use crate::{DriverError, io, removed};
 
 /// The archive's file name in a snapshot's directory.
 const ARCHIVE: &str = "workspace.tar";
+/// Its size and sum, beside it.
+const SUM: &str = "workspace.sum";
 /// The marker a seeded sandbox's directory holds.
 const SEEDED: &str = "seeded";
 
 /// Bounds a snapshot's archive lives within: a workspace any run could write.
 const LIMITS: files::Limits = files::Limits { max_bytes: 1 << 40, max_entries: 10_000_000 };
 
-/// What a copy kept: its size in bytes and the SHA-256 of its archive, hex.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a copy kept: its archive's size in bytes, and the sum of its files ([`digest`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Kept {
     pub size_bytes: u64,
     pub sha256: String,
@@ -55,23 +59,32 @@ fn files_error(context: &str, e: FilesError) -> DriverError {
     }
 }
 
-/// A writer that sums and counts what goes through it.
-struct Summing<W> {
+/// A writer that counts what goes through it.
+struct Counting<W> {
     inner: W,
-    hasher: Sha256,
     written: u64,
 }
 
-impl<W: Write> Write for Summing<W> {
+impl<W: Write> Write for Counting<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
         self.written += n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// The sum of a workspace's files: of each one's kind, path, size and content's SHA-256, in path
+/// order. Not of the archive, whose headers carry times a copy of the files does not keep.
+fn digest(mut files: Vec<FileSum>) -> String {
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut hasher = Sha256::new();
+    for f in files {
+        hasher.update(format!("{:?} {} {} {}\n", f.kind, f.path.escape_default(), f.size, f.sha256));
+    }
+    hex::encode(hasher.finalize())
 }
 
 impl Snapshots {
@@ -88,14 +101,25 @@ impl Snapshots {
     /// snapshot's for good, so a copy re-driven (its answer lost with a gateway, or asked again
     /// by another) answers the same.
     pub fn existing(&self, id: &SnapshotId) -> Result<Option<Kept>, DriverError> {
-        let mut file = match File::open(self.dir(id).join(ARCHIVE)) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io("opening the snapshot's archive", e)),
-        };
-        let mut sum = Summing { inner: io::sink(), hasher: Sha256::new(), written: 0 };
-        io::copy(&mut file, &mut sum).map_err(|e| io("reading the snapshot's archive", e))?;
-        Ok(Some(Kept { size_bytes: sum.written, sha256: hex::encode(sum.hasher.finalize()) }))
+        let dir = self.dir(id);
+        if !dir.join(ARCHIVE).exists() {
+            return Ok(None);
+        }
+        // Written before the archive was placed.
+        read_json(&dir.join(SUM))?
+            .map(Some)
+            .ok_or_else(|| DriverError::Failed(format!("snapshot {id}'s copy has no sum beside it")))
+    }
+
+    /// Makes snapshot `id`'s directory, before anything else is kept of it anywhere (an image
+    /// a runtime commits): what [`Snapshots::list`] finds is then all a host keeps of snapshots.
+    pub fn begin(&self, id: &SnapshotId) -> Result<(), DriverError> {
+        let dir = self.dir(id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io(&format!("creating {}", dir.display()), e))
     }
 
     /// Copies the workspace at `workspace` as snapshot `id` (see [`Snapshots::existing`] for
@@ -105,20 +129,16 @@ impl Snapshots {
         if let Some(kept) = self.existing(id)? {
             return Ok(kept);
         }
+        self.begin(id)?;
         let dir = self.dir(id);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| io(&format!("creating {}", dir.display()), e))?;
         // Apart from any other copy being written (a gateway that re-drives it): only the
         // first one placed counts.
         let partial = dir.join(format!("{ARCHIVE}.{}.partial", std::process::id()));
         let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
-        let mut out = Summing { inner: io::BufWriter::new(file), hasher: Sha256::new(), written: 0 };
-        files::pack(workspace, Path::new(""), &mut out, LIMITS).map_err(|e| files_error("copying the workspace", e))?;
-        let file = out.inner.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
+        let (out, kept) = pack(workspace, io::BufWriter::new(file))?;
+        let file = out.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
         file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
+        write_json(&dir.join(SUM), &kept)?;
         let archive = dir.join(ARCHIVE);
         if let Some(kept) = self.existing(id)? {
             removed(std::fs::remove_file(&partial), "removing a copy made twice")?;
@@ -126,15 +146,17 @@ impl Snapshots {
         }
         std::fs::rename(&partial, &archive).map_err(|e| io("placing the snapshot's archive", e))?;
         File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing the snapshot's directory", e))?;
-        Ok(Kept { size_bytes: out.written, sha256: hex::encode(out.hasher.finalize()) })
+        Ok(kept)
     }
 
-    /// Removes everything of snapshot `id`; absence is success.
+    /// Removes everything of snapshot `id` this directory keeps (last: see [`Snapshots::begin`]);
+    /// absence is success.
     pub fn remove(&self, id: &SnapshotId) -> Result<(), DriverError> {
         removed(std::fs::remove_dir_all(self.dir(id)), "removing the snapshot's copy")
     }
 
-    /// The snapshots this host keeps a copy (or part of one) of.
+    /// The snapshots this host keeps anything of: a copy, part of one, or (on a container
+    /// runtime) an image.
     pub fn list(&self) -> Result<Vec<SnapshotId>, DriverError> {
         let entries = match std::fs::read_dir(&self.root) {
             Ok(entries) => entries,
@@ -176,6 +198,21 @@ impl Snapshots {
             .map_err(|e| files_error("copying the snapshot's files", e))?;
         crate::state_file::write(&sandbox_dir.join(SEEDED), id.as_str().as_bytes())
     }
+}
+
+/// Packs the workspace at `workspace` into `out` as a snapshot's archive: what was written and
+/// its size and sum.
+fn pack<W: Write>(workspace: &Path, out: W) -> Result<(W, Kept), DriverError> {
+    let mut out = Counting { inner: out, written: 0 };
+    let files =
+        files::pack(workspace, Path::new(""), &mut out, LIMITS).map_err(|e| files_error("copying the workspace", e))?;
+    Ok((out.inner, Kept { size_bytes: out.written, sha256: digest(files) }))
+}
+
+/// What a snapshot of the workspace at `workspace` would hold, kept nowhere: a sandbox made from
+/// a snapshot, before anything changes it, sums as its snapshot did (the simulator's S1).
+pub fn sum(workspace: &Path) -> Result<Kept, DriverError> {
+    pack(workspace, io::sink()).map(|(_, kept)| kept)
 }
 
 /// Removes everything in the directory `dir`, leaving it.
@@ -225,7 +262,11 @@ mod tests {
         assert!(!workspace.join("half").exists());
         assert_eq!(std::fs::read(workspace.join("a.txt")).unwrap(), b"hello");
         assert_eq!(std::fs::read(workspace.join("sub/b.bin")).unwrap(), vec![7u8; 70_000]);
-        assert_eq!(snapshots.keep(&SnapshotId::new("sn-3"), &workspace).unwrap().sha256, kept.sha256);
+        // The same files sum the same, whatever their times.
+        assert_eq!(sum(&workspace).unwrap().sha256, kept.sha256);
+        std::fs::write(workspace.join("a.txt"), b"hellO").unwrap();
+        assert_ne!(sum(&workspace).unwrap().sha256, kept.sha256);
+        std::fs::write(workspace.join("a.txt"), b"hello").unwrap();
 
         // Seeded once: what the run writes afterwards is never seeded over, even once the
         // snapshot is gone.

@@ -73,10 +73,19 @@ pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) ->
                 for feed in feeds {
                     let _ = feed.send(records.clone()).await;
                 }
-                return Ok(redriven + snapshots(engine, None).await?);
+                return Ok(redriven + snapshots_or_warn(engine, None).await);
             }
         }
     }
+}
+
+/// [`snapshots`], whose failure leaves the sandboxes' part of a sweep or recovery standing:
+/// the next sweep tries again.
+async fn snapshots_or_warn(engine: &Engine, min_age: Option<Duration>) -> usize {
+    snapshots(engine, min_age).await.unwrap_or_else(|e| {
+        warn!(error = %e, "cannot go over the snapshots; the next sweep tries again");
+        0
+    })
 }
 
 /// The snapshots' part of recovery (`min_age` none: every unconfirmed step) and of every sweep
@@ -205,7 +214,6 @@ async fn sweep_feeding(
         }
     }
     stats.records = records.len();
-    stats.redriven += snapshots(engine, Some(settings.redrive_after)).await?;
     // A loop still busy with the last batch gets the next one.
     for feed in feeds {
         let _ = feed.try_send(records.values().cloned().collect());
@@ -246,5 +254,6 @@ async fn sweep_feeding(
             warn!(sandbox = %id, error = %e, "cannot merge an absence");
         }
     }
+    stats.redriven += snapshots_or_warn(engine, Some(settings.redrive_after)).await;
     Ok(stats)
 }

@@ -136,7 +136,11 @@ impl TracingStore {
     async fn commit_traced(&self, writes: &[Write]) -> Result<(), CommitError> {
         let mut befores = Vec::new();
         let mut execs = Vec::new();
+        let mut snapshots = Vec::new();
         for write in writes {
+            if let berth_core::Key::Snapshot(name) = write.key() {
+                snapshots.push((write, self.world.store.snapshot(&name).await?));
+            }
             // An exec write is judged with the exec it replaces and its sandbox as they stand.
             if let Write::CreateExec(e) | Write::UpdateExec { record: e, .. } = write {
                 let before = self.world.store.exec(&e.sandbox, &e.id).await?;
@@ -161,6 +165,21 @@ impl TracingStore {
             if let Write::CreateTemplate(t) | Write::UpdateTemplate { record: t, .. } = write {
                 self.world.fact(&Fact::Template(t));
             }
+        }
+        for (write, before) in snapshots {
+            let after = match write {
+                Write::CreateSnapshot(s) | Write::UpdateSnapshot { record: s, .. } => Some(s),
+                _ => None,
+            };
+            let id = after.or(before.as_ref()).map(|s| s.id.clone());
+            let made: Vec<&Sandbox> = writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::CreateSandbox(s) if s.seed.as_ref().map(|seed| &seed.id) == id.as_ref() => Some(s),
+                    _ => None,
+                })
+                .collect();
+            self.world.fact(&Fact::Snapshot { before: before.as_ref(), after, made: &made });
         }
         // Execs first: an exec's end and its sandbox's idle expiry in one commit are judged
         // with the end counted.
@@ -342,6 +361,17 @@ pub async fn check_converged(world: &World) {
         providers: &providers,
         now: world.store.now(),
         expiry_bound: expiry_bound(&world.scenario),
+    });
+    let snapshots = world.store.all_snapshots().await.unwrap_or_default();
+    let copies = crate::snapshots::copies(world);
+    let seeded = crate::snapshots::seeded(world, &records);
+    let images = crate::snapshots::images(&lock(&world.runtime));
+    world.fact(&Fact::Kept {
+        snapshots: &snapshots,
+        records: &records,
+        copies: &copies,
+        seeded: &seeded,
+        images: &images,
     });
     let runtime = lock(&world.runtime);
     for s in &records {

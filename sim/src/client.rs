@@ -10,6 +10,7 @@ use berth_core::{Intent, PhaseKind};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::snapshots_client::SnapshotsClient;
 use berth_proto::v1::templates_client::TemplatesClient;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
@@ -40,6 +41,7 @@ impl tonic::service::Interceptor for Bearer {
 type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 type Templates = TemplatesClient<InterceptedService<Channel, Bearer>>;
+type Snapshots = SnapshotsClient<InterceptedService<Channel, Bearer>>;
 
 /// The template of the lifetime workload's warm pool.
 pub const POOL: &str = "pool";
@@ -79,18 +81,19 @@ struct Client {
     draw: Draw,
     /// A connection to each gateway; the client talks to one and moves to the next when it
     /// stops answering.
-    gateways: Vec<(Sandboxes, Providers, Templates)>,
+    gateways: Vec<(Sandboxes, Providers, Templates, Snapshots)>,
     at: usize,
     r2_runs: usize,
 }
 
 /// The clients of gateway `g`, over a new channel.
-fn connect(g: usize) -> (Sandboxes, Providers, Templates) {
+fn connect(g: usize) -> (Sandboxes, Providers, Templates, Snapshots) {
     let channel = net::channel(g);
     (
         SandboxesClient::with_interceptor(channel.clone(), Bearer),
         ProvidersClient::with_interceptor(channel.clone(), Bearer),
-        TemplatesClient::with_interceptor(channel, Bearer),
+        TemplatesClient::with_interceptor(channel.clone(), Bearer),
+        SnapshotsClient::with_interceptor(channel, Bearer),
     )
 }
 
@@ -113,6 +116,10 @@ impl Client {
 
     fn providers(&self) -> Providers {
         self.gateways[self.at].1.clone()
+    }
+
+    fn snapshots(&self) -> Snapshots {
+        self.gateways[self.at].3.clone()
     }
 
     /// I10 and I3 on a failed reply to `what` (`conflicted`, as I3 words it), sent with `expected`.
@@ -573,6 +580,108 @@ impl Client {
         }
     }
 
+    /// A call of the snapshot workload: its failures are checked (I10), not recorded in the
+    /// history, whose register model knows the fleet's sandboxes alone.
+    async fn snapshot_call<T>(
+        &mut self,
+        what: String,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Option<T> {
+        self.world.event(self.actor.clone(), Kind::Call, what.clone());
+        let result = self.timed(call).await;
+        let detail = match &result {
+            Ok(_) => format!("{what} -> ok"),
+            Err(Some(status)) => {
+                if let Some(problem) = i10_no_panic_or_internal::internal(&what, status) {
+                    self.world.violate(Invariant::I10, problem);
+                }
+                format!("{what} -> {:?}: {}", status.code(), status.message())
+            }
+            Err(None) => format!("{what} -> no answer"),
+        };
+        self.world.event(self.actor.clone(), Kind::Reply, detail);
+        result.ok()
+    }
+
+    /// DESIGN 12.2 and 12.3's verbs, on snapshots and sandboxes of names of their own (the
+    /// fleet's names stay the fleet's): a snapshot of a fleet sandbox, a sandbox made from one,
+    /// a delete of one (some right after a create from it: the race S2 is about), a fork, and
+    /// deletes of what they made, so that they stay few.
+    async fn snapshot_operation(&mut self, name: &str) {
+        let snapshot = format!("snap-{}", self.draw.below(3));
+        let copy = format!("copy-{}", self.draw.below(4));
+        match self.draw.below(12) {
+            0..=2 => {
+                let no_wait = self.draw.chance(0.5);
+                let request = pb::CreateSnapshotRequest { name: snapshot.clone(), sandbox: name.to_string(), no_wait };
+                let mut c = self.snapshots();
+                self.snapshot_call(format!("snapshot {name} as {snapshot}"), c.create_snapshot(request)).await;
+            }
+            3..=5 => {
+                let delete_after = self.draw.chance(0.3);
+                self.create_from(&copy, &snapshot).await;
+                if delete_after {
+                    self.delete_snapshot(&snapshot).await;
+                }
+            }
+            6 => self.delete_snapshot(&snapshot).await,
+            7..=8 => {
+                let count = self.draw.below(3) as usize + 1;
+                let first = self.draw.below(4) as usize;
+                let names = (first..first + count).map(|i| format!("fork-{i}")).collect();
+                let request = pb::ForkSandboxRequest {
+                    name: name.to_string(),
+                    count: count as u32,
+                    names,
+                    labels: Default::default(),
+                };
+                let mut c = self.snapshots();
+                self.snapshot_call(format!("fork {name} x{count}"), c.fork_sandbox(request)).await;
+            }
+            _ => {
+                let victim = if self.draw.chance(0.5) { copy } else { format!("fork-{}", self.draw.below(6)) };
+                let request = pb::LifecycleRequest { name: victim.clone(), expected_resource_version: None };
+                let mut c = self.sandboxes();
+                self.snapshot_call(format!("delete {victim}"), c.delete_sandbox(request)).await;
+            }
+        }
+    }
+
+    async fn create_from(&mut self, name: &str, snapshot: &str) {
+        let request = pb::CreateSandboxRequest {
+            name: name.to_string(),
+            spec: Some(pb::SandboxSpec::default()),
+            providers: vec![],
+            expected_resource_version: None,
+            deadline_unix_ms: None,
+            from_snapshot: snapshot.to_string(),
+        };
+        let mut c = self.sandboxes();
+        self.snapshot_call(format!("create {name} from {snapshot}"), c.create_sandbox(request)).await;
+    }
+
+    async fn delete_snapshot(&mut self, snapshot: &str) {
+        let request = pb::DeleteSnapshotRequest { name: snapshot.to_string(), expected_resource_version: None };
+        let mut c = self.snapshots();
+        self.snapshot_call(format!("delete snapshot {snapshot}"), c.delete_snapshot(request)).await;
+    }
+
+    /// What a run writes in its workspace, as its command would: the files a snapshot of it
+    /// then holds.
+    async fn write_files(&mut self, name: &str) {
+        let Some(s) = self.get(name).await else { return };
+        let workspace = crate::snapshots::workspace(&self.world, &berth_core::SandboxId::new(s.id));
+        if !workspace.is_dir() {
+            return;
+        }
+        let file = format!("data-{}", self.draw.below(3));
+        let bytes = vec![b'a' + self.draw.below(26) as u8; self.draw.below(4_000) as usize];
+        self.world.event(self.actor.clone(), Kind::Call, format!("{name} writes {} bytes to {file}", bytes.len()));
+        // A workspace can be removed under the write (its sandbox deleted): as for a run, the
+        // write is then lost with it.
+        let _ = std::fs::write(workspace.join(file), bytes);
+    }
+
     async fn random_operation(&mut self) {
         let scenario = &self.world.scenario;
         let name = sandbox_name(self.draw.below(scenario.sandboxes as u64) as usize);
@@ -580,6 +689,13 @@ impl Client {
         // Drawn only with the state workload, so the other workloads' draws stay as they were.
         if scenario.state && self.draw.chance(0.2) {
             return self.pause_or_resume(&name).await;
+        }
+        // The same with the snapshot workload.
+        if scenario.snapshots && self.draw.chance(0.3) {
+            return match self.draw.below(3) {
+                0 => self.write_files(&name).await,
+                _ => self.snapshot_operation(&name).await,
+            };
         }
         match self.draw.below(100) {
             0..=14 => {

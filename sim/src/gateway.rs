@@ -64,6 +64,8 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
         stop_grace: Duration::from_secs(2),
         effect_retries: vec![Duration::from_millis(200), Duration::from_millis(800)],
         egress: Arc::new(crate::egress::SimUpstream { world: world.clone() }),
+        // Few enough that the snapshot workload meets the store's quota.
+        limits: berth_core::validate::Limits { max_snapshots: 4, ..Default::default() },
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);

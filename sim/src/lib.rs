@@ -18,6 +18,7 @@ pub mod os;
 pub mod run;
 pub mod runtime;
 pub mod scenario;
+pub mod snapshots;
 pub mod supervisor;
 pub mod timeline;
 pub mod trace;

@@ -47,6 +47,9 @@ struct Phases {
     /// Have clients pause and resume sandboxes, and idle timeouts pause them (S3).
     #[arg(long)]
     state: bool,
+    /// Have clients take and delete snapshots, make sandboxes from them and fork (S1, S2, S4).
+    #[arg(long)]
+    snapshots: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -119,6 +122,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_lifetimes(phases.lifetimes)
         .with_egress(phases.egress)
         .with_state(phases.state)
+        .with_snapshots(phases.snapshots)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -144,6 +148,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.state {
         command += " --state";
+    }
+    if phases.snapshots {
+        command += " --snapshots";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -307,6 +314,7 @@ fn main() -> std::process::ExitCode {
                     lifetimes: bug.lifetimes(),
                     egress: bug.egress(),
                     state: bug.state(),
+                    snapshots: bug.snapshots(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

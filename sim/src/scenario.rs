@@ -257,6 +257,10 @@ pub struct Scenario {
     /// The state workload runs too (`--state`): clients pause and resume sandboxes (DESIGN
     /// 12.1) among every other call, and idle timeouts may pause; checked by S3.
     pub state: bool,
+    /// The snapshot workload runs too (`--snapshots`): clients take, delete and make sandboxes
+    /// from snapshots, and fork sandboxes (DESIGN 12.2, 12.3), while runs write files; checked
+    /// by S1, S2 and S4.
+    pub snapshots: bool,
 }
 
 impl Scenario {
@@ -330,6 +334,7 @@ impl Scenario {
             lifetimes: false,
             egress: false,
             state: false,
+            snapshots: false,
         }
     }
 
@@ -340,6 +345,11 @@ impl Scenario {
         if state {
             self.faults.paused_runs_lost = Draw::new(self.seed, Stream::State).rate(0.7, 1.0, 4.0);
         }
+        self
+    }
+
+    pub fn with_snapshots(mut self, snapshots: bool) -> Self {
+        self.snapshots = snapshots;
         self
     }
 

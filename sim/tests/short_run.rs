@@ -76,6 +76,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             // The lost run's exit is reported nowhere: the record waits, Paused, on nothing.
             Bug::PauseOutlivesRun => (2, Invariant::I2),
             Bug::PauseConfirmedBlind => (9, Invariant::S3),
+            Bug::SnapshotDeletedUnderSeed => (0, Invariant::S2),
+            Bug::ForkHalfMade => (0, Invariant::S4),
         };
         caught_at(bug, seed, invariant);
     }
@@ -97,7 +99,8 @@ fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outco
         .with_execs(bug.execs())
         .with_lifetimes(bug.lifetimes())
         .with_egress(bug.egress())
-        .with_state(bug.state());
+        .with_state(bug.state())
+        .with_snapshots(bug.snapshots());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

@@ -105,6 +105,15 @@ pub struct ContainerDriver<E> {
     naming: tokio::sync::Mutex<()>,
 }
 
+/// A start that cannot give its sandbox its snapshot's files or image fails as one the runtime
+/// refused does; one the runtime did not answer is tried again.
+fn unseeded(e: DriverError) -> Result<StartReply, DriverError> {
+    match e {
+        DriverError::Failed(message) => Ok(StartReply::Failed { message }),
+        e => Err(e),
+    }
+}
+
 /// Whether an executable is statically linked (has no ELF interpreter): a container's
 /// userland may have no C library to run anything else.
 pub fn is_static(path: &Path) -> std::io::Result<bool> {
@@ -302,11 +311,15 @@ impl<E: Engine> ContainerDriver<E> {
         self.make_dir(id)?;
         let spec = self.spec(launch);
         self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
-        self.seed(launch).await?;
+        if let Err(e) = self.seed(launch).await {
+            return unseeded(e);
+        }
         let created = match current {
             Some(_) => Ok(()),
             None => {
-                self.seed_image(launch).await?;
+                if let Err(e) = self.seed_image(launch).await {
+                    return unseeded(e);
+                }
                 self.engine.create(&spec).await
             }
         };
@@ -331,7 +344,9 @@ impl<E: Engine> ContainerDriver<E> {
                 match self.start_anew(id, generation).await {
                     // Removed since it was inspected: make it again.
                     Err(EngineError::NotFound(_)) => {
-                        self.seed_image(launch).await?;
+                        if let Err(e) = self.seed_image(launch).await {
+                            return unseeded(e);
+                        }
                         match self.engine.create(&spec).await {
                             Ok(()) => {
                                 previous = None;
@@ -459,6 +474,7 @@ impl<E: Engine> ContainerDriver<E> {
         if thaw {
             self.engine.pause(&name).await?;
         }
+        self.snapshots.begin(snapshot)?;
         // A commit re-driven replaces the one made before, which nothing else names.
         self.engine.remove_image(&image).await?;
         let kept = match self.engine.commit(&name, &image).await {
@@ -477,7 +493,8 @@ impl<E: Engine> ContainerDriver<E> {
     /// Gives a sandbox made from a snapshot the snapshot's files, once (the caller holds the
     /// lock).
     async fn seed(&self, launch: &Launch) -> Result<(), DriverError> {
-        let (Some(snapshot), dir) = (&launch.seed, self.dir(&launch.sandbox)) else { return Ok(()) };
+        let Some(seed) = launch.seed.as_ref().filter(|s| !s.seeded) else { return Ok(()) };
+        let dir = self.dir(&launch.sandbox);
         if Snapshots::seeded(&dir) {
             return Ok(());
         }
@@ -485,19 +502,27 @@ impl<E: Engine> ContainerDriver<E> {
         let workspace = self.engine.volume_path(&volume_name(&launch.sandbox)).await?.ok_or_else(|| {
             DriverError::Unavailable(format!("the workspace volume of {} has no path yet", launch.sandbox))
         })?;
-        self.snapshots.seed(snapshot, &workspace, &dir)
+        self.snapshots.seed(&seed.id, &workspace, &dir)
     }
 
     /// Makes sure a sandbox made from a snapshot has its own name for the snapshot's image,
     /// which its container is made from (the caller holds the lock).
     async fn seed_image(&self, launch: &Launch) -> Result<(), DriverError> {
-        let Some(snapshot) = &launch.seed else { return Ok(()) };
+        let Some(seed) = &launch.seed else { return Ok(()) };
         let _naming = self.naming.lock().await;
         let own = launch.sandbox.to_string();
         if self.engine.image_tags(SEED_REPOSITORY).await?.contains(&own) {
             return Ok(());
         }
-        self.engine.tag_image(&snapshot_image(snapshot), &seed_image(&launch.sandbox)).await?;
+        match self.engine.tag_image(&snapshot_image(&seed.id), &seed_image(&launch.sandbox)).await {
+            Err(EngineError::NotFound(_)) => {
+                return Err(DriverError::Failed(format!(
+                    "the image of snapshot {}, which this sandbox was made from, is gone",
+                    seed.snapshot
+                )));
+            }
+            other => other?,
+        }
         // A name given by another gateway's driver at the same moment may have taken its place.
         if !self.engine.image_tags(SEED_REPOSITORY).await?.contains(&own) {
             return Err(DriverError::Unavailable(format!("the runtime lost the name {}", seed_image(&launch.sandbox))));
@@ -581,11 +606,8 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     }
 
     async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError> {
-        let mut kept = self.snapshots.list()?;
-        kept.extend(self.engine.image_tags(SNAPSHOT_REPOSITORY).await?.into_iter().map(SnapshotId::new));
-        kept.sort();
-        kept.dedup();
-        Ok(kept)
+        // A snapshot's image is committed after its directory is made and removed before it.
+        self.snapshots.list()
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {

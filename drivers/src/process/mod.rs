@@ -387,8 +387,8 @@ impl<O: Os> Inner<O> {
                 .create(d)
                 .map_err(|e| io(&format!("creating {}", d.display()), e))?;
         }
-        if let Some(snapshot) = &launch.seed {
-            self.snapshots.seed(snapshot, &workspace, &dir)?;
+        if let Some(seed) = launch.seed.as_ref().filter(|s| !s.seeded) {
+            self.snapshots.seed(&seed.id, &workspace, &dir)?;
         }
         let exit_path = run_dir.join(exit::FILE);
         let began_path = run_dir.join(began::FILE);

@@ -257,7 +257,7 @@ impl Engine {
             spec: berth_core::SandboxSpec::clone(&sandbox.spec),
             credentials,
             token: derive_token(&self.inner.key, &identity),
-            seed: sandbox.seed.as_ref().map(|s| s.id.clone()),
+            seed: sandbox.seed.clone(),
         })
     }
 }

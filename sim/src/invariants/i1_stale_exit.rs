@@ -50,7 +50,9 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
             let since = committed.unwrap_or(u64::MAX);
             let refused = runtime.refusals.get(&after.id).into_iter().flatten().copied();
             let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
-            refused.chain(removed).any(|t| t >= since)
+            // A sandbox whose snapshot's copy was gone before its files were copied fails as
+            // it should: whether the copy went too soon is S2's to judge.
+            refused.chain(removed).any(|t| t >= since) || failure.message.contains(super::s2_snapshots_kept::NO_COPY)
         }
         FailureReason::OutOfMemory => runtime.oom_kills.contains(&(after.id.clone(), generation)),
         FailureReason::CommandFailedToStart => runtime.unstartable.contains(&(after.id.clone(), generation)),

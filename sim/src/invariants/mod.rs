@@ -33,7 +33,10 @@ pub mod m1_main_exit;
 pub mod n1_egress;
 pub mod p1_pools;
 pub mod r1_restarts;
+pub mod s1_snapshot_files;
+pub mod s2_snapshots_kept;
 pub mod s3_pause;
+pub mod s4_forks;
 pub mod t1_deadlines;
 pub mod t1_idle;
 pub mod x1_admission;
@@ -75,9 +78,17 @@ pub enum Invariant {
     R1,
     /// DESIGN 9.3: a completion is an exit 0, an exit failure a non-zero code (`m1_main_exit`).
     M1,
+    /// DESIGN 12.2: a Ready snapshot never changes, and a sandbox made from it starts with
+    /// exactly its files (`s1_snapshot_files`).
+    S1,
+    /// DESIGN 12.2: a snapshot is never removed while a sandbox made from it needs it, and an
+    /// acknowledged delete of one completes, leaving nothing behind (`s2_snapshots_kept`).
+    S2,
     /// DESIGN 12.1: pause and resume keep the generation; a paused sandbox admits no exec;
     /// intent Paused converges to Paused over a frozen run (`s3_pause`).
     S3,
+    /// DESIGN 12.3: a fork makes all its sandboxes or none (`s4_forks`).
+    S4,
 }
 
 /// What a [`Checker`] is fed: what the store committed and what clients were told, with the
@@ -119,6 +130,24 @@ pub enum Fact<'a> {
     /// A client's sandbox operation, as it was recorded for the linearizability check, with
     /// the id of the sandbox its reply returned.
     Reply { op: &'a crate::world::Op, id: Option<&'a str> },
+    /// One snapshot write the store committed: `before` absent for a create, `after` absent for
+    /// a removal; `made`, the sandboxes made from it in the same commit.
+    Snapshot {
+        before: Option<&'a berth_core::Snapshot>,
+        after: Option<&'a berth_core::Snapshot>,
+        made: &'a [&'a berth_core::Sandbox],
+    },
+    /// The quiet phase is over, and this is what the host keeps of snapshots: every snapshot
+    /// record, every sandbox record, the sum of each copy the drivers keep (`None`: no whole
+    /// archive), the sum of the workspace of each sandbox its driver seeded, and the images the
+    /// runtime names in Berth's repositories.
+    Kept {
+        snapshots: &'a [berth_core::Snapshot],
+        records: &'a [berth_core::Sandbox],
+        copies: &'a std::collections::BTreeMap<berth_core::SnapshotId, Option<String>>,
+        seeded: &'a std::collections::BTreeMap<berth_core::SandboxId, String>,
+        images: &'a [String],
+    },
     /// A claim's reply: `claimer` got sandbox `id`, as `seen`.
     Claimed { id: &'a str, name: &'a str, claimer: &'a str, seen: &'a crate::world::Seen },
     /// The quiet phase is over: every record, template and provider the store holds, at store
@@ -148,6 +177,9 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::<c1_records::Records>::default(),
         Box::<x1_admission::Admission>::default(),
         Box::<s3_pause::Pause>::default(),
+        Box::<s1_snapshot_files::Files>::default(),
+        Box::<s2_snapshots_kept::Kept>::default(),
+        Box::<s4_forks::Forks>::default(),
         Box::<t1_deadlines::Deadlines>::default(),
         Box::<t1_idle::Idle>::default(),
         Box::<r1_restarts::Restarts>::default(),
@@ -241,6 +273,59 @@ pub(crate) fn exec(generation: u64, state: berth_core::exec::ExecState) -> berth
         resource_version: 1,
         admitted_at: Default::default(),
         updated_at: Default::default(),
+    }
+}
+
+/// Snapshots and what is kept of them, for the unit tests of S1, S2 and S4.
+#[cfg(test)]
+pub(crate) mod snapshot {
+    use std::collections::BTreeMap;
+
+    use berth_core::record::{Content, Seed, SnapshotSource};
+    use berth_core::{Intent, Phase, Sandbox, SandboxId, Snapshot, SnapshotId, SnapshotPhase};
+
+    use super::Fact;
+
+    /// Snapshot `name` (id `sn-<name>`) of sandbox `src`, in `phase`, holding nothing yet.
+    pub fn taken(name: &str, phase: SnapshotPhase) -> Snapshot {
+        Snapshot {
+            name: name.into(),
+            id: SnapshotId::new(format!("sn-{name}")),
+            source: SnapshotSource { id: SandboxId::new("id-src"), name: "src".into(), generation: 1 },
+            spec: Default::default(),
+            phase,
+            content: None,
+            fork: None,
+            resource_version: 1,
+            created_at: Default::default(),
+            updated_at: Default::default(),
+        }
+    }
+
+    /// [`taken`], Ready, its copy summing `sum`.
+    pub fn ready(name: &str, sum: &str) -> Snapshot {
+        let content = Content { size_bytes: 1, sha256: sum.into(), image: None };
+        Snapshot { content: Some(content), ..taken(name, SnapshotPhase::Ready) }
+    }
+
+    /// Sandbox `name`, Ready, made from `snapshot` and seeded.
+    pub fn made_from(name: &str, snapshot: &Snapshot) -> Sandbox {
+        let mut s = super::sandbox(name, Intent::Running, Phase::Ready, 1);
+        std::sync::Arc::make_mut(&mut s.spec)
+            .labels
+            .insert(berth_core::snapshot::SNAPSHOT_LABEL.into(), snapshot.name.clone());
+        s.seed = Some(Seed { snapshot: snapshot.name.clone(), id: snapshot.id.clone(), seeded: true });
+        s
+    }
+
+    pub fn kept<'a>(
+        snapshots: &'a [Snapshot],
+        records: &'a [Sandbox],
+        copies: &'a BTreeMap<SnapshotId, Option<String>>,
+        seeded: &'a BTreeMap<SandboxId, String>,
+        images: &'a [String],
+    ) -> Fact<'a> {
+        Fact::Kept { snapshots, records, copies, seeded, images }
     }
 }
 

@@ -77,6 +77,41 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
     assert_eq!(no_wait["phase"], "Provisioning");
 }
 
+/// DESIGN 12.2 and 12.3 from the CLI: a snapshot taken, listed and shown with its users, a
+/// sandbox made from it with the files it copied, a fork of two, and the deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_snapshots_forks_and_makes_sandboxes_from_snapshots() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let writer = ["sandbox", "create", "src", "--", "sh", "-c", "[ -f f ] || echo one > f; exec sleep 3600"];
+    ok(&berth(&data, &writer).await);
+    let snap = json(&berth(&data, &["-o", "json", "snapshot", "create", "s1", "--from", "src"]).await);
+    assert_eq!((snap["phase"].as_str(), snap["source"].as_str()), (Some("Ready"), Some("src")), "{snap}");
+    ok(&berth(&data, &["sandbox", "exec", "src", "--", "sh", "-c", "echo two > f"]).await);
+
+    let copy =
+        json(&berth(&data, &["-o", "json", "sandbox", "create", "copy", "--from-snapshot", "s1", "-l", "k=v"]).await);
+    assert_eq!(copy["phase"], "Ready", "{copy}");
+    assert_eq!(ok(&berth(&data, &["sandbox", "exec", "copy", "--", "cat", "f"]).await), "one\n");
+    // Only labels and providers go with a snapshot: the rest of the spec is the snapshot's.
+    let refused = berth(&data, &["sandbox", "create", "bad", "--from-snapshot", "s1", "--", "sleep", "1"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+
+    let table = ok(&berth(&data, &["snapshot", "list"]).await);
+    assert!(table.starts_with("NAME") && table.contains("s1") && table.contains("copy"), "{table}");
+    let got = json(&berth(&data, &["-o", "json", "snapshot", "get", "s1"]).await);
+    assert_eq!(got["users"], serde_json::json!(["copy"]));
+
+    let forks = json(&berth(&data, &["-o", "json", "sandbox", "fork", "src", "--count", "2"]).await);
+    let names: Vec<&str> = forks.as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["src-1", "src-2"], "{forks}");
+    assert_eq!(ok(&berth(&data, &["sandbox", "exec", "src-2", "--", "cat", "f"]).await), "two\n");
+
+    assert!(ok(&berth(&data, &["snapshot", "delete", "s1"]).await).contains("deleted"));
+    let missing = berth(&data, &["snapshot", "get", "s1"]).await;
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"), "{missing:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_fails_when_the_sandbox_lands_in_error() {
     let data = DataDir::new();

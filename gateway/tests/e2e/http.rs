@@ -150,6 +150,31 @@ async fn curl_drives_the_http_json_api() {
     assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
     assert!(message.contains("pause, resume"), "{message}");
 
+    // Snapshots: taken, listed, made a sandbox from, forked, deleted.
+    let body = r#"{"name": "snap", "sandbox": "web"}"#;
+    let (status, snap) = curl.json("POST", "/v1/snapshots", Some(body));
+    assert_eq!((status, snap["snapshot"]["phase"].as_str()), (200, Some("SNAPSHOT_PHASE_READY")), "{snap}");
+    assert_eq!(snap["snapshot"]["sha256"].as_str().map(str::len), Some(64), "{snap}");
+    let (status, code, _) = refused("POST", "/v1/snapshots", Some(body));
+    assert_eq!((status, code.as_str()), (409, "ALREADY_EXISTS"));
+    let copy = r#"{"name": "web-copy", "from_snapshot": "snap", "spec": {"labels": {"team": "b"}}}"#;
+    let (status, made) = curl.json("POST", "/v1/sandboxes", Some(copy));
+    assert_eq!((status, made["sandbox"]["from_snapshot"].as_str()), (200, Some("snap")), "{made}");
+    curl.wait_phase("web-copy", "PHASE_READY").await;
+    let (_, listed) = curl.json("GET", "/v1/snapshots", None);
+    assert_eq!(listed["snapshots"][0]["users"], serde_json::json!(["web-copy"]), "{listed}");
+    let (status, forked) = curl.json("POST", "/v1/sandboxes/web/fork", Some(r#"{"count": 2}"#));
+    assert_eq!(status, 200, "{forked}");
+    let names: Vec<&str> = forked["sandboxes"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["web-1", "web-2"], "{forked}");
+    for name in ["web-copy", "web-1", "web-2"] {
+        assert_eq!(curl.json("DELETE", &format!("/v1/sandboxes/{name}"), None).0, 200);
+    }
+    let (status, deleting) = curl.json("DELETE", "/v1/snapshots/snap", None);
+    assert_eq!((status, deleting["snapshot"]["phase"].as_str()), (200, Some("SNAPSHOT_PHASE_DELETING")), "{deleting}");
+    let (status, code, _) = refused("GET", "/v1/snapshots/nothing", None);
+    assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
+
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     let cursor = listed["cursor"].as_str().unwrap().to_string();
     let (status, stopped) = curl.json("POST", "/v1/sandboxes/web/stop", None);

@@ -33,3 +33,36 @@ async def test_the_async_client_drives_sandboxes_and_execs_concurrently(gateway)
             if change.sandbox is not None and change.sandbox.phase == "Ready":
                 break
         assert changes[0].is_bookmark and {c.name for c in changes[1:]} == {"a1"}
+
+
+async def test_the_async_client_snapshots_forks_and_makes_sandboxes_from_snapshots(gateway):
+    read_f = ["sh", "-c", "until [ -s f ]; do sleep 0.05; done; cat f"]
+    async with AsyncClient(data_dir=gateway.data_dir) as client:
+        await client.create("src", ["sh", "-c", "[ -f f ] || echo one > f; sleep 3600"])
+        assert (await client.exec("src", read_f)).stdout == b"one\n"
+        # Two copies of one running sandbox at once: each is its own consistent point.
+        snap, forks = await asyncio.gather(
+            client.create_snapshot("snap", "src"), client.fork("src", 2, names=["x", "y"], labels={"team": "b"})
+        )
+        assert snap.phase == "Ready" and len(snap.sha256) == 64 and snap.size_bytes > 0
+        assert [(f.name, f.phase, f.labels["berth.fork-of"], f.labels["team"]) for f in forks] == [
+            ("x", "Ready", "src", "b"),
+            ("y", "Ready", "src", "b"),
+        ]
+        await client.exec("src", ["sh", "-c", "echo two > f"])
+        made = await client.create_from_snapshot("copy", "snap")
+        assert made.from_snapshot == "snap"
+        outputs = await asyncio.gather(*(client.exec(n, read_f) for n in ("copy", "x", "y", "src")))
+        assert [r.stdout for r in outputs] == [b"one\n", b"one\n", b"one\n", b"two\n"]
+        assert (await client.get_snapshot("snap")).users == ["copy"]
+        listed = {s.name: s for s in await client.list_snapshots()}
+        assert listed["snap"].users == ["copy"]
+        assert {s.fork_of for s in listed.values()} == {None, "src"}
+        assert await client.delete_snapshot("snap") is None
+        with pytest.raises(berth.NotFound):
+            await client.get_snapshot("snap")
+        with pytest.raises(berth.NotFound):
+            await client.create_snapshot("other", "nowhere")
+        await client.create_snapshot("again", "src")
+        with pytest.raises(berth.AlreadyExists):
+            await client.create_snapshot("again", "src")

@@ -1,9 +1,10 @@
 """The sync client against a real gateway: lifecycle, waiting, providers, execs (output, stdin,
-exit codes, timeouts, an id retried through a gateway restart), and every refusal as its
-`BerthError`."""
+exit codes, timeouts, an id retried through a gateway restart), snapshots and forks (files copied
+byte for byte), and every refusal as its `BerthError`."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -13,6 +14,11 @@ import pytest
 import berth
 
 SLEEP = ["sleep", "3600"]
+#: Writes `f` in its workspace once: a sandbox made from a snapshot of it runs this again, over
+#: the copied files, and must keep what it finds.
+KEEPS_A_FILE = ["sh", "-c", "[ -f f ] || echo one > f; sleep 3600"]
+#: `f` once the command has written it (Ready comes as the command starts, maybe before).
+READ_F = ["sh", "-c", "until [ -s f ]; do sleep 0.05; done; cat f"]
 
 
 def test_a_sandbox_goes_through_its_lifecycle(client):
@@ -213,3 +219,73 @@ def test_an_exec_id_runs_once_and_its_stream_survives_a_gateway_restart(client, 
     assert first_chunk.data + rest == b"".join(b"line %d\n" % i for i in range(1, 7))
     assert collector.end.exit_code == 0
     assert client.exec("job", ["sh", "-c", "wc -l < runs"]).stdout == b"1\n", "no exec ran twice"
+
+
+def test_a_snapshot_keeps_the_files_a_sandbox_made_from_it_starts_with(client):
+    client.create("src", KEEPS_A_FILE, labels={"team": "a"})
+    assert client.exec("src", READ_F).stdout == b"one\n"
+    snap = client.create_snapshot("snap", "src")
+    assert (snap.phase, snap.source, snap.source_generation, snap.error) == ("Ready", "src", 1, None)
+    assert re.fullmatch("[0-9a-f]{64}", snap.sha256) and snap.size_bytes > 0
+    assert (snap.users, snap.fork_of, snap.image) == ([], None, None), "the process driver commits no image"
+    assert client.get("src").phase == "Ready", "a Ready source is frozen only for the copy"
+    client.exec("src", ["sh", "-c", "echo two > f"])
+
+    made = client.create_from_snapshot("copy", "snap", labels={"role": "copy"})
+    assert (made.phase, made.from_snapshot, made.command) == ("Ready", "snap", KEEPS_A_FILE)
+    assert made.labels["team"] == "a" and made.labels["role"] == "copy", made.labels
+    assert client.exec("copy", READ_F).stdout == b"one\n", "the files as they were at the copy"
+    assert client.exec("src", READ_F).stdout == b"two\n", "the source's own files go on"
+    assert client.get("copy").from_snapshot == "snap"
+    assert client.get_snapshot("snap").users == ["copy"]
+    assert [(s.name, s.users, s.sha256) for s in client.list_snapshots()] == [("snap", ["copy"], snap.sha256)]
+
+    assert client.delete_snapshot("snap") is None
+    with pytest.raises(berth.NotFound) as gone:
+        client.get_snapshot("snap")
+    assert "snap" in gone.value.message
+    assert client.list_snapshots() == []
+    assert client.exec("copy", READ_F).stdout == b"one\n", "a sandbox made from it keeps its files"
+
+
+def test_a_fork_makes_sandboxes_from_one_point_of_a_running_sandbox(client):
+    client.create("src", KEEPS_A_FILE)
+    client.exec("src", READ_F)
+    client.exec("src", ["sh", "-c", "echo two > f"])
+    forks = client.fork("src", count=2, labels={"team": "b"})
+    assert [(f.name, f.phase) for f in forks] == [("src-1", "Ready"), ("src-2", "Ready")]
+    taken = {f.labels["berth.snapshot"] for f in forks}
+    assert len(taken) == 1, "one point for all of them"
+    for f in forks:
+        assert (f.labels["berth.fork-of"], f.labels["team"], f.from_snapshot) == ("src", "b", *taken)
+        assert client.exec(f.name, READ_F).stdout == b"two\n"
+    assert client.get("src").phase == "Ready", "the source runs on"
+    snapshot = client.get_snapshot(*taken)
+    assert (snapshot.fork_of, snapshot.source) == ("src", "src")
+    assert sorted(snapshot.users) == ["src-1", "src-2"]
+    assert [f.name for f in client.fork("src", wait=False)] == ["src-3"], "the lowest number free"
+    with pytest.raises(berth.InvalidArgument) as miscounted:
+        client.fork("src", 2, names=["only-one"])
+    assert "names" in miscounted.value.message
+
+
+def test_snapshot_refusals_are_their_errors(client):
+    with pytest.raises(berth.NotFound) as missing:
+        client.create_snapshot("snap", "nowhere")
+    assert "nowhere" in missing.value.message
+    client.create("src", KEEPS_A_FILE)
+    taking = client.create_snapshot("snap", "src", wait=False)
+    assert taking.phase == "Creating"
+    with pytest.raises(berth.AlreadyExists) as taken:
+        client.create_snapshot("snap", "src")
+    assert "snap" in taken.value.message
+    with pytest.raises(berth.NotFound):
+        client.create_from_snapshot("copy", "no-such-snapshot")
+    with pytest.raises(berth.NotFound):
+        client.fork("nowhere")
+    with pytest.raises(berth.NotFound):
+        client.delete_snapshot("no-such-snapshot")
+    stale = client.get_snapshot("snap").resource_version + 5
+    with pytest.raises(berth.Aborted):
+        client.delete_snapshot("snap", expected_version=stale)
+    assert client.delete_snapshot("snap", wait=False).phase == "Deleting"

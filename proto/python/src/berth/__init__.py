@@ -8,6 +8,9 @@
         assert (result.stdout, result.exit_code) == (b"hi\\n", 3)
         client.delete("demo")
 
+Snapshots copy a sandbox's files (`create_snapshot`); `create_from_snapshot` makes a sandbox
+over such a copy, and `fork` makes several from one point of a running sandbox.
+
 `berth.aio.AsyncClient` is the same API for asyncio. Every refused call raises a `BerthError`
 whose subclass says the gRPC status (`NotFound`, `InvalidArgument`, ...).
 """
@@ -26,7 +29,7 @@ from .errors import (
     Unavailable,
     WaitTimeout,
 )
-from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Provider, Sandbox
+from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Provider, Sandbox, Snapshot
 
 __all__ = [
     "Aborted",
@@ -46,6 +49,7 @@ __all__ = [
     "Provider",
     "Sandbox",
     "SandboxFailed",
+    "Snapshot",
     "Unauthenticated",
     "Unavailable",
     "WaitTimeout",

@@ -15,11 +15,13 @@ from berth.v1 import exec_pb2 as pe
 from berth.v1 import exec_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
+from berth.v1 import snapshots_pb2 as ps
+from berth.v1 import snapshots_pb2_grpc
 
 from . import _connect, _wire
 from .client import EXEC_RETRIES
-from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox
+from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
+from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox, Snapshot
 
 
 class AsyncClient:
@@ -47,6 +49,7 @@ class AsyncClient:
         self._providers = sandbox_pb2_grpc.ProvidersStub(self._channel)
         self._execs = exec_pb2_grpc.ExecsStub(self._channel)
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -107,8 +110,25 @@ class AsyncClient:
             allow=allow,
             on_idle=on_idle,
         )
+        return await self._create(request, wait, timeout)
+
+    async def create_from_snapshot(
+        self,
+        name: str,
+        snapshot: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Sandbox:
+        """As `Client.create_from_snapshot`: the snapshot's source's spec over a copy of its files."""
+        request = _wire.from_snapshot_request(name, snapshot, labels=labels, providers=providers)
+        return await self._create(request, wait, timeout)
+
+    async def _create(self, request: pb.CreateSandboxRequest, wait: bool, timeout: float) -> Sandbox:
         created = _wire.sandbox((await self._call(self._sandboxes.CreateSandbox, request)).sandbox)
-        return await self.wait_for(name, "Ready", timeout=timeout) if wait else created
+        return await self.wait_for(request.name, "Ready", timeout=timeout) if wait else created
 
     async def get(self, name: str) -> Sandbox:
         reply = await self._call(self._sandboxes.GetSandbox, pb.GetSandboxRequest(name=name))
@@ -202,6 +222,64 @@ class AsyncClient:
 
     async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         await self._lifecycle("delete", name, expected_version, wait, timeout)
+
+    async def create_snapshot(self, name: str, sandbox: str, *, wait: bool = True, timeout: float = 120.0) -> Snapshot:
+        """As `Client.create_snapshot`: with `wait`, answered once the copy is Ready."""
+        request = ps.CreateSnapshotRequest(name=name, sandbox=sandbox, no_wait=not wait)
+        reply = await self._call(self._snapshots.CreateSnapshot, request, timeout if wait else None)
+        return _wire.snapshot(reply.snapshot)
+
+    async def get_snapshot(self, name: str) -> Snapshot:
+        reply = await self._call(self._snapshots.GetSnapshot, ps.GetSnapshotRequest(name=name))
+        return _wire.snapshot(reply.snapshot)
+
+    async def list_snapshots(self) -> List[Snapshot]:
+        out: List[Snapshot] = []
+        token = ""
+        while True:
+            request = ps.ListSnapshotsRequest(page_size=500, page_token=token)
+            reply = await self._call(self._snapshots.ListSnapshots, request)
+            out.extend(_wire.snapshot(s) for s in reply.snapshots)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    async def delete_snapshot(
+        self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
+    ) -> Optional[Snapshot]:
+        """As `Client.delete_snapshot`: with `wait`, `None` once it is gone."""
+        request = ps.DeleteSnapshotRequest(name=name, expected_resource_version=expected_version)
+        deleting = _wire.snapshot((await self._call(self._snapshots.DeleteSnapshot, request)).snapshot)
+        if not wait:
+            return deleting
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                if (await self.get_snapshot(name)).id != deleting.id:
+                    return None
+            except NotFound:
+                return None
+            if asyncio.get_running_loop().time() >= deadline:
+                raise WaitTimeout(name, "gone", timeout)
+            await asyncio.sleep(_wire.SNAPSHOT_POLL)
+
+    async def fork(
+        self,
+        name: str,
+        count: int = 1,
+        *,
+        names: Optional[Sequence[str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> List[Sandbox]:
+        """As `Client.fork`: all `count` forks or none; with `wait`, each once Ready."""
+        request = _wire.fork_request(name, count, names=names, labels=labels)
+        forks = [_wire.sandbox(s) for s in (await self._call(self._snapshots.ForkSandbox, request, timeout)).sandboxes]
+        if not wait:
+            return forks
+        # They start together at the gateway: waiting for each in turn takes as long as for all.
+        return [await self.wait_for(f.name, "Ready", timeout=timeout) for f in forks]
 
     async def create_provider(
         self, name: str, kind: str, credentials: Mapping[str, str], endpoints: Optional[Iterable[str]] = None

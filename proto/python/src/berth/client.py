@@ -14,10 +14,12 @@ from berth.v1 import exec_pb2_grpc
 from berth.v1 import gateway_pb2, gateway_pb2_grpc
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
+from berth.v1 import snapshots_pb2 as ps
+from berth.v1 import snapshots_pb2_grpc
 
 from . import _connect, _wire
-from .errors import BerthError, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox
+from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
+from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox, Snapshot
 
 #: How many times an exec's stream is opened again after the gateway went away mid-stream.
 EXEC_RETRIES = 5
@@ -64,6 +66,7 @@ class Client:
         self._providers = sandbox_pb2_grpc.ProvidersStub(self._channel)
         self._execs = exec_pb2_grpc.ExecsStub(self._channel)
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -136,8 +139,27 @@ class Client:
             allow=allow,
             on_idle=on_idle,
         )
+        return self._create(request, wait, timeout)
+
+    def create_from_snapshot(
+        self,
+        name: str,
+        snapshot: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Sandbox:
+        """Creates a sandbox from `snapshot`: what its source ran (command, image, limits), over
+        a copy of its files; and with `wait`, returns it once Ready. Its command runs again from
+        the start over those files. `labels` are added to the snapshot's."""
+        request = _wire.from_snapshot_request(name, snapshot, labels=labels, providers=providers)
+        return self._create(request, wait, timeout)
+
+    def _create(self, request: pb.CreateSandboxRequest, wait: bool, timeout: float) -> Sandbox:
         created = _wire.sandbox(self._call(self._sandboxes.CreateSandbox, request).sandbox)
-        return self.wait_for(name, "Ready", timeout=timeout) if wait else created
+        return self.wait_for(request.name, "Ready", timeout=timeout) if wait else created
 
     def get(self, name: str) -> Sandbox:
         return _wire.sandbox(self._call(self._sandboxes.GetSandbox, pb.GetSandboxRequest(name=name)).sandbox)
@@ -242,6 +264,75 @@ class Client:
 
     def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         self._lifecycle("delete", name, expected_version, wait, timeout)
+
+    # Snapshots and forks.
+
+    def create_snapshot(self, name: str, sandbox: str, *, wait: bool = True, timeout: float = 120.0) -> Snapshot:
+        """Copies the files of `sandbox` (Ready: frozen only for the copy; Paused or Stopped) as
+        snapshot `name`. With `wait` the gateway answers once the copy is Ready, within `timeout`
+        seconds (`FailedPrecondition` if it failed: the snapshot then stays in Error until
+        deleted); without, at once, Creating."""
+        request = ps.CreateSnapshotRequest(name=name, sandbox=sandbox, no_wait=not wait)
+        return _wire.snapshot(self._call(self._snapshots.CreateSnapshot, request, timeout if wait else None).snapshot)
+
+    def get_snapshot(self, name: str) -> Snapshot:
+        return _wire.snapshot(self._call(self._snapshots.GetSnapshot, ps.GetSnapshotRequest(name=name)).snapshot)
+
+    def list_snapshots(self) -> List[Snapshot]:
+        """Every snapshot, following every page."""
+        out: List[Snapshot] = []
+        token = ""
+        while True:
+            reply = self._call(self._snapshots.ListSnapshots, ps.ListSnapshotsRequest(page_size=500, page_token=token))
+            out.extend(_wire.snapshot(s) for s in reply.snapshots)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    def delete_snapshot(
+        self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
+    ) -> Optional[Snapshot]:
+        """Deletes the snapshot and everything kept of it: refused (`FailedPrecondition`, naming
+        them) while a sandbox made from it has not had its files yet. The gateway answers with it
+        Deleting, which is returned without `wait`; with `wait`, returns `None` once it is gone."""
+        request = ps.DeleteSnapshotRequest(name=name, expected_resource_version=expected_version)
+        deleting = _wire.snapshot(self._call(self._snapshots.DeleteSnapshot, request).snapshot)
+        if not wait:
+            return deleting
+        # Nothing watches snapshots: it is read again until it (this one, by its id) is gone.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.get_snapshot(name).id != deleting.id:
+                    return None
+            except NotFound:
+                return None
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(name, "gone", timeout)
+            time.sleep(_wire.SNAPSHOT_POLL)
+
+    def fork(
+        self,
+        name: str,
+        count: int = 1,
+        *,
+        names: Optional[Sequence[str]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> List[Sandbox]:
+        """Makes `count` sandboxes from one point of sandbox `name`'s files (Ready: frozen only
+        for the copy, and it runs on; Paused or Stopped): all of them or none. They are `names`
+        (`count` of them), else `<name>-1`, `<name>-2`, .. (the lowest numbers free), and carry
+        `labels` beside `berth.fork-of` (the source) and `berth.snapshot` (the snapshot the fork
+        took, removed once no fork needs it). The gateway answers once the copy is made, within
+        `timeout` seconds, each fork starting; with `wait`, returns them once each is Ready
+        (each within `timeout`)."""
+        request = _wire.fork_request(name, count, names=names, labels=labels)
+        forks = [_wire.sandbox(s) for s in self._call(self._snapshots.ForkSandbox, request, timeout).sandboxes]
+        if not wait:
+            return forks
+        return [self.wait_for(f.name, "Ready", timeout=timeout) for f in forks]
 
     # Providers.
 

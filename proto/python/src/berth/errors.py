@@ -27,7 +27,7 @@ class InvalidArgument(BerthError):
 
 
 class NotFound(BerthError):
-    """No sandbox, provider, template or exec of that name."""
+    """No sandbox, snapshot, provider, template or exec of that name."""
 
 
 class AlreadyExists(BerthError):
@@ -35,7 +35,8 @@ class AlreadyExists(BerthError):
 
 
 class FailedPrecondition(BerthError):
-    """Not in this phase: a start while Stopping, an exec in a sandbox that is not Ready..."""
+    """Not in this phase: a start while Stopping, an exec in a sandbox that is not Ready, a
+    snapshot whose copy failed or that a sandbox made from it still needs..."""
 
 
 class Aborted(BerthError):
@@ -63,7 +64,8 @@ class SandboxFailed(BerthError):
 
 
 class WaitTimeout(BerthError):
-    """A sandbox did not reach the phase waited for in time. The command goes on at the gateway."""
+    """A sandbox did not reach the phase waited for in time (or a deleted snapshot did not go).
+    The command goes on at the gateway."""
 
     def __init__(self, name: str, phase: str, timeout: float) -> None:
         super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, f"'{name}' did not reach {phase} within {timeout}s")

@@ -54,6 +54,8 @@ class Sandbox:
     #: The attached providers whose endpoints the current run may reach; one attached since
     #: opens at the next start.
     egress_providers: List[str] = field(default_factory=list)
+    #: The snapshot it was made from (its files were that snapshot's), if it was.
+    from_snapshot: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,35 @@ class Provider:
     resource_version: int
     #: Where its credentials are for: attaching it lets a sandbox's runs reach these.
     endpoints: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of a sandbox's files, which sandboxes are made from. `phase` is a name: "Creating",
+    "Ready", "Error" (`error` says why the copy failed) or "Deleting"."""
+
+    name: str
+    id: str
+    #: The sandbox it was taken of, its id, and the generation whose files were copied.
+    source: str
+    source_id: str
+    source_generation: int
+    phase: str
+    error: Optional[str]
+    #: The workspace copy's size and SHA-256 (hex), once Ready: every sandbox made from it
+    #: starts with these files.
+    size_bytes: int
+    sha256: str
+    #: The image committed of the source's container (Docker, Podman); `None` on the process driver.
+    image: Optional[str]
+    resource_version: int
+    created_at: Optional[dt.datetime]
+    updated_at: Optional[dt.datetime]
+    #: The sandboxes made from it, in any phase: while one has not had its files yet, the
+    #: snapshot cannot be deleted.
+    users: List[str] = field(default_factory=list)
+    #: The sandbox forked, on the snapshot a fork took (it goes once no fork needs it).
+    fork_of: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,10 @@
 //! median of 20, and execs through Berth beside the runtime's own `exec` of the same container:
 //! `true`'s round trip (p50, p99 of 100), one exec streaming 1 GiB, and 64 at once; then a
 //! warm pool's claims beside create-to-Ready (p50, p99 of 20); pause and resume to Paused and
-//! Ready beside the runtime's own `pause` and `unpause` (p50, p99 of 20); for Docker and Podman.
+//! Ready beside the runtime's own `pause` and `unpause` (p50, p99 of 20); a snapshot of a
+//! Ready sandbox with 100 MiB in its workspace (p50, p99 of 20), a fork of 10 to all Ready
+//! (median of 3), and a create from that snapshot to Ready beside a plain create (p50, p99 of
+//! 20); for Docker and Podman.
 //! Needs the daemons and a static supervisor, named as the
 //! tests name them (`BERTH_TEST_DOCKER_SOCKET`, `BERTH_TEST_PODMAN_SOCKET`,
 //! `BERTH_TEST_STATIC_SUPERVISOR`; `ci/bench` sets them up). Asserts nothing.
@@ -189,6 +192,91 @@ fn print_pauses(kind: DriverKind, berth: (Vec<Duration>, Vec<Duration>), alone: 
     }
 }
 
+/// A snapshot of `bench` once 100 MiB are in its workspace, a fork of it 10 ways until all are
+/// Ready, and a create from the snapshot beside a plain create, each to Ready.
+async fn measure_snapshots(kind: DriverKind, gateway: &mut support::Gateway) {
+    let (mib, forks, fork_runs) = if std::env::args().any(|a| a == "--bench") { (100, 10, 3) } else { (4, 2, 1) };
+    exec(&mut gateway.execs, &["sh", "-c", &format!("head -c {} /dev/zero > big", mib << 20)]).await;
+    let mut snapshots = Vec::new();
+    let mut size = 0;
+    for i in 0..runs() {
+        let started = Instant::now();
+        let request = pb::CreateSnapshotRequest { name: format!("s{i}"), sandbox: "bench".into(), no_wait: false };
+        let snapshot = gateway.snapshots.create_snapshot(request).await.unwrap().into_inner().snapshot.unwrap();
+        snapshots.push(started.elapsed());
+        size = snapshot.size_bytes;
+    }
+    let mut forked = Vec::new();
+    for round in 0..fork_runs {
+        let names: Vec<String> = (0..forks).map(|i| format!("fork{round}-{i}")).collect();
+        let started = Instant::now();
+        let request = pb::ForkSandboxRequest {
+            name: "bench".into(),
+            count: forks,
+            names: names.clone(),
+            labels: Default::default(),
+        };
+        gateway.snapshots.fork_sandbox(request).await.unwrap();
+        for name in &names {
+            wait_phase(&mut gateway.sandboxes, name, pb::Phase::Ready).await;
+        }
+        forked.push(started.elapsed());
+        for name in names {
+            gateway
+                .sandboxes
+                .delete_sandbox(pb::LifecycleRequest { name, expected_resource_version: None })
+                .await
+                .unwrap();
+        }
+    }
+    let spec =
+        || pb::SandboxSpec { image: IMAGE.into(), command: vec!["sleep".into(), "3600".into()], ..Default::default() };
+    let (mut from_snapshot, mut plain) = (Vec::new(), Vec::new());
+    for i in 0..runs() {
+        for (made, from) in [(&mut from_snapshot, "s0"), (&mut plain, "")] {
+            let name = format!("made{i}{}", if from.is_empty() { "p" } else { "s" });
+            let request = pb::CreateSandboxRequest {
+                name: name.clone(),
+                spec: Some(if from.is_empty() { spec() } else { pb::SandboxSpec::default() }),
+                from_snapshot: from.into(),
+                ..Default::default()
+            };
+            let started = Instant::now();
+            gateway.sandboxes.create_sandbox(request).await.unwrap();
+            wait_phase(&mut gateway.sandboxes, &name, pb::Phase::Ready).await;
+            made.push(started.elapsed());
+            gateway
+                .sandboxes
+                .delete_sandbox(pb::LifecycleRequest { name, expected_resource_version: None })
+                .await
+                .unwrap();
+        }
+    }
+    for i in 0..runs() {
+        let request = pb::DeleteSnapshotRequest { name: format!("s{i}"), expected_resource_version: None };
+        // Refused while a sandbox made from it is still being deleted: asked again.
+        while gateway.snapshots.delete_snapshot(request.clone()).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    exec(&mut gateway.execs, &["rm", "big"]).await;
+    let name = engine_name(kind);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (s50, s99) = (quantile(snapshots.clone(), 50), quantile(snapshots, 99));
+    println!("{name:<8} snapshot of {mib} MiB ({size} bytes kept): p50 {s50:?} p99 {s99:?}");
+    println!("figure: snapshot of a {mib} MiB workspace p50, {name} = {:.3} ms", ms(s50));
+    println!("figure: snapshot of a {mib} MiB workspace p99, {name} = {:.3} ms", ms(s99));
+    let fork = median(forked);
+    println!("{name:<8} fork of {forks} to all Ready: median {fork:?} (goal on Docker: under 2 s)");
+    println!("figure: fork of {forks} to all Ready, {name} = {:.3} ms", ms(fork));
+    for (what, samples) in [("create from a snapshot", from_snapshot), ("plain create", plain)] {
+        let (p50, p99) = (quantile(samples.clone(), 50), quantile(samples, 99));
+        println!("{name:<8} {what} to Ready: p50 {p50:?} p99 {p99:?}");
+        println!("figure: {what} to Ready p50, {name} = {:.3} ms", ms(p50));
+        println!("figure: {what} to Ready p99, {name} = {:.3} ms", ms(p99));
+    }
+}
+
 /// A warm pool's claims (each with the pool full again first) beside create-to-Ready, both
 /// through the gateway on this runtime (SQLite).
 async fn measure_claims(kind: DriverKind, gateway: &mut support::Gateway) {
@@ -271,6 +359,7 @@ async fn measure(kind: DriverKind, socket: &str, engine: &dyn Engine, supervisor
     measure_execs(kind, socket, &mut gateway, &container).await;
     let berth_pauses = measure_pauses(&mut gateway).await;
     measure_claims(kind, &mut gateway).await;
+    measure_snapshots(kind, &mut gateway).await;
     let client = &mut gateway.sandboxes;
     let lifecycle = || pb::LifecycleRequest { name: "bench".into(), expected_resource_version: None };
     let mut through_gateway = Vec::new();

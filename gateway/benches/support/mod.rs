@@ -8,6 +8,7 @@ use berth_gateway::config::{Config, DriverKind, Flags};
 use berth_proto::v1 as pb;
 use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
+use berth_proto::v1::snapshots_client::SnapshotsClient;
 use berth_proto::v1::templates_client::TemplatesClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -27,6 +28,7 @@ impl tonic::service::Interceptor for Bearer {
 pub type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
 pub type Templates = TemplatesClient<InterceptedService<Channel, Bearer>>;
+pub type Snapshots = SnapshotsClient<InterceptedService<Channel, Bearer>>;
 
 /// A gateway serving from a temporary data directory until dropped.
 pub struct Gateway {
@@ -34,6 +36,7 @@ pub struct Gateway {
     pub sandboxes: Sandboxes,
     pub execs: Execs,
     pub templates: Templates,
+    pub snapshots: Snapshots,
     task: tokio::task::JoinHandle<Result<(), String>>,
 }
 
@@ -78,7 +81,8 @@ pub async fn gateway(kind: DriverKind, socket: &str, owner: &str, supervisor: &P
         _data: data,
         sandboxes: SandboxesClient::with_interceptor(channel.clone(), bearer.clone()),
         execs: ExecsClient::with_interceptor(channel.clone(), bearer.clone()),
-        templates: TemplatesClient::with_interceptor(channel, bearer),
+        templates: TemplatesClient::with_interceptor(channel.clone(), bearer.clone()),
+        snapshots: SnapshotsClient::with_interceptor(channel, bearer),
         task,
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use berth_proto::v1 as pb;
 use tonic::Code;
 
-use crate::conformance::{Runtime, clean_up, create_in, target};
+use crate::conformance::{Runtime, Target, clean_up, create_in, target};
 use crate::exec::{run, start};
 use crate::harness::*;
 
@@ -97,19 +97,42 @@ async fn snapshot_gone(snapshots: &mut Snapshots, name: &str) {
     panic!("snapshot '{name}' is still there after 30 s");
 }
 
-async fn files_copied_are_the_files_a_new_sandbox_starts_with(runtime: Runtime) {
-    let Some(target) = target(runtime, "snapshots").await else { return };
+/// A gateway on `runtime` with sandbox `src` Ready, its files written: what each test starts from.
+struct Source {
+    target: Target,
+    data: DataDir,
+    _gateway: Gateway,
+    sandboxes: Sandboxes,
+    snapshots: Snapshots,
+    execs: Execs,
+    source: pb::Sandbox,
+    ready: pb::Sandbox,
+    /// The larger file it wrote.
+    big: Vec<u8>,
+}
+
+async fn source(runtime: Runtime, test: &str) -> Option<Source> {
+    let target = target(runtime, test).await?;
     let data = DataDir::new();
     let gateway = target.gateway(&data, &[]).await;
     let mut sandboxes = gateway.sandboxes().await;
-    let mut snapshots = gateway.snapshots().await;
+    let snapshots = gateway.snapshots().await;
     let mut execs = gateway.execs().await;
     let source = create_in(&target, &mut sandboxes, "src", &writer(runtime)).await;
     let (ready, _) = wait_phase(&mut sandboxes, "src", pb::Phase::Ready).await;
     target.wait_workspace_file(&data, &source.id, "written", "done").await;
-    let identity = target.run_identity(&data, &source.id);
     let big = cat(&mut execs, "src", "d/big").await;
     assert!(big.len() > 60_000, "{runtime:?}: {} bytes", big.len());
+    Some(Source { target, data, _gateway: gateway, sandboxes, snapshots, execs, source, ready, big })
+}
+
+async fn files_copied_are_the_files_a_new_sandbox_starts_with(runtime: Runtime) {
+    let Some(Source { target, data, _gateway, mut sandboxes, mut snapshots, mut execs, source, ready, big }) =
+        source(runtime, "snapshots").await
+    else {
+        return;
+    };
+    let identity = target.run_identity(&data, &source.id);
 
     let s1 = snapshot(&mut snapshots, "s1", "src").await.unwrap();
     assert_eq!(s1.phase, pb::SnapshotPhase::Ready as i32, "{runtime:?}: {s1:?}");
@@ -201,16 +224,11 @@ async fn files_copied_are_the_files_a_new_sandbox_starts_with(runtime: Runtime) 
 }
 
 async fn a_fork_makes_every_sandbox_from_one_point(runtime: Runtime) {
-    let Some(target) = target(runtime, "forks").await else { return };
-    let data = DataDir::new();
-    let gateway = target.gateway(&data, &[]).await;
-    let mut sandboxes = gateway.sandboxes().await;
-    let mut snapshots = gateway.snapshots().await;
-    let mut execs = gateway.execs().await;
-    let source = create_in(&target, &mut sandboxes, "src", &writer(runtime)).await;
-    let (ready, _) = wait_phase(&mut sandboxes, "src", pb::Phase::Ready).await;
-    target.wait_workspace_file(&data, &source.id, "written", "done").await;
-    let big = cat(&mut execs, "src", "d/big").await;
+    let Some(Source { target, data, _gateway, mut sandboxes, mut snapshots, mut execs, ready, big, .. }) =
+        source(runtime, "forks").await
+    else {
+        return;
+    };
 
     let request = pb::ForkSandboxRequest {
         name: "src".into(),

@@ -143,8 +143,8 @@ pub enum Effect {
     /// Remove the compute resource and everything made for it; absence is success.
     Delete { sandbox: SandboxId },
     /// Copy `sandbox`'s files as snapshot `snapshot` (DESIGN 12.2), freezing a live run for the
-    /// moment of the copy; reply with what was kept. Taking it again replaces a copy not yet
-    /// confirmed.
+    /// moment of the copy; reply with what was kept. A copy once made is answered again, never
+    /// made anew.
     Snapshot { snapshot: SnapshotId, name: String, sandbox: SandboxId },
     /// Remove everything the runtime keeps of snapshot `snapshot`; absence is success.
     RemoveSnapshot { snapshot: SnapshotId, name: String },

@@ -232,6 +232,8 @@ pub(crate) fn fork(request: &Request, reads: &Reads, forking: Forking<'_>, now: 
     }
     copyable(sandbox, "fork")?;
     within_quota(&reads.snapshots, &reads.limits)?;
+    // Its forks get the source's lifetime: refused now if the gateway's bounds no longer allow it.
+    lifetime::deadline(Renewal::SpecTtl, &sandbox.spec.lifetime, now, &reads.limits, "spec.lifetime.ttl_ms")?;
     branch::hit(Branch::ForkCreate);
     let fork = Fork { sandboxes: forks.to_vec(), labels: labels.clone() };
     Ok(taking(sandbox, snapshot, snapshot_name, Some(fork), now))
@@ -289,6 +291,21 @@ pub(crate) fn taken(
         let next = Snapshot { phase: SnapshotPhase::Error(failed), ..ready };
         return Ok(update(snapshot, next, |_| None, now));
     }
+    // The bound may have changed since the fork was asked for: what cannot be made fails the
+    // fork, and nothing of it is made.
+    let deadline =
+        match lifetime::deadline(Renewal::SpecTtl, &snapshot.spec.lifetime, now, &reads.limits, "spec.lifetime.ttl_ms")
+        {
+            Ok(deadline) => deadline,
+            Err(e) => {
+                branch::hit(Branch::SnapshotFailed);
+                let next = Snapshot {
+                    phase: SnapshotPhase::Error(format!("the fork cannot make its sandboxes: {e}")),
+                    ..ready
+                };
+                return Ok(update(snapshot, next, |_| None, now));
+            }
+        };
     branch::hit(Branch::ForkMade);
     let mut decision = update(snapshot, ready, |_| None, now);
     let made = if crate::bug!(ForkHalfMade) { fork.sandboxes.len().div_ceil(2) } else { fork.sandboxes.len() };
@@ -298,8 +315,6 @@ pub(crate) fn taken(
         spec.labels.extend(fork.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
         spec.labels.insert(FORK_LABEL.to_string(), snapshot.source.name.clone());
         label(&mut spec, &seed);
-        let deadline =
-            lifetime::deadline(Renewal::SpecTtl, &spec.lifetime, now, &reads.limits, "spec.lifetime.ttl_ms")?;
         let record = Sandbox {
             deadline,
             active_at: lifetime::clock_from(&spec.lifetime, now),

@@ -242,8 +242,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Copies the sandbox's files as snapshot `snapshot` (DESIGN 12.2): its workspace, and on a
     /// container runtime its container's filesystem as an image. A live run is frozen for the
     /// moment of the copy and thawed after; a frozen or stopped one is copied as it is. A copy
-    /// made before under the same id is replaced. [`DriverError::Failed`] says why no copy can
-    /// be made (the sandbox has no files, the host has no freezer).
+    /// placed before under the same id is the snapshot's for good: it is answered again.
+    /// [`DriverError::Failed`] says why no copy can be made (the sandbox has no files, the host
+    /// has no freezer), and nothing of it is then kept.
     async fn snapshot(&self, sandbox: &SandboxId, snapshot: &SnapshotId) -> Result<Content, DriverError>;
     /// Removes everything kept of snapshot `snapshot`; absence is success. What sandboxes made
     /// from it hold of it is theirs and stays.

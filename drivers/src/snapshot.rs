@@ -131,20 +131,25 @@ impl Snapshots {
         }
         self.begin(id)?;
         let dir = self.dir(id);
-        // Apart from any other copy being written (a gateway that re-drives it): only the
-        // first one placed counts.
-        let partial = dir.join(format!("{ARCHIVE}.{}.partial", std::process::id()));
-        let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
-        let (out, kept) = pack(workspace, io::BufWriter::new(file))?;
-        let file = out.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
-        file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
-        write_json(&dir.join(SUM), &kept)?;
-        let archive = dir.join(ARCHIVE);
-        if let Some(kept) = self.existing(id)? {
-            removed(std::fs::remove_file(&partial), "removing a copy made twice")?;
-            return Ok(kept);
-        }
-        std::fs::rename(&partial, &archive).map_err(|e| io("placing the snapshot's archive", e))?;
+        // One copy of a snapshot at a time: its driver holds its source's lock meanwhile.
+        let partial = dir.join(format!("{ARCHIVE}.partial"));
+        let written = (|| {
+            let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
+            let (out, kept) = pack(workspace, io::BufWriter::new(file))?;
+            let file = out.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
+            file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
+            // The sum first: an archive in place always has its sum beside it.
+            write_json(&dir.join(SUM), &kept)?;
+            Ok(kept)
+        })();
+        let kept = match written {
+            Ok(kept) => kept,
+            Err(e) => {
+                removed(std::fs::remove_file(&partial), "removing an unfinished copy")?;
+                return Err(e);
+            }
+        };
+        std::fs::rename(&partial, dir.join(ARCHIVE)).map_err(|e| io("placing the snapshot's archive", e))?;
         File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing the snapshot's directory", e))?;
         Ok(kept)
     }

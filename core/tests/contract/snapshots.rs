@@ -261,3 +261,37 @@ fn a_fork_whose_name_is_taken_meanwhile_makes_none_of_its_sandboxes() {
     assert_eq!(code(w.request(fork(&[]), None)), Code::InvalidArgument);
     assert_eq!(code(w.request(fork(&["a", "a"]), None)), Code::InvalidArgument);
 }
+
+#[test]
+fn a_fork_past_the_gateways_bound_on_lifetimes_is_refused_or_fails_whole() {
+    let mut w = World::default();
+    let mut spec = crate::world::spec();
+    spec.lifetime.ttl = Some(core::time::Duration::from_secs(3600));
+    let create = Command::CreateSandbox {
+        id: SandboxId::new("sb-t"),
+        name: "box".into(),
+        spec,
+        providers: Default::default(),
+        deadline: None,
+    };
+    w.request(create, None).unwrap();
+    w.run_all_effects();
+    let id = w.id("box");
+    w.connect_live_supervisor(&id).unwrap().unwrap();
+    // Asked for under a bound the source's TTL is past: refused, naming the field.
+    let request = Request::new(fork(&["box-1", "box-2"]), None);
+    let mut reads = w.store.reads(&request);
+    reads.limits.max_ttl = core::time::Duration::from_secs(60);
+    let refused = decide(&request, &reads, w.now).unwrap_err();
+    assert!(matches!(refused, Error::Invalid { ref field, .. } if field == "spec.lifetime.ttl_ms"), "{refused}");
+    // The bound lowered between the ask and the copy: the fork fails whole.
+    w.request(fork(&["box-1", "box-2"]), None).unwrap();
+    let copy = w.effects.pop_back().unwrap();
+    let answer = Request::new(w.perform_snapshot(&copy), None);
+    let mut reads = w.store.reads(&answer);
+    reads.limits.max_ttl = core::time::Duration::from_secs(60);
+    let decision = decide(&answer, &reads, w.now).unwrap();
+    assert!(!decision.writes.iter().any(|w| matches!(w, Write::CreateSandbox(_))), "nothing of it is made");
+    w.store.commit(&decision.writes).unwrap();
+    assert!(matches!(snapshot(&w, "fork-1").phase, SnapshotPhase::Error(ref m) if m.contains("ttl")));
+}

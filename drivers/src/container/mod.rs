@@ -252,6 +252,9 @@ impl<E: Engine> ContainerDriver<E> {
             tracing::debug!(sandbox = %sandbox, error = %e, "the stop before a delete did not finish; removing by force");
         }
         self.engine.remove(&container_name(sandbox)).await?;
+        // Under the naming lock: a runtime that writes an image's names back whole could give
+        // this name back as another sandbox's name of the same image is added.
+        let _naming = self.naming.lock().await;
         self.engine.remove_image(&seed_image(sandbox)).await?;
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
             return Err(crashed(CrashPoint::AfterRuntimeRemove));
@@ -467,27 +470,37 @@ impl<E: Engine> ContainerDriver<E> {
             return Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) });
         }
         let name = container_name(sandbox);
-        let no_files = || DriverError::Failed("the sandbox has no container yet: it has not started".into());
+        let no_files =
+            || DriverError::Failed("the sandbox has no container (it has not started, or it is gone)".into());
         let workspace = self.engine.volume_path(&volume_name(sandbox)).await?.ok_or_else(no_files)?;
         let inspection = self.engine.inspect(&name).await?.ok_or_else(no_files)?;
+        self.snapshots.begin(snapshot)?;
+        let naming = self.naming.lock().await;
+        // A commit re-driven replaces the one made before, which nothing else names.
+        self.engine.remove_image(&image).await?;
         let thaw = inspection.status == Status::Running;
         if thaw {
             self.engine.pause(&name).await?;
         }
-        self.snapshots.begin(snapshot)?;
-        // A commit re-driven replaces the one made before, which nothing else names.
-        self.engine.remove_image(&image).await?;
         let kept = match self.engine.commit(&name, &image).await {
             Ok(()) => self.snapshots.keep(snapshot, &workspace),
             Err(e) => Err(e.into()),
         };
-        // Thawed whatever the copy did; one that fails leaves a paused container the record
+        drop(naming);
+        // Thawed whatever the copy did; a thaw that fails leaves a paused container the record
         // says is Ready, which the merge's freezer rule thaws again.
         if thaw {
             self.engine.unpause(&name).await?;
         }
-        let kept = kept?;
-        Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) })
+        match kept {
+            Ok(kept) => Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: Some(image) }),
+            // A copy that cannot be made keeps nothing: the snapshot is Error with nothing of it left.
+            Err(DriverError::Failed(message)) => {
+                self.remove_snapshot(snapshot).await?;
+                Err(DriverError::Failed(message))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Gives a sandbox made from a snapshot the snapshot's files, once (the caller holds the
@@ -601,6 +614,7 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     }
 
     async fn remove_snapshot(&self, snapshot: &SnapshotId) -> Result<(), DriverError> {
+        let _naming = self.naming.lock().await;
         self.engine.remove_image(&snapshot_image(snapshot)).await?;
         self.snapshots.remove(snapshot)
     }

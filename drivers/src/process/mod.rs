@@ -286,8 +286,15 @@ impl<O: Os> Inner<O> {
         if thaw {
             self.os.freeze(sandbox, false).await?;
         }
-        let kept = kept?;
-        Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: None })
+        match kept {
+            Ok(kept) => Ok(Content { size_bytes: kept.size_bytes, sha256: kept.sha256, image: None }),
+            // A copy that cannot be made keeps nothing: the snapshot is Error with nothing of it left.
+            Err(DriverError::Failed(message)) => {
+                self.snapshots.remove(snapshot)?;
+                Err(DriverError::Failed(message))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A stop decided for `generation`: a newer generation begun since is left running, and

@@ -44,14 +44,14 @@ impl SnapshotApi {
     }
 
     /// Waits until snapshot `name` (of id `id`) is no longer being taken: what it is then, or
-    /// `None` once it is gone (deleted meanwhile).
+    /// `None` once it is being deleted or gone (deleted meanwhile).
     async fn settled(&self, name: &str, id: &SnapshotId) -> Result<Option<Snapshot>, Status> {
         let until = tokio::time::Instant::now() + MAX_WAIT;
         loop {
             let record = self.engine.store().snapshot(name).await.map_err(ApiError::from)?;
             match record {
                 Some(s) if s.id == *id && s.phase == SnapshotPhase::Creating => {}
-                Some(s) if s.id == *id => return Ok(Some(s)),
+                Some(s) if s.id == *id && s.phase != SnapshotPhase::Deleting => return Ok(Some(s)),
                 _ => return Ok(None),
             }
             if tokio::time::Instant::now() >= until {
@@ -109,7 +109,9 @@ impl Snapshots for SnapshotApi {
                 Some(status) => Err(status),
                 None => self.reply(s).await,
             },
-            None => Err(Status::aborted(format!("snapshot '{}' was deleted before its copy was made", r.name))),
+            None => {
+                Err(Status::failed_precondition(format!("snapshot '{}' was deleted before its copy was made", r.name)))
+            }
         }
     }
 
@@ -179,7 +181,10 @@ impl Snapshots for SnapshotApi {
         };
         self.engine.execute(&CoreRequest::new(command, None)).await?;
         let snapshot = self.settled(&snapshot_name, &id).await?.ok_or_else(|| {
-            Status::aborted(format!("the fork of '{}' was cut short: its snapshot was deleted before its copy", r.name))
+            Status::failed_precondition(format!(
+                "the fork of '{}' was cut short: its snapshot was deleted before its copy",
+                r.name
+            ))
         })?;
         if let Some(status) = failed(&snapshot) {
             return Err(status);

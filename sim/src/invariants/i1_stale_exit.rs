@@ -52,7 +52,7 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
             let removed = runtime.removals.get(&after.id).into_iter().flatten().map(|t| micros_of(*t));
             // A sandbox whose snapshot's copy was gone before its files were copied fails as
             // it should: whether the copy went too soon is S2's to judge.
-            refused.chain(removed).any(|t| t >= since) || failure.message.contains(super::s2_snapshots_kept::NO_COPY)
+            refused.chain(removed).any(|t| t >= since) || super::s2_snapshots_kept::unseedable(&failure.message)
         }
         FailureReason::OutOfMemory => runtime.oom_kills.contains(&(after.id.clone(), generation)),
         FailureReason::CommandFailedToStart => runtime.unstartable.contains(&(after.id.clone(), generation)),

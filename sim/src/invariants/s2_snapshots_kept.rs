@@ -12,8 +12,14 @@ use berth_drivers::container::{SEED_REPOSITORY, SNAPSHOT_REPOSITORY};
 
 use super::{Checker, Fact, Found, Invariant};
 
-/// What the process and container drivers say when a sandbox's snapshot has no copy to seed it.
-pub const NO_COPY: &str = "has no copy on this host to start from";
+/// What the drivers say when a sandbox's snapshot has no copy to seed it (both drivers), or
+/// no image (the container driver, which names its image first).
+pub const NO_COPY: [&str; 2] = ["has no copy on this host to start from", "which this sandbox was made from, is gone"];
+
+/// Whether a start failed for want of its snapshot.
+pub fn unseedable(message: &str) -> bool {
+    NO_COPY.iter().any(|m| message.contains(m))
+}
 
 /// S2 keeps no evidence: the end state says it all.
 #[derive(Default)]
@@ -25,7 +31,7 @@ impl Checker for Kept {
         let mut problem = |p: String| found.push((Invariant::S2, p));
         for s in records.iter().filter(|s| s.intent != Intent::Deleted) {
             if let (Phase::Error(failure), Some(seed)) = (&s.phase, &s.seed)
-                && failure.message.contains(NO_COPY)
+                && unseedable(&failure.message)
             {
                 problem(format!(
                     "{} was made from snapshot {}, whose copy was removed before it had its files",
@@ -82,7 +88,7 @@ mod tests {
             exit_code: None,
             message: message.into(),
         };
-        copy.phase = Phase::Error(failure(&format!("snapshot sn-s1 {NO_COPY}")));
+        copy.phase = Phase::Error(failure(&format!("snapshot sn-s1 {}", NO_COPY[0])));
         let (none, no_sums) = (BTreeMap::new(), BTreeMap::new());
         let records = [copy.clone()];
         assert_eq!(

@@ -170,6 +170,18 @@ async fn curl_drives_the_http_json_api() {
     for name in ["web-copy", "web-1", "web-2"] {
         assert_eq!(curl.json("DELETE", &format!("/v1/sandboxes/{name}"), None).0, 200);
     }
+    // Gone before the fleet watch below begins: the forks carry web's label `team=a`.
+    for name in ["web-copy", "web-1", "web-2"] {
+        let mut gone = false;
+        for _ in 0..100 {
+            if curl.json("GET", &format!("/v1/sandboxes/{name}"), None).0 == 404 {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(gone, "{name} is still there");
+    }
     let (status, deleting) = curl.json("DELETE", "/v1/snapshots/snap", None);
     assert_eq!((status, deleting["snapshot"]["phase"].as_str()), (200, Some("SNAPSHOT_PHASE_DELETING")), "{deleting}");
     let (status, code, _) = refused("GET", "/v1/snapshots/nothing", None);

@@ -48,7 +48,7 @@ fn merges() -> Vec<(Sandbox, Observation)> {
             0 => (sandbox(i, Phase::Starting, Intent::Running, Run::Pending), poll(RuntimeState::Exited(stale))),
             1 => (
                 sandbox(i, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) }),
-                poll(RuntimeState::Running { started_at: t(200), frozen: false }),
+                poll(RuntimeState::Running { started_at: t(200), held: None }),
             ),
             2 => (
                 sandbox(i, Phase::Ready, Intent::Running, Run::Started { at: Some(t(200)) }),

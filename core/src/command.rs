@@ -14,7 +14,7 @@ use crate::decision::{Decision, Effect, Outcome, Write, touch_provider, update_s
 use crate::error::{Error, Kind};
 use crate::id::SandboxId;
 use crate::lifetime::{self, OnExpiry, Renewal};
-use crate::phase::{Phase, PhaseKind};
+use crate::phase::{Hold, Phase, PhaseKind};
 use crate::record::{ExitFence, Intent, Provider, Run, Sandbox, Seed};
 use crate::request::{Command, Reads, Request};
 use crate::restart::{self, Restarts};
@@ -76,9 +76,9 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             let sandbox = existing(request, reads)?;
             delete(sandbox, now)
         }
-        Command::PauseSandbox { .. } => {
+        Command::PauseSandbox { hold, .. } => {
             let sandbox = existing(request, reads)?;
-            pause(sandbox, now)
+            pause(sandbox, *hold, now)
         }
         Command::ResumeSandbox { .. } => {
             let sandbox = existing(request, reads)?;
@@ -320,8 +320,9 @@ fn expiring(sandbox: &Sandbox, action: OnExpiry) -> Result<(Sandbox, Vec<Effect>
             deleting(sandbox)
         }
         // Only a Ready run can be frozen: one still starting (or failed) is stopped instead,
-        // so the deadline ends what runs whichever it is.
-        OnExpiry::Pause => match pausing(sandbox) {
+        // so the deadline ends what runs whichever it is. The freezer, not a checkpoint: that
+        // is the user's to ask for, where CRIU works.
+        OnExpiry::Pause => match pausing(sandbox, Hold::Freezer) {
             Some(paused) => {
                 branch::hit(Branch::ExpirePauses);
                 paused
@@ -403,16 +404,22 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     (next, effect)
 }
 
-/// DESIGN 12.1: a pause of a Ready run. A repeated one re-drives the runtime, like a delete.
-fn pause(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
-    if let Some((next, effects)) = pausing(sandbox) {
+/// DESIGN 12.1: a pause of a Ready run. A repeated one re-drives the runtime, like a delete;
+/// one that asks for the other hold is refused: the run would have to be let go of first, and
+/// that is a resume's to do.
+fn pause(sandbox: &Sandbox, hold: Hold, now: Timestamp) -> Result<Decision, Error> {
+    if let Some((next, effects)) = pausing(sandbox, hold) {
         branch::hit(Branch::Pause);
         return Ok(commit(sandbox, next, vec![], effects, now));
     }
     match (sandbox.intent, sandbox.phase.kind()) {
+        (Intent::Paused, _) if sandbox.hold != hold => {
+            branch::hit(Branch::PauseOtherHold);
+            Err(Error::OtherHold { sandbox: sandbox.name.to_string(), held: sandbox.hold, asked: hold })
+        }
         (Intent::Paused, _) => {
             branch::hit(Branch::PauseRepeated);
-            let effect = Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation };
+            let effect = Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation, hold };
             Ok(Decision::unchanged(Outcome::Sandbox(Box::new(sandbox.clone())), vec![effect]))
         }
         _ => {
@@ -422,16 +429,17 @@ fn pause(sandbox: &Sandbox, now: Timestamp) -> Result<Decision, Error> {
     }
 }
 
-/// What a pause changes: the intent, and the effect that freezes the run. Only a live run,
-/// Ready (or being resumed), can be frozen; `None` for any other.
-fn pausing(sandbox: &Sandbox) -> Option<(Sandbox, Vec<Effect>)> {
+/// What a pause changes: the intent and its hold, and the effect that holds the run. Only a
+/// live run, Ready (or being resumed), can be held; `None` for any other.
+fn pausing(sandbox: &Sandbox, hold: Hold) -> Option<(Sandbox, Vec<Effect>)> {
     let live = matches!(sandbox.phase.kind(), PhaseKind::Ready | PhaseKind::Paused);
     if sandbox.intent != Intent::Running || !live {
         return None;
     }
     let mut next = sandbox.clone();
     next.intent = Intent::Paused;
-    Some((next, vec![Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation }]))
+    next.hold = hold;
+    Some((next, vec![Effect::Pause { sandbox: sandbox.id.clone(), generation: sandbox.generation, hold }]))
 }
 
 /// DESIGN 12.1: a resume of a paused (or pausing) run, on the generation it paused. Past its

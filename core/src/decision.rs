@@ -5,7 +5,7 @@
 //! an effect can always be re-driven from the committed record.
 
 use crate::id::{ExecId, SandboxId, SnapshotId};
-use crate::phase::PhaseKind;
+use crate::phase::{Hold, PhaseKind};
 use crate::record::{Exec, Provider, Sandbox, Snapshot, Template};
 use crate::time::Timestamp;
 
@@ -135,10 +135,10 @@ pub enum Effect {
     Start { sandbox: SandboxId, generation: u64 },
     /// Stop whatever runs; reply only once it has fully exited, with the final state.
     Stop { sandbox: SandboxId, generation: u64 },
-    /// Freeze every process of `generation`'s run, keeping its memory (DESIGN 12.1); reply
-    /// with the state it left the run in. A run already frozen is success.
-    Pause { sandbox: SandboxId, generation: u64 },
-    /// Thaw `generation`'s run; a run not frozen is success.
+    /// Hold every process of `generation`'s run as `hold` says, keeping its memory (DESIGN
+    /// 12.1); reply with the state it left the run in. A run already so held is success.
+    Pause { sandbox: SandboxId, generation: u64, hold: Hold },
+    /// Thaw or restore `generation`'s run; a run not held is success.
     Resume { sandbox: SandboxId, generation: u64 },
     /// Remove the compute resource and everything made for it; absence is success.
     Delete { sandbox: SandboxId },

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::phase::Hold;
 use crate::phase::PhaseKind;
 
 /// The status classes of DESIGN 3.7, named as gRPC names them.
@@ -96,6 +97,11 @@ pub enum Error {
     #[error("the {driver} driver cannot {action} here: {reason}")]
     Unsupported { action: &'static str, driver: &'static str, reason: String },
 
+    /// A pause of a sandbox paused the other way: a run in the freezer is not checkpointed
+    /// in place, nor a checkpoint frozen.
+    #[error("sandbox '{sandbox}' is paused {held} already: resume it before pausing it {asked}")]
+    OtherHold { sandbox: String, held: Hold, asked: Hold },
+
     /// A snapshot's delete while sandboxes being made from it still need its files (S2).
     #[error("snapshot '{snapshot}' is still needed by sandbox(es) being made from it: {}", sandboxes.join(", "))]
     SnapshotInUse { snapshot: String, sandboxes: Vec<String> },
@@ -118,6 +124,7 @@ impl Error {
             Error::NotFound { .. } => Code::NotFound,
             Error::AlreadyExists { .. } => Code::AlreadyExists,
             Error::WrongPhase { .. }
+            | Error::OtherHold { .. }
             | Error::Expired { .. }
             | Error::UnknownProvider { .. }
             | Error::ProviderAttached { .. }

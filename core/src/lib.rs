@@ -73,7 +73,7 @@ pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
 pub use error::{Code, Error, Kind};
 pub use id::{SandboxId, SnapshotId};
 pub use observation::merge;
-pub use phase::{Failure, FailureReason, Phase, PhaseKind};
+pub use phase::{Failure, FailureReason, Hold, Phase, PhaseKind};
 pub use record::{ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase};
 pub use report::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply};
 pub use request::{Command, Reads, Request};

@@ -9,7 +9,7 @@ use crate::branch::{self, Branch};
 use crate::decision::{Decision, Effect, Outcome, Write, next_version};
 use crate::error::{Error, Kind};
 use crate::id::SandboxId;
-use crate::phase::{Failure, FailureReason, Phase, PhaseKind};
+use crate::phase::{Failure, FailureReason, Hold, Phase, PhaseKind};
 use crate::record::{ExitMarker, Intent, Run, Sandbox};
 pub use crate::report::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply};
 use crate::time::Timestamp;
@@ -192,7 +192,7 @@ impl Merge<'_> {
         match state {
             RuntimeState::Absent { at } => self.absent(at, as_of_version),
             RuntimeState::Created => branch::hit(Branch::RuntimeCreated),
-            RuntimeState::Running { started_at, frozen } => self.running(started_at, Some(frozen), attributed),
+            RuntimeState::Running { started_at, held } => self.running(started_at, Some(held), attributed),
             RuntimeState::Exited(marker) => self.exited(marker, attributed),
         }
     }
@@ -275,9 +275,9 @@ impl Merge<'_> {
         }
     }
 
-    /// `frozen`: whether the freezer holds the run, when the report says (a start reply does
-    /// not: it speaks of the start alone).
-    fn running(&mut self, started_at: Timestamp, frozen: Option<bool>, attributed: bool) {
+    /// `held`: how a pause holds the run, when the report says (a start reply does not: it
+    /// speaks of the start alone).
+    fn running(&mut self, started_at: Timestamp, held: Option<Option<Hold>>, attributed: bool) {
         if !attributed && !self.owns(started_at) {
             // Whose run this is may be unknown (until this generation's run is known, an
             // unsettled fence attributes none by its start time alone), but one that started
@@ -293,7 +293,7 @@ impl Merge<'_> {
             }
             return;
         }
-        // Whether it is this generation's live run, whose freezer the intent speaks for.
+        // Whether it is this generation's live run, whose hold the intent speaks for.
         let current = match self.next().run {
             Run::Pending | Run::Started { at: None } => {
                 branch::hit(Branch::RunningFirstSeen);
@@ -320,38 +320,45 @@ impl Merge<'_> {
                 false
             }
         };
-        if let (true, Some(frozen)) = (current, frozen) {
-            self.freezer(frozen);
+        if let (true, Some(held)) = (current, held) {
+            self.hold(held);
         }
         self.stop_if_unwanted();
     }
 
-    /// DESIGN 12.1, level-based like a stop: a live run of this generation is frozen or not,
-    /// and the intent says which it should be. A pause or resume is confirmed only by seeing
-    /// the run so; one the runtime has not carried out (a failed call, a gateway that died
-    /// before making it, a `docker pause` or `unpause` behind Berth's back) is asked again.
-    fn freezer(&mut self, frozen: bool) {
-        let frozen = frozen || (crate::bug!(PauseConfirmedBlind) && self.next().intent == Intent::Paused);
+    /// DESIGN 12.1, level-based like a stop: a live run of this generation is held or not,
+    /// and the intent (with its hold) says how it should be. A pause or resume is confirmed
+    /// only by seeing the run so; one the runtime has not carried out (a failed call, a gateway
+    /// that died before making it, a `docker pause` or `unpause` behind Berth's back, a run
+    /// frozen where a checkpoint was asked for) is asked again.
+    fn hold(&mut self, held: Option<Hold>) {
+        let wanted = (self.next().intent == Intent::Paused).then_some(self.next().hold);
+        let held = if crate::bug!(PauseConfirmedBlind) && wanted.is_some() { wanted } else { held };
         let paused = self.next().is(PhaseKind::Paused);
-        match (self.next().intent, frozen) {
-            (Intent::Paused, true) if !paused && self.next().is(PhaseKind::Ready) => {
-                branch::hit(Branch::PauseConfirmed);
-                self.edit().phase = Phase::Paused;
+        match (wanted, held) {
+            (Some(wanted), Some(held)) if wanted == held => {
+                if !paused && self.next().is(PhaseKind::Ready) {
+                    branch::hit(Branch::PauseConfirmed);
+                    self.edit().phase = Phase::Paused;
+                } else {
+                    branch::hit(Branch::HoldAsMeant);
+                }
             }
-            (Intent::Paused, false) => {
+            (Some(wanted), _) => {
                 branch::hit(Branch::PauseAgain);
                 if paused {
-                    // Thawed behind Berth's back: it runs, though no exec is admitted.
+                    // Let go of behind Berth's back, or held the other way: not paused as
+                    // asked, though no exec is admitted.
                     self.edit().phase = Phase::Ready;
                 }
-                self.effects
-                    .push(Effect::Pause { sandbox: self.next().id.clone(), generation: self.next().generation });
+                let (sandbox, generation) = (self.next().id.clone(), self.next().generation);
+                self.effects.push(Effect::Pause { sandbox, generation, hold: wanted });
             }
-            (Intent::Running, false) if paused => {
+            (None, None) if paused => {
                 branch::hit(Branch::ResumeConfirmed);
                 self.edit().phase = Phase::Ready;
             }
-            (Intent::Running, true) => {
+            (None, Some(_)) => {
                 branch::hit(Branch::ResumeAgain);
                 // Frozen behind Berth's back: nothing in it can answer an exec.
                 if self.next().is(PhaseKind::Ready) {
@@ -360,7 +367,7 @@ impl Merge<'_> {
                 self.effects
                     .push(Effect::Resume { sandbox: self.next().id.clone(), generation: self.next().generation });
             }
-            _ => branch::hit(Branch::FreezerAsMeant),
+            _ => branch::hit(Branch::HoldAsMeant),
         }
     }
 
@@ -481,9 +488,9 @@ impl Merge<'_> {
                 self.edit().phase = Phase::Stopped;
             }
             // A driver must not reply before the run has exited; ask again.
-            RuntimeState::Running { started_at, frozen } => {
+            RuntimeState::Running { started_at, held } => {
                 branch::hit(Branch::StopReplyRunning);
-                self.running(started_at, Some(frozen), false);
+                self.running(started_at, Some(held), false);
             }
         }
     }

@@ -128,3 +128,24 @@ mod tests {
         assert_eq!(FailureReason::StartFailed.to_string(), "StartFailed");
     }
 }
+
+/// How a paused run is held (DESIGN 12.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Hold {
+    /// Every process frozen in place by the cgroup freezer, its memory kept in memory: gone
+    /// with the host.
+    #[default]
+    Freezer,
+    /// The run's memory written to disk by CRIU and its processes gone: it outlives a reboot,
+    /// and a resume restores it.
+    Checkpoint,
+}
+
+impl fmt::Display for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hold::Freezer => "in the freezer",
+            Hold::Checkpoint => "to a checkpoint",
+        })
+    }
+}

@@ -107,7 +107,7 @@ impl Command {
             Command::StopSandbox { name } => Plan { name: "StopSandbox", sandbox: named("name", name), ..base },
             Command::StartSandbox { name } => Plan { name: "StartSandbox", sandbox: named("name", name), ..base },
             Command::DeleteSandbox { name } => Plan { name: "DeleteSandbox", sandbox: named("name", name), ..base },
-            Command::PauseSandbox { name } => Plan { name: "PauseSandbox", sandbox: named("name", name), ..base },
+            Command::PauseSandbox { name, .. } => Plan { name: "PauseSandbox", sandbox: named("name", name), ..base },
             Command::ResumeSandbox { name } => Plan { name: "ResumeSandbox", sandbox: named("name", name), ..base },
             Command::RenewSandbox { name, .. } => Plan { name: "RenewSandbox", sandbox: named("name", name), ..base },
             Command::ExpireSandbox { name, .. } => Plan { name: "ExpireSandbox", sandbox: named("name", name), ..base },

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::allowlist::Policy;
 use crate::id::{ExecId, SandboxId, SnapshotId};
-use crate::phase::{Failure, Phase, PhaseKind};
+use crate::phase::{Failure, Hold, Phase, PhaseKind};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::time::Timestamp;
 
@@ -90,6 +90,9 @@ pub struct Sandbox {
     #[serde(default)]
     pub egress_providers: std::sync::Arc<BTreeSet<String>>,
     pub intent: Intent,
+    /// How the pause holds the run while the intent is Paused; the last pause's otherwise.
+    #[serde(default)]
+    pub hold: Hold,
     pub phase: Phase,
     pub resource_version: u64,
     /// The runtime identity generation: 1 at create, +1 by every Start.
@@ -147,6 +150,7 @@ impl Sandbox {
             providers: Default::default(),
             egress_providers: Default::default(),
             intent: Intent::Running,
+            hold: Hold::Freezer,
             phase: Phase::Provisioning,
             resource_version: 1,
             generation: 1,

@@ -45,7 +45,7 @@ pub fn unfinished(sandbox: &Sandbox) -> Option<Effect> {
         // A pause or a resume is confirmed only by a report that sees the run frozen or thawed.
         (Intent::Paused, PhaseKind::Ready, _) => {
             branch::hit(Branch::RedrivePause);
-            Some(Effect::Pause { sandbox: id, generation })
+            Some(Effect::Pause { sandbox: id, generation, hold: sandbox.hold })
         }
         (Intent::Running, PhaseKind::Paused, _) => {
             branch::hit(Branch::RedriveResume);
@@ -93,6 +93,7 @@ pub fn still_wanted(record: Option<&Sandbox>, effect: &Effect) -> bool {
 mod tests {
     use super::*;
     use crate::id::SandboxId;
+    use crate::phase::Hold;
     use crate::phase::Phase;
     use crate::spec::SandboxSpec;
 
@@ -149,7 +150,16 @@ mod tests {
         let id = SandboxId::new("sb");
         let known = Run::Started { at: Some(Timestamp::from_unix_nanos(500)) };
         let pausing = sandbox(Phase::Ready, Intent::Paused, known);
-        assert_eq!(unfinished(&pausing), Some(Effect::Pause { sandbox: id.clone(), generation: 2 }));
+        assert_eq!(
+            unfinished(&pausing),
+            Some(Effect::Pause { sandbox: id.clone(), generation: 2, hold: Hold::Freezer })
+        );
+        // A checkpoint is asked again as a checkpoint, never as the freezer's pause.
+        let checkpointing = Sandbox { hold: Hold::Checkpoint, ..pausing.clone() };
+        assert_eq!(
+            unfinished(&checkpointing),
+            Some(Effect::Pause { sandbox: id.clone(), generation: 2, hold: Hold::Checkpoint })
+        );
         let resuming = sandbox(Phase::Paused, Intent::Running, known);
         assert_eq!(unfinished(&resuming), Some(Effect::Resume { sandbox: id.clone(), generation: 2 }));
         assert_eq!(unfinished(&sandbox(Phase::Paused, Intent::Paused, known)), None, "paused: nothing to finish");

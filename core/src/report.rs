@@ -1,6 +1,7 @@
 //! What runs report of a sandbox: the runtime, the driver's replies to effects and the
 //! supervisors. Plain data, merged into the record by [`crate::observation`] alone.
 
+use crate::phase::Hold;
 use crate::record::ExitMarker;
 use crate::time::Timestamp;
 
@@ -25,8 +26,10 @@ pub enum RuntimeState {
     Absent { at: Option<Timestamp> },
     /// Exists, has never run.
     Created,
-    /// A run is alive; `frozen` when every process of it is held by the freezer (paused).
-    Running { started_at: Timestamp, frozen: bool },
+    /// A run is alive, or `held`: every process of it frozen by the freezer, or written to a
+    /// checkpoint (paused). A checkpointed run is this run still, however the runtime shows it
+    /// (Podman shows it exited, and its restore as a new start): its driver says which run.
+    Running { started_at: Timestamp, held: Option<Hold> },
     /// Not running; the last run ended like this.
     Exited(ExitMarker),
 }

@@ -7,6 +7,7 @@ use core::time::Duration;
 
 use crate::allowlist::Policy;
 use crate::id::{SandboxId, SnapshotId};
+use crate::phase::Hold;
 use crate::record::{Content, Provider, Sandbox, Secret, Snapshot, Template};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
@@ -31,9 +32,10 @@ pub enum Command {
     DeleteSandbox {
         name: String,
     },
-    /// DESIGN 12.1: freeze a Ready sandbox's run.
+    /// DESIGN 12.1: freeze a Ready sandbox's run, or checkpoint it to disk.
     PauseSandbox {
         name: String,
+        hold: Hold,
     },
     /// DESIGN 12.1: thaw a paused sandbox's run.
     ResumeSandbox {

@@ -141,7 +141,7 @@ mod tests {
         let t = Timestamp::from_unix_nanos;
         let marker = ExitMarker { started_at: t(1), finished_at: t(2), exit_code: 3, out_of_memory: false };
         assert_eq!(
-            report(Some(RuntimeState::Running { started_at: t(1), frozen: false })),
+            report(Some(RuntimeState::Running { started_at: t(1), held: None })),
             StartReply::Running { started_at: t(1) }
         );
         assert_eq!(report(Some(RuntimeState::Exited(marker))), StartReply::Exited(marker));

@@ -1,8 +1,8 @@
 //! One test per row of DESIGN 3.2, table-driven over phases.
 
 use berth_core::{
-    Code, Command, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, Outcome, Phase, PhaseKind,
-    Provider, Reads, Request, Run, Sandbox, SandboxId, Secret, Timestamp, Write, decide,
+    Code, Command, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Hold, Intent, Outcome, Phase,
+    PhaseKind, Provider, Reads, Request, Run, Sandbox, SandboxId, Secret, Timestamp, Write, decide,
 };
 
 use crate::world::{World, spec};
@@ -208,7 +208,10 @@ fn start_row() {
 }
 
 fn pause() -> Command {
-    Command::PauseSandbox { name: "box".into() }
+    pause_as(Hold::Freezer)
+}
+fn pause_as(hold: Hold) -> Command {
+    Command::PauseSandbox { name: "box".into(), hold }
 }
 fn resume() -> Command {
     Command::ResumeSandbox { name: "box".into() }
@@ -217,7 +220,7 @@ fn resume() -> Command {
 /// DESIGN 12.1: only a live run is paused; the generation never moves; a repeat re-drives.
 #[test]
 fn pause_row() {
-    let pause_effect = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 3 };
+    let pause_effect = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 3, hold: Hold::Freezer };
     for kind in ALL {
         let result = on(kind, pause());
         match kind {
@@ -249,6 +252,37 @@ fn pause_row() {
     let d = decide(&Request::new(pause(), None), &reads(Some(resuming)), NOW).unwrap();
     assert_eq!(written(&d).intent, Intent::Paused);
     assert_eq!(d.effects, vec![pause_effect]);
+}
+
+/// DESIGN 12.1: a checkpoint is a pause like the freezer's, kept in the record so that every
+/// re-drive asks for it again; a pause that asks for the other hold of a paused sandbox is
+/// refused, naming both, and writes nothing.
+#[test]
+fn a_pause_keeps_to_its_hold() {
+    let checkpoint = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 3, hold: Hold::Checkpoint };
+    let d = on(PhaseKind::Ready, pause_as(Hold::Checkpoint)).unwrap();
+    let next = written(&d);
+    assert_eq!((next.phase.kind(), next.intent, next.hold), (PhaseKind::Ready, Intent::Paused, Hold::Checkpoint));
+    assert_eq!(d.effects, vec![checkpoint.clone()]);
+    let mut checkpointed = record(PhaseKind::Paused);
+    checkpointed.hold = Hold::Checkpoint;
+    let again = decide(&Request::new(pause_as(Hold::Checkpoint), None), &reads(Some(checkpointed.clone())), NOW);
+    let again = again.unwrap();
+    assert!(again.writes.is_empty());
+    assert_eq!(again.effects, vec![checkpoint]);
+    let err = decide(&Request::new(pause(), None), &reads(Some(checkpointed)), NOW).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(
+        err.to_string(),
+        "sandbox 'box' is paused to a checkpoint already: resume it before pausing it in the freezer"
+    );
+    let err = on(PhaseKind::Paused, pause_as(Hold::Checkpoint)).unwrap_err();
+    assert!(err.to_string().contains("is paused in the freezer already"), "{err}");
+    // A resume lets go of either; the next pause holds as it asks.
+    let mut resumed = record(PhaseKind::Ready);
+    resumed.hold = Hold::Checkpoint;
+    let d = decide(&Request::new(pause(), None), &reads(Some(resumed)), NOW).unwrap();
+    assert_eq!(written(&d).hold, Hold::Freezer);
 }
 
 #[test]

@@ -225,7 +225,7 @@ fn an_idle_timeout_out_of_bounds_is_refused_naming_its_field() {
 /// (a resume) shows it.
 fn freezer_seen(store: &mut Store, frozen: bool, now: Timestamp) {
     let s = record(store);
-    let seen = berth_core::RuntimeState::Running { started_at: T0, frozen };
+    let seen = berth_core::RuntimeState::Running { started_at: T0, held: frozen.then_some(berth_core::Hold::Freezer) };
     let source = if frozen { berth_core::RuntimeSource::PauseReply } else { berth_core::RuntimeSource::ResumeReply };
     let d = merge(Some(&s), &s.id, &Observation::Runtime { source, state: seen, as_of_version: None }, now).unwrap();
     store.commit(&d.writes).unwrap();
@@ -242,7 +242,11 @@ fn an_idle_pause_holds_the_clock_until_the_resume_counts_it_again() {
     let mut store = ready(spec);
     let id = record(&store).id.clone();
     let d = run(&mut store, expire_idle(T0), at(30)).unwrap();
-    assert_eq!(d.effects, [Effect::Pause { sandbox: id.clone(), generation: 1 }], "the idle timeout pauses");
+    assert_eq!(
+        d.effects,
+        [Effect::Pause { sandbox: id.clone(), generation: 1, hold: berth_core::Hold::Freezer }],
+        "the idle timeout pauses"
+    );
     let s = record(&store);
     assert_eq!((s.intent, s.phase.kind(), s.idle_expired_at), (Intent::Paused, PhaseKind::Ready, Some(at(30))));
     freezer_seen(&mut store, true, at(31));
@@ -270,7 +274,7 @@ fn an_idle_pause_holds_the_clock_until_the_resume_counts_it_again() {
 #[test]
 fn an_exec_is_refused_as_soon_as_a_pause_is_committed() {
     let mut store = ready(spec());
-    run(&mut store, Command::PauseSandbox { name: "box".into() }, at(1)).unwrap();
+    run(&mut store, Command::PauseSandbox { name: "box".into(), hold: berth_core::Hold::Freezer }, at(1)).unwrap();
     let s = record(&store);
     assert_eq!((s.intent, s.phase.kind()), (Intent::Paused, PhaseKind::Ready));
     let refused =

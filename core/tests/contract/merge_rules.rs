@@ -1,7 +1,7 @@
 //! One test per rule of DESIGN 3.5, each run over every observation path and phase it covers.
 
 use berth_core::{
-    Code, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Intent, MainProcess, Observation, Phase,
+    Code, Effect, Error, ExitFence, ExitMarker, Failure, FailureReason, Hold, Intent, MainProcess, Observation, Phase,
     PhaseKind, Run, RuntimeSource, RuntimeState, Sandbox, SandboxId, StartReply, Timestamp, Write, merge,
 };
 
@@ -83,9 +83,9 @@ fn everything() -> Vec<Observation> {
         .iter()
         .flat_map(|s| {
             [
-                runtime(*s, RuntimeState::Running { started_at: t(400), frozen: false }),
-                runtime(*s, RuntimeState::Running { started_at: t(200), frozen: true }),
-                runtime(*s, RuntimeState::Running { started_at: t(200), frozen: false }),
+                runtime(*s, RuntimeState::Running { started_at: t(400), held: None }),
+                runtime(*s, RuntimeState::Running { started_at: t(200), held: Some(Hold::Freezer) }),
+                runtime(*s, RuntimeState::Running { started_at: t(200), held: None }),
                 runtime(*s, RuntimeState::Exited(exit(400, 500, 9))),
                 runtime(*s, RuntimeState::Exited(fence())),
                 runtime(*s, RuntimeState::Created),
@@ -432,7 +432,7 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     let d = merge(
         Some(&stopped),
         &stopped.id,
-        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200), frozen: false }),
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(200), held: None }),
         NOW,
     )
     .unwrap();
@@ -441,7 +441,7 @@ fn a_run_alive_while_the_intent_is_stopped_is_stopped_again() {
     let d = merge(
         Some(&stopped),
         &stopped.id,
-        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350), frozen: false }),
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(350), held: None }),
         NOW,
     )
     .unwrap();
@@ -457,7 +457,7 @@ fn a_run_that_came_up_after_its_stop_was_acknowledged_is_stopped_whoever_it_belo
     let mut stopped = sandbox(Phase::Stopped, Intent::Stopped, Run::Pending);
     stopped.exit_fence.settled = false;
     let running =
-        |started| runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(started), frozen: false });
+        |started| runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(started), held: None });
     // A snapshot of the run the fence's exit ended: stale.
     let d = merge(Some(&stopped), &stopped.id, &running(50), NOW).unwrap();
     assert!(d.writes.is_empty() && d.effects.is_empty(), "{d:?}");
@@ -483,7 +483,7 @@ fn a_leftover_resource_without_a_record_is_removed() {
     let d = merge(
         None,
         &id,
-        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1), frozen: false }),
+        &runtime(RuntimeSource::PollList, RuntimeState::Running { started_at: t(1), held: None }),
         NOW,
     )
     .unwrap();
@@ -645,35 +645,50 @@ fn the_runtimes_out_of_memory_refines_a_bare_main_process_exit_of_the_same_run()
     assert_eq!(next.phase, lost.phase, "only a bare main process exit is refined");
 }
 
-/// DESIGN 12.1: a pause or a resume is confirmed only by seeing the run frozen or thawed, and a
-/// run that is not as its intent says is asked again, whatever path brought the report.
+/// DESIGN 12.1: a pause or a resume is confirmed only by seeing the run held as asked or let
+/// go, and a run that is not as its intent says is asked again, whatever path brought the
+/// report.
 #[test]
-fn the_freezer_follows_the_intent_on_every_path() {
+fn the_hold_follows_the_intent_on_every_path() {
     let started = Run::Started { at: Some(t(200)) };
-    let frozen = |f| RuntimeState::Running { started_at: t(200), frozen: f };
-    let pause = Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 2 };
+    let pause = |hold| Effect::Pause { sandbox: SandboxId::new("sb-1"), generation: 2, hold };
     let resume = Effect::Resume { sandbox: SandboxId::new("sb-1"), generation: 2 };
+    let (freezer, checkpoint) = (Some(Hold::Freezer), Some(Hold::Checkpoint));
     let cases = [
-        // (phase, intent, frozen) -> (phase after, effects)
-        (Phase::Ready, Intent::Paused, true, PhaseKind::Paused, vec![]),
-        (Phase::Ready, Intent::Paused, false, PhaseKind::Ready, vec![pause.clone()]),
+        // (phase, intent and its hold, held) -> (phase after, effects)
+        (Phase::Ready, Intent::Paused, Hold::Freezer, freezer, PhaseKind::Paused, vec![]),
+        (Phase::Ready, Intent::Paused, Hold::Freezer, None, PhaseKind::Ready, vec![pause(Hold::Freezer)]),
         // Thawed behind Berth's back: it runs (no exec is admitted all the same) and is paused again.
-        (Phase::Paused, Intent::Paused, false, PhaseKind::Ready, vec![pause]),
-        (Phase::Paused, Intent::Paused, true, PhaseKind::Paused, vec![]),
-        (Phase::Paused, Intent::Running, false, PhaseKind::Ready, vec![]),
-        (Phase::Paused, Intent::Running, true, PhaseKind::Paused, vec![resume.clone()]),
+        (Phase::Paused, Intent::Paused, Hold::Freezer, None, PhaseKind::Ready, vec![pause(Hold::Freezer)]),
+        (Phase::Paused, Intent::Paused, Hold::Freezer, freezer, PhaseKind::Paused, vec![]),
+        (Phase::Paused, Intent::Running, Hold::Freezer, None, PhaseKind::Ready, vec![]),
+        (Phase::Paused, Intent::Running, Hold::Freezer, freezer, PhaseKind::Paused, vec![resume.clone()]),
         // Frozen behind Berth's back (`docker pause`): not Ready while nothing in it can answer.
-        (Phase::Ready, Intent::Running, true, PhaseKind::Paused, vec![resume]),
-        (Phase::Ready, Intent::Running, false, PhaseKind::Ready, vec![]),
+        (Phase::Ready, Intent::Running, Hold::Freezer, freezer, PhaseKind::Paused, vec![resume.clone()]),
+        (Phase::Ready, Intent::Running, Hold::Freezer, None, PhaseKind::Ready, vec![]),
+        // A checkpoint is confirmed by a checkpoint alone: a run frozen instead (`docker pause`
+        // behind Berth's back, a pause re-driven as the wrong one) does not survive a reboot.
+        (Phase::Ready, Intent::Paused, Hold::Checkpoint, checkpoint, PhaseKind::Paused, vec![]),
+        (Phase::Ready, Intent::Paused, Hold::Checkpoint, freezer, PhaseKind::Ready, vec![pause(Hold::Checkpoint)]),
+        (Phase::Paused, Intent::Paused, Hold::Checkpoint, freezer, PhaseKind::Ready, vec![pause(Hold::Checkpoint)]),
+        (Phase::Paused, Intent::Paused, Hold::Freezer, checkpoint, PhaseKind::Ready, vec![pause(Hold::Freezer)]),
+        (Phase::Paused, Intent::Running, Hold::Checkpoint, None, PhaseKind::Ready, vec![]),
+        (Phase::Paused, Intent::Running, Hold::Checkpoint, checkpoint, PhaseKind::Paused, vec![resume.clone()]),
+        (Phase::Ready, Intent::Running, Hold::Checkpoint, checkpoint, PhaseKind::Paused, vec![resume]),
     ];
-    for (phase, intent, is_frozen, expected, effects) in cases {
-        let before = sandbox(phase.clone(), intent, started);
+    for (phase, intent, hold, held, expected, effects) in cases {
+        let before = Sandbox { hold, ..sandbox(phase.clone(), intent, started) };
+        let seen = RuntimeState::Running { started_at: t(200), held };
         for source in SOURCES.iter().copied().chain([RuntimeSource::PauseReply, RuntimeSource::ResumeReply]) {
-            let d = merge(Some(&before), &before.id, &runtime(source, frozen(is_frozen)), NOW).unwrap();
-            let next = after(&before, &runtime(source, frozen(is_frozen)));
-            assert_eq!(next.phase.kind(), expected, "{phase} {intent:?} frozen={is_frozen} via {source:?}");
-            assert_eq!((next.intent, next.generation), (intent, before.generation), "nothing restarts");
-            assert_eq!(d.effects, effects, "{phase} {intent:?} frozen={is_frozen}");
+            let d = merge(Some(&before), &before.id, &runtime(source, seen), NOW).unwrap();
+            let next = after(&before, &runtime(source, seen));
+            assert_eq!(next.phase.kind(), expected, "{phase} {intent:?} {hold:?} held={held:?} via {source:?}");
+            assert_eq!(
+                (next.intent, next.hold, next.generation),
+                (intent, hold, before.generation),
+                "nothing restarts"
+            );
+            assert_eq!(d.effects, effects, "{phase} {intent:?} {hold:?} held={held:?}");
         }
     }
 }

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use berth_core::{
-    Code, Command, Error, Intent, MainProcess, Observation, Outcome, PhaseKind, RuntimeSource, RuntimeState, SandboxId,
-    recovery,
+    Code, Command, Error, Hold, Intent, MainProcess, Observation, Outcome, PhaseKind, RuntimeSource, RuntimeState,
+    SandboxId, recovery,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -408,7 +408,12 @@ impl System {
                 self.command(Command::DeleteSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);
             }
             Step::Pause { sandbox, version } => {
-                self.command(Command::PauseSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);
+                self.command(
+                    Command::PauseSandbox { name: NAMES[sandbox].into(), hold: Hold::Freezer },
+                    NAMES[sandbox],
+                    false,
+                    version,
+                );
             }
             Step::Resume { sandbox, version } => {
                 self.command(Command::ResumeSandbox { name: NAMES[sandbox].into() }, NAMES[sandbox], false, version);

@@ -262,7 +262,7 @@ fn a_start_out_of_error_while_the_failed_run_is_alive_waits_for_the_driver() {
     assert!(!w.sandbox("box").exit_fence.settled);
     // A poll inside the start sees the old run still running, then exiting: neither is this
     // generation's.
-    w.poll(&id, RuntimeState::Running { started_at: old.started_at, frozen: false }).unwrap();
+    w.poll(&id, RuntimeState::Running { started_at: old.started_at, held: None }).unwrap();
     let old_exit = ExitMarker {
         started_at: old.started_at,
         finished_at: Timestamp::from_unix_nanos(i64::MAX / 2),
@@ -298,7 +298,7 @@ fn a_start_of_the_previous_generation_still_in_flight_cannot_pass_for_the_new_on
     w.observe(&id, reply).unwrap();
     let old = w.exit_workload(&id, 3).unwrap();
     w.poll(&id, RuntimeState::Exited(old)).unwrap();
-    w.poll(&id, RuntimeState::Running { started_at: old.started_at, frozen: false }).unwrap();
+    w.poll(&id, RuntimeState::Running { started_at: old.started_at, held: None }).unwrap();
     assert_eq!(w.sandbox("box").phase, Phase::Starting);
     w.run_all_effects();
     w.connect_live_supervisor(&id).unwrap().unwrap();
@@ -382,7 +382,7 @@ fn a_start_after_an_out_of_band_restart_reaches_ready() {
             let restarted = ExitMarker { started_at: first, finished_at: t(10), exit_code: 143, out_of_memory: false };
             w.poll(&id, RuntimeState::Exited(restarted)).unwrap();
         }
-        w.poll(&id, RuntimeState::Running { started_at: t(20), frozen: false }).unwrap();
+        w.poll(&id, RuntimeState::Running { started_at: t(20), held: None }).unwrap();
         let failed = w.sandbox("box");
         assert_eq!(failed.phase.kind(), PhaseKind::Error, "exit seen: {exit_seen}");
         w.start("box").unwrap();
@@ -415,7 +415,7 @@ fn a_run_restarted_out_of_band_after_a_stop_is_not_the_next_generations() {
     let stopped = w.sandbox("box").last_exit.unwrap().finished_at;
     let t = |n: i64| Timestamp::from_unix_nanos(stopped.unix_nanos() + n);
     w.start("box").unwrap();
-    w.poll(&id, RuntimeState::Running { started_at: t(10), frozen: false }).unwrap();
+    w.poll(&id, RuntimeState::Running { started_at: t(10), held: None }).unwrap();
     assert_eq!(w.sandbox("box").run, Run::Pending, "a run nothing ties to generation 2 was taken for its");
     let rejected = ExitMarker { started_at: t(10), finished_at: t(20), exit_code: 1, out_of_memory: false };
     w.poll(&id, RuntimeState::Exited(rejected)).unwrap();

@@ -9,9 +9,9 @@ use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::exec::{Exec, ExecId};
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
-    Command, Conflict, Decision, Effect, Error, ExitMarker, Key, Kind, MainProcess, Observation, Outcome, Provider,
-    Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Snapshot, StartReply, Timestamp,
-    Write, decide, merge,
+    Command, Conflict, Decision, Effect, Error, ExitMarker, Hold, Key, Kind, MainProcess, Observation, Outcome,
+    Provider, Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Snapshot, StartReply,
+    Timestamp, Write, decide, merge,
 };
 
 /// Every path a runtime report can come by.
@@ -30,8 +30,8 @@ pub struct RunRecord {
     pub generation: u64,
     pub started_at: Timestamp,
     pub finished: Option<(Timestamp, i32)>,
-    /// Held by the freezer (paused).
-    pub frozen: bool,
+    /// How a pause holds it, if one does.
+    pub held: Option<Hold>,
 }
 
 impl RunRecord {
@@ -47,7 +47,7 @@ impl RunRecord {
     pub fn state(&self) -> RuntimeState {
         match self.marker() {
             Some(m) => RuntimeState::Exited(m),
-            None => RuntimeState::Running { started_at: self.started_at, frozen: self.frozen },
+            None => RuntimeState::Running { started_at: self.started_at, held: self.held },
         }
     }
 }
@@ -422,7 +422,7 @@ impl World {
                             alive.finished = Some((now, 143));
                         }
                         let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
-                        c.runs.push(RunRecord { generation: *generation, started_at, finished: None, frozen: false });
+                        c.runs.push(RunRecord { generation: *generation, started_at, finished: None, held: None });
                         self.newest_started.insert(sandbox.clone(), *generation);
                         StartReply::Running { started_at }
                     }
@@ -444,10 +444,14 @@ impl World {
             }
             Effect::Pause { sandbox, .. } | Effect::Resume { sandbox, .. } => {
                 self.tick();
-                let pause = matches!(effect, Effect::Pause { .. });
+                let held = match effect {
+                    Effect::Pause { hold, .. } => Some(*hold),
+                    _ => None,
+                };
+                let pause = held.is_some();
                 let c = self.containers.get_mut(sandbox);
                 if let Some(alive) = c.and_then(|c| c.runs.last_mut()).filter(|r| r.finished.is_none()) {
-                    alive.frozen = pause;
+                    alive.held = held;
                 }
                 let source = if pause { RuntimeSource::PauseReply } else { RuntimeSource::ResumeReply };
                 let state = self.snapshot(sandbox);

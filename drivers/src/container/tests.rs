@@ -21,7 +21,7 @@ fn inspections_map_to_runtime_states() {
         out_of_memory: false,
     };
     let running = inspection(Status::Running, t(100), t(50), 0);
-    assert_eq!(running.state(), RuntimeState::Running { started_at: Timestamp(100), frozen: false });
+    assert_eq!(running.state(), RuntimeState::Running { started_at: Timestamp(100), held: None });
     let exited = inspection(Status::Exited, t(100), t(200), 3);
     let marker =
         ExitMarker { started_at: Timestamp(100), finished_at: Timestamp(200), exit_code: 3, out_of_memory: false };

@@ -268,7 +268,7 @@ impl<O: Os> Inner<O> {
             return Err(DriverError::Failed("the sandbox has no workspace yet: it has not started".into()));
         }
         let thaw = match self.observe(sandbox)? {
-            RuntimeState::Running { frozen: false, .. } => {
+            RuntimeState::Running { held: None, .. } => {
                 if let Some(reason) = self.os.no_freezer() {
                     return Err(DriverError::Failed(format!(
                         "a running sandbox is frozen for its copy, and this host cannot freeze it ({reason}): \

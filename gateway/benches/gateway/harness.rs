@@ -39,7 +39,7 @@ impl Driver for NoopDriver {
     }
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
         let started_at = self.tick();
-        self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at, frozen: false });
+        self.states.lock().unwrap().insert(launch.sandbox, RuntimeState::Running { started_at, held: None });
         Ok(StartReply::Running { started_at })
     }
     async fn stop(&self, sandbox: &SandboxId, _: u64, _: Duration) -> Result<RuntimeState, DriverError> {

@@ -369,7 +369,7 @@ impl Runtime {
                 finished: None,
                 token: token.clone().unwrap_or_default(),
                 out_of_band,
-                frozen: false,
+                held: None,
                 signal,
             });
             (twice, crashes)

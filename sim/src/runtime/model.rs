@@ -66,7 +66,7 @@ pub struct Run {
 impl Run {
     /// A run started by a driver's start.
     pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
-        Self { generation, started_at, finished: None, token, out_of_band: false, frozen: false, signal }
+        Self { generation, started_at, finished: None, token, out_of_band: false, held: None, signal }
     }
 
     pub fn live(&self) -> bool {

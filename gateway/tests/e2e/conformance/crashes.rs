@@ -55,7 +55,7 @@ pub(crate) async fn start_cut_short(target: &Target, data: &DataDir, id: &str, a
     let seen = driver.get(&sandbox).await.unwrap();
     let reply = driver.start(launch(1)).await.unwrap();
     let StartReply::Running { started_at } = reply else { panic!("{case}: {reply:?}") };
-    if let RuntimeState::Running { started_at: before, frozen: false } = seen {
+    if let RuntimeState::Running { started_at: before, held: None } = seen {
         assert_eq!(before, started_at, "{case}: the run was started again");
     }
     assert_eq!(driver.start(launch(1)).await.unwrap(), StartReply::Running { started_at }, "{case}");
@@ -83,7 +83,7 @@ pub(crate) async fn stop_cut_short(target: &Target, data: &DataDir, id: &str, at
     let driver = target.driver(data).await;
     let own = |state: &RuntimeState| match state {
         RuntimeState::Exited(e) => e.started_at == started_at,
-        RuntimeState::Running { started_at: s, frozen: false } => *s == started_at,
+        RuntimeState::Running { started_at: s, held: None } => *s == started_at,
         _ => false,
     };
     let seen = driver.get(&sandbox).await.unwrap();

@@ -20,7 +20,7 @@ pub(crate) async fn a_stop_decided_for_an_older_generation_leaves_the_newer_run_
     let seen = driver.stop(&sandbox, 1, Duration::from_secs(5)).await.unwrap();
     assert_eq!(
         seen,
-        RuntimeState::Running { started_at, frozen: false },
+        RuntimeState::Running { started_at, held: None },
         "{runtime:?}: the stale stop ended generation 2"
     );
     assert_eq!(live_runs(&target, id), 1, "{runtime:?}");

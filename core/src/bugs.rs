@@ -100,10 +100,14 @@ pub enum Bug {
     SnapshotDeletedUnderSeed,
     /// S4: a fork's copy is confirmed with only some of its sandboxes made, the rest never.
     ForkHalfMade,
+    /// S3: the container driver takes a run restored from its checkpoint for the new start the
+    /// runtime shows (Podman's restore starts the container anew), so a resume from a
+    /// checkpoint loses the run it restored: restarted out of band, as far as Berth can tell.
+    RestoreForgetsStart,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 25] = [
+    pub const ALL: [Bug; 26] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -129,6 +133,7 @@ impl Bug {
         Bug::PauseConfirmedBlind,
         Bug::SnapshotDeletedUnderSeed,
         Bug::ForkHalfMade,
+        Bug::RestoreForgetsStart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -158,6 +163,7 @@ impl Bug {
             Bug::PauseConfirmedBlind => "pause-confirmed-blind",
             Bug::SnapshotDeletedUnderSeed => "snapshot-deleted-under-seed",
             Bug::ForkHalfMade => "fork-half-made",
+            Bug::RestoreForgetsStart => "restore-forgets-start",
         }
     }
 
@@ -192,7 +198,8 @@ impl Bug {
             | Bug::PauseOutlivesRun
             | Bug::PauseConfirmedBlind
             | Bug::SnapshotDeletedUnderSeed
-            | Bug::ForkHalfMade => 1,
+            | Bug::ForkHalfMade
+            | Bug::RestoreForgetsStart => 1,
         }
     }
 
@@ -232,7 +239,10 @@ impl Bug {
 
     /// Whether the race needs the state workload (pause and resume).
     pub fn state(self) -> bool {
-        matches!(self, Bug::ExecWhilePausing | Bug::PauseOutlivesRun | Bug::PauseConfirmedBlind)
+        matches!(
+            self,
+            Bug::ExecWhilePausing | Bug::PauseOutlivesRun | Bug::PauseConfirmedBlind | Bug::RestoreForgetsStart
+        )
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::identity::RuntimeToken;
 use berth_core::record::Content;
-use berth_core::{RuntimeState, SandboxId, SandboxSpec, Secret, SnapshotId, StartReply};
+use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, Secret, SnapshotId, StartReply};
 use futures_util::Stream;
 
 pub mod container;
@@ -227,15 +227,15 @@ pub trait Driver: Send + Sync + 'static {
     /// success.
     async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError>;
 
-    /// Whether this host lets the driver pause runs at all: an error saying why not, before a
-    /// pause is committed that could never be carried out.
-    fn admit_pause(&self) -> Result<(), berth_core::Error> {
-        Ok(())
-    }
-    /// Freezes every process of the sandbox's run, keeping its memory (DESIGN 12.1); a run
-    /// frozen already is left so. The state the run is in after.
-    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
-    /// Thaws the sandbox's run; one not frozen is left so. The state the run is in after.
+    /// Whether this host lets the driver hold runs as `hold` says at all: an error saying why
+    /// not, before a pause is committed that could never be carried out.
+    fn admit_pause(&self, hold: Hold) -> Result<(), berth_core::Error>;
+    /// Holds every process of the sandbox's run as `hold` says, keeping its memory (DESIGN
+    /// 12.1): frozen in place, or written to a checkpoint; a run held so already is left so,
+    /// one held the other way is let go of first. The state the run is in after.
+    async fn pause(&self, sandbox: &SandboxId, hold: Hold) -> Result<RuntimeState, DriverError>;
+    /// Thaws or restores the sandbox's run; one not held is left so. The state the run is in
+    /// after.
     async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError>;
 

@@ -25,6 +25,10 @@ use super::{
     Start, Status, of_store,
 };
 
+/// Docker's checkpoints (`docker checkpoint`) are an experimental feature of the daemon's, off
+/// by default, restored only by a `docker start --checkpoint`: Berth checkpoints on Podman.
+const NO_CHECKPOINTS: &str = "Docker's checkpoints are experimental (off unless the daemon runs with --experimental); use Podman, as root, with CRIU";
+
 pub struct DockerEngine {
     docker: Docker,
     owner: String,
@@ -189,6 +193,18 @@ impl Engine for DockerEngine {
         self.docker.unpause_container(container).await.map_err(error)
     }
 
+    fn checkpoints(&self) -> Result<(), String> {
+        Err(NO_CHECKPOINTS.to_string())
+    }
+
+    async fn checkpoint(&self, _: &str) -> Result<(), EngineError> {
+        Err(EngineError::Refused(NO_CHECKPOINTS.to_string()))
+    }
+
+    async fn restore(&self, _: &str) -> Result<(), EngineError> {
+        Err(EngineError::Refused(NO_CHECKPOINTS.to_string()))
+    }
+
     async fn remove(&self, container: &str) -> Result<(), EngineError> {
         let options = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
         match self.docker.remove_container(container, Some(options)).await.map_err(error) {
@@ -243,6 +259,8 @@ impl Engine for DockerEngine {
             finished_at: state.finished_at.as_deref().and_then(super::parse_time),
             exit_code: i32::try_from(state.exit_code.unwrap_or_default()).unwrap_or(-1),
             out_of_memory: state.oom_killed.unwrap_or(false),
+            checkpointed: false,
+            restored: false,
         }))
     }
 

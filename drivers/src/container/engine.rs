@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::limits::ResourceLimits;
-use berth_core::{ExitMarker, RuntimeState, SandboxId, Timestamp};
+use berth_core::{ExitMarker, Hold, RuntimeState, SandboxId, Timestamp};
 use futures_util::Stream;
+use serde::{Deserialize, Serialize};
 
 use crate::DriverError;
 
@@ -69,22 +70,59 @@ pub struct Inspection {
     pub exit_code: i32,
     /// The runtime's `OOMKilled`: the kernel killed something of the last run for memory.
     pub out_of_memory: bool,
+    /// Podman's `Checkpointed`: the last run was written to a checkpoint and its processes
+    /// ended (the container shows exited).
+    pub checkpointed: bool,
+    /// Podman's `Restored`: the run was restored from a checkpoint (its start time is the
+    /// restore's).
+    pub restored: bool,
+}
+
+/// The driver's record of a run it checkpointed (DESIGN 12.1), kept beside its start record:
+/// the runtime shows a checkpointed run as exited, and its restore as a new start, so only this
+/// says that the run is the one that started at `run_started_at`, held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The start of the run checkpointed, as the runtime first reported it.
+    pub run_started_at: Timestamp,
+    /// A stop ended the checkpointed run: it is not restored, and shows as the exit it is.
+    pub ended: bool,
 }
 
 impl Inspection {
-    pub fn state(&self) -> RuntimeState {
-        match (self.status, self.started_at) {
+    /// What the runtime shows, given the driver's record of a run it checkpointed.
+    pub fn state(&self, checkpoint: Option<Checkpoint>) -> RuntimeState {
+        // A restored run is the checkpointed one, under its first start time: taken for a new
+        // start, it would look restarted out of band (a resume that loses its run).
+        let started_at = match checkpoint {
+            Some(c) if self.restored && !berth_core::bug!(RestoreForgetsStart) => Some(c.run_started_at),
+            _ => self.started_at,
+        };
+        match (self.status, started_at) {
             (Status::Running | Status::Paused | Status::Other, Some(started_at)) => {
-                RuntimeState::Running { started_at, frozen: self.status == Status::Paused }
+                let held = (self.status == Status::Paused).then_some(Hold::Freezer);
+                RuntimeState::Running { started_at, held }
             }
-            (Status::Exited, Some(started_at)) => RuntimeState::Exited(ExitMarker {
-                started_at,
-                finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
-                exit_code: self.exit_code,
-                out_of_memory: self.out_of_memory,
-            }),
+            // One checkpointed by somebody else (`podman container checkpoint`) ended as far as
+            // Berth knows: only a restore outside Berth could bring that run back.
+            (Status::Exited, Some(started_at)) => match checkpoint {
+                Some(c) if self.checkpointed && !c.ended => {
+                    RuntimeState::Running { started_at: c.run_started_at, held: Some(Hold::Checkpoint) }
+                }
+                Some(c) if self.checkpointed => self.exit(c.run_started_at),
+                _ => self.exit(started_at),
+            },
             _ => RuntimeState::Created,
         }
+    }
+
+    fn exit(&self, started_at: Timestamp) -> RuntimeState {
+        RuntimeState::Exited(ExitMarker {
+            started_at,
+            finished_at: self.finished_at.filter(|f| *f > started_at).unwrap_or(Timestamp(started_at.0 + 1)),
+            exit_code: self.exit_code,
+            out_of_memory: self.out_of_memory,
+        })
     }
 
     /// Whether a run is alive, frozen or not.
@@ -145,6 +183,12 @@ pub trait Engine: Send + Sync + 'static {
     async fn pause(&self, container: &str) -> Result<(), EngineError>;
     /// Thaws a paused container.
     async fn unpause(&self, container: &str) -> Result<(), EngineError>;
+    /// Whether this runtime can checkpoint a run to disk here (DESIGN 12.1): why not, if not.
+    fn checkpoints(&self) -> Result<(), String>;
+    /// Writes a running container's run to a checkpoint, ending its processes.
+    async fn checkpoint(&self, container: &str) -> Result<(), EngineError>;
+    /// Restores a checkpointed container's run.
+    async fn restore(&self, container: &str) -> Result<(), EngineError>;
     /// Removes the container, forcibly; absence is success.
     async fn remove(&self, container: &str) -> Result<(), EngineError>;
     /// Creates a labelled volume; an existing one is success.

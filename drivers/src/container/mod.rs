@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
+use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
 use berth_handoff::began;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -44,7 +44,8 @@ pub mod podman;
 mod tests;
 
 pub use engine::{
-    Bind, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, Start, Status, parse_time,
+    Bind, Checkpoint, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, Start, Status,
+    parse_time,
 };
 pub use names::{
     LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, SEED_REPOSITORY, SNAPSHOT_REPOSITORY, container_name,
@@ -84,6 +85,30 @@ struct Started {
     gate: StartRecord,
     /// The container's last start before this generation's was asked for.
     previous: Option<Timestamp>,
+    /// The generation's run, checkpointed by this driver.
+    #[serde(default)]
+    checkpoint: Option<Checkpoint>,
+}
+
+impl Started {
+    fn new(gate: StartRecord, previous: Option<Timestamp>) -> Self {
+        Self { gate, previous, checkpoint: None }
+    }
+}
+
+/// The driver's record in a sandbox's state directory `dir`.
+fn started_in(dir: &Path) -> Result<Option<Started>, DriverError> {
+    let Some(file) = state_file::read_json(&dir.join("driver.json"))? else { return Ok(None) };
+    Ok(Some(match file {
+        DriverFile::Started(started) => started,
+        DriverFile::Legacy { generation } => Started::new(StartRecord::confirmed(generation), None),
+    }))
+}
+
+/// What the runtime's `inspection` of the sandbox whose state directory is `dir` shows, read
+/// with the driver's record of a run it checkpointed.
+fn seen_in(dir: &Path, inspection: &Inspection) -> Result<RuntimeState, DriverError> {
+    Ok(inspection.state(started_in(dir)?.and_then(|s| s.checkpoint)))
 }
 
 /// `driver.json` as it may be: from before the start gate, a confirmed generation.
@@ -169,11 +194,19 @@ impl<E: Engine> ContainerDriver<E> {
     }
 
     fn started(&self, sandbox: &SandboxId) -> Result<Option<Started>, DriverError> {
-        let Some(file) = state_file::read_json(&self.dir(sandbox).join("driver.json"))? else { return Ok(None) };
-        Ok(Some(match file {
-            DriverFile::Started(started) => started,
-            DriverFile::Legacy { generation } => Started { gate: StartRecord::confirmed(generation), previous: None },
-        }))
+        started_in(&self.dir(sandbox))
+    }
+
+    fn seen(&self, sandbox: &SandboxId, inspection: &Inspection) -> Result<RuntimeState, DriverError> {
+        seen_in(&self.dir(sandbox), inspection)
+    }
+
+    fn seen_all(
+        &self,
+        sandbox: &SandboxId,
+        inspection: Option<&Inspection>,
+    ) -> Result<Option<RuntimeState>, DriverError> {
+        inspection.map(|i| self.seen(sandbox, i)).transpose()
     }
 
     fn record_started(&self, sandbox: &SandboxId, started: Started) -> Result<(), DriverError> {
@@ -191,6 +224,15 @@ impl<E: Engine> ContainerDriver<E> {
         let Some(inspection) = self.engine.inspect(&name).await? else {
             return Ok(RuntimeState::Absent { at: None });
         };
+        // A checkpointed run has no process left to signal: the stop ends it where it is, and
+        // it is never restored.
+        let checkpoint = self.started(sandbox)?.and_then(|r| r.checkpoint);
+        if let Some(run) = checkpoint
+            && matches!(inspection.state(checkpoint), RuntimeState::Running { held: Some(Hold::Checkpoint), .. })
+        {
+            self.keep_checkpoint(sandbox, Checkpoint { ended: true, ..run })?;
+            return self.seen(sandbox, &inspection);
+        }
         if inspection.running() {
             // A frozen run cannot take its SIGTERM: it is thawed first, so a stop of a paused
             // sandbox is as graceful as any other.
@@ -208,7 +250,7 @@ impl<E: Engine> ContainerDriver<E> {
             loop {
                 match self.engine.inspect(&name).await? {
                     None => return Ok(RuntimeState::Absent { at: None }),
-                    Some(i) if !i.running() => return Ok(i.state()),
+                    Some(i) if !i.running() => return self.seen(sandbox, &i),
                     Some(_) if tokio::time::Instant::now() > deadline => {
                         return Err(DriverError::Unavailable(format!("{name} is still running after its stop")));
                     }
@@ -216,7 +258,7 @@ impl<E: Engine> ContainerDriver<E> {
                 }
             }
         }
-        Ok(inspection.state())
+        self.seen(sandbox, &inspection)
     }
 
     /// A stop decided for `generation`: a newer generation begun since is left running, and
@@ -284,14 +326,14 @@ impl<E: Engine> ContainerDriver<E> {
         let record = self.started(id)?;
         match start_gate::gate(record.map(|r| r.gate), generation) {
             Gate::Superseded { newest } => return Ok(start_gate::superseded(generation, newest)),
-            Gate::Report => return Ok(start_gate::report(current.map(|i| i.state()))),
+            Gate::Report => return Ok(start_gate::report(self.seen_all(id, current.as_ref())?)),
             Gate::Resume => {
                 let previous = record.and_then(|r| r.previous);
                 if current.is_none() {
                     // The start was recorded as begun once the container existed, so it was
                     // removed since, out of band, with its run if one began: the generation is
                     // never run again (its compute resource is missing).
-                    self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
+                    self.record_started(id, Started::new(StartRecord::confirmed(generation), previous))?;
                     return Ok(start_gate::report(None));
                 }
                 // The container started since the start was begun: that run is this generation's
@@ -302,8 +344,8 @@ impl<E: Engine> ContainerDriver<E> {
                     && previous.is_none_or(|p| started_at > p)
                     && self.began_as(id, generation).await
                 {
-                    self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
-                    return Ok(start_gate::report(current.map(|i| i.state())));
+                    self.record_started(id, Started::new(StartRecord::confirmed(generation), previous))?;
+                    return Ok(start_gate::report(self.seen_all(id, current.as_ref())?));
                 }
             }
             Gate::Start => {}
@@ -331,7 +373,7 @@ impl<E: Engine> ContainerDriver<E> {
             if berth_core::bug!(RecordAfterStart) {
                 return Ok(());
             }
-            self.record_started(id, Started { gate: StartRecord::intent(generation), previous })
+            self.record_started(id, Started::new(StartRecord::intent(generation), previous))
         };
         let started = match created {
             Ok(()) => {
@@ -380,8 +422,8 @@ impl<E: Engine> ContainerDriver<E> {
         let Some(started_at) = inspection.started_at else {
             return Err(DriverError::Unavailable(format!("{name} started but reports no start time")));
         };
-        self.record_started(id, Started { gate: StartRecord::confirmed(generation), previous })?;
-        Ok(match inspection.state() {
+        self.record_started(id, Started::new(StartRecord::confirmed(generation), previous))?;
+        Ok(match inspection.state(None) {
             RuntimeState::Exited(marker) => StartReply::Exited(marker),
             _ => StartReply::Running { started_at },
         })
@@ -440,24 +482,50 @@ impl<E: Engine> ContainerDriver<E> {
         }
     }
 
-    /// Freezes (`pause`) or thaws the container's run if it is not so already, and shows the
-    /// state it left the run in (the caller holds the lock).
-    async fn freeze_locked(&self, sandbox: &SandboxId, pause: bool) -> Result<RuntimeState, DriverError> {
+    /// Holds the container's run as `wanted` says (frozen, checkpointed, or let go of: `None`)
+    /// if it is not so already, and shows the state it left the run in (the caller holds the
+    /// lock). A run held the other way is let go of first: a frozen run cannot be written to a
+    /// checkpoint, nor a checkpoint frozen.
+    async fn hold_locked(&self, sandbox: &SandboxId, wanted: Option<Hold>) -> Result<RuntimeState, DriverError> {
         let name = container_name(sandbox);
         let Some(inspection) = self.engine.inspect(&name).await? else {
             return Ok(RuntimeState::Absent { at: None });
         };
-        match (inspection.status, pause) {
-            (Status::Running, true) => self.engine.pause(&name).await?,
-            (Status::Paused, false) => self.engine.unpause(&name).await?,
-            _ => return Ok(inspection.state()),
+        let shown = self.seen(sandbox, &inspection)?;
+        let RuntimeState::Running { started_at, held } = shown else { return Ok(shown) };
+        if held == wanted {
+            return Ok(shown);
+        }
+        match held {
+            Some(Hold::Freezer) => self.engine.unpause(&name).await?,
+            Some(Hold::Checkpoint) => self.engine.restore(&name).await?,
+            None => {}
+        }
+        match wanted {
+            Some(Hold::Freezer) => self.engine.pause(&name).await?,
+            Some(Hold::Checkpoint) => {
+                // Recorded before the runtime is asked: a gateway that dies in between leaves an
+                // exited container that only this record shows to be this run, checkpointed.
+                let run = Checkpoint { run_started_at: started_at, ended: false };
+                self.keep_checkpoint(sandbox, run)?;
+                self.engine.checkpoint(&name).await?;
+            }
+            None => {}
         }
         self.state(sandbox).await
     }
 
+    /// Writes the driver's record of the run it checkpoints.
+    fn keep_checkpoint(&self, sandbox: &SandboxId, checkpoint: Checkpoint) -> Result<(), DriverError> {
+        let Some(record) = self.started(sandbox)? else {
+            return Err(DriverError::Failed(format!("{sandbox} has no record of its start to keep a checkpoint in")));
+        };
+        self.record_started(sandbox, Started { checkpoint: Some(checkpoint), ..record })
+    }
+
     async fn state(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         Ok(match self.engine.inspect(&container_name(sandbox)).await? {
-            Some(i) => i.state(),
+            Some(i) => self.seen(sandbox, &i)?,
             None => RuntimeState::Absent { at: None },
         })
     }
@@ -594,14 +662,27 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         cut_short(self.delete_locked(sandbox, grace, Some(at)).await, at)
     }
 
-    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+    /// The freezer is the runtime's everywhere; a checkpoint needs a runtime that can make one
+    /// here (Podman's CRIU, as its probe at connect found it).
+    fn admit_pause(&self, hold: Hold) -> Result<(), berth_core::Error> {
+        match hold {
+            Hold::Freezer => Ok(()),
+            Hold::Checkpoint => self.engine.checkpoints().map_err(|reason| berth_core::Error::Unsupported {
+                action: "checkpoint",
+                driver: self.engine.name(),
+                reason,
+            }),
+        }
+    }
+
+    async fn pause(&self, sandbox: &SandboxId, hold: Hold) -> Result<RuntimeState, DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        self.freeze_locked(sandbox, true).await
+        self.hold_locked(sandbox, Some(hold)).await
     }
 
     async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         let _guard = self.locks.lock(sandbox, false).await?;
-        self.freeze_locked(sandbox, false).await
+        self.hold_locked(sandbox, None).await
     }
 
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
@@ -658,15 +739,18 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         }
         sync.push(Ok(WatchEvent::Synced));
         let engine = Arc::clone(&self.engine);
+        let root = self.config.root.clone();
         let live = events.then(move |event| {
             let engine = Arc::clone(&engine);
+            let root = root.clone();
             async move {
                 let event = event.map_err(DriverError::from)?;
+                let dir = root.join(event.sandbox.as_str());
                 let state = if event.removed {
                     RuntimeState::Absent { at: Some(event.at) }
                 } else {
                     match engine.inspect(&container_name(&event.sandbox)).await? {
-                        Some(i) => i.state(),
+                        Some(i) => seen_in(&dir, &i)?,
                         None => RuntimeState::Absent { at: Some(event.at) },
                     }
                 };

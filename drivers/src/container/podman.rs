@@ -11,9 +11,9 @@ use futures_util::StreamExt;
 use podman_api::Podman;
 use podman_api::models::{ContainerMount, LinuxCpu, LinuxMemory, LinuxPids, LinuxResources, NamedVolume, Namespace};
 use podman_api::opts::{
-    ContainerCommitOpts, ContainerCreateOpts, ContainerDeleteOpts, ContainerListFilter, ContainerListOpts,
-    ContainerStopOpts, EventsOpts, ImageImportOpts, ImageListFilter, ImageListOpts, ImageTagOpts, VolumeCreateOpts,
-    VolumeListFilter, VolumeListOpts,
+    ContainerCheckpointOpts, ContainerCommitOpts, ContainerCreateOpts, ContainerDeleteOpts, ContainerListFilter,
+    ContainerListOpts, ContainerRestoreOpts, ContainerStopOpts, EventsOpts, ImageImportOpts, ImageListFilter,
+    ImageListOpts, ImageTagOpts, VolumeCreateOpts, VolumeListFilter, VolumeListOpts,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -28,6 +28,8 @@ pub struct PodmanEngine {
     owner: String,
     store: Option<String>,
     cpus: u64,
+    /// Why this Podman cannot checkpoint, if it cannot (found at connect).
+    no_checkpoints: Option<String>,
 }
 
 fn error(e: podman_api::Error) -> EngineError {
@@ -92,6 +94,22 @@ fn resources(limits: &ResourceLimits) -> LinuxResources {
     }
 }
 
+/// What `criu check` (the check Podman's own `podman info` leaves out) says is wrong on this
+/// host, if anything: its first error line, or why it could not run. Podman checkpoints
+/// through CRIU on the host it runs on, which is this one (it is reached by a local socket).
+async fn criu_fails() -> Option<String> {
+    let output = match tokio::process::Command::new("criu").arg("check").output().await {
+        Ok(output) => output,
+        Err(e) => return Some(format!("`criu check` could not run ({e}): install Debian's criu")),
+    };
+    if output.status.success() {
+        return None;
+    }
+    let said = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
+    let first = said.lines().find(|l| l.contains("Error")).or_else(|| said.lines().next()).unwrap_or("no output");
+    Some(format!("`criu check` fails on this host ({}): {}", output.status, first.trim()))
+}
+
 fn nanos(t: &chrono::DateTime<chrono::Utc>) -> Option<Timestamp> {
     t.timestamp_nanos_opt().map(Timestamp::from_unix_nanos).filter(|t| t.0 > 0)
 }
@@ -101,8 +119,15 @@ impl PodmanEngine {
         let podman = Podman::unix(socket);
         podman.ping().await.map_err(error)?;
         let info = podman.info().await.map_err(error)?;
-        let cpus = info.host.and_then(|h| h.cpus).and_then(|n| u64::try_from(n).ok()).unwrap_or(1).max(1);
-        Ok(Self { podman, owner: owner.to_string(), store: None, cpus })
+        let host = info.host.as_ref();
+        let cpus = host.and_then(|h| h.cpus).and_then(|n| u64::try_from(n).ok()).unwrap_or(1).max(1);
+        let rootless = host.and_then(|h| h.security.as_ref()).and_then(|s| s.rootless).unwrap_or(true);
+        let no_checkpoints = if rootless {
+            Some("this Podman runs rootless, and CRIU checkpoints only as root".to_string())
+        } else {
+            criu_fails().await
+        };
+        Ok(Self { podman, owner: owner.to_string(), store: None, cpus, no_checkpoints })
     }
 
     /// Binds the engine to a store: it labels what it makes with the store's identity and sees
@@ -195,6 +220,22 @@ impl Engine for PodmanEngine {
         self.podman.containers().get(container).pause().await.map_err(error)
     }
 
+    fn checkpoints(&self) -> Result<(), String> {
+        self.no_checkpoints.clone().map_or(Ok(()), Err)
+    }
+
+    async fn checkpoint(&self, container: &str) -> Result<(), EngineError> {
+        // Kept on disk with the container (not exported), its processes ended: a restore
+        // brings the run back, a reboot in between included.
+        let opts = ContainerCheckpointOpts::builder().leave_running(false).build();
+        self.podman.containers().get(container).checkpoint(&opts).await.map(drop).map_err(error)
+    }
+
+    async fn restore(&self, container: &str) -> Result<(), EngineError> {
+        let opts = ContainerRestoreOpts::builder().build();
+        self.podman.containers().get(container).restore(&opts).await.map(drop).map_err(error)
+    }
+
     async fn unpause(&self, container: &str) -> Result<(), EngineError> {
         self.podman.containers().get(container).unpause().await.map_err(error)
     }
@@ -253,6 +294,8 @@ impl Engine for PodmanEngine {
             finished_at: state.finished_at.as_ref().and_then(nanos),
             exit_code: state.exit_code.unwrap_or_default(),
             out_of_memory: state.oom_killed.unwrap_or(false),
+            checkpointed: state.checkpointed.unwrap_or(false),
+            restored: state.restored.unwrap_or(false),
         }))
     }
 

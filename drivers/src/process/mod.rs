@@ -50,7 +50,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
+use berth_core::{ExitMarker, Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
 use berth_handoff::exit::Exit;
 use berth_handoff::{began, exit, flag};
 use tokio::sync::broadcast;
@@ -76,6 +76,10 @@ pub const KILLED_EXIT_CODE: i32 = 137;
 const MONITOR_INTERVAL: Duration = Duration::from_millis(200);
 /// How long an older generation's run may take to stop when a newer one replaces it.
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
+/// Why a process is never checkpointed: CRIU could write one, but a run restored outside a
+/// container comes back with the host's pids and files as they are then, not as they were.
+const NO_CHECKPOINTS: &str = "a run outside a container cannot be restored as it was (checkpoints need \
+    rootful Podman with a working CRIU)";
 #[derive(Clone, Debug)]
 pub struct ProcessConfig {
     /// Where sandboxes live: `<data dir>/sandboxes`.
@@ -203,8 +207,8 @@ impl<O: Os> Inner<O> {
         self.settle(sandbox)?;
         let Some(run) = self.run_file(sandbox)? else { return Ok(RuntimeState::Created) };
         if self.alive(&run) {
-            let frozen = self.os.frozen(sandbox);
-            return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at), frozen });
+            let held = self.os.frozen(sandbox).then_some(Hold::Freezer);
+            return Ok(RuntimeState::Running { started_at: Timestamp::from_unix_nanos(run.started_at), held });
         }
         Ok(RuntimeState::Exited(self.ended(sandbox, &run, KILLED_EXIT_CODE)?))
     }
@@ -249,8 +253,8 @@ impl<O: Os> Inner<O> {
     /// Freezes (`pause`) or thaws the live run, and shows the state it left it in (the caller
     /// holds the lock). Nothing alive is nothing to do.
     async fn freeze_locked(&self, sandbox: &SandboxId, pause: bool) -> Result<RuntimeState, DriverError> {
-        if let RuntimeState::Running { frozen, .. } = self.observe(sandbox)?
-            && frozen != pause
+        if let RuntimeState::Running { held, .. } = self.observe(sandbox)?
+            && held.is_some() != pause
         {
             self.os.freeze(sandbox, pause).await?;
         }
@@ -574,14 +578,21 @@ impl<O: Os> Driver for ProcessDriver<O> {
         cut_short(self.inner.delete_locked(sandbox, grace, Some(at)).await, at)
     }
 
-    fn admit_pause(&self) -> Result<(), berth_core::Error> {
-        match self.inner.os.no_freezer() {
+    fn admit_pause(&self, hold: Hold) -> Result<(), berth_core::Error> {
+        let refusal = match hold {
+            Hold::Freezer => self.inner.os.no_freezer().map(|reason| ("pause", reason)),
+            Hold::Checkpoint => Some(("checkpoint", NO_CHECKPOINTS.to_string())),
+        };
+        match refusal {
             None => Ok(()),
-            Some(reason) => Err(berth_core::Error::Unsupported { action: "pause", driver: "process", reason }),
+            Some((action, reason)) => Err(berth_core::Error::Unsupported { action, driver: "process", reason }),
         }
     }
 
-    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
+    async fn pause(&self, sandbox: &SandboxId, hold: Hold) -> Result<RuntimeState, DriverError> {
+        if hold == Hold::Checkpoint {
+            return Err(DriverError::Failed(NO_CHECKPOINTS.to_string()));
+        }
         let _guard = self.inner.locks.lock(sandbox, false).await?;
         self.inner.freeze_locked(sandbox, true).await
     }

@@ -166,7 +166,8 @@ async fn measure_pauses(gateway: &mut support::Gateway) -> (Vec<Duration>, Vec<D
     let (mut pauses, mut resumes) = (vec![], vec![]);
     for _ in 0..runs() {
         let started = Instant::now();
-        client.pause_sandbox(lifecycle()).await.unwrap();
+        let pause = pb::PauseRequest { name: "bench".into(), ..Default::default() };
+        client.pause_sandbox(pause).await.unwrap();
         wait_phase(client, "bench", pb::Phase::Paused).await;
         pauses.push(started.elapsed());
         let started = Instant::now();

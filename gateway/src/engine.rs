@@ -268,7 +268,7 @@ fn admit(driver: &dyn Driver, command: &berth_core::Command) -> Result<(), berth
             berth_core::limits::validate(&spec.limits)?;
             driver.admit(spec)
         }
-        berth_core::Command::PauseSandbox { .. } => driver.admit_pause(),
+        berth_core::Command::PauseSandbox { hold, .. } => driver.admit_pause(*hold),
         _ => Ok(()),
     }
 }
@@ -494,7 +494,10 @@ pub(crate) mod tests {
         async fn delete(&self, _: &SandboxId, _: Duration) -> Result<(), DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
-        async fn pause(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {
+        fn admit_pause(&self, _: berth_core::Hold) -> Result<(), berth_core::Error> {
+            Ok(())
+        }
+        async fn pause(&self, _: &SandboxId, _: berth_core::Hold) -> Result<RuntimeState, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn resume(&self, _: &SandboxId) -> Result<RuntimeState, DriverError> {

@@ -17,11 +17,11 @@ impl NoopDriver {
         Timestamp::from_unix_nanos(*c)
     }
 
-    /// The freezer's state of a live run set to `frozen`; the state after.
-    fn freeze(&self, sandbox: &SandboxId, frozen: bool) -> RuntimeState {
+    /// A live run held as `held` says; the state after.
+    fn hold(&self, sandbox: &SandboxId, held: Option<Hold>) -> RuntimeState {
         let mut states = self.states.lock().unwrap();
         match states.get_mut(sandbox) {
-            Some(RuntimeState::Running { frozen: f, .. }) => *f = frozen,
+            Some(RuntimeState::Running { held: h, .. }) => *h = held,
             Some(_) => {}
             None => return RuntimeState::Absent { at: None },
         }
@@ -35,6 +35,9 @@ impl Driver for NoopDriver {
         "noop"
     }
     fn admit(&self, _: &berth_core::SandboxSpec) -> Result<(), berth_core::Error> {
+        Ok(())
+    }
+    fn admit_pause(&self, _: Hold) -> Result<(), berth_core::Error> {
         Ok(())
     }
     async fn start(&self, launch: Launch) -> Result<StartReply, DriverError> {
@@ -62,11 +65,11 @@ impl Driver for NoopDriver {
         self.states.lock().unwrap().remove(sandbox);
         Ok(())
     }
-    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        Ok(self.freeze(sandbox, true))
+    async fn pause(&self, sandbox: &SandboxId, hold: Hold) -> Result<RuntimeState, DriverError> {
+        Ok(self.hold(sandbox, Some(hold)))
     }
     async fn resume(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        Ok(self.freeze(sandbox, false))
+        Ok(self.hold(sandbox, None))
     }
     async fn get(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
         Ok(self.states.lock().unwrap().get(sandbox).copied().unwrap_or(RuntimeState::Absent { at: None }))

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use berth_core::identity::IdentityKey;
 use berth_core::lifetime::Lifetime;
-use berth_core::{Command, Request, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
+use berth_core::{Command, Hold, Request, RuntimeState, SandboxId, SandboxSpec, StartReply, Timestamp};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::reconcile::{ReconcileSettings, sweep};

@@ -4,7 +4,7 @@
 
 use arbitrary::Arbitrary;
 use berth_core::{
-    Command, Decision, ExitMarker, Intent, MainProcess, Observation, Outcome, PhaseKind, Reads, Request, Run,
+    Command, Decision, ExitMarker, Hold, Intent, MainProcess, Observation, Outcome, PhaseKind, Reads, Request, Run,
     RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, StartReply, Timestamp, Write, decide, merge,
 };
 
@@ -51,7 +51,9 @@ fn state(s: &State) -> RuntimeState {
     match *s {
         State::Absent => RuntimeState::Absent { at: None },
         State::Created => RuntimeState::Created,
-        State::Running(at, frozen) => RuntimeState::Running { started_at: t(at), frozen },
+        State::Running(at, frozen) => {
+            RuntimeState::Running { started_at: t(at), held: frozen.then_some(Hold::Freezer) }
+        }
         State::Exited(started, length, code, out_of_memory) => RuntimeState::Exited(ExitMarker {
             started_at: t(started),
             finished_at: Timestamp::from_unix_nanos(i64::from(started) + i64::from(length) + 1),
@@ -118,7 +120,7 @@ fn check(steps: Vec<Step>) {
                 let c = match step {
                     Step::Stop(_) => Command::StopSandbox { name },
                     Step::Start(_) => Command::StartSandbox { name },
-                    Step::Pause(_) => Command::PauseSandbox { name },
+                    Step::Pause(_) => Command::PauseSandbox { name, hold: Hold::Freezer },
                     Step::Resume(_) => Command::ResumeSandbox { name },
                     _ => Command::DeleteSandbox { name },
                 };

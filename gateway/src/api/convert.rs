@@ -190,6 +190,7 @@ pub fn sandbox(s: Sandbox) -> pb::Sandbox {
         active_at_unix_ms,
         idle_expired_at_unix_ms: s.idle_expired_at.map(Timestamp::unix_millis),
         egress_providers,
+        checkpoint: s.intent == berth_core::Intent::Paused && s.hold == berth_core::Hold::Checkpoint,
         from_snapshot: s.seed.map(|seed| seed.snapshot).unwrap_or_default(),
     }
 }

@@ -229,7 +229,7 @@ async fn watch_sandbox(State(api): Shared, Path(name): Path<String>) -> Response
 }
 
 /// `POST /v1/sandboxes/{name}/{verb}`: stop, start, pause, resume, delete, renew; the body's fields beside the
-/// name (an expected version, a renewal).
+/// name (an expected version, a renewal, a pause's `checkpoint`).
 async fn sandbox_verb(State(api): Shared, Path((name, verb)): Path<(String, String)>, bytes: Bytes) -> Response {
     match verb.as_str() {
         "renew" => {
@@ -237,12 +237,14 @@ async fn sandbox_verb(State(api): Shared, Path((name, verb)): Path<(String, Stri
                 api.sandboxes.renew_sandbox(request(pb::RenewSandboxRequest { name, ..r })).await
             ))
         }
-        "stop" | "start" | "pause" | "resume" | "delete" => with_body!(bytes, |r: pb::LifecycleRequest| {
+        "pause" => with_body!(bytes, |r: pb::PauseRequest| reply(
+            api.sandboxes.pause_sandbox(request(pb::PauseRequest { name, ..r })).await
+        )),
+        "stop" | "start" | "resume" | "delete" => with_body!(bytes, |r: pb::LifecycleRequest| {
             let r = request(pb::LifecycleRequest { name, ..r });
             reply(match verb.as_str() {
                 "stop" => api.sandboxes.stop_sandbox(r).await,
                 "start" => api.sandboxes.start_sandbox(r).await,
-                "pause" => api.sandboxes.pause_sandbox(r).await,
                 "resume" => api.sandboxes.resume_sandbox(r).await,
                 _ => api.sandboxes.delete_sandbox(r).await,
             })

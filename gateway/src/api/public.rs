@@ -1,7 +1,7 @@
 //! The public API: sandboxes and providers.
 
 use berth_core::lifetime::Renewal;
-use berth_core::{Command, Outcome, Request as CoreRequest, validate};
+use berth_core::{Command, Hold, Outcome, Request as CoreRequest, validate};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
@@ -188,12 +188,10 @@ impl Sandboxes for SandboxApi {
         self.lifecycle(Command::DeleteSandbox { name: r.name }, r.expected_resource_version).await
     }
 
-    async fn pause_sandbox(
-        &self,
-        request: Request<pb::LifecycleRequest>,
-    ) -> Result<Response<pb::SandboxReply>, Status> {
+    async fn pause_sandbox(&self, request: Request<pb::PauseRequest>) -> Result<Response<pb::SandboxReply>, Status> {
         let r = request.into_inner();
-        self.lifecycle(Command::PauseSandbox { name: r.name }, r.expected_resource_version).await
+        let hold = if r.checkpoint { Hold::Checkpoint } else { Hold::Freezer };
+        self.lifecycle(Command::PauseSandbox { name: r.name, hold }, r.expected_resource_version).await
     }
 
     async fn resume_sandbox(

@@ -124,12 +124,17 @@ pub(super) enum SandboxCmd {
     /// idle timeout is held; the deadline still applies.
     Pause {
         name: String,
+        /// Write the run's memory to disk and end its processes instead (CRIU; rootful Podman
+        /// only): the pause outlives a reboot of the host, and `resume` restores it.
+        #[arg(long)]
+        checkpoint: bool,
         #[command(flatten)]
         version: Versioned,
         #[command(flatten)]
         wait: Wait,
     },
-    /// Thaw a paused sandbox and wait until it is Ready again, where it left off.
+    /// Thaw (or restore from its checkpoint) a paused sandbox and wait until it is Ready again,
+    /// where it left off.
     Resume {
         name: String,
         #[command(flatten)]
@@ -405,8 +410,9 @@ impl Client {
                 let reply = self.sandboxes.start_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
             }
-            SandboxCmd::Pause { name, version, wait } => {
-                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
+            SandboxCmd::Pause { name, checkpoint, version, wait } => {
+                let request =
+                    pb::PauseRequest { name, expected_resource_version: version.expected_version, checkpoint };
                 let reply = self.sandboxes.pause_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Paused, &wait).await
             }

@@ -218,8 +218,8 @@ impl Engine {
             }
             // The state a pause or resume left is a runtime report like a poll's, its absence
             // fenced by the record read before the call.
-            (Effect::Pause { sandbox, .. }, _) => {
-                let state = driver.pause(sandbox).await?;
+            (Effect::Pause { sandbox, hold, .. }, _) => {
+                let state = driver.pause(sandbox, *hold).await?;
                 let as_of_version = record.map(|r| r.resource_version);
                 Ok(Observation::Runtime { source: RuntimeSource::PauseReply, state, as_of_version })
             }

@@ -335,7 +335,10 @@ pub async fn lifecycle(sandboxes: &mut Sandboxes, verb: &str, name: &str) -> Res
     let reply = match verb {
         "stop" => sandboxes.stop_sandbox(request).await,
         "start" => sandboxes.start_sandbox(request).await,
-        "pause" => sandboxes.pause_sandbox(request).await,
+        "pause" | "checkpoint" => {
+            let checkpoint = verb == "checkpoint";
+            sandboxes.pause_sandbox(pb::PauseRequest { name: name.into(), checkpoint, ..Default::default() }).await
+        }
         "resume" => sandboxes.resume_sandbox(request).await,
         "delete" => sandboxes.delete_sandbox(request).await,
         other => panic!("no verb {other}"),

@@ -381,7 +381,7 @@ pub async fn check_converged(world: &World) {
         for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
             world.violate(Invariant::I8, problem);
         }
-        if let Some(problem) = s3_pause::freezer_not_as_recorded(s, runtime.frozen(&s.id, Some(s.generation))) {
+        if let Some(problem) = s3_pause::hold_not_as_recorded(s, runtime.held(&s.id, Some(s.generation))) {
             world.violate(Invariant::S3, problem);
         }
     }

@@ -236,7 +236,11 @@ impl Client {
         let result = match verb {
             "stop" => self.timed(c.stop_sandbox(request)).await,
             "start" => self.timed(c.start_sandbox(request)).await,
-            "pause" => self.timed(c.pause_sandbox(request)).await,
+            "pause" | "checkpoint" => {
+                let checkpoint = verb == "checkpoint";
+                let request = pb::PauseRequest { name: request.name, expected_resource_version: expected, checkpoint };
+                self.timed(c.pause_sandbox(request)).await
+            }
             "resume" => self.timed(c.resume_sandbox(request)).await,
             _ => self.timed(c.delete_sandbox(request)).await,
         }
@@ -560,20 +564,22 @@ impl Client {
         }
     }
 
-    /// DESIGN 12.1's verbs: a pause or a resume (some with a version), or a pause held for a
-    /// while and resumed, waiting for each to land as a user's client would.
+    /// DESIGN 12.1's verbs: a pause (in the freezer, or to a checkpoint) or a resume (some with
+    /// a version), or a pause held for a while and resumed, waiting for each to land as a
+    /// user's client would.
     async fn pause_or_resume(&mut self, name: &str) {
         let mode = self.versioned();
         let expected = self.version(name, mode).await;
+        let pause = if self.draw.chance(0.3) { "checkpoint" } else { "pause" };
         match self.draw.below(10) {
             0..=3 => {
-                self.lifecycle("pause", name, expected).await;
+                self.lifecycle(pause, name, expected).await;
             }
             4..=6 => {
                 self.lifecycle("resume", name, expected).await;
             }
             _ => {
-                self.lifecycle("pause", name, expected).await;
+                self.lifecycle(pause, name, expected).await;
                 self.wait(name, Duration::from_secs(5), |s| s.phase == pb::Phase::Paused as i32).await;
                 tokio::time::sleep(self.draw.millis(0, 2_000)).await;
                 self.lifecycle("resume", name, None).await;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use berth_core::{RuntimeState, SandboxId, SandboxSpec, StartReply};
+use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, StartReply};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 
 use crate::trace::Kind;
@@ -82,14 +82,15 @@ impl Driver for SimDriver {
         self.replied(what, reply)
     }
 
-    fn admit_pause(&self) -> Result<(), berth_core::Error> {
-        self.driver.admit_pause()
+    fn admit_pause(&self, hold: Hold) -> Result<(), berth_core::Error> {
+        self.driver.admit_pause(hold)
     }
 
-    async fn pause(&self, sandbox: &SandboxId) -> Result<RuntimeState, DriverError> {
-        let what = format!("pause {}", self.name(sandbox));
+    async fn pause(&self, sandbox: &SandboxId, hold: Hold) -> Result<RuntimeState, DriverError> {
+        let verb = if hold == Hold::Checkpoint { "checkpoint" } else { "pause" };
+        let what = format!("{verb} {}", self.name(sandbox));
         self.trace(what.clone());
-        let reply = self.driver.pause(sandbox).await;
+        let reply = self.driver.pause(sandbox, hold).await;
         self.replied(what, reply)
     }
 

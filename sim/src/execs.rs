@@ -110,8 +110,9 @@ impl Launcher for SimLauncher {
                 if let Some(signal) = *signalled.borrow_and_update() {
                     break Exit::Signal(signal as i32);
                 }
-                // The freezer holds the exec with its run: no byte, no end, until the thaw.
-                if lock(&world.runtime).frozen(&sandbox, Some(generation)) {
+                // A pause holds the exec with its run: no byte, no end, until the thaw (or the
+                // restore).
+                if lock(&world.runtime).held(&sandbox, Some(generation)).is_some() {
                     tokio::select! {
                         biased;
                         _ = signalled.changed() => {}
@@ -343,8 +344,8 @@ pub async fn exec_client(world: Arc<World>) -> turmoil::Result {
 pub async fn check_ended(world: &World) {
     let open = world.store.open_execs(None).await.unwrap_or_default();
     for exec in &open {
-        let frozen = lock(&world.runtime).frozen(&exec.sandbox, Some(exec.generation));
-        if let Some(problem) = e_execs::still_open(exec, frozen) {
+        let held = lock(&world.runtime).held(&exec.sandbox, Some(exec.generation)).is_some();
+        if let Some(problem) = e_execs::still_open(exec, held) {
             world.violate(Invariant::E3, problem);
         }
     }

@@ -125,7 +125,12 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let log = SimLog { world: world.clone(), sandbox: spawn.sandbox.clone() };
     let execs = Execs::new(DEFAULT_OUTPUT_CAP, Arc::new(launcher), Arc::new(log));
     let failed_to_start = spawn.failed_to_start.clone();
-    let run = Run { token: spawn.token.clone(), exit: exit_rx, failed_to_start, execs: execs.clone() };
+    let run = || Run {
+        token: spawn.token.clone(),
+        exit: exit_rx.clone(),
+        failed_to_start: failed_to_start.clone(),
+        execs: execs.clone(),
+    };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
         world: world.clone(),
@@ -146,46 +151,65 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         );
         AbortOnDrop(tokio::spawn(workload))
     });
-    let session = session::keep_session(connect, run, &mut checks);
-    tokio::pin!(session);
+    // Each pass is one life of the supervisor's process: a checkpoint ends it (its connection
+    // with it), and a restore brings it back, connecting again with the same token.
     loop {
-        // Biased: an unbiased select polls its branches from a start tokio draws from an
-        // OS-seeded generator (turmoil seeds it only under `--cfg tokio_unstable`), and whether
-        // the session is polled before or after the signal (or the answer) changes what it sends
-        // and when, so the same seed would not give the same trace (I9).
-        tokio::select! {
-            biased;
-            end = &mut session => {
-                // A rejected supervisor stops its workload and exits, and one whose command never
-                // started exits once its session ends: its run ends.
-                let cause = match end {
-                    _ if spawn.ghost => None,
-                    _ if spawn.failed_to_start.is_some() => Some(EndCause::Unstartable),
-                    SessionEnd::Rejected(_) => Some(EndCause::SupervisorExit),
-                    _ => None,
-                };
-                if let Some(cause) = cause {
-                    let (reply, _) = tokio::sync::oneshot::channel();
-                    let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation, cause);
-                    // Not a gateway's call: nothing crashes after it.
-                    let _ = runtime.send(Request { gateway: usize::MAX, call, reply });
+        let session = session::keep_session(connect, run(), &mut checks);
+        tokio::pin!(session);
+        loop {
+            // Biased: an unbiased select polls its branches from a start tokio draws from an
+            // OS-seeded generator (turmoil seeds it only under `--cfg tokio_unstable`), and
+            // whether the session is polled before or after the signal (or the answer) changes
+            // what it sends and when, so the same seed would not give the same trace (I9).
+            tokio::select! {
+                biased;
+                end = &mut session => {
+                    // A rejected supervisor stops its workload and exits, and one whose command
+                    // never started exits once its session ends: its run ends.
+                    let cause = match end {
+                        _ if spawn.ghost => None,
+                        _ if spawn.failed_to_start.is_some() => Some(EndCause::Unstartable),
+                        SessionEnd::Rejected(_) => Some(EndCause::SupervisorExit),
+                        _ => None,
+                    };
+                    if let Some(cause) = cause {
+                        let (reply, _) = tokio::sync::oneshot::channel();
+                        let call = Call::SupervisorExited(spawn.sandbox.clone(), spawn.generation, cause);
+                        // Not a gateway's call: nothing crashes after it.
+                        let _ = runtime.send(Request { gateway: usize::MAX, call, reply });
+                    }
+                    return;
                 }
+                _ = answered.changed(), if spawn.ghost => return,
+                changed = spawn.signal.changed(), if !spawn.ghost => {
+                    match *spawn.signal.borrow_and_update() {
+                        _ if changed.is_err() => return,
+                        RunSignal::MainExited { code, out_of_memory } => {
+                            exit.send_replace(Some(MainExit { code, out_of_memory }));
+                        }
+                        // Killed with its run: the connection goes with it, and its execs.
+                        RunSignal::Ended => {
+                            tokio::spawn(async move { execs.stop_all().await });
+                            return;
+                        }
+                        RunSignal::Checkpointed => break,
+                        RunSignal::Running => {}
+                    }
+                }
+            }
+        }
+        // In the checkpoint: nothing runs until the restore, or the end.
+        loop {
+            if spawn.signal.changed().await.is_err() {
                 return;
             }
-            _ = answered.changed(), if spawn.ghost => return,
-            changed = spawn.signal.changed(), if !spawn.ghost => {
-                match *spawn.signal.borrow_and_update() {
-                    _ if changed.is_err() => return,
-                    RunSignal::MainExited { code, out_of_memory } => {
-                        exit.send_replace(Some(MainExit { code, out_of_memory }));
-                    }
-                    // Killed with its run: the connection goes with it, and its execs.
-                    RunSignal::Ended => {
-                        tokio::spawn(async move { execs.stop_all().await });
-                        return;
-                    }
-                    RunSignal::Running => {}
+            match *spawn.signal.borrow_and_update() {
+                RunSignal::Running => break,
+                RunSignal::Ended => {
+                    tokio::spawn(async move { execs.stop_all().await });
+                    return;
                 }
+                RunSignal::Checkpointed | RunSignal::MainExited { .. } => {}
             }
         }
     }

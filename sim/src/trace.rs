@@ -62,6 +62,9 @@ pub enum Kind {
     /// A run was frozen (paused) or thawed.
     Paused,
     Resumed,
+    /// A run was written to a checkpoint, or restored from one.
+    Checkpointed,
+    Restored,
     /// A paused run's host rebooted: the run is gone.
     PausedRunLost,
     Removed,
@@ -115,6 +118,8 @@ impl Kind {
             Kind::Exec => "exec",
             Kind::Paused => "paused",
             Kind::Resumed => "resumed",
+            Kind::Checkpointed => "checkpointed",
+            Kind::Restored => "restored",
             Kind::PausedRunLost => "paused run lost",
             Kind::Attach => "attach",
             Kind::Cancel => "cancel",

@@ -1,11 +1,12 @@
 //! S3 (DESIGN 16): pause and resume never change the generation or the identity; a paused
-//! sandbox runs no exec; after faults stop, intent Paused converges to Paused over a frozen run
-//! (or, once its run is gone, to what its restart policy says: the pause ends with the run).
+//! sandbox runs no exec; after faults stop, intent Paused converges to Paused over a run held
+//! as the pause asked (frozen, or in a checkpoint), or, once its run is gone, to what its
+//! restart policy says: the pause ends with the run.
 //!
 //! The store's writes are fed as facts (an admission against a paused record, a generation
-//! moved out of a pause); convergence is judged at the end against the runtime's freezer.
+//! moved out of a pause); convergence is judged at the end against the runtime's runs.
 
-use berth_core::{Intent, PhaseKind, Sandbox};
+use berth_core::{Hold, Intent, PhaseKind, Sandbox};
 
 use super::{Checker, Fact, Found, Invariant};
 
@@ -44,14 +45,18 @@ fn rotated_out_of_a_pause(before: &Sandbox, after: &Sandbox) -> Option<String> {
 }
 
 /// After the quiet phase: a sandbox that says it is paused, or that it runs, is so in the
-/// runtime (`frozen`: whether its current generation's live run is held by the freezer).
-pub fn freezer_not_as_recorded(s: &Sandbox, frozen: bool) -> Option<String> {
-    match (s.intent, s.phase.kind(), frozen) {
-        (Intent::Paused, PhaseKind::Paused, false) => {
-            Some(format!("{} is Paused at generation {} but its run is not frozen", s.name, s.generation))
-        }
-        (Intent::Running, PhaseKind::Ready, true) => {
-            Some(format!("{} is Ready at generation {} but its run is frozen", s.name, s.generation))
+/// runtime (`held`: how a pause holds its current generation's run, if one does).
+pub fn hold_not_as_recorded(s: &Sandbox, held: Option<Hold>) -> Option<String> {
+    match (s.intent, s.phase.kind(), held) {
+        (Intent::Paused, PhaseKind::Paused, held) if held != Some(s.hold) => Some(format!(
+            "{} is Paused {} at generation {} but its run is {}",
+            s.name,
+            s.hold,
+            s.generation,
+            held.map_or("not paused".to_string(), |h| format!("paused {h}"))
+        )),
+        (Intent::Running, PhaseKind::Ready, Some(held)) => {
+            Some(format!("{} is Ready at generation {} but its run is paused {held}", s.name, s.generation))
         }
         _ => None,
     }
@@ -95,18 +100,25 @@ mod tests {
     }
 
     #[test]
-    fn a_record_the_freezer_does_not_bear_out_fires() {
+    fn a_record_the_runtime_does_not_bear_out_fires() {
         let paused = sandbox("a", Intent::Paused, Phase::Paused, 2);
+        let checkpointed = Sandbox { hold: Hold::Checkpoint, ..paused.clone() };
         let ready = sandbox("a", Intent::Running, Phase::Ready, 2);
-        assert_eq!(freezer_not_as_recorded(&paused, true), None);
-        assert_eq!(freezer_not_as_recorded(&ready, false), None);
+        let (freezer, checkpoint) = (Some(Hold::Freezer), Some(Hold::Checkpoint));
+        assert_eq!(hold_not_as_recorded(&paused, freezer), None);
+        assert_eq!(hold_not_as_recorded(&checkpointed, checkpoint), None);
+        assert_eq!(hold_not_as_recorded(&ready, None), None);
         assert_eq!(
-            freezer_not_as_recorded(&paused, false).as_deref(),
-            Some("a is Paused at generation 2 but its run is not frozen")
+            hold_not_as_recorded(&paused, None).as_deref(),
+            Some("a is Paused in the freezer at generation 2 but its run is not paused")
         );
         assert_eq!(
-            freezer_not_as_recorded(&ready, true).as_deref(),
-            Some("a is Ready at generation 2 but its run is frozen")
+            hold_not_as_recorded(&checkpointed, freezer).as_deref(),
+            Some("a is Paused to a checkpoint at generation 2 but its run is paused in the freezer")
+        );
+        assert_eq!(
+            hold_not_as_recorded(&ready, checkpoint).as_deref(),
+            Some("a is Ready at generation 2 but its run is paused to a checkpoint")
         );
     }
 }

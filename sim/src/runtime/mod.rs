@@ -49,6 +49,8 @@ pub enum Call {
     Stop(SandboxId),
     /// Freeze (`true`) or thaw the container's run.
     Freeze(SandboxId, bool),
+    /// Write the container's run to a checkpoint (`true`), or restore it from one.
+    Checkpoint(SandboxId, bool),
     Remove(SandboxId),
     Inspect(SandboxId),
     List,
@@ -79,6 +81,8 @@ impl Call {
             Call::Stop(id) => format!("stop {}", runtime.name(id)),
             Call::Freeze(id, true) => format!("pause {}", runtime.name(id)),
             Call::Freeze(id, false) => format!("unpause {}", runtime.name(id)),
+            Call::Checkpoint(id, true) => format!("checkpoint {}", runtime.name(id)),
+            Call::Checkpoint(id, false) => format!("restore {}", runtime.name(id)),
             Call::Remove(id) => format!("remove {}", runtime.name(id)),
             Call::Inspect(id) => format!("inspect {}", runtime.name(id)),
             Call::List => "list".into(),
@@ -211,6 +215,7 @@ impl Runtime {
             | Call::Start(_)
             | Call::Stop(_)
             | Call::Freeze(..)
+            | Call::Checkpoint(..)
             | Call::Remove(_)
             | Call::Commit(..)
             | Call::Tag(..)
@@ -222,6 +227,8 @@ impl Runtime {
             Call::Start(id) => self.start(&id).await.map_or_else(Answer::Failed, Answer::Started),
             Call::Stop(id) => self.stop(&id).await.into(),
             Call::Freeze(id, frozen) => self.freeze(&id, frozen).await.into(),
+            Call::Checkpoint(id, true) => self.checkpoint(&id).await.into(),
+            Call::Checkpoint(id, false) => self.restore(&id).await.into(),
             Call::Remove(id) => {
                 self.remove(&id, EndCause::Deleted).await;
                 Answer::Done
@@ -361,17 +368,12 @@ impl Runtime {
                 m.unstartable.insert((id.clone(), generation));
             }
             let container = m.containers.get_mut(id).expect("looked up under the container's lock");
+            drop_checkpoint(container);
             let twice = d1_one_run::started_twice(&name, &container.runs, generation, out_of_band);
             let crashes = crash_loops(&container.spec.command) && !unstartable;
-            container.runs.push(Run {
-                generation: generation.unwrap_or(0),
-                started_at,
-                finished: None,
-                token: token.clone().unwrap_or_default(),
-                out_of_band,
-                held: None,
-                signal,
-            });
+            let generation = generation.unwrap_or(0);
+            let token = token.clone().unwrap_or_default();
+            container.runs.push(Run { out_of_band, ..Run::new(generation, started_at, token, signal) });
             (twice, crashes)
         };
         let how = if out_of_band { " (out of band)" } else { "" };
@@ -471,6 +473,50 @@ impl Runtime {
         Ok(())
     }
 
+    /// Podman's checkpoint (CRIU): a live run, not frozen, is written to disk and its processes
+    /// end; the container shows exited. Its supervisor's connection goes with them.
+    async fn checkpoint(&self, id: &SandboxId) -> Result<(), EngineError> {
+        let serialize = self.sandbox_lock(id);
+        let _guard = serialize.lock().await;
+        let name = container_name(id);
+        let at = self.world.runtime_time();
+        {
+            let mut m = lock(&self.world.runtime);
+            let container =
+                m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
+            let Some(run) = container.alive().filter(|r| !r.frozen) else {
+                return Err(EngineError::Refused(format!("container {name} is not running")));
+            };
+            run.checkpointed = Some(at);
+            run.signal.send_replace(RunSignal::Checkpointed);
+        }
+        self.world.event("runtime", Kind::Checkpointed, self.name(id));
+        self.emit(id, false);
+        Ok(())
+    }
+
+    /// Podman's restore: the checkpointed run comes back where it was, its start shown as now.
+    async fn restore(&self, id: &SandboxId) -> Result<(), EngineError> {
+        let serialize = self.sandbox_lock(id);
+        let _guard = serialize.lock().await;
+        let name = container_name(id);
+        let at = self.world.runtime_time();
+        {
+            let mut m = lock(&self.world.runtime);
+            let container =
+                m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
+            let Some(run) = container.checkpointed() else {
+                return Err(EngineError::Refused(format!("container {name} is not checkpointed")));
+            };
+            run.checkpointed = None;
+            run.restored_at = Some(at);
+            run.signal.send_replace(RunSignal::Running);
+        }
+        self.world.event("runtime", Kind::Restored, self.name(id));
+        self.emit(id, false);
+        Ok(())
+    }
+
     /// D1 as a stop lands: against the record, and the run it stops.
     async fn check_stop_wanted(&self, id: &SandboxId) {
         let Ok(Some(record)) = self.world.store.sandbox(id).await else { return };
@@ -490,7 +536,8 @@ impl Runtime {
             let mut m = lock(&self.world.runtime);
             let removed = m.containers.remove(id);
             let existed = removed.is_some();
-            if let Some(container) = removed {
+            if let Some(mut container) = removed {
+                drop_checkpoint(&mut container);
                 m.removals.entry(id.clone()).or_default().push(at);
                 m.removed_runs.entry(id.clone()).or_default().extend(container.runs);
             }
@@ -561,5 +608,15 @@ impl Runtime {
                 }
             }
         }
+    }
+}
+
+/// A checkpoint a new start or a removal of its container leaves behind ends its run: never
+/// restored, it never will be.
+fn drop_checkpoint(container: &mut Container) {
+    if let Some(run) = container.checkpointed() {
+        let at = run.checkpointed.take().unwrap_or(run.started_at);
+        run.finished = Some((at, 0, EndCause::CheckpointDropped));
+        run.signal.send_replace(RunSignal::Ended);
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use berth_core::{SandboxId, Timestamp};
+use berth_core::{Hold, SandboxId, Timestamp};
 use berth_drivers::container::{ContainerSpec, EngineError, EngineEvent, Inspection, Status};
 use berth_drivers::handoff::flag;
 use tokio::sync::{mpsc, watch};
@@ -28,6 +28,9 @@ pub enum EndCause {
     SupervisorExit,
     /// Its command could not be started: its supervisor reported that and exited.
     Unstartable,
+    /// It was checkpointed, and its container was started anew or removed: the checkpoint,
+    /// never restored, went with it.
+    CheckpointDropped,
 }
 
 impl EndCause {
@@ -47,6 +50,9 @@ pub enum RunSignal {
         code: i32,
         out_of_memory: bool,
     },
+    /// Written to a checkpoint: every process of the run ended, its connections with them,
+    /// until a restore (`Running` again) or the end.
+    Checkpointed,
     Ended,
 }
 
@@ -60,17 +66,43 @@ pub struct Run {
     pub out_of_band: bool,
     /// Held by the freezer (paused).
     pub frozen: bool,
+    /// When it was written to a checkpoint, if it is in one: its processes are gone, and the
+    /// runtime shows it exited, but it has not ended.
+    pub checkpointed: Option<Timestamp>,
+    /// When it was last restored from a checkpoint: the runtime shows that as its start.
+    pub restored_at: Option<Timestamp>,
     pub(crate) signal: watch::Sender<RunSignal>,
 }
 
 impl Run {
     /// A run started by a driver's start.
     pub fn new(generation: u64, started_at: Timestamp, token: String, signal: watch::Sender<RunSignal>) -> Self {
-        Self { generation, started_at, finished: None, token, out_of_band: false, held: None, signal }
+        Self {
+            generation,
+            started_at,
+            finished: None,
+            token,
+            out_of_band: false,
+            frozen: false,
+            checkpointed: None,
+            restored_at: None,
+            signal,
+        }
     }
 
+    /// Whether its processes run (frozen or not).
     pub fn live(&self) -> bool {
-        self.finished.is_none()
+        self.finished.is_none() && self.checkpointed.is_none()
+    }
+
+    /// How a pause holds it, if one does (it has not ended).
+    pub fn held(&self) -> Option<Hold> {
+        match (self.finished, self.checkpointed, self.frozen) {
+            (Some(_), _, _) => None,
+            (None, Some(_), _) => Some(Hold::Checkpoint),
+            (None, None, true) => Some(Hold::Freezer),
+            (None, None, false) => None,
+        }
     }
 }
 
@@ -81,30 +113,41 @@ pub struct Container {
 
 impl Container {
     pub(crate) fn alive(&mut self) -> Option<&mut Run> {
-        self.runs.last_mut().filter(|r| r.finished.is_none())
+        self.runs.last_mut().filter(|r| r.live())
     }
 
     pub fn alive_generation(&self) -> Option<u64> {
-        self.runs.last().filter(|r| r.finished.is_none()).map(|r| r.generation)
+        self.runs.last().filter(|r| r.live()).map(|r| r.generation)
+    }
+
+    /// The last run, if it is in a checkpoint.
+    pub(crate) fn checkpointed(&mut self) -> Option<&mut Run> {
+        self.runs.last_mut().filter(|r| r.held() == Some(Hold::Checkpoint))
     }
 
     /// What the engine shows, as Docker does: the last run's start, and the last finish (the
-    /// previous run's while one runs).
+    /// previous run's while one runs). A checkpoint shows as Podman shows it: exited at the
+    /// checkpoint, and its restore as the run's start.
     pub fn inspection(&self) -> Inspection {
         let last = self.runs.last();
         let finished = last.and_then(|r| r.finished);
+        let checkpointed = last.and_then(|r| r.checkpointed.filter(|_| finished.is_none()));
+        let finishes = self.runs.iter().rev().map(|r| r.finished.map(|(at, _, _)| at).or(r.checkpointed));
         Inspection {
             status: match (last, finished) {
                 (None, _) => Status::Created,
+                (Some(_), None) if checkpointed.is_some() => Status::Exited,
                 (Some(run), None) if run.frozen => Status::Paused,
                 (Some(_), None) => Status::Running,
                 (Some(_), Some(_)) => Status::Exited,
             },
-            started_at: last.map(|r| r.started_at),
-            finished_at: self.runs.iter().rev().find_map(|r| r.finished).map(|(at, _, _)| at),
+            started_at: last.map(|r| r.restored_at.unwrap_or(r.started_at)),
+            finished_at: finishes.flatten().next(),
             exit_code: finished.map_or(0, |(_, code, _)| code),
             // Docker's `OOMKilled`.
             out_of_memory: finished.is_some_and(|(_, _, cause)| cause == EndCause::OutOfMemory),
+            checkpointed: checkpointed.is_some(),
+            restored: last.is_some_and(|r| r.restored_at.is_some()),
         }
     }
 
@@ -233,11 +276,10 @@ impl RuntimeModel {
         container.or_else(process)
     }
 
-    /// Whether the sandbox's live run (of `generation`, if given) is held by the freezer: it
+    /// How the sandbox's run (of `generation`, if given) is held, if a pause holds one: it
     /// makes no progress, its execs included, and its command cannot exit by itself.
-    pub fn frozen(&self, id: &SandboxId, generation: Option<u64>) -> bool {
-        let wanted = |r: &Run| r.live() && r.frozen && generation.is_none_or(|g| g == r.generation);
-        self.runs(id).any(wanted)
+    pub fn held(&self, id: &SandboxId, generation: Option<u64>) -> Option<Hold> {
+        self.runs(id).filter(|r| generation.is_none_or(|g| g == r.generation)).find_map(Run::held)
     }
 
     /// The latest run of `generation`: after an out-of-band restart, the restart's.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_core::SandboxId;
+use berth_core::{Hold, SandboxId};
 use berth_drivers::process::os::Signal;
 use tokio::sync::watch;
 
@@ -97,11 +97,12 @@ impl Runtime {
     }
 
     /// A paused run's host rebooted: every process of the run is gone (the container's run
-    /// killed, or the run's group), as is the freezer that held it.
+    /// killed, or the run's group), as is the freezer that held it. A checkpoint, on disk,
+    /// outlives the reboot.
     fn lose_a_paused_run(self: &Arc<Self>, processes: bool) {
         let frozen: Vec<SandboxId> = {
             let m = lock(&self.world.runtime);
-            m.sandboxes().filter(|id| m.frozen(id, None)).cloned().collect()
+            m.sandboxes().filter(|id| m.held(id, None) == Some(Hold::Freezer)).cloned().collect()
         };
         let Some(id) = self.pick_of(frozen) else { return };
         self.world.event("runtime", Kind::PausedRunLost, self.name(&id));
@@ -172,8 +173,8 @@ impl Runtime {
     /// kernel start)`): its supervisor reports it, then the run ends. A crash (`fails`) is never
     /// a completion.
     pub(crate) async fn workload_exit(self: &Arc<Self>, id: &SandboxId, process: Option<(i32, u64)>, fails: bool) {
-        // A frozen command cannot end by itself (a kill still ends it).
-        if lock(&self.world.runtime).frozen(id, None) {
+        // A held command cannot end by itself (a kill still ends a frozen one).
+        if lock(&self.world.runtime).held(id, None).is_some() {
             return;
         }
         // 0 is a completion (DESIGN 9.3); the others failures, one in ten the kernel's kill for

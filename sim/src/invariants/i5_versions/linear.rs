@@ -130,9 +130,15 @@ impl Model for Register {
                                 PhaseKind::Stopped | PhaseKind::Error => message.contains("past its deadline"),
                                 _ => false,
                             }),
-                            // Only a live run (Ready, or paused) is paused or resumed; a paused
-                            // one past its deadline is renewed before it is resumed.
-                            "pause" => state.as_ref().is_some_and(|s| s.intent != Intent::Paused && !live(s)),
+                            // Only a live run (Ready, or paused) is paused or resumed, and a
+                            // paused one only as it is paused already; a paused one past its
+                            // deadline is renewed before it is resumed. A driver that cannot
+                            // checkpoint refuses every checkpoint, whatever the record says.
+                            "checkpoint" if message.contains("cannot checkpoint here") => true,
+                            "pause" | "checkpoint" => state.as_ref().is_some_and(|s| match s.intent {
+                                Intent::Paused => message.contains("already: resume it before pausing it"),
+                                _ => !live(s),
+                            }),
                             "resume" => state.as_ref().is_some_and(|s| match s.intent {
                                 Intent::Paused => message.contains("past its deadline"),
                                 _ => !live(s),

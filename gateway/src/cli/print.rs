@@ -95,6 +95,7 @@ pub(super) fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "active_at_unix_ms": s.active_at_unix_ms, "idle_expired_at_unix_ms": s.idle_expired_at_unix_ms,
         "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
         "template": (!s.template.is_empty()).then_some(&s.template), "pool_member": s.pool_member,
+        "from_snapshot": (!s.from_snapshot.is_empty()).then_some(&s.from_snapshot), "checkpoint": s.checkpoint,
         "spec": spec_json(&spec),
         "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
     })
@@ -125,6 +126,7 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
         None if s.completed => "Completed (exit 0)".to_string(),
         None if s.expired_at_unix_ms.is_some() => "Expired".to_string(),
         None if s.idle_expired_at_unix_ms.is_some() => "Expired (idle)".to_string(),
+        None if s.checkpoint => "Checkpoint".to_string(),
         None => String::new(),
     };
     vec![

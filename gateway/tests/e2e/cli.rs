@@ -62,6 +62,20 @@ async fn the_cli_drives_a_sandbox_through_its_lifecycle() {
     let got = json(&berth(&data, &["-o", "json", "sandbox", "get", "web"]).await);
     assert_eq!(got["providers"], serde_json::json!(["p"]));
 
+    // Pause and resume; a checkpoint, which the process driver never makes, is refused saying
+    // why.
+    let paused = json(&berth(&data, &["-o", "json", "sandbox", "pause", "web"]).await);
+    assert_eq!((paused["phase"].as_str(), paused["checkpoint"].as_bool()), (Some("Paused"), Some(false)));
+    ok(&berth(&data, &["sandbox", "resume", "web"]).await);
+    let no_checkpoint = berth(&data, &["sandbox", "pause", "web", "--checkpoint"]).await;
+    assert_eq!(no_checkpoint.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&no_checkpoint.stderr);
+    assert!(
+        said.contains("FailedPrecondition") && said.contains("the process driver cannot checkpoint here"),
+        "{said}"
+    );
+    assert_eq!(json(&berth(&data, &["-o", "json", "sandbox", "get", "web"]).await)["phase"], "Ready");
+
     let refused = berth(&data, &["provider", "delete", "p"]).await;
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("FailedPrecondition"), "{refused:?}");

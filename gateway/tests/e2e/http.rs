@@ -146,6 +146,10 @@ async fn curl_drives_the_http_json_api() {
     let (status, resuming) = curl.json("POST", "/v1/sandboxes/web/resume", None);
     assert_eq!((status, resuming["sandbox"]["intent"].as_str()), (200, Some("INTENT_RUNNING")), "{resuming}");
     curl.wait_phase("web", "PHASE_READY").await;
+    // A checkpoint, in the pause's body: the process driver never makes one, and says why.
+    let (status, code, message) = refused("POST", "/v1/sandboxes/web/pause", Some(r#"{"checkpoint": true}"#));
+    assert_eq!((status, code.as_str()), (400, "FAILED_PRECONDITION"));
+    assert!(message.contains("the process driver cannot checkpoint here"), "{message}");
     let (status, code, message) = refused("POST", "/v1/sandboxes/web/freeze", None);
     assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
     assert!(message.contains("pause, resume"), "{message}");

@@ -104,6 +104,57 @@ async fn a_paused_run_makes_no_progress_and_resumes_where_it_was(runtime: Runtim
     clean_up(&target, &data, &mut sandboxes).await;
 }
 
+/// DESIGN 12.1: a checkpoint where the runtime can make one (rootful Podman with a working
+/// CRIU) holds the run as the freezer does and a resume restores it, in the same generation;
+/// everywhere else `pause --checkpoint` is refused, naming the driver and why, and changes
+/// nothing. (On the machines Berth is tested on CRIU does not work: see the README.)
+async fn a_checkpoint_holds_the_run_where_the_runtime_can_make_one_and_is_refused_elsewhere(runtime: Runtime) {
+    let Some(target) = target(runtime, "checkpoint").await else { return };
+    let data = DataDir::new();
+    let gateway = target.gateway(&data, &[]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let id = create_in(&target, &mut sandboxes, "disk", TICKING).await.id;
+    let (ready, _) = wait_phase(&mut sandboxes, "disk", pb::Phase::Ready).await;
+    ticking_past(&target, &data, &id, 0).await;
+    match lifecycle(&mut sandboxes, "checkpoint", "disk").await {
+        Err(refused) => {
+            assert_eq!(refused.code(), Code::FailedPrecondition, "{runtime:?}: {refused:?}");
+            let why = match runtime {
+                Runtime::Process => "the process driver cannot checkpoint here: a run outside a container",
+                Runtime::Docker => "the docker driver cannot checkpoint here: Docker's checkpoints are experimental",
+                // Rootless, or a `criu check` that fails (as it does here), or no criu at all.
+                Runtime::Podman => "the podman driver cannot checkpoint here: ",
+            };
+            assert!(refused.message().starts_with(why), "{runtime:?}: {refused:?}");
+            assert!(
+                runtime != Runtime::Podman || refused.message().contains("criu") || refused.message().contains("CRIU")
+            );
+            let after = get(&mut sandboxes, "disk").await.unwrap();
+            assert_eq!(
+                (after.intent, after.resource_version, after.checkpoint),
+                (pb::Intent::Running as i32, ready.resource_version, false),
+                "{runtime:?}: a refused checkpoint wrote nothing"
+            );
+        }
+        Ok(accepted) => {
+            assert_eq!(runtime, Runtime::Podman, "only Podman checkpoints");
+            assert!(accepted.checkpoint);
+            let (paused, _) = wait_phase(&mut sandboxes, "disk", pb::Phase::Paused).await;
+            let held = ticks(&target, &data, &id);
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(ticks(&target, &data, &id), held, "a checkpointed run made progress");
+            // A freezer's pause of a checkpointed sandbox is refused: resume it first.
+            let other = lifecycle(&mut sandboxes, "pause", "disk").await.unwrap_err();
+            assert!(other.message().contains("is paused to a checkpoint already"), "{other:?}");
+            lifecycle(&mut sandboxes, "resume", "disk").await.unwrap();
+            let (resumed, _) = wait_phase(&mut sandboxes, "disk", pb::Phase::Ready).await;
+            assert_eq!((resumed.generation, paused.generation), (ready.generation, ready.generation));
+            ticking_past(&target, &data, &id, held).await;
+        }
+    }
+    clean_up(&target, &data, &mut sandboxes).await;
+}
+
 macro_rules! on_every_driver {
     ($($runtime:ident => $module:ident),*) => {
         $(
@@ -113,6 +164,13 @@ macro_rules! on_every_driver {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn a_paused_run_makes_no_progress_and_resumes_where_it_was() {
                     super::a_paused_run_makes_no_progress_and_resumes_where_it_was(Runtime::$runtime).await
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn a_checkpoint_holds_the_run_where_the_runtime_can_make_one_and_is_refused_elsewhere() {
+                    let runtime = Runtime::$runtime;
+                    super::a_checkpoint_holds_the_run_where_the_runtime_can_make_one_and_is_refused_elsewhere(runtime)
+                        .await
                 }
             }
         )*

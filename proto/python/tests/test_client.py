@@ -40,7 +40,15 @@ def test_a_sandbox_goes_through_its_lifecycle(client):
 
 def test_a_paused_sandbox_runs_nothing_until_it_is_resumed(client):
     client.create("held", ["sh", "-c", "i=0; while true; do i=$((i + 1)); echo $i > ticks; sleep 0.05; done"])
+    # A run outside a container is never checkpointed: refused, saying why, and nothing changes.
+    with pytest.raises(berth.FailedPrecondition) as refused:
+        client.pause("held", checkpoint=True)
+    assert "the process driver cannot checkpoint here" in refused.value.message
+    assert client.get("held").intent == "Running"
+    with pytest.raises(ValueError, match="only a pause checkpoints"):
+        berth._wire.lifecycle_request("stop", "held", None, checkpoint=True)
     paused = client.pause("held")
+    assert not paused.checkpoint
     assert (paused.phase, paused.intent, paused.generation) == ("Paused", "Paused", 1)
     with pytest.raises(berth.FailedPrecondition) as refused:
         client.exec("held", ["cat", "ticks"])

@@ -46,6 +46,17 @@ LIFECYCLE_RPCS = {
     "resume": "ResumeSandbox",
     "delete": "DeleteSandbox",
 }
+
+
+def lifecycle_request(verb: str, name: str, expected_version: Optional[int], checkpoint: bool = False):
+    """The request of lifecycle command `verb`: a pause's carries whether it checkpoints."""
+    if verb == "pause":
+        return pb.PauseRequest(name=name, expected_resource_version=expected_version, checkpoint=checkpoint)
+    if checkpoint:
+        raise ValueError(f"only a pause checkpoints, not a {verb}")
+    return pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
+
+
 #: The phase each lifecycle command waits for; `None`: gone.
 TARGETS = {"create": "Ready", "start": "Ready", "stop": "Stopped", "pause": "Paused", "resume": "Ready", "delete": None}
 SNAPSHOT_PHASES = {
@@ -93,6 +104,7 @@ def sandbox(s: pb.Sandbox) -> Sandbox:
         allow=list(s.spec.egress.allow),
         egress_providers=list(s.egress_providers),
         from_snapshot=s.from_snapshot or None,
+        checkpoint=s.checkpoint,
     )
 
 

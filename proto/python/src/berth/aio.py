@@ -199,8 +199,10 @@ class AsyncClient:
             raise
         raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"the watch of '{name}' ended early")
 
-    async def _lifecycle(self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float):
-        request = pb.LifecycleRequest(name=name, expected_resource_version=expected_version)
+    async def _lifecycle(
+        self, verb: str, name: str, expected_version: Optional[int], wait: bool, timeout: float, checkpoint: bool = False
+    ):
+        request = _wire.lifecycle_request(verb, name, expected_version, checkpoint)
         method = getattr(self._sandboxes, _wire.LIFECYCLE_RPCS[verb])
         accepted = _wire.sandbox((await self._call(method, request)).sandbox)
         return await self.wait_for(name, _wire.TARGETS[verb], timeout=timeout) if wait else accepted
@@ -211,13 +213,24 @@ class AsyncClient:
     async def start(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
         return await self._lifecycle("start", name, expected_version, wait, timeout)
 
-    async def pause(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
+    async def pause(
+        self,
+        name: str,
+        *,
+        checkpoint: bool = False,
+        expected_version: Optional[int] = None,
+        wait: bool = True,
+        timeout: float = 120.0,
+    ) -> Sandbox:
         """Freezes a Ready sandbox's processes, memory kept, and with `wait` returns it once Paused.
-        Nothing restarts: generation and identity stay. No exec runs while it is paused."""
-        return await self._lifecycle("pause", name, expected_version, wait, timeout)
+        Nothing restarts: generation and identity stay. No exec runs while it is paused. With
+        `checkpoint`, the memory goes to disk instead (CRIU, rootful Podman only: elsewhere
+        `FailedPrecondition`, saying why), and the pause outlives a reboot of the host."""
+        return await self._lifecycle("pause", name, expected_version, wait, timeout, checkpoint)
 
     async def resume(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> Sandbox:
-        """Thaws a paused sandbox, and with `wait` returns it once Ready again."""
+        """Thaws (or restores from its checkpoint) a paused sandbox, and with `wait` returns it
+        once Ready again."""
         return await self._lifecycle("resume", name, expected_version, wait, timeout)
 
     async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:

@@ -56,6 +56,8 @@ class Sandbox:
     egress_providers: List[str] = field(default_factory=list)
     #: The snapshot it was made from (its files were that snapshot's), if it was.
     from_snapshot: Optional[str] = None
+    #: Paused to a checkpoint on disk (not the freezer): a resume restores it.
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Phase, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Hold, Intent, Phase, Provider, Sandbox, SandboxId, Write};
 use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
 
 use crate::invariants::{
@@ -378,7 +378,11 @@ pub async fn check_converged(world: &World) {
         if let Some(problem) = i7_delete_completes::deleted_still_there(s) {
             world.violate(Invariant::I7, problem);
         }
-        for problem in i8_liveness::not_converged(s, runtime.alive_generation(&s.id)) {
+        // A run in a checkpoint has no process, but it is the paused sandbox's run, kept on disk.
+        let checkpointed =
+            s.intent == Intent::Paused && runtime.held(&s.id, Some(s.generation)) == Some(Hold::Checkpoint);
+        let alive = if checkpointed { Some(s.generation) } else { runtime.alive_generation(&s.id) };
+        for problem in i8_liveness::not_converged(s, alive) {
             world.violate(Invariant::I8, problem);
         }
         if let Some(problem) = s3_pause::hold_not_as_recorded(s, runtime.held(&s.id, Some(s.generation))) {

@@ -72,12 +72,12 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::ClaimUnready => (0, Invariant::P1),
             Bug::ExecWhileStarting => (0, Invariant::X1),
             Bug::RestartPastMaximum => (1, Invariant::R1),
-            Bug::ExecWhilePausing => (0, Invariant::S3),
+            Bug::ExecWhilePausing => (4, Invariant::S3),
             // The lost run's exit is reported nowhere: the record waits, Paused, on nothing.
-            Bug::PauseOutlivesRun => (10, Invariant::I2),
+            Bug::PauseOutlivesRun => (2, Invariant::I2),
             // A pause the runtime never carried out needs a failed call or a crash at the
-            // right moment: rare.
-            Bug::PauseConfirmedBlind => (215, Invariant::S3),
+            // right moment.
+            Bug::PauseConfirmedBlind => (22, Invariant::S3),
             // A create from a snapshot, its delete right after, before the copy's first start.
             Bug::SnapshotDeletedUnderSeed => (6, Invariant::S2),
             Bug::ForkHalfMade => (1, Invariant::S4),

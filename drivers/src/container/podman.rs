@@ -95,7 +95,7 @@ fn resources(limits: &ResourceLimits) -> LinuxResources {
 }
 
 /// What `criu check` (the check Podman's own `podman info` leaves out) says is wrong on this
-/// host, if anything: its first error line, or why it could not run. Podman checkpoints
+/// host, if anything: its errors, or why it could not run. Podman checkpoints
 /// through CRIU on the host it runs on, which is this one (it is reached by a local socket).
 async fn criu_fails() -> Option<String> {
     let output = match tokio::process::Command::new("criu").arg("check").output().await {
@@ -106,8 +106,14 @@ async fn criu_fails() -> Option<String> {
         return None;
     }
     let said = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
-    let first = said.lines().find(|l| l.contains("Error")).or_else(|| said.lines().next()).unwrap_or("no output");
-    Some(format!("`criu check` fails on this host ({}): {}", output.status, first.trim()))
+    // Its errors without their source locations; its helpers' exit statuses say nothing more.
+    let errors: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.split_once("): ").map(|(_, e)| e.trim()))
+        .filter(|e| !e.starts_with("exited, status="))
+        .collect();
+    let why = if errors.is_empty() { said.trim().to_string() } else { errors.join("; ") };
+    Some(format!("`criu check` fails on this host ({}): {why}", output.status))
 }
 
 fn nanos(t: &chrono::DateTime<chrono::Utc>) -> Option<Timestamp> {

@@ -131,9 +131,9 @@ async fn a_checkpoint_holds_the_run_where_the_runtime_can_make_one_and_is_refuse
             );
             let after = get(&mut sandboxes, "disk").await.unwrap();
             assert_eq!(
-                (after.intent, after.resource_version, after.checkpoint),
-                (pb::Intent::Running as i32, ready.resource_version, false),
-                "{runtime:?}: a refused checkpoint wrote nothing"
+                (after.intent, after.phase, after.generation, after.checkpoint),
+                (pb::Intent::Running as i32, pb::Phase::Ready as i32, ready.generation, false),
+                "{runtime:?}: a refused checkpoint changed nothing"
             );
         }
         Ok(accepted) => {

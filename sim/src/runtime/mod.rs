@@ -452,51 +452,57 @@ impl Runtime {
     /// Docker's pause and unpause: only a live run can be frozen or thawed, and one already so
     /// is refused, as Docker refuses it (409).
     async fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<(), EngineError> {
-        let serialize = self.sandbox_lock(id);
-        let _guard = serialize.lock().await;
-        let name = container_name(id);
-        {
-            let mut m = lock(&self.world.runtime);
-            let container =
-                m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
-            let Some(run) = container.alive() else {
-                return Err(EngineError::Refused(format!("Container {name} is not running")));
-            };
+        let kind = if frozen { Kind::Paused } else { Kind::Resumed };
+        self.hold_run(id, kind, |container, name, _| {
+            let run = container.alive().ok_or_else(|| format!("Container {name} is not running"))?;
             if run.frozen == frozen {
                 let state = if frozen { "already paused" } else { "not paused" };
-                return Err(EngineError::Refused(format!("Container {name} is {state}")));
+                return Err(format!("Container {name} is {state}"));
             }
             run.frozen = frozen;
-        }
-        let kind = if frozen { Kind::Paused } else { Kind::Resumed };
-        self.world.event("runtime", kind, self.name(id));
-        Ok(())
+            Ok(())
+        })
+        .await
     }
 
     /// Podman's checkpoint (CRIU): a live run, not frozen, is written to disk and its processes
     /// end; the container shows exited. Its supervisor's connection goes with them.
     async fn checkpoint(&self, id: &SandboxId) -> Result<(), EngineError> {
-        let serialize = self.sandbox_lock(id);
-        let _guard = serialize.lock().await;
-        let name = container_name(id);
-        let at = self.world.runtime_time();
-        {
-            let mut m = lock(&self.world.runtime);
-            let container =
-                m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
-            let Some(run) = container.alive().filter(|r| !r.frozen) else {
-                return Err(EngineError::Refused(format!("container {name} is not running")));
-            };
+        self.hold_run(id, Kind::Checkpointed, |container, name, at| {
+            let run =
+                container.alive().filter(|r| !r.frozen).ok_or_else(|| format!("container {name} is not running"))?;
             run.checkpointed = Some(at);
             run.signal.send_replace(RunSignal::Checkpointed);
-        }
-        self.world.event("runtime", Kind::Checkpointed, self.name(id));
+            Ok(())
+        })
+        .await?;
         self.emit(id, false);
         Ok(())
     }
 
     /// Podman's restore: the checkpointed run comes back where it was, its start shown as now.
     async fn restore(&self, id: &SandboxId) -> Result<(), EngineError> {
+        self.hold_run(id, Kind::Restored, |container, name, at| {
+            let run = container.checkpointed().ok_or_else(|| format!("container {name} is not checkpointed"))?;
+            run.checkpointed = None;
+            run.restored_at = Some(at);
+            run.signal.send_replace(RunSignal::Running);
+            Ok(())
+        })
+        .await?;
+        self.emit(id, false);
+        Ok(())
+    }
+
+    /// Changes how the container's run is held (a pause, a checkpoint, or their undoing), under
+    /// the container's lock: `change` makes the change at the runtime's time `at`, or says why
+    /// the runtime refuses it; `kind` is what the trace calls it.
+    async fn hold_run(
+        &self,
+        id: &SandboxId,
+        kind: Kind,
+        change: impl FnOnce(&mut Container, &str, berth_core::Timestamp) -> Result<(), String>,
+    ) -> Result<(), EngineError> {
         let serialize = self.sandbox_lock(id);
         let _guard = serialize.lock().await;
         let name = container_name(id);
@@ -505,15 +511,9 @@ impl Runtime {
             let mut m = lock(&self.world.runtime);
             let container =
                 m.containers.get_mut(id).ok_or_else(|| EngineError::NotFound(format!("No such container: {name}")))?;
-            let Some(run) = container.checkpointed() else {
-                return Err(EngineError::Refused(format!("container {name} is not checkpointed")));
-            };
-            run.checkpointed = None;
-            run.restored_at = Some(at);
-            run.signal.send_replace(RunSignal::Running);
+            change(container, &name, at).map_err(EngineError::Refused)?;
         }
-        self.world.event("runtime", Kind::Restored, self.name(id));
-        self.emit(id, false);
+        self.world.event("runtime", kind, self.name(id));
         Ok(())
     }
 

@@ -59,8 +59,19 @@ fn invalid(field: &str, reason: impl Into<String>) -> FilesError {
     FilesError::Invalid { field: field.to_string(), reason: reason.into() }
 }
 
-fn io_error(context: &str, e: impl std::fmt::Display) -> FilesError {
-    FilesError::Io(format!("{context}: {e}"))
+/// Whether a write failed for want of space (the disk, or a quota): that does not pass by
+/// itself, so it is refused as a write too large is, never retried.
+pub(crate) fn no_space(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+}
+
+fn io_error(context: &str, e: impl Into<std::io::Error>) -> FilesError {
+    let e = e.into();
+    if no_space(&e) {
+        FilesError::TooLarge(format!("{context}: {e}"))
+    } else {
+        FilesError::Io(format!("{context}: {e}"))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,13 +516,13 @@ impl<W: Write> Packer<W> {
                 // What was opened, not what the name showed a moment before.
                 let stat = fstat(fd.as_fd()).map_err(|e| io_error(&shown, e))?;
                 if kind_of(&stat) != Some(Kind::File) {
-                    return Err(io_error(&shown, "it changed while it was read"));
+                    return Err(FilesError::Io(format!("{shown}: it changed while it was read")));
                 }
                 let size = u64::try_from(stat.st_size).unwrap_or(0);
                 let mut hashing = Hashing { inner: File::from(fd).take(size), hasher: Sha256::new(), read: 0 };
                 self.builder.append_data(&mut header(Kind::File, &stat, size), named, &mut hashing).map_err(append)?;
                 if hashing.read != size {
-                    return Err(io_error(&shown, "it shrank while it was read"));
+                    return Err(FilesError::Io(format!("{shown}: it shrank while it was read")));
                 }
                 let sha256 = hex::encode(hashing.hasher.finalize());
                 self.sums.push(FileSum { path: shown, kind: Kind::File, size, sha256 });

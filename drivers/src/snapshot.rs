@@ -59,6 +59,12 @@ fn files_error(context: &str, e: FilesError) -> DriverError {
     }
 }
 
+/// A copy's write that failed: for want of space the copy fails (and keeps nothing), as one of
+/// a workspace too large does; anything else is tried again.
+fn written(context: &str, e: io::Error) -> DriverError {
+    if files::no_space(&e) { DriverError::Failed(format!("{context}: {e}")) } else { io(context, e) }
+}
+
 /// A writer that counts what goes through it.
 struct Counting<W> {
     inner: W,
@@ -136,8 +142,8 @@ impl Snapshots {
         let written = (|| {
             let file = File::create(&partial).map_err(|e| io("creating the snapshot's archive", e))?;
             let (out, kept) = pack(workspace, io::BufWriter::new(file))?;
-            let file = out.into_inner().map_err(|e| io("writing the snapshot's archive", e.into_error()))?;
-            file.sync_all().map_err(|e| io("syncing the snapshot's archive", e))?;
+            let file = out.into_inner().map_err(|e| written("writing the snapshot's archive", e.into_error()))?;
+            file.sync_all().map_err(|e| written("syncing the snapshot's archive", e))?;
             // The sum first: an archive in place always has its sum beside it.
             write_json(&dir.join(SUM), &kept)?;
             Ok(kept)

@@ -239,3 +239,16 @@ fn a_file_replaced_in_place_is_whole_and_a_missing_path_is_not_found() {
         Err(FilesError::NotFound("nope".into()))
     );
 }
+
+/// A write the disk has no room for (`/dev/full` answers every write so) is refused as one too
+/// large: RESOURCE_EXHAUSTED through the files API, a failed copy for a snapshot; never an
+/// outage to retry.
+#[test]
+fn a_full_disk_refuses_the_write_for_good() {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let e = std::io::Write::write_all(&mut &full, b"x").unwrap_err();
+    assert!(no_space(&e), "{e:?}");
+    assert!(matches!(io_error("writing f", e), FilesError::TooLarge(m) if m.starts_with("writing f: ")));
+    let other = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    assert!(matches!(io_error("writing f", other), FilesError::Io(_)));
+}

@@ -204,11 +204,16 @@ impl Engine {
 
     /// Runs an API command: decide, commit (re-deciding after conflicts), then run its effects.
     pub async fn execute(&self, request: &Request) -> Result<Outcome, ApiError> {
+        Ok(self.decide(request).await?.outcome)
+    }
+
+    /// [`Engine::execute`], with what the decision wrote.
+    pub(crate) async fn decide(&self, request: &Request) -> Result<Decision, ApiError> {
         admit(self.inner.driver.as_ref(), &request.command)?;
         let plan = request.plan();
         let run =
             Run { locks: plan.locks(), retry: Retry::for_request(self.inner.settings.retry, request), read: None };
-        Ok(self.transact(&CommandTransaction(request), run).await?.outcome)
+        self.transact(&CommandTransaction(request), run).await
     }
 
     /// Merges one observation about sandbox `id`. `read` is the record if the caller has just

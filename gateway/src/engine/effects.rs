@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, VecDeque};
 use berth_core::decision::Subject;
 use berth_core::identity::{RuntimeIdentity, derive_token};
 use berth_core::{
-    Command, Effect, Observation, Outcome, Request, RuntimeSource, Sandbox, SandboxId, SnapshotPhase, recovery,
-    snapshot,
+    Command, Decision, Effect, Observation, Outcome, Request, RuntimeSource, Sandbox, SandboxId, SnapshotPhase,
+    recovery, snapshot,
 };
 use berth_drivers::{DriverError, Launch};
 use tracing::{debug, warn};
@@ -104,8 +104,12 @@ impl Engine {
                     }
                 },
             };
-            match self.execute(&Request::new(answer, None)).await {
-                Ok(Outcome::Snapshot(s)) if matches!(effect, Effect::Snapshot { .. }) => {
+            match self.decide(&Request::new(answer, None)).await {
+                // Counted by the write that settled it: an answer re-driven after another
+                // gateway's (or its own, before a crash) changes nothing and counts nothing.
+                Ok(Decision { outcome: Outcome::Snapshot(s), writes, .. })
+                    if matches!(effect, Effect::Snapshot { .. }) && !writes.is_empty() =>
+                {
                     let took = self.now().since(s.created_at);
                     let ready = s.phase == SnapshotPhase::Ready;
                     self.inner.metrics.snapshot_settled(s.fork.is_some(), ready, took);

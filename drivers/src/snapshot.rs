@@ -43,10 +43,35 @@ pub struct Kept {
     pub sha256: String,
 }
 
+/// Where a copy's work (packing a workspace, unpacking a snapshot into one: seconds for a large
+/// workspace) runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copying {
+    /// On a blocking thread, so that no async worker of the gateway waits on the disk meanwhile.
+    Blocking,
+    /// In place: the simulator's, where a thread would make a run's order depend on the host's
+    /// scheduler.
+    Inline,
+}
+
+impl Copying {
+    async fn run<T: Send + 'static>(self, work: impl FnOnce() -> T + Send + 'static) -> T {
+        match self {
+            Copying::Inline => work(),
+            Copying::Blocking => match tokio::task::spawn_blocking(work).await {
+                Ok(done) => done,
+                // A blocking task is never cancelled: only its panic ends it early.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            },
+        }
+    }
+}
+
 /// A driver's snapshots, under its root.
 #[derive(Clone, Debug)]
 pub struct Snapshots {
     root: PathBuf,
+    copying: Copying,
 }
 
 fn files_error(context: &str, e: FilesError) -> DriverError {
@@ -95,8 +120,8 @@ fn digest(mut files: Vec<FileSum>) -> String {
 
 impl Snapshots {
     /// The snapshots of the driver whose root is `root`.
-    pub fn under(root: &Path) -> Self {
-        Self { root: root.join(".snapshots") }
+    pub fn under(root: &Path, copying: Copying) -> Self {
+        Self { root: root.join(".snapshots"), copying }
     }
 
     fn dir(&self, id: &SnapshotId) -> PathBuf {
@@ -129,9 +154,13 @@ impl Snapshots {
     }
 
     /// Copies the workspace at `workspace` as snapshot `id` (see [`Snapshots::existing`] for
-    /// a copy made before). Run in place, not on a blocking thread: in the simulator a thread
-    /// would make the run's order depend on the host's scheduler.
-    pub fn keep(&self, id: &SnapshotId, workspace: &Path) -> Result<Kept, DriverError> {
+    /// a copy made before), where its [`Copying`] says.
+    pub async fn keep(&self, id: &SnapshotId, workspace: &Path) -> Result<Kept, DriverError> {
+        let (this, id, workspace) = (self.clone(), id.clone(), workspace.to_path_buf());
+        self.copying.run(move || this.keep_here(&id, &workspace)).await
+    }
+
+    fn keep_here(&self, id: &SnapshotId, workspace: &Path) -> Result<Kept, DriverError> {
         if let Some(kept) = self.existing(id)? {
             return Ok(kept);
         }
@@ -190,8 +219,14 @@ impl Snapshots {
 
     /// Gives the workspace at `workspace` snapshot `id`'s files, once: an unfinished seed
     /// before it is emptied first, a finished one is left alone. `sandbox_dir` is the sandbox's
-    /// own directory, where the marker goes.
-    pub fn seed(&self, id: &SnapshotId, workspace: &Path, sandbox_dir: &Path) -> Result<(), DriverError> {
+    /// own directory, where the marker goes. Where its [`Copying`] says.
+    pub async fn seed(&self, id: &SnapshotId, workspace: &Path, sandbox_dir: &Path) -> Result<(), DriverError> {
+        let (this, id) = (self.clone(), id.clone());
+        let (workspace, sandbox_dir) = (workspace.to_path_buf(), sandbox_dir.to_path_buf());
+        self.copying.run(move || this.seed_here(&id, &workspace, &sandbox_dir)).await
+    }
+
+    fn seed_here(&self, id: &SnapshotId, workspace: &Path, sandbox_dir: &Path) -> Result<(), DriverError> {
         if Self::seeded(sandbox_dir) {
             return Ok(());
         }
@@ -252,14 +287,14 @@ mod tests {
         std::fs::create_dir_all(source.join("sub")).unwrap();
         std::fs::write(source.join("a.txt"), b"hello").unwrap();
         std::fs::write(source.join("sub/b.bin"), vec![7u8; 70_000]).unwrap();
-        let snapshots = Snapshots::under(host.path());
+        let snapshots = Snapshots::under(host.path(), Copying::Inline);
         let id = SnapshotId::new("sn-1");
-        let kept = snapshots.keep(&id, &source).unwrap();
+        let kept = snapshots.keep_here(&id, &source).unwrap();
         assert!(kept.size_bytes > 70_000);
         // A copy once placed is the snapshot's: taken again, even of changed files, it answers
         // the same.
         std::fs::write(source.join("a.txt"), b"changed").unwrap();
-        assert_eq!(snapshots.keep(&id, &source).unwrap(), kept);
+        assert_eq!(snapshots.keep_here(&id, &source).unwrap(), kept);
         assert_eq!(snapshots.existing(&id).unwrap(), Some(kept.clone()));
         std::fs::write(source.join("a.txt"), b"hello").unwrap();
         assert_eq!(snapshots.list().unwrap(), vec![id.clone()]);
@@ -269,7 +304,7 @@ mod tests {
         std::fs::create_dir_all(&workspace).unwrap();
         // A seed cut short left a file behind: the seed starts from empty.
         std::fs::write(workspace.join("half"), b"x").unwrap();
-        snapshots.seed(&id, &workspace, &sandbox).unwrap();
+        snapshots.seed_here(&id, &workspace, &sandbox).unwrap();
         assert!(!workspace.join("half").exists());
         assert_eq!(std::fs::read(workspace.join("a.txt")).unwrap(), b"hello");
         assert_eq!(std::fs::read(workspace.join("sub/b.bin")).unwrap(), vec![7u8; 70_000]);
@@ -284,12 +319,12 @@ mod tests {
         std::fs::write(workspace.join("a.txt"), b"changed").unwrap();
         snapshots.remove(&id).unwrap();
         snapshots.remove(&id).unwrap();
-        snapshots.seed(&id, &workspace, &sandbox).unwrap();
+        snapshots.seed_here(&id, &workspace, &sandbox).unwrap();
         assert_eq!(std::fs::read(workspace.join("a.txt")).unwrap(), b"changed");
         // A sandbox not yet seeded cannot start from a snapshot that is gone.
         let other = host.path().join("sb-4");
         std::fs::create_dir_all(other.join("workspace")).unwrap();
-        let gone = snapshots.seed(&id, &other.join("workspace"), &other).unwrap_err();
+        let gone = snapshots.seed_here(&id, &other.join("workspace"), &other).unwrap_err();
         assert!(matches!(gone, DriverError::Failed(_)), "{gone}");
     }
 }

@@ -10,6 +10,7 @@ use berth_core::SandboxId;
 use berth_drivers::container::{
     ContainerSpec, Engine, EngineError, EventStream, Inspection, Start, sandbox_of_container,
 };
+use berth_drivers::snapshot::Copying;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -74,6 +75,11 @@ impl Engine for SimEngine {
 
     fn cpus(&self) -> u64 {
         crate::world::HOST_CPUS
+    }
+
+    // A thread would make a run's order depend on the host's scheduler.
+    fn copying(&self) -> Copying {
+        Copying::Inline
     }
 
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError> {

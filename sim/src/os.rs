@@ -12,6 +12,7 @@ use berth_core::SandboxId;
 use berth_core::limits::ResourceLimits;
 use berth_drivers::DriverError;
 use berth_drivers::process::os::{Child, Os, ProcessStat, Signal, SpawnSpec};
+use berth_drivers::snapshot::Copying;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::kernel::{self, KernelCall};
@@ -49,6 +50,11 @@ impl SimOs {
 impl Os for SimOs {
     fn now(&self) -> i64 {
         self.world.runtime_time().unix_nanos()
+    }
+
+    // A thread would make a run's order depend on the host's scheduler.
+    fn copying(&self) -> Copying {
+        Copying::Inline
     }
 
     async fn spawn(&self, spec: SpawnSpec) -> Result<Child, DriverError> {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use berth_core::{Sandbox, SandboxId, SnapshotId};
 use berth_drivers::container::volume_name;
-use berth_drivers::snapshot::{self, Snapshots};
+use berth_drivers::snapshot::{self, Copying, Snapshots};
 
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
@@ -24,7 +24,7 @@ pub fn workspace(world: &World, id: &SandboxId) -> PathBuf {
 
 /// Each snapshot the drivers keep anything of, with the sum of its whole copy, if it has one.
 pub fn copies(world: &World) -> BTreeMap<SnapshotId, Option<String>> {
-    let kept = Snapshots::under(&world.state_dir);
+    let kept = Snapshots::under(&world.state_dir, Copying::Inline);
     let ids = kept.list().unwrap_or_default();
     ids.into_iter().map(|id| (id.clone(), kept.existing(&id).ok().flatten().map(|k| k.sha256))).collect()
 }

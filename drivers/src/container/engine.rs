@@ -13,6 +13,7 @@ use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 
 use crate::DriverError;
+use crate::snapshot::Copying;
 
 /// A bind mount from the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,6 +176,10 @@ pub trait Engine: Send + Sync + 'static {
     /// How many CPUs the runtime's host has (read when it connected): the most a CPU limit can
     /// give.
     fn cpus(&self) -> u64;
+    /// Where the driver copies a workspace for a snapshot or a seed.
+    fn copying(&self) -> Copying {
+        Copying::Blocking
+    }
     async fn create(&self, spec: &ContainerSpec) -> Result<(), EngineError>;
     async fn start(&self, container: &str) -> Result<Start, EngineError>;
     /// SIGTERM, then SIGKILL after `grace`.

@@ -184,7 +184,7 @@ impl<E: Engine> ContainerDriver<E> {
             .map_err(|e| io(&format!("creating {}", config.root.display()), e))?;
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
-        let snapshots = Snapshots::under(&config.root);
+        let snapshots = Snapshots::under(&config.root, engine.copying());
         let naming = tokio::sync::Mutex::new(());
         Ok(Self { engine: Arc::new(engine), config, locks, tombstones, snapshots, naming })
     }
@@ -551,7 +551,7 @@ impl<E: Engine> ContainerDriver<E> {
             self.engine.pause(&name).await?;
         }
         let kept = match self.engine.commit(&name, &image).await {
-            Ok(()) => self.snapshots.keep(snapshot, &workspace),
+            Ok(()) => self.snapshots.keep(snapshot, &workspace).await,
             Err(e) => Err(e.into()),
         };
         drop(naming);
@@ -583,7 +583,7 @@ impl<E: Engine> ContainerDriver<E> {
         let workspace = self.engine.volume_path(&volume_name(&launch.sandbox)).await?.ok_or_else(|| {
             DriverError::Unavailable(format!("the workspace volume of {} has no path yet", launch.sandbox))
         })?;
-        self.snapshots.seed(&seed.id, &workspace, &dir)
+        self.snapshots.seed(&seed.id, &workspace, &dir).await
     }
 
     /// Makes sure a sandbox made from a snapshot has its own name for the snapshot's image,

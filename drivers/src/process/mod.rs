@@ -122,7 +122,7 @@ impl<O: Os> ProcessDriver<O> {
         let (events, _) = broadcast::channel(1024);
         let locks = SandboxLocks::new(config.root.clone());
         let tombstones = Tombstones::new(&config.root);
-        let snapshots = Snapshots::under(&config.root);
+        let snapshots = Snapshots::under(&config.root, os.copying());
         let inner = Inner { os, config, locks, tombstones, snapshots, events, monitor: Once::new() };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -284,7 +284,7 @@ impl<O: Os> Inner<O> {
             }
             _ => false,
         };
-        let kept = self.snapshots.keep(snapshot, &workspace);
+        let kept = self.snapshots.keep(snapshot, &workspace).await;
         // Thawed whatever the copy did; a thaw that fails leaves a frozen run the record says
         // is Ready, which the merge's freezer rule thaws again.
         if thaw {
@@ -399,7 +399,7 @@ impl<O: Os> Inner<O> {
                 .map_err(|e| io(&format!("creating {}", d.display()), e))?;
         }
         if let Some(seed) = launch.seed.as_ref().filter(|s| !s.seeded) {
-            self.snapshots.seed(&seed.id, &workspace, &dir)?;
+            self.snapshots.seed(&seed.id, &workspace, &dir).await?;
         }
         let exit_path = run_dir.join(exit::FILE);
         let began_path = run_dir.join(began::FILE);

@@ -16,6 +16,7 @@ use futures_util::future::BoxFuture;
 use nix::unistd::Pid;
 
 use super::cgroup::Cgroups;
+use crate::snapshot::Copying;
 use crate::{DriverError, io};
 
 /// A process to start as the leader of a new process group, with only `env` in its
@@ -58,6 +59,11 @@ pub enum Signal {
 pub trait Os: Send + Sync + 'static {
     /// The runtime's clock: Unix nanoseconds.
     fn now(&self) -> i64;
+
+    /// Where the driver copies a workspace for a snapshot or a seed.
+    fn copying(&self) -> Copying {
+        Copying::Blocking
+    }
 
     /// Starts `spec`. An error the program caused (it cannot be run) is
     /// [`DriverError::Failed`].

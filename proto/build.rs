@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "berth/v1/files.proto",
         "berth/v1/templates.proto",
         "berth/v1/snapshots.proto",
+        "berth/v1/volumes.proto",
         "berth/v1/gateway.proto",
         "berth/v1/supervisor.proto",
     ];

@@ -166,6 +166,15 @@ branches! {
     SnapshotSeeds => "snapshot: a create from a snapshot",
     SnapshotSeeded => "snapshot: a sandbox made from a snapshot has its files",
 
+    // volume: volumes, their mounts and their two-step delete.
+    VolumeCreate => "volume: create",
+    VolumeMount => "volume: a create mounts volumes",
+    VolumeMountDeleting => "volume: a create mounts a volume being deleted",
+    VolumeDelete => "volume: delete",
+    VolumeDeleteAgain => "volume: delete of a volume being deleted",
+    VolumeInUse => "volume: delete refused while a sandbox mounts it",
+    VolumeRemoved => "volume: the removal is confirmed",
+
     // start_gate: the rule every driver keeps about starting runs.
     GateStart => "start_gate: start",
     GateResume => "start_gate: resume an unconfirmed start",

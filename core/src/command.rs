@@ -20,7 +20,7 @@ use crate::request::{Command, Reads, Request};
 use crate::restart::{self, Restarts};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
-use crate::{provider, snapshot, template, validate};
+use crate::{provider, snapshot, template, validate, volume};
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
@@ -40,6 +40,9 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         Command::DeleteSnapshot { name } => snapshot::delete(request, reads, name, now),
         Command::SnapshotTaken { id, result, .. } => snapshot::taken(reads, id, result, now),
         Command::SnapshotRemoved { id, .. } => Ok(snapshot::removed(reads, id)),
+        Command::CreateVolume { id, name } => volume::create(request, reads, id, name, now),
+        Command::DeleteVolume { name } => volume::delete(request, reads, name, now),
+        Command::VolumeRemoved { name, id } => Ok(volume::removed(reads, name, id)),
         Command::ForkSandbox { snapshot, snapshot_name, forks, labels, .. } => {
             let forking = snapshot::Forking { snapshot, snapshot_name, forks, labels };
             snapshot::fork(request, reads, forking, now)
@@ -171,6 +174,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     if let Some(seed) = &seed {
         snapshot::label(&mut spec, seed);
     }
+    let mounted = volume::mounting(&mut spec, reads, now)?;
     let record = Sandbox {
         egress_providers: providers.clone(),
         providers,
@@ -181,6 +185,7 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
     };
     let mut writes = vec![Write::CreateSandbox(record.clone())];
     writes.extend(attached.iter().map(|p| touch_provider(p, now)));
+    writes.extend(mounted);
     Ok(Decision {
         writes,
         effects: vec![Effect::Start { sandbox: id.clone(), generation: 1 }],

@@ -4,9 +4,9 @@
 //! condition checked, and only then runs `effects`: a decision is durable before its effects, so
 //! an effect can always be re-driven from the committed record.
 
-use crate::id::{ExecId, SandboxId, SnapshotId};
+use crate::id::{ExecId, SandboxId, SnapshotId, VolumeId};
 use crate::phase::{Hold, PhaseKind};
-use crate::record::{Exec, Provider, Sandbox, Snapshot, Template};
+use crate::record::{Exec, Provider, Sandbox, Snapshot, Template, Volume};
 use crate::time::Timestamp;
 
 /// One conditional write. A transaction is a list of them, all applied or none.
@@ -59,6 +59,15 @@ pub enum Write {
         name: String,
         expected: u64,
     },
+    CreateVolume(Volume),
+    UpdateVolume {
+        record: Volume,
+        expected: u64,
+    },
+    RemoveVolume {
+        name: String,
+        expected: u64,
+    },
     /// Create-if-absent. An exec is removed with its sandbox.
     CreateExec(Exec),
     UpdateExec {
@@ -80,6 +89,8 @@ impl Write {
             Write::RemoveTemplate { name, .. } => Key::Template(name.clone()),
             Write::CreateSnapshot(s) | Write::UpdateSnapshot { record: s, .. } => Key::Snapshot(s.name.clone()),
             Write::RemoveSnapshot { name, .. } => Key::Snapshot(name.clone()),
+            Write::CreateVolume(v) | Write::UpdateVolume { record: v, .. } => Key::Volume(v.name.clone()),
+            Write::RemoveVolume { name, .. } => Key::Volume(name.clone()),
         }
     }
 
@@ -90,7 +101,8 @@ impl Write {
             | Write::CreateProvider(_)
             | Write::CreateExec(_)
             | Write::CreateTemplate(_)
-            | Write::CreateSnapshot(_) => None,
+            | Write::CreateSnapshot(_)
+            | Write::CreateVolume(_) => None,
             Write::UpdateSandbox { expected, .. }
             | Write::RemoveSandbox { expected, .. }
             | Write::UpdateProvider { expected, .. }
@@ -100,7 +112,9 @@ impl Write {
             | Write::UpdateTemplate { expected, .. }
             | Write::RemoveTemplate { expected, .. }
             | Write::UpdateSnapshot { expected, .. }
-            | Write::RemoveSnapshot { expected, .. } => Some(*expected),
+            | Write::RemoveSnapshot { expected, .. }
+            | Write::UpdateVolume { expected, .. }
+            | Write::RemoveVolume { expected, .. } => Some(*expected),
         }
     }
 }
@@ -112,6 +126,7 @@ pub enum Key {
     Exec(SandboxId, ExecId),
     Template(String),
     Snapshot(String),
+    Volume(String),
 }
 
 /// What a store reports when a condition of a transaction does not hold.
@@ -148,6 +163,9 @@ pub enum Effect {
     Snapshot { snapshot: SnapshotId, name: String, sandbox: SandboxId },
     /// Remove everything the runtime keeps of snapshot `snapshot`; absence is success.
     RemoveSnapshot { snapshot: SnapshotId, name: String },
+    /// Remove everything the runtime keeps of volume `volume` (DESIGN 13.2); absence is
+    /// success. Asked for only once no sandbox record mounting it is left.
+    RemoveVolume { volume: VolumeId, name: String },
 }
 
 /// What an effect acts on: the effects of one subject run one after another, in order.
@@ -157,6 +175,7 @@ pub enum Subject {
     /// A snapshot's taking and its removal never overlap: a removal cannot run under a copy
     /// still being written. The driver orders a copy with its sandbox's own effects.
     Snapshot(SnapshotId),
+    Volume(VolumeId),
 }
 
 impl Effect {
@@ -170,6 +189,7 @@ impl Effect {
             Effect::Snapshot { snapshot, .. } | Effect::RemoveSnapshot { snapshot, .. } => {
                 Subject::Snapshot(snapshot.clone())
             }
+            Effect::RemoveVolume { volume, .. } => Subject::Volume(volume.clone()),
         }
     }
 }
@@ -184,6 +204,7 @@ pub enum Outcome {
     Provider(Box<Provider>),
     Template(Box<Template>),
     Snapshot(Box<Snapshot>),
+    Volume(Box<Volume>),
     /// The exec as an exec rule leaves it ([`crate::exec`]).
     Exec(Box<Exec>),
     /// The record is gone (or, for an observation, there was none).

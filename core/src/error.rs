@@ -30,6 +30,7 @@ pub enum Kind {
     Exec,
     Template,
     Snapshot,
+    Volume,
 }
 
 impl fmt::Display for Kind {
@@ -40,6 +41,7 @@ impl fmt::Display for Kind {
             Kind::Exec => "exec",
             Kind::Template => "template",
             Kind::Snapshot => "snapshot",
+            Kind::Volume => "volume",
         })
     }
 }
@@ -109,6 +111,16 @@ pub enum Error {
     #[error("cannot {action} snapshot '{snapshot}' while it is {phase}")]
     SnapshotPhase { snapshot: String, action: &'static str, phase: &'static str },
 
+    #[error("volume '{volume}' does not exist (field {field})")]
+    UnknownVolume { volume: String, field: String },
+
+    #[error("volume '{volume}' is being deleted (field {field})")]
+    VolumeDeleting { volume: String, field: String },
+
+    /// A volume's delete while sandboxes not being deleted mount it (S2).
+    #[error("volume '{volume}' is mounted by sandbox(es): {}; delete them first", sandboxes.join(", "))]
+    VolumeInUse { volume: String, sandboxes: Vec<String> },
+
     /// A configured bound of the store's (its snapshots' count or bytes) is reached.
     #[error("{what}: at most {limit} (the gateway's {flag}); delete some first")]
     Quota { what: &'static str, limit: u64, flag: &'static str },
@@ -132,7 +144,10 @@ impl Error {
             | Error::Unenforceable { .. }
             | Error::Unsupported { .. }
             | Error::SnapshotInUse { .. }
-            | Error::SnapshotPhase { .. } => Code::FailedPrecondition,
+            | Error::SnapshotPhase { .. }
+            | Error::UnknownVolume { .. }
+            | Error::VolumeDeleting { .. }
+            | Error::VolumeInUse { .. } => Code::FailedPrecondition,
             Error::Quota { .. } => Code::ResourceExhausted,
             Error::StaleVersion { .. } => Code::Aborted,
             Error::StaleIdentity { .. } => Code::PermissionDenied,

@@ -49,6 +49,28 @@ impl fmt::Display for SnapshotId {
     }
 }
 
+/// A volume's id (DESIGN 13.2): assigned by the gateway at its create, never reused. The
+/// runtime's volume is named by it, so a volume deleted and another made under the same name
+/// never share a file, and two stores on one runtime never share a volume.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VolumeId(std::sync::Arc<str>);
+
+impl VolumeId {
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into().into())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Longest exec id.
 pub const MAX_EXEC_ID_BYTES: usize = 128;
 

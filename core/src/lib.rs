@@ -27,6 +27,7 @@
 //! - [`provider`]: making and removing providers
 //! - [`template`]: templates, warm pools and claims (9.4)
 //! - [`snapshot`]: snapshots, creates from them, and forks (12.2, 12.3)
+//! - [`volume`]: volumes, their mounts and their delete (13.2)
 //! - [`command`]: API commands decided against a read (3.2)
 //! - [`cas`]: what to do after a conflicting write (3.3)
 //! - [`identity`]: runtime identity tokens (3.4)
@@ -67,14 +68,17 @@ pub mod template;
 pub mod time;
 pub mod timers;
 pub mod validate;
+pub mod volume;
 
 pub use command::decide;
 pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
 pub use error::{Code, Error, Kind};
-pub use id::{SandboxId, SnapshotId};
+pub use id::{SandboxId, SnapshotId, VolumeId};
 pub use observation::merge;
 pub use phase::{Failure, FailureReason, Hold, Phase, PhaseKind};
-pub use record::{ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase};
+pub use record::{
+    ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase, Volume, VolumePhase,
+};
 pub use report::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply};
 pub use request::{Command, Reads, Request};
 pub use spec::SandboxSpec;

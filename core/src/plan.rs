@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use crate::error::{Error, Kind};
 use crate::record::{Sandbox, Snapshot};
 use crate::request::{Command, Request};
+use crate::spec::Mount;
 use crate::validate;
 
 /// A name a command carries, with the request field it came from (what a malformed one's
@@ -33,6 +34,16 @@ pub enum ProviderReads<'a> {
     AttachedAnd(Named<'a>),
 }
 
+/// The volumes a command reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeReads<'a> {
+    None,
+    /// Those its spec mounts, each of which it writes (a mount bumps its volume's version).
+    Mounted(&'a [Mount]),
+    /// This one, which it writes.
+    One(Named<'a>),
+}
+
 /// A record a writer holds while it reads, decides and commits. Sandboxes go by name: a command
 /// knows the name before it reads anything.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -41,6 +52,7 @@ pub enum Lock {
     Provider(String),
     Template(String),
     Snapshot(String),
+    Volume(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +82,9 @@ pub struct Plan<'a> {
     pub snapshot_users: bool,
     /// Whether it reads which names of the snapshot's fork are taken.
     pub fork_names: bool,
+    pub volumes: VolumeReads<'a>,
+    /// Whether it reads the sandboxes that mount the volume it names.
+    pub volume_users: bool,
     /// The kind of record a client-supplied version refers to.
     pub subject: Kind,
 }
@@ -94,14 +109,17 @@ impl Command {
             all_snapshots: false,
             snapshot_users: false,
             fork_names: false,
+            volumes: VolumeReads::None,
+            volume_users: false,
             subject: Kind::Sandbox,
         };
         // No catch-all arm: each command spells out its whole plan.
         match self {
-            Command::CreateSandbox { name, providers, .. } => Plan {
+            Command::CreateSandbox { name, providers, spec, .. } => Plan {
                 name: "CreateSandbox",
                 sandbox: named("name", name),
                 providers: ProviderReads::Each(providers),
+                volumes: VolumeReads::Mounted(&spec.volumes),
                 ..base
             },
             Command::StopSandbox { name } => Plan { name: "StopSandbox", sandbox: named("name", name), ..base },
@@ -205,6 +223,26 @@ impl Command {
                 fork_names: true,
                 ..base
             },
+            Command::CreateVolume { name, .. } => Plan {
+                name: "CreateVolume",
+                volumes: VolumeReads::One(Named { field: "name", name }),
+                subject: Kind::Volume,
+                ..base
+            },
+            Command::DeleteVolume { name } => Plan {
+                name: "DeleteVolume",
+                volumes: VolumeReads::One(Named { field: "name", name }),
+                volume_users: true,
+                subject: Kind::Volume,
+                ..base
+            },
+            Command::VolumeRemoved { name, .. } => Plan {
+                name: "VolumeRemoved",
+                volumes: VolumeReads::One(Named { field: "name", name }),
+                volume_users: true,
+                subject: Kind::Volume,
+                ..base
+            },
         }
     }
 }
@@ -224,14 +262,24 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// The volumes to read: the names its spec mounts, or the one it names.
+    pub fn volumes_to_read(&self) -> BTreeSet<&'a str> {
+        match self.volumes {
+            VolumeReads::None => BTreeSet::new(),
+            VolumeReads::Mounted(mounts) => mounts.iter().map(|m| m.volume.as_str()).collect(),
+            VolumeReads::One(v) => [v.name].into(),
+        }
+    }
+
     /// The records its writer holds: the sandbox it names or makes, its template, and the
-    /// providers whose versions it bumps or whose record it makes or removes.
+    /// providers and volumes whose versions it bumps or whose record it makes or removes.
     pub fn locks(&self) -> BTreeSet<Lock> {
         let mut locks = BTreeSet::new();
         locks.extend(self.sandbox.iter().chain(&self.creates).map(|s| Lock::Sandbox(s.name.to_string())));
         // Claims and fills of one template take turns here; those of other gateways conflict.
         locks.extend(self.template.map(|t| Lock::Template(t.name.to_string())));
         locks.extend(self.snapshot.map(|s| Lock::Snapshot(s.name.to_string())));
+        locks.extend(self.volumes_to_read().into_iter().map(|v| Lock::Volume(v.to_string())));
         match self.providers {
             ProviderReads::None => {}
             ProviderReads::Each(names) => locks.extend(names.iter().cloned().map(Lock::Provider)),
@@ -251,6 +299,10 @@ impl<'a> Plan<'a> {
             },
             Kind::Template => self.template.map(|t| t.name),
             Kind::Snapshot => self.snapshot.map(|s| s.name),
+            Kind::Volume => match self.volumes {
+                VolumeReads::One(v) => Some(v.name),
+                _ => None,
+            },
             _ => self.sandbox.map(|s| s.name),
         };
         (self.subject, name.unwrap_or_default())
@@ -268,8 +320,15 @@ impl<'a> Plan<'a> {
             ProviderReads::One(p) | ProviderReads::AttachedAnd(p) => Some(p),
             ProviderReads::None | ProviderReads::Each(_) => None,
         };
+        let volume = match self.volumes {
+            VolumeReads::One(v) => Some(v),
+            VolumeReads::None | VolumeReads::Mounted(_) => None,
+        };
         for p in provider.iter().chain(&self.checks) {
             validate::dns_label(p.field, p.name)?;
+        }
+        if let Some(v) = volume {
+            validate::volume_name(v.field, v.name)?;
         }
         Ok(())
     }

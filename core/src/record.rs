@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::allowlist::Policy;
-use crate::id::{ExecId, SandboxId, SnapshotId};
+use crate::id::{ExecId, SandboxId, SnapshotId, VolumeId};
 use crate::phase::{Failure, Hold, Phase, PhaseKind};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::time::Timestamp;
@@ -324,6 +324,38 @@ pub struct Fork {
     pub sandboxes: Vec<(SandboxId, String)>,
     /// Added to each fork's labels.
     pub labels: BTreeMap<String, String>,
+}
+
+/// A volume (DESIGN 13.2): files with a lifecycle of their own, mounted into sandboxes, kept
+/// across their deletes. The runtime makes its content when a run first mounts it; its delete
+/// is two steps, like a snapshot's (Deleting, then the record goes once the runtime confirms
+/// that nothing of it is left).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    pub name: String,
+    pub id: VolumeId,
+    pub phase: VolumePhase,
+    pub resource_version: u64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumePhase {
+    Ready,
+    /// A delete was committed; the runtime has not confirmed the removal (it waits until no
+    /// sandbox record mounting it is left).
+    Deleting,
+}
+
+impl VolumePhase {
+    /// The phase's name, as metrics and the wire say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumePhase::Ready => "Ready",
+            VolumePhase::Deleting => "Deleting",
+        }
+    }
 }
 
 /// How an exec ended, as its run reports it.

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use core::time::Duration;
 
 use crate::allowlist::Policy;
-use crate::id::{SandboxId, SnapshotId};
+use crate::id::{SandboxId, SnapshotId, VolumeId};
 use crate::phase::Hold;
-use crate::record::{Content, Provider, Sandbox, Secret, Snapshot, Template};
+use crate::record::{Content, Provider, Sandbox, Secret, Snapshot, Template, Volume};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
 use crate::validate::Limits;
@@ -150,6 +150,19 @@ pub enum Command {
         forks: Vec<(SandboxId, String)>,
         labels: BTreeMap<String, String>,
     },
+    /// DESIGN 13.2: a volume `name`.
+    CreateVolume {
+        id: VolumeId,
+        name: String,
+    },
+    DeleteVolume {
+        name: String,
+    },
+    /// Server-owned: the runtime removed everything of volume `id`.
+    VolumeRemoved {
+        name: String,
+        id: VolumeId,
+    },
 }
 
 /// A command and the version the client expects its record to have, if it said one.
@@ -184,6 +197,10 @@ pub struct Reads {
     pub snapshot_users: Vec<Sandbox>,
     /// For a fork's snapshot: which of the names its sandboxes are to have are taken.
     pub names_taken: BTreeSet<String>,
+    /// The volumes the plan reads ([`crate::plan::Plan::volumes`]) that exist.
+    pub volumes: BTreeMap<String, Volume>,
+    /// For a volume's delete and removal: the sandboxes that mount it, in any phase.
+    pub volume_users: Vec<Sandbox>,
 }
 
 impl Request {

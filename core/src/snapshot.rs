@@ -139,6 +139,8 @@ fn taking(sandbox: &Sandbox, id: &SnapshotId, name: &str, fork: Option<Fork>, no
     let mut spec = SandboxSpec::clone(&sandbox.spec);
     // Berth's own labels say what the source is (a pool member, a fork): not what is made from it.
     spec.labels.retain(|k, _| !k.starts_with(validate::RESERVED_LABEL_PREFIX));
+    // A snapshot copies the workspace, not volumes: what is made from it mounts none.
+    spec.volumes.clear();
     let record = Snapshot {
         name: name.to_string(),
         id: id.clone(),

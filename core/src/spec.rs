@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::allowlist::Policy;
 use crate::limits::ResourceLimits;
 
+/// Where a sandbox's workspace is, inside it: the files its stops keep and its snapshots copy.
+pub const WORKSPACE: &str = "/workspace";
+
 /// What the user asked to run. Immutable after create.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -29,6 +32,19 @@ pub struct SandboxSpec {
     /// Where its runs may connect (DESIGN 10); empty: nowhere.
     #[serde(default)]
     pub egress: Policy,
+    /// The volumes its runs see (DESIGN 13.2), each at its own path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Mount>,
+}
+
+/// A volume mounted into a sandbox's runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// The volume's name.
+    pub volume: String,
+    /// An absolute path inside the sandbox.
+    pub path: String,
+    pub read_only: bool,
 }
 
 /// What a sandbox's deadline does when it passes.

@@ -81,6 +81,11 @@ pub(crate) fn create(
 ) -> Result<Decision, Error> {
     validate::template_name("name", name)?;
     validate::spec(spec)?;
+    // A pool's members are made ahead of any claimant: a volume is mounted by a create that
+    // names it, for the sandbox that asks.
+    if !spec.volumes.is_empty() {
+        return Err(Error::invalid("spec.volumes", "a template's sandboxes cannot mount volumes"));
+    }
     lifetime::validate(&spec.lifetime, &reads.limits)?;
     restart::validate(&spec.restart)?;
     validate_pool(min_ready, &reads.limits)?;

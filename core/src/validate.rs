@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::Error;
 use crate::record::Secret;
-use crate::spec::SandboxSpec;
+use crate::spec::{Mount, SandboxSpec, WORKSPACE};
 
 /// What the gateway's configuration bounds: an input to the rules like any other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +157,63 @@ pub fn user_label(field: &str, key: &str, value: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The most volumes one sandbox mounts.
+pub const MAX_MOUNTS: usize = 16;
+/// Longest volume name: the label that binds a sandbox to the volume
+/// ([`crate::volume::label`]) has room for no more.
+pub const MAX_VOLUME_NAME: usize = 50;
+/// Longest mount path.
+pub const MAX_MOUNT_PATH: usize = 1024;
+/// Paths the runtime owns: nothing is mounted at or under them.
+const RUNTIME_PATHS: [&str; 3] = ["/proc", "/sys", "/dev"];
+
+/// A volume's name: a DNS label short enough for its binding label.
+pub fn volume_name(field: &str, name: &str) -> Result<(), Error> {
+    dns_label(field, name)?;
+    if name.len() > MAX_VOLUME_NAME {
+        return Err(Error::invalid(field, format!("must be at most {MAX_VOLUME_NAME} characters, got {}", name.len())));
+    }
+    Ok(())
+}
+
+/// A spec's mounts: named volumes at distinct, clean absolute paths, none the workspace or a
+/// path the runtime owns.
+fn mounts(mounts: &[Mount]) -> Result<(), Error> {
+    if mounts.len() > MAX_MOUNTS {
+        return Err(Error::invalid("spec.volumes", format!("at most {MAX_MOUNTS} mounts, got {}", mounts.len())));
+    }
+    let mut paths = BTreeSet::new();
+    for (i, mount) in mounts.iter().enumerate() {
+        volume_name(&format!("spec.volumes[{i}].volume"), &mount.volume)?;
+        let field = format!("spec.volumes[{i}].path");
+        let path = mount.path.as_str();
+        no_nul(&field, path)?;
+        let clean = path.len() <= MAX_MOUNT_PATH
+            && path.len() > 1
+            && path.starts_with('/')
+            && path[1..].split('/').all(|part| !matches!(part, "" | "." | ".."));
+        if !clean {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{path:?} must be an absolute path of at most {MAX_MOUNT_PATH} bytes, not /, without empty, '.' or '..' parts"
+                ),
+            ));
+        }
+        let under = |root: &str| path == root || path.strip_prefix(root).is_some_and(|rest| rest.starts_with('/'));
+        if path == WORKSPACE {
+            return Err(Error::invalid(field, format!("{WORKSPACE} is the sandbox's workspace: mount elsewhere")));
+        }
+        if let Some(root) = RUNTIME_PATHS.iter().find(|root| under(root)) {
+            return Err(Error::invalid(field, format!("{path:?} is under {root}, which the runtime owns")));
+        }
+        if !paths.insert(path) {
+            return Err(Error::invalid(field, format!("{path:?} is mounted twice")));
+        }
+    }
+    Ok(())
+}
+
 /// The whole sandbox spec.
 pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
     if spec.image.trim().is_empty() {
@@ -200,6 +257,7 @@ pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
         return Err(Error::invalid("spec", format!("is {size} bytes; at most {MAX_SPEC_BYTES} are allowed")));
     }
     spec.egress.validate("spec.egress.allow")?;
+    mounts(&spec.volumes)?;
     crate::limits::validate(&spec.limits)
 }
 

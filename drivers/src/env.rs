@@ -47,12 +47,17 @@ impl fmt::Debug for RunEnv {
 }
 
 /// The process driver's run: its supervisor's whole environment, `home` its `HOME` unless the
-/// spec says otherwise. The supervisor passes all of it on to the command but the token
+/// spec says otherwise, `mounts` its `BERTH_MOUNTS`. The supervisor passes all of it on to the command but the token
 /// (`berth_handoff::var::KEPT_FROM_COMMAND`).
-pub fn process_run(launch: &Launch, home: &Path) -> RunEnv {
+pub fn process_run(launch: &Launch, home: &Path, mounts: &Path) -> RunEnv {
     let home = [("HOME".to_string(), home.to_string_lossy().into_owned())];
-    layered(home, &launch.spec.env, &launch.credentials, &BTreeMap::new(), Some(launch))
+    let mut env = layered(home, &launch.spec.env, &launch.credentials, &BTreeMap::new(), Some(launch));
+    env.0.insert(MOUNTS_VAR.to_string(), mounts.to_string_lossy().into_owned());
+    env
 }
+
+/// Where a process driver's run finds the volumes it mounts, each a link at its mount path.
+pub const MOUNTS_VAR: &str = "BERTH_MOUNTS";
 
 /// A container's run: its environment file, which its supervisor lays over the container's own
 /// environment (the run's identity and egress proxy).
@@ -120,14 +125,15 @@ mod tests {
     }
 
     #[test]
-    fn a_process_run_gets_home_then_the_spec_then_credentials_then_its_identity() {
+    fn a_process_run_gets_home_and_its_mounts_then_the_spec_then_credentials_then_its_identity() {
         let launch = launch(&[("A", "spec"), ("HOME", "/mine"), ("KEY", "spec")], &[("KEY", "secret"), ("B", "b")]);
-        let vars = process_run(&launch, Path::new("/ws")).expose();
+        let vars = process_run(&launch, Path::new("/ws"), Path::new("/mounts")).expose();
         let token = launch.token.expose().to_string();
         let expected = map(&[
             ("A", "spec"),
             ("B", "b"),
             ("BERTH_GENERATION", "3"),
+            ("BERTH_MOUNTS", "/mounts"),
             ("BERTH_RUNTIME_TOKEN", &token),
             ("BERTH_SANDBOX_ID", "sb-1"),
             ("BERTH_SANDBOX_NAME", "box"),
@@ -135,7 +141,8 @@ mod tests {
             ("KEY", "secret"),
         ]);
         assert_eq!(vars, expected);
-        let without_home = process_run(&super::tests::launch(&[], &[]), Path::new("/ws")).expose();
+        let without_home =
+            process_run(&super::tests::launch(&[], &[]), Path::new("/ws"), Path::new("/mounts")).expose();
         assert_eq!(without_home["HOME"], "/ws");
     }
 
@@ -159,7 +166,7 @@ mod tests {
     fn no_layer_of_the_users_sets_a_name_of_berths() {
         let impostor = [("BERTH_SANDBOX_ID", "other"), ("BERTH_RUNTIME_TOKEN", "forged"), ("BERTH_X", "x")];
         let launch = launch(&impostor, &impostor);
-        let vars = process_run(&launch, Path::new("/ws")).expose();
+        let vars = process_run(&launch, Path::new("/ws"), Path::new("/mounts")).expose();
         assert_eq!(vars["BERTH_SANDBOX_ID"], "sb-1");
         assert_eq!(vars["BERTH_RUNTIME_TOKEN"], launch.token.expose());
         assert!(!vars.contains_key("BERTH_X"));
@@ -171,7 +178,7 @@ mod tests {
     #[test]
     fn debug_shows_names_never_values() {
         let launch = launch(&[("PLAIN", "visible-value")], &[("API_KEY", "hunter2")]);
-        let env = process_run(&launch, Path::new("/ws"));
+        let env = process_run(&launch, Path::new("/ws"), Path::new("/mounts"));
         let shown = format!("{env:?} {env:#?} {:?}", exec(&launch.spec.env, &launch.credentials, &BTreeMap::new()));
         for secret in ["hunter2", launch.token.expose(), "visible-value"] {
             assert!(!shown.contains(secret), "{secret} in {shown}");

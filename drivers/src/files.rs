@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 /// Where a workspace is mounted in a container; in a path given to the files API, the
 /// workspace on every driver.
-pub const WORKSPACE: &str = "/workspace";
+pub use berth_core::spec::WORKSPACE;
 
 /// How deep a download walks.
 const MAX_DEPTH: usize = 256;

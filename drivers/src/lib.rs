@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::identity::RuntimeToken;
 use berth_core::record::Content;
-use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, Secret, SnapshotId, StartReply};
+use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, Secret, SnapshotId, StartReply, VolumeId};
 use futures_util::Stream;
 
 pub mod container;
@@ -252,6 +252,14 @@ pub trait Driver: Send + Sync + 'static {
     /// The snapshots this driver keeps anything of, in id order: what the sweep compares with
     /// the records, so that nothing is kept of a snapshot without one.
     async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError>;
+
+    /// Removes everything the runtime keeps of volume `volume` (DESIGN 13.2); absence is
+    /// success. Asked only once no sandbox mounting it is left.
+    async fn remove_volume(&self, volume: &VolumeId) -> Result<(), DriverError>;
+    /// The volumes this driver keeps, in id order: what the sweep compares with the records, so
+    /// that nothing is kept of a volume without one. A volume's files are made by the first
+    /// start that mounts it.
+    async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError>;
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
 

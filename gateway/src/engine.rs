@@ -334,6 +334,16 @@ impl Transaction for CommandTransaction<'_> {
                 names_taken.insert(name.to_string());
             }
         }
+        let mut volumes = BTreeMap::new();
+        for name in plan.volumes_to_read() {
+            if let Some(v) = store.volume(name).await? {
+                volumes.insert(name.to_string(), v);
+            }
+        }
+        let volume_users = match (plan.volume_users, volumes.values().next()) {
+            (true, Some(v)) => store.sandboxes_mounting(v).await?,
+            _ => Vec::new(),
+        };
         let limits = engine.inner.settings.limits;
         Ok(Reads {
             sandbox,
@@ -347,6 +357,8 @@ impl Transaction for CommandTransaction<'_> {
             snapshots,
             snapshot_users,
             names_taken,
+            volumes,
+            volume_users,
         })
     }
 
@@ -457,6 +469,13 @@ pub(crate) mod tests {
         async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<berth_core::Snapshot>, StoreError> {
             self.0.list_snapshots(page).await
         }
+        async fn volume(&self, name: &str) -> Result<Option<berth_core::Volume>, StoreError> {
+            tokio::task::yield_now().await;
+            self.0.volume(name).await
+        }
+        async fn list_volumes(&self, page: &PageRequest) -> Result<Page<berth_core::Volume>, StoreError> {
+            self.0.list_volumes(page).await
+        }
         async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
             tokio::task::yield_now().await;
             self.0.exec(sandbox, id).await
@@ -522,6 +541,12 @@ pub(crate) mod tests {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn snapshots(&self) -> Result<Vec<berth_core::SnapshotId>, DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn remove_volume(&self, _: &berth_core::VolumeId) -> Result<(), DriverError> {
+            Err(DriverError::Unavailable("no runtime".into()))
+        }
+        async fn volumes(&self) -> Result<Vec<berth_core::VolumeId>, DriverError> {
             Err(DriverError::Unavailable("no runtime".into()))
         }
         async fn list(&self, _: Option<&SandboxId>, _: usize) -> Result<ListPage, DriverError> {

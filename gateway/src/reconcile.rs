@@ -11,7 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use berth_core::snapshot::{self, SNAPSHOT_LABEL};
-use berth_core::{Command, Observation, Request, RuntimeSource, RuntimeState, SandboxId, SnapshotId, recovery};
+use berth_core::{
+    Command, Observation, Request, RuntimeSource, RuntimeState, SandboxId, SnapshotId, VolumeId, VolumePhase, recovery,
+    volume,
+};
 use berth_drivers::WatchEvent;
 use futures_util::StreamExt;
 use tracing::{debug, info, warn};
@@ -79,13 +82,47 @@ pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) ->
     }
 }
 
-/// [`snapshots`], whose failure leaves the sandboxes' part of a sweep or recovery standing:
-/// the next sweep tries again.
+/// [`snapshots`] and [`volumes`], whose failure leaves the sandboxes' part of a sweep or
+/// recovery standing: the next sweep tries again.
 async fn snapshots_or_warn(engine: &Engine, min_age: Option<Duration>) -> usize {
-    snapshots(engine, min_age).await.unwrap_or_else(|e| {
+    let snapshots = snapshots(engine, min_age).await.unwrap_or_else(|e| {
         warn!(error = %e, "cannot go over the snapshots; the next sweep tries again");
         0
-    })
+    });
+    let volumes = volumes(engine, min_age).await.unwrap_or_else(|e| {
+        warn!(error = %e, "cannot go over the volumes; the next sweep tries again");
+        0
+    });
+    snapshots + volumes
+}
+
+/// The volumes' part of recovery (`min_age` none) and of every sweep: asks for the removal of
+/// each volume being deleted that no sandbox record mounts any more, and removes what the
+/// runtime keeps of a volume without a record. The runtime is listed before the records: a
+/// volume's files are only made for a record committed before them.
+pub async fn volumes(engine: &Engine, min_age: Option<Duration>) -> Result<usize, ApiError> {
+    let kept = engine.driver().volumes().await?;
+    let records = engine.store().all_volumes().await?;
+    let now = engine.now();
+    let mut redriven = 0;
+    for record in records.iter().filter(|v| v.phase == VolumePhase::Deleting) {
+        let users = engine.store().sandboxes_mounting(record).await?;
+        let effect = match min_age {
+            Some(min_age) => volume::due(record, &users, now, min_age),
+            None => volume::unfinished(record, &users),
+        };
+        if let Some(effect) = effect {
+            info!(volume = %record.name, id = %record.id, ?effect, "the removal of a deleted volume is driven");
+            engine.dispatch(&[effect]);
+            redriven += 1;
+        }
+    }
+    let known: BTreeSet<&VolumeId> = records.iter().map(|v| &v.id).collect();
+    for id in kept.iter().filter(|id| !known.contains(id)) {
+        info!(volume = %id, "removing what the runtime keeps of a volume without a record");
+        engine.driver().remove_volume(id).await?;
+    }
+    Ok(redriven)
 }
 
 /// The snapshots' part of recovery (`min_age` none: every unconfirmed step) and of every sweep

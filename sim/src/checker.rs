@@ -257,6 +257,12 @@ impl Store for TracingStore {
     async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<berth_core::Snapshot>, StoreError> {
         self.call(self.world.store.list_snapshots(page)).await
     }
+    async fn volume(&self, name: &str) -> Result<Option<berth_core::Volume>, StoreError> {
+        self.call(self.world.store.volume(name)).await
+    }
+    async fn list_volumes(&self, page: &PageRequest) -> Result<Page<berth_core::Volume>, StoreError> {
+        self.call(self.world.store.list_volumes(page)).await
+    }
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {
         self.call(self.world.store.exec(sandbox, id)).await
     }

@@ -130,6 +130,17 @@ impl Driver for SimDriver {
         self.driver.snapshots().await
     }
 
+    async fn remove_volume(&self, volume: &berth_core::VolumeId) -> Result<(), DriverError> {
+        let what = format!("remove volume {volume}");
+        self.trace(what.clone());
+        let reply = self.driver.remove_volume(volume).await;
+        self.replied(what, reply)
+    }
+
+    async fn volumes(&self) -> Result<Vec<berth_core::VolumeId>, DriverError> {
+        self.driver.volumes().await
+    }
+
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         self.reconciles(Kind::Poll, "list");
         self.driver.list(after, limit).await

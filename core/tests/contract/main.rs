@@ -11,4 +11,5 @@ mod pools;
 mod reports;
 mod snapshots;
 mod timed_rules;
+mod volumes;
 mod world;

@@ -11,7 +11,7 @@ use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
     Command, Conflict, Decision, Effect, Error, ExitMarker, Hold, Key, Kind, MainProcess, Observation, Outcome,
     Provider, Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Snapshot, StartReply,
-    Timestamp, Write, decide, merge,
+    Timestamp, Volume, Write, decide, merge,
 };
 
 /// Every path a runtime report can come by.
@@ -74,6 +74,7 @@ pub struct Store {
     pub execs: BTreeMap<(SandboxId, ExecId), Exec>,
     pub templates: BTreeMap<String, berth_core::template::Template>,
     pub snapshots: BTreeMap<String, Snapshot>,
+    pub volumes: BTreeMap<String, Volume>,
 }
 
 impl Store {
@@ -108,6 +109,7 @@ impl Store {
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
             Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
+            Key::Volume(name) => self.volumes.get(name).map(|v| v.resource_version),
         }
     }
 
@@ -154,6 +156,12 @@ impl Store {
                 Write::RemoveSnapshot { name, .. } => {
                     self.snapshots.remove(&name);
                 }
+                Write::CreateVolume(v) | Write::UpdateVolume { record: v, .. } => {
+                    self.volumes.insert(v.name.clone(), v);
+                }
+                Write::RemoveVolume { name, .. } => {
+                    self.volumes.remove(&name);
+                }
             }
         }
         Ok(())
@@ -194,6 +202,20 @@ impl Store {
                 .collect(),
             _ => Vec::new(),
         };
+        let volumes: BTreeMap<String, Volume> = plan
+            .volumes_to_read()
+            .into_iter()
+            .filter_map(|n| self.volumes.get(n).map(|v| (n.to_string(), v.clone())))
+            .collect();
+        let volume_users = match (plan.volume_users, volumes.values().next()) {
+            (true, Some(v)) => self
+                .sandboxes
+                .values()
+                .filter(|s| s.spec.labels.get(&berth_core::volume::label(&v.name)) == Some(&v.id.to_string()))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
         let names_taken = request
             .fork_names(snapshot.as_ref())
             .into_iter()
@@ -211,6 +233,8 @@ impl Store {
             snapshots,
             snapshot_users,
             names_taken,
+            volumes,
+            volume_users,
             ..Reads::default()
         }
     }
@@ -251,6 +275,8 @@ pub struct World {
     pub seed: u64,
     /// The snapshots the runtime keeps a copy of.
     pub kept: std::collections::BTreeSet<berth_core::SnapshotId>,
+    /// The volumes the runtime keeps: made by the first run that mounts each.
+    pub volumes_kept: std::collections::BTreeSet<berth_core::VolumeId>,
 }
 
 impl Default for World {
@@ -266,6 +292,7 @@ impl Default for World {
             next_id: 1,
             seed: 0x5eed,
             kept: Default::default(),
+            volumes_kept: Default::default(),
         }
     }
 }
@@ -423,6 +450,10 @@ impl World {
                         }
                         let started_at = Timestamp::from_unix_nanos(now.unix_nanos() + 5);
                         c.runs.push(RunRecord { generation: *generation, started_at, finished: None, held: None });
+                        if let Some(record) = self.store.sandboxes.get(sandbox) {
+                            self.volumes_kept
+                                .extend(berth_core::volume::mounts(&record.spec).into_iter().map(|(id, _)| id));
+                        }
                         self.newest_started.insert(sandbox.clone(), *generation);
                         StartReply::Running { started_at }
                     }
@@ -463,13 +494,13 @@ impl World {
                 self.newest_started.remove(sandbox);
                 (sandbox.clone(), Observation::Deleted)
             }
-            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } => {
-                panic!("a snapshot's effect is answered by a command: World::perform_snapshot")
+            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } | Effect::RemoveVolume { .. } => {
+                panic!("a snapshot's or volume's effect is answered by a command: World::perform_snapshot")
             }
         }
     }
 
-    /// Runs a snapshot's effect against the runtime; returns the runtime's answer as the
+    /// Runs a snapshot's or volume's effect against the runtime; returns its answer as the
     /// server-owned command the gateway makes of it. A copy sums the files the source's runs
     /// wrote, so two copies of one unchanged sandbox sum the same.
     pub fn perform_snapshot(&mut self, effect: &Effect) -> Command {
@@ -491,6 +522,18 @@ impl World {
                 self.kept.remove(snapshot);
                 Command::SnapshotRemoved { name: name.clone(), id: snapshot.clone() }
             }
+            Effect::RemoveVolume { volume, name } => {
+                // S2: nothing is removed under a container that mounts it.
+                let mounted = self
+                    .store
+                    .sandboxes
+                    .values()
+                    .filter(|s| self.containers.contains_key(&s.id))
+                    .any(|s| berth_core::volume::mounts(&s.spec).iter().any(|(id, _)| id == volume));
+                assert!(!mounted, "S2: volume {name} removed under a container that mounts it");
+                self.volumes_kept.remove(volume);
+                Command::VolumeRemoved { name: name.clone(), id: volume.clone() }
+            }
             other => panic!("not a snapshot's effect: {other:?}"),
         }
     }
@@ -498,7 +541,8 @@ impl World {
     /// Runs the oldest queued effect and merges its reply.
     pub fn run_effect(&mut self) -> Option<Result<Decision, Error>> {
         let effect = self.effects.pop_front()?;
-        if let berth_core::decision::Subject::Snapshot(_) = effect.subject() {
+        if let berth_core::decision::Subject::Snapshot(_) | berth_core::decision::Subject::Volume(_) = effect.subject()
+        {
             let answer = self.perform_snapshot(&effect);
             let request = Request::new(answer, None);
             let retry = Retry::for_request(RetryPolicy::default(), &request);

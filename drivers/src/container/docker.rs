@@ -132,12 +132,13 @@ impl Engine for DockerEngine {
                 ..Default::default()
             })
             .collect();
-        mounts.push(Mount {
-            target: Some(spec.volume.1.clone()),
-            source: Some(spec.volume.0.clone()),
+        mounts.extend(spec.volumes.iter().map(|v| Mount {
+            target: Some(v.target.clone()),
+            source: Some(v.name.clone()),
             typ: Some(MountType::VOLUME),
+            read_only: Some(v.read_only),
             ..Default::default()
-        });
+        }));
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             entrypoint: Some(spec.entrypoint.clone()),

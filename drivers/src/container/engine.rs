@@ -12,6 +12,7 @@ use berth_core::{ExitMarker, Hold, RuntimeState, SandboxId, Timestamp};
 use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 
+use super::{LABEL_OWNER, LABEL_STORE};
 use crate::DriverError;
 use crate::snapshot::Copying;
 
@@ -19,6 +20,14 @@ use crate::snapshot::Copying;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bind {
     pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// A runtime volume mounted into a container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedMount {
+    pub name: String,
     pub target: String,
     pub read_only: bool,
 }
@@ -33,12 +42,25 @@ pub struct ContainerSpec {
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub binds: Vec<Bind>,
-    /// The named workspace volume and where it is mounted.
-    pub volume: (String, String),
+    /// The named volumes it mounts: its workspace first, then the user volumes it names.
+    pub volumes: Vec<NamedMount>,
     pub workdir: String,
     pub stop_grace: Duration,
     /// Enforced by the runtime's cgroups.
     pub limits: ResourceLimits,
+}
+
+impl ContainerSpec {
+    /// The labels of a volume it mounts: its workspace's are the container's, a user volume's
+    /// only say whose store it is in, as it outlives every sandbox that mounts it.
+    pub fn volume_labels(&self, volume: &NamedMount) -> BTreeMap<String, String> {
+        let workspace = self.volumes.first() == Some(volume);
+        self.labels
+            .iter()
+            .filter(|(key, _)| workspace || [LABEL_OWNER, LABEL_STORE].contains(&key.as_str()))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

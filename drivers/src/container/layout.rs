@@ -7,11 +7,12 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 
 use berth_core::SandboxId;
+use berth_core::spec::WORKSPACE;
 use berth_handoff::{began, flag, token, var};
 
 use super::{
-    Bind, ContainerDriver, ContainerSpec, Engine, LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, REPLACE_GRACE,
-    container_name, volume_name,
+    Bind, ContainerDriver, ContainerSpec, Engine, LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, NamedMount,
+    REPLACE_GRACE, container_name, user_volume_name, volume_name,
 };
 use crate::{DriverError, Launch, io, state_file};
 
@@ -100,8 +101,14 @@ impl<E: Engine> ContainerDriver<E> {
                 // as untrusted (berth-logs).
                 Bind { source: self.logs_dir(id), target: "/run/berth/logs".into(), read_only: false },
             ],
-            volume: (volume_name(id), "/workspace".into()),
-            workdir: "/workspace".into(),
+            volumes: std::iter::once(NamedMount { name: volume_name(id), target: WORKSPACE.into(), read_only: false })
+                .chain(berth_core::volume::mounts(&launch.spec).into_iter().map(|(volume, mount)| NamedMount {
+                    name: user_volume_name(&volume),
+                    target: mount.path.clone(),
+                    read_only: mount.read_only,
+                }))
+                .collect(),
+            workdir: WORKSPACE.into(),
             stop_grace: REPLACE_GRACE,
             limits: launch.spec.limits,
         }

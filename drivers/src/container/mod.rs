@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
+use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp, VolumeId};
 use berth_handoff::began;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -44,12 +44,12 @@ pub mod podman;
 mod tests;
 
 pub use engine::{
-    Bind, Checkpoint, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, Start, Status,
-    parse_time,
+    Bind, Checkpoint, ContainerSpec, Engine, EngineError, EngineEvent, EventStream, Inspection, NamedMount, Start,
+    Status, parse_time,
 };
 pub use names::{
     LABEL_NAME, LABEL_OWNER, LABEL_SANDBOX, LABEL_STORE, SEED_REPOSITORY, SNAPSHOT_REPOSITORY, container_name,
-    of_store, sandbox_of_container, seed_image, snapshot_image, volume_name,
+    of_store, sandbox_of_container, seed_image, snapshot_image, user_volume_name, user_volume_of, volume_name,
 };
 
 /// How long a stop may take beyond its grace period before the driver gives up waiting.
@@ -301,15 +301,20 @@ impl<E: Engine> ContainerDriver<E> {
         if crash == Some(CrashPoint::AfterRuntimeRemove) {
             return Err(crashed(CrashPoint::AfterRuntimeRemove));
         }
-        let volume = volume_name(sandbox);
-        self.engine.remove_volume(&volume).await?;
-        // A runtime may still hold the volume for a moment after the container went: report
-        // that as unfinished, so the delete is retried instead of leaving the workspace behind.
-        if self.engine.list_volumes().await?.contains(&volume) {
-            return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
-        }
+        self.remove_volume_named(&volume_name(sandbox)).await?;
         removed(std::fs::remove_dir_all(self.dir(sandbox)), "removing the sandbox's state")?;
         self.locks.remove(sandbox)
+    }
+
+    /// Removes runtime volume `volume`; absence is success.
+    async fn remove_volume_named(&self, volume: &str) -> Result<(), DriverError> {
+        self.engine.remove_volume(volume).await?;
+        // A runtime may still hold the volume for a moment after the container went: report
+        // that as unfinished, so the removal is retried instead of leaving the files behind.
+        if self.engine.list_volumes().await?.iter().any(|v| v == volume) {
+            return Err(DriverError::Unavailable(format!("{volume} is still present after its removal")));
+        }
+        Ok(())
     }
 
     /// Starts `launch`'s generation as the start gate says (the caller holds the lock).
@@ -355,7 +360,9 @@ impl<E: Engine> ContainerDriver<E> {
         }
         self.make_dir(id)?;
         let spec = self.spec(launch);
-        self.engine.create_volume(&spec.volume.0, &spec.labels).await?;
+        for volume in &spec.volumes {
+            self.engine.create_volume(&volume.name, &spec.volume_labels(volume)).await?;
+        }
         if let Err(e) = self.seed(launch).await {
             return unseeded(e);
         }
@@ -703,6 +710,17 @@ impl<E: Engine> Driver for ContainerDriver<E> {
     async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError> {
         // A snapshot's image is committed after its directory is made and removed before it.
         self.snapshots.list()
+    }
+
+    async fn remove_volume(&self, volume: &VolumeId) -> Result<(), DriverError> {
+        self.remove_volume_named(&user_volume_name(volume)).await
+    }
+
+    async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError> {
+        let mut volumes: Vec<VolumeId> =
+            self.engine.list_volumes().await?.iter().filter_map(|name| user_volume_of(name)).collect();
+        volumes.sort();
+        Ok(volumes)
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {

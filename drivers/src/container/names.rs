@@ -1,7 +1,7 @@
-//! What Berth names and labels in a runtime: a sandbox's container and volume, and the labels
+//! What Berth names and labels in a runtime: a sandbox's container and volume, user volumes, and the labels
 //! that tell whose they are.
 
-use berth_core::{SandboxId, SnapshotId};
+use berth_core::{SandboxId, SnapshotId, VolumeId};
 
 /// Labels on everything Berth makes in a runtime. The owner is the gateway instance (gateways
 /// sharing one runtime each see only their own).
@@ -53,4 +53,17 @@ pub fn seed_image(sandbox: &SandboxId) -> String {
 
 pub fn volume_name(sandbox: &SandboxId) -> String {
     format!("berth-{sandbox}-workspace")
+}
+
+/// What every user volume's name starts with: never a workspace's, which starts `berth-`.
+const USER_VOLUME_PREFIX: &str = "berth.volume.";
+
+/// The runtime's volume of user volume `volume` (DESIGN 13.2).
+pub fn user_volume_name(volume: &VolumeId) -> String {
+    format!("{USER_VOLUME_PREFIX}{volume}")
+}
+
+/// The user volume whose runtime volume [`user_volume_name`] called `name`.
+pub fn user_volume_of(name: &str) -> Option<VolumeId> {
+    name.strip_prefix(USER_VOLUME_PREFIX).filter(|id| !id.is_empty()).map(VolumeId::new)
 }

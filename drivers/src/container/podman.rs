@@ -178,12 +178,12 @@ impl Engine for PodmanEngine {
                 gid_mappings: None,
             })
             .collect();
-        let volume = NamedVolume {
-            dest: Some(spec.volume.1.clone()),
-            name: Some(spec.volume.0.clone()),
+        let volumes = spec.volumes.iter().map(|v| NamedVolume {
+            dest: Some(v.target.clone()),
+            name: Some(v.name.clone()),
             is_anonymous: None,
-            options: None,
-        };
+            options: Some(vec![if v.read_only { "ro" } else { "rw" }.into()]),
+        });
         let opts = ContainerCreateOpts::builder()
             .name(&spec.name)
             .image(&spec.image)
@@ -192,7 +192,7 @@ impl Engine for PodmanEngine {
             .env(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .labels(spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .mounts(mounts)
-            .volumes([volume])
+            .volumes(volumes)
             .work_dir(&spec.workdir)
             .net_namespace(Namespace { nsmode: Some("none".into()), value: None })
             .init(true)

@@ -12,9 +12,11 @@
 //! <root>/<sandbox id>/run/began       the generation whose supervisor began (its first act; berth-handoff)
 //! <root>/<sandbox id>/run/output.log  the supervisor's own output
 //! <root>/<sandbox id>/logs/           the command's output, per generation (berth-logs)
+//! <root>/<sandbox id>/mounts/         links to the volumes its run mounts, at their paths ($BERTH_MOUNTS)
 //! <root>/.started/<sandbox id>         the start gate's record: the newest generation begun
 //! <root>/.locks/<sandbox id>           locked while the driver acts on the sandbox
 //! <root>/.snapshots/<snapshot id>/     what is kept of a snapshot ([`crate::snapshot`])
+//! <root>/.volumes/<volume id>/        a volume's files (DESIGN 13.2)
 //! ```
 //!
 //! The start gate (berth-core's [`start_gate`]) is recorded before the supervisor is spawned.
@@ -50,7 +52,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::record::Content;
 use berth_core::start_gate::{self, Gate, StartRecord};
-use berth_core::{ExitMarker, Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp};
+use berth_core::{ExitMarker, Hold, RuntimeState, SandboxId, SandboxSpec, SnapshotId, StartReply, Timestamp, VolumeId};
 use berth_handoff::exit::Exit;
 use berth_handoff::{began, exit, flag};
 use tokio::sync::broadcast;
@@ -75,6 +77,10 @@ pub const KILLED_EXIT_CODE: i32 = 137;
 /// How often the driver looks for runs that ended, to report them on its watch stream.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(200);
 /// How long an older generation's run may take to stop when a newer one replaces it.
+/// Under the driver's root: the volumes' files, one directory each.
+const VOLUMES_DIR: &str = ".volumes";
+/// Under a sandbox's directory: the links its run finds its volumes by.
+const MOUNTS_DIR: &str = "mounts";
 const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// Why a process is never checkpointed: CRIU could write one, but a run restored outside a
 /// container comes back with the host's pids and files as they are then, not as they were.
@@ -401,6 +407,7 @@ impl<O: Os> Inner<O> {
         if let Some(seed) = launch.seed.as_ref().filter(|s| !s.seeded) {
             self.snapshots.seed(&seed.id, &workspace, &dir).await?;
         }
+        let mounts = self.mount(launch, &dir)?;
         let exit_path = run_dir.join(exit::FILE);
         let began_path = run_dir.join(began::FILE);
         for previous in [&exit_path, &began_path] {
@@ -420,7 +427,7 @@ impl<O: Os> Inner<O> {
         let spec = SpawnSpec {
             program: self.config.supervisor.clone(),
             args,
-            env: crate::env::process_run(launch, &workspace).expose(),
+            env: crate::env::process_run(launch, &workspace, &mounts).expose(),
             cwd: workspace,
             log: run_dir.join("output.log"),
         };
@@ -498,6 +505,40 @@ impl<O: Os> Inner<O> {
     }
 
     /// Every sandbox directory, sorted.
+    /// Where volume `volume`'s files are (DESIGN 13.2).
+    fn volume_dir(&self, volume: &VolumeId) -> PathBuf {
+        self.config.root.join(VOLUMES_DIR).join(volume.as_str())
+    }
+
+    /// Makes the volumes `launch` mounts visible to its run: a run shares the host's
+    /// filesystem, so a volume mounted at `/data` is the link `<sandbox>/mounts/data` to the
+    /// volume's directory, and the run finds the links under `BERTH_MOUNTS`. Made anew at every
+    /// start. Returns that directory.
+    fn mount(&self, launch: &Launch, dir: &Path) -> Result<PathBuf, DriverError> {
+        let mounts = dir.join(MOUNTS_DIR);
+        removed(std::fs::remove_dir_all(&mounts), "clearing the previous run's mounts")?;
+        let create = |d: &Path| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+                .map_err(|e| io(&format!("creating {}", d.display()), e))
+        };
+        create(&mounts)?;
+        for (volume, mount) in berth_core::volume::mounts(&launch.spec) {
+            let target = self.volume_dir(&volume);
+            create(&target)?;
+            // Validated by core: absolute, without empty, '.' or '..' parts.
+            let link = mounts.join(mount.path.trim_start_matches('/'));
+            if let Some(parent) = link.parent() {
+                create(parent)?;
+            }
+            std::os::unix::fs::symlink(&target, &link)
+                .map_err(|e| io(&format!("linking {} to its volume", link.display()), e))?;
+        }
+        Ok(mounts)
+    }
+
     fn ids(&self) -> Result<Vec<SandboxId>, DriverError> {
         let entries = std::fs::read_dir(&self.config.root).map_err(|e| io("listing sandboxes", e))?;
         let mut ids: Vec<SandboxId> = entries
@@ -618,6 +659,25 @@ impl<O: Os> Driver for ProcessDriver<O> {
 
     async fn snapshots(&self) -> Result<Vec<SnapshotId>, DriverError> {
         self.inner.snapshots.list()
+    }
+
+    async fn remove_volume(&self, volume: &VolumeId) -> Result<(), DriverError> {
+        removed(std::fs::remove_dir_all(self.inner.volume_dir(volume)), "removing the volume's files")
+    }
+
+    async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError> {
+        let entries = match std::fs::read_dir(self.inner.config.root.join(VOLUMES_DIR)) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("listing volumes", e)),
+        };
+        let mut volumes: Vec<VolumeId> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .map(VolumeId::new)
+            .collect();
+        volumes.sort();
+        Ok(volumes)
     }
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {

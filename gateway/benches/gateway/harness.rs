@@ -104,6 +104,12 @@ impl Driver for NoopDriver {
     async fn snapshots(&self) -> Result<Vec<berth_core::SnapshotId>, DriverError> {
         Ok(Vec::new())
     }
+    async fn remove_volume(&self, _: &berth_core::VolumeId) -> Result<(), DriverError> {
+        Ok(())
+    }
+    async fn volumes(&self) -> Result<Vec<berth_core::VolumeId>, DriverError> {
+        Ok(Vec::new())
+    }
 
     async fn logs(
         &self,

@@ -54,6 +54,11 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
             "spec.egress.allow",
             spec.egress.iter().flat_map(|e| e.allow.iter().map(String::as_str)),
         )?,
+        volumes: spec
+            .volumes
+            .into_iter()
+            .map(|m| berth_core::spec::Mount { volume: m.volume, path: m.path, read_only: m.read_only })
+            .collect(),
     })
 }
 
@@ -109,6 +114,11 @@ pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
             }
         }),
         egress: (!spec.egress.is_none()).then(|| pb::EgressPolicy { allow: rules_to_wire(&spec.egress) }),
+        volumes: spec
+            .volumes
+            .into_iter()
+            .map(|m| pb::VolumeMount { volume: m.volume, path: m.path, read_only: m.read_only })
+            .collect(),
     }
 }
 
@@ -223,6 +233,22 @@ pub fn snapshot(s: berth_core::Snapshot, users: Vec<String>) -> pb::Snapshot {
         users,
         fork_of: if s.fork.is_some() { s.source.name } else { String::new() },
         spec: Some(spec_to_wire(s.spec)),
+    }
+}
+
+pub fn volume(v: berth_core::Volume, users: Vec<String>) -> pb::Volume {
+    let phase = match v.phase {
+        berth_core::VolumePhase::Ready => pb::VolumePhase::Ready,
+        berth_core::VolumePhase::Deleting => pb::VolumePhase::Deleting,
+    };
+    pb::Volume {
+        name: v.name,
+        id: v.id.to_string(),
+        phase: phase as i32,
+        resource_version: v.resource_version,
+        created_at_unix_ms: v.created_at.unix_millis(),
+        updated_at_unix_ms: v.updated_at.unix_millis(),
+        users,
     }
 }
 

@@ -12,6 +12,7 @@ pub mod public;
 pub mod snapshots;
 pub mod supervisor;
 pub mod templates;
+pub mod volumes;
 pub mod watch;
 
 use std::time::Duration;
@@ -25,6 +26,7 @@ use berth_proto::v1::sandboxes_server::SandboxesServer;
 use berth_proto::v1::snapshots_server::SnapshotsServer;
 use berth_proto::v1::supervisor_server::SupervisorServer;
 use berth_proto::v1::templates_server::TemplatesServer;
+use berth_proto::v1::volumes_server::VolumesServer;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
@@ -39,7 +41,7 @@ use crate::engine::logs::Logs;
 /// The services' statuses the health service reports.
 pub struct Health {
     reporter: tonic_health::server::HealthReporter,
-    served: [&'static str; 9],
+    served: [&'static str; 10],
 }
 
 impl Health {
@@ -66,6 +68,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         FilesServer::<files::FilesApi>::NAME,
         TemplatesServer::<templates::TemplateApi>::NAME,
         SnapshotsServer::<snapshots::SnapshotApi>::NAME,
+        VolumesServer::<volumes::VolumeApi>::NAME,
         GatewayServer::<info::GatewayApi>::NAME,
         SupervisorServer::<supervisor::SupervisorApi>::NAME,
     ];
@@ -84,6 +87,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
     let files_auth = auth.clone();
     let templates_auth = auth.clone();
     let snapshots_auth = auth.clone();
+    let volumes_auth = auth.clone();
     let info_auth = auth;
     let execs = Execs::new(engine.clone());
     let activity = Activity::new(engine.clone());
@@ -112,6 +116,9 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         }))
         .add_service(SnapshotsServer::with_interceptor(snapshots::SnapshotApi::new(engine.clone()), move |r| {
             snapshots_auth.check(r)
+        }))
+        .add_service(VolumesServer::with_interceptor(volumes::VolumeApi::new(engine.clone()), move |r| {
+            volumes_auth.check(r)
         }))
         .add_service(GatewayServer::with_interceptor(info::GatewayApi::new(engine.clone()), move |r| {
             info_auth.check(r)

@@ -37,6 +37,25 @@ pub(super) struct SpecArgs {
     /// CIDR block (repeatable). Without one, nowhere.
     #[arg(long = "allow")]
     allow: Vec<String>,
+    /// A volume its runs see, NAME:/path or NAME:/path:ro (repeatable). The volume must exist
+    /// (`berth volume create`).
+    #[arg(long = "volume", value_parser = mount)]
+    volumes: Vec<pb::VolumeMount>,
+}
+
+/// `--volume NAME:/path[:ro]`.
+fn mount(s: &str) -> Result<pb::VolumeMount, String> {
+    let bad = || format!("{s:?} is not NAME:/path or NAME:/path:ro");
+    let (volume, rest) = s.split_once(':').ok_or_else(bad)?;
+    let (path, read_only) = match rest.rsplit_once(':') {
+        Some((path, "ro")) => (path, true),
+        Some((path, "rw")) => (path, false),
+        _ => (rest, false),
+    };
+    if volume.is_empty() || path.is_empty() {
+        return Err(bad());
+    }
+    Ok(pb::VolumeMount { volume: volume.to_string(), path: path.to_string(), read_only })
 }
 
 /// What the run may use; the runtime enforces it.
@@ -107,6 +126,7 @@ impl SpecArgs {
             restart: Some(self.restart.wire()),
             limits: self.limits.wire(),
             egress: (!self.allow.is_empty()).then_some(pb::EgressPolicy { allow: self.allow }),
+            volumes: self.volumes,
         }
     }
 }
@@ -244,6 +264,23 @@ mod tests {
         assert_eq!(bytes("3k"), Ok(3000));
         for bad in ["", "Mi", "1.5G", "12 parsecs", "-1", "9999999999Ti"] {
             assert!(bytes(bad).unwrap_err().contains("is not a size"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn volumes_are_a_name_a_path_and_maybe_ro() {
+        let m = |volume: &str, path: &str, read_only| pb::VolumeMount {
+            volume: volume.into(),
+            path: path.into(),
+            read_only,
+        };
+        assert_eq!(mount("data:/data"), Ok(m("data", "/data", false)));
+        assert_eq!(mount("data:/srv/data:ro"), Ok(m("data", "/srv/data", true)));
+        assert_eq!(mount("data:/srv/data:rw"), Ok(m("data", "/srv/data", false)));
+        // The path is checked by the gateway, which names the field.
+        assert_eq!(mount("data:relative"), Ok(m("data", "relative", false)));
+        for bad in ["data", ":/data", "data:", "data::ro"] {
+            assert!(mount(bad).unwrap_err().contains("NAME:/path"), "{bad}");
         }
     }
 }

@@ -11,12 +11,13 @@ use berth_core::decision::Subject;
 use berth_core::identity::{RuntimeIdentity, derive_token};
 use berth_core::{
     Command, Decision, Effect, Observation, Outcome, Request, RuntimeSource, Sandbox, SandboxId, SnapshotPhase,
-    recovery, snapshot,
+    recovery, snapshot, volume,
 };
 use berth_drivers::{DriverError, Launch};
 use tracing::{debug, warn};
 
 use super::{Engine, lock};
+use crate::error::ApiError;
 
 /// A sandbox's effects waiting for its worker.
 #[derive(Default)]
@@ -65,41 +66,50 @@ impl Engine {
             };
             match &id {
                 Subject::Sandbox(sandbox) => self.perform(sandbox, &effect).await,
-                Subject::Snapshot(_) => self.perform_snapshot(&effect).await,
+                Subject::Snapshot(_) | Subject::Volume(_) => self.perform_answered(&effect).await,
             }
         }
     }
 
-    /// Runs a snapshot's effect if it is still wanted, retrying a runtime that does not answer,
-    /// and records the driver's answer.
-    async fn perform_snapshot(&self, effect: &Effect) {
-        let name = match effect {
-            Effect::Snapshot { name, .. } | Effect::RemoveSnapshot { name, .. } => name,
-            _ => return,
-        };
+    /// Whether a snapshot's or volume's effect is still wanted by its record as stored now.
+    async fn still_wanted(&self, effect: &Effect) -> Result<bool, ApiError> {
+        Ok(match effect {
+            Effect::Snapshot { name, .. } | Effect::RemoveSnapshot { name, .. } => {
+                snapshot::still_wanted(self.inner.store.snapshot(name).await?.as_ref(), effect)
+            }
+            Effect::RemoveVolume { name, .. } => {
+                volume::still_wanted(self.inner.store.volume(name).await?.as_ref(), effect)
+            }
+            _ => false,
+        })
+    }
+
+    /// Runs a snapshot's or volume's effect if it is still wanted, retrying a runtime that does
+    /// not answer, and records the driver's answer as the server-owned command it is.
+    async fn perform_answered(&self, effect: &Effect) {
         let mut waits = self.inner.settings.effect_retries.iter();
         loop {
-            match self.inner.store.snapshot(name).await {
-                Ok(record) if snapshot::still_wanted(record.as_ref(), effect) => {}
-                Ok(_) => {
-                    debug!(snapshot = %name, ?effect, "effect superseded");
+            match self.still_wanted(effect).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    debug!(?effect, "effect superseded");
                     return;
                 }
                 Err(e) => {
-                    warn!(snapshot = %name, error = %e, ?effect, "cannot read the snapshot; recovery will re-drive the effect");
+                    warn!(error = %e, ?effect, "cannot read the effect's record; recovery will re-drive the effect");
                     return;
                 }
             }
-            let answer = match self.snapshot_call(effect).await {
+            let answer = match self.answer_call(effect).await {
                 Ok(answer) => answer,
                 Err(e) => match waits.next() {
                     Some(wait) => {
-                        debug!(snapshot = %name, error = %e, ?effect, "the runtime did not answer; retrying");
+                        debug!(error = %e, ?effect, "the runtime did not answer; retrying");
                         tokio::time::sleep(*wait).await;
                         continue;
                     }
                     None => {
-                        warn!(snapshot = %name, error = %e, ?effect, "the runtime did not answer; the reconcile sweep will re-drive the effect");
+                        warn!(error = %e, ?effect, "the runtime did not answer; the reconcile sweep will re-drive the effect");
                         return;
                     }
                 },
@@ -116,16 +126,17 @@ impl Engine {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    warn!(snapshot = %name, error = %e, "cannot record the runtime's answer; recovery will re-drive it");
+                    warn!(error = %e, ?effect, "cannot record the runtime's answer; recovery will re-drive it");
                 }
             }
             return;
         }
     }
 
-    /// The driver's answer to a snapshot's effect, as the command that records it. A copy the
-    /// runtime refused is an answer (the snapshot fails); one it did not answer is retried.
-    async fn snapshot_call(&self, effect: &Effect) -> Result<Command, DriverError> {
+    /// The driver's answer to a snapshot's or volume's effect, as the command that records it. A
+    /// copy the runtime refused is an answer (the snapshot fails); one it did not answer is
+    /// retried.
+    async fn answer_call(&self, effect: &Effect) -> Result<Command, DriverError> {
         let driver = &self.inner.driver;
         let began = tokio::time::Instant::now();
         let (op, answer) = match effect {
@@ -147,7 +158,11 @@ impl Engine {
                     result.map(|()| Command::SnapshotRemoved { name: name.clone(), id: snapshot.clone() }),
                 )
             }
-            other => return Err(DriverError::Failed(format!("not a snapshot's effect: {other:?}"))),
+            Effect::RemoveVolume { volume, name } => {
+                let result = driver.remove_volume(volume).await;
+                ("remove_volume", result.map(|()| Command::VolumeRemoved { name: name.clone(), id: volume.clone() }))
+            }
+            other => return Err(DriverError::Failed(format!("not a snapshot's or volume's effect: {other:?}"))),
         };
         self.inner.metrics.driver_call(op, began.elapsed(), answer.is_err());
         answer
@@ -198,8 +213,8 @@ impl Engine {
             Effect::Pause { .. } => "pause",
             Effect::Resume { .. } => "resume",
             Effect::Delete { .. } => "delete",
-            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } => {
-                return Err(DriverError::Failed(format!("a snapshot's effect queued as a sandbox's: {effect:?}")));
+            Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } | Effect::RemoveVolume { .. } => {
+                return Err(DriverError::Failed(format!("not a sandbox's effect: {effect:?}")));
             }
         };
         let began = tokio::time::Instant::now();
@@ -237,8 +252,8 @@ impl Engine {
                 Ok(Observation::Deleted)
             }
             (Effect::Start { .. }, None) => Err(DriverError::Failed("the sandbox is gone".to_string())),
-            (Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. }, _) => {
-                Err(DriverError::Failed(format!("a snapshot's effect queued as a sandbox's: {effect:?}")))
+            (Effect::Snapshot { .. } | Effect::RemoveSnapshot { .. } | Effect::RemoveVolume { .. }, _) => {
+                Err(DriverError::Failed(format!("not a sandbox's effect: {effect:?}")))
             }
         }
     }

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, Snapshot};
+use berth_core::{Provider, Sandbox, Snapshot, Volume};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -71,6 +71,19 @@ impl Record for Template {
 
 impl Record for Snapshot {
     const TABLE: &'static str = "snapshots";
+    fn key(&self) -> &str {
+        &self.name
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Record for Volume {
+    const TABLE: &'static str = "volumes";
     fn key(&self) -> &str {
         &self.name
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 
 use super::{
     CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError, selects,
@@ -25,6 +25,7 @@ struct Tables {
     providers: BTreeMap<String, Provider>,
     templates: BTreeMap<String, Template>,
     snapshots: BTreeMap<String, Snapshot>,
+    volumes: BTreeMap<String, Volume>,
     execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
@@ -87,6 +88,7 @@ impl Tables {
             Key::Exec(sandbox, id) => self.execs.get(&(sandbox.clone(), id.clone())).map(|e| e.resource_version),
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
             Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
+            Key::Volume(name) => self.volumes.get(name).map(|v| v.resource_version),
         }
     }
 
@@ -162,6 +164,12 @@ impl Tables {
             }
             Write::RemoveSnapshot { name, .. } => {
                 self.snapshots.remove(name);
+            }
+            Write::CreateVolume(v) | Write::UpdateVolume { record: v, .. } => {
+                self.volumes.insert(v.name.clone(), v.clone());
+            }
+            Write::RemoveVolume { name, .. } => {
+                self.volumes.remove(name);
             }
         }
     }
@@ -260,6 +268,15 @@ impl Store for MemoryStore {
     async fn list_snapshots(&self, request: &PageRequest) -> Result<Page<Snapshot>, StoreError> {
         let t = self.lock();
         Ok(page(t.snapshots.iter().map(|(n, s)| (n.clone(), s.clone())), request))
+    }
+
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, StoreError> {
+        Ok(self.lock().volumes.get(name).cloned())
+    }
+
+    async fn list_volumes(&self, request: &PageRequest) -> Result<Page<Volume>, StoreError> {
+        let t = self.lock();
+        Ok(page(t.volumes.iter().map(|(n, v)| (n.clone(), v.clone())), request))
     }
 
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError> {

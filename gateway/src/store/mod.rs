@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 
 mod codec;
 pub mod memory;
@@ -168,29 +168,22 @@ pub trait Store: Send + Sync + 'static {
     async fn list_snapshots(&self, page: &PageRequest) -> Result<Page<Snapshot>, StoreError>;
     /// Every snapshot, page by page.
     async fn all_snapshots(&self) -> Result<Vec<Snapshot>, StoreError> {
-        let mut all = Vec::new();
-        let mut page = PageRequest { after: None, limit: 500 };
-        loop {
-            let batch = self.list_snapshots(&page).await?;
-            all.extend(batch.items);
-            match batch.next {
-                Some(next) => page.after = Some(next),
-                None => return Ok(all),
-            }
-        }
+        every(|page| async move { self.list_snapshots(&page).await }).await
+    }
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, StoreError>;
+    async fn list_volumes(&self, page: &PageRequest) -> Result<Page<Volume>, StoreError>;
+    /// Every volume, page by page.
+    async fn all_volumes(&self) -> Result<Vec<Volume>, StoreError> {
+        every(|page| async move { self.list_volumes(&page).await }).await
+    }
+    /// Every sandbox bound to volume `volume` ([`berth_core::volume::label`]), in any phase.
+    async fn sandboxes_mounting(&self, volume: &Volume) -> Result<Vec<Sandbox>, StoreError> {
+        let selector = BTreeMap::from([(berth_core::volume::label(&volume.name), volume.id.to_string())]);
+        self.all_sandboxes(&selector).await
     }
     /// Every sandbox whose labels hold every pair of `selector`, page by page.
     async fn all_sandboxes(&self, selector: &BTreeMap<String, String>) -> Result<Vec<Sandbox>, StoreError> {
-        let mut all = Vec::new();
-        let mut page = PageRequest { after: None, limit: 500 };
-        loop {
-            let batch = self.list_sandboxes(&page, selector).await?;
-            all.extend(batch.items);
-            match batch.next {
-                Some(next) => page.after = Some(next),
-                None => return Ok(all),
-            }
-        }
+        every(|page| async move { self.list_sandboxes(&page, selector).await }).await
     }
     async fn exec(&self, sandbox: &SandboxId, id: &ExecId) -> Result<Option<Exec>, StoreError>;
     /// A sandbox's execs, ordered by id.
@@ -208,6 +201,23 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the lease up if `holder` holds it, so another gateway takes it without waiting for
     /// it to lapse.
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError>;
+}
+
+/// Every item of a listing, page by page.
+async fn every<T, Listed>(mut list: impl FnMut(PageRequest) -> Listed) -> Result<Vec<T>, StoreError>
+where
+    Listed: std::future::Future<Output = Result<Page<T>, StoreError>>,
+{
+    let mut all = Vec::new();
+    let mut page = PageRequest { after: None, limit: 500 };
+    loop {
+        let batch = list(page.clone()).await?;
+        all.extend(batch.items);
+        match batch.next {
+            Some(next) => page.after = Some(next),
+            None => return Ok(all),
+        }
+    }
 }
 
 /// A new store identity: 128 random bits, in hex.

@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
+use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -465,6 +465,14 @@ impl Store for PostgresStore {
     }
 
     async fn list_snapshots(&self, request: &PageRequest) -> Result<Page<Snapshot>, StoreError> {
+        self.page_named(request).await
+    }
+
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, StoreError> {
+        self.read_named(name).await
+    }
+
+    async fn list_volumes(&self, request: &PageRequest) -> Result<Page<Volume>, StoreError> {
         self.page_named(request).await
     }
 

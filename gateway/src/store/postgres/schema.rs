@@ -120,4 +120,11 @@ CREATE TABLE snapshots (
     record  TEXT   NOT NULL
 );
 "#,
+    r#"
+CREATE TABLE volumes (
+    name    TEXT   COLLATE "C" NOT NULL PRIMARY KEY,
+    version BIGINT NOT NULL,
+    record  TEXT   NOT NULL
+);
+"#,
 ];

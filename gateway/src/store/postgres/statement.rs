@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Volume, Write};
 use tokio_postgres::types::ToSql;
 
 use crate::store::StoreError;
@@ -91,6 +91,10 @@ pub(super) fn version_check(i: usize, write: &Write) -> Result<Statement, StoreE
             "SELECT berth_expect_version((SELECT version FROM snapshots WHERE name = $1), $2::BIGINT)",
             vec![Box::new(name), expected],
         ),
+        Key::Volume(name) => (
+            "SELECT berth_expect_version((SELECT version FROM volumes WHERE name = $1), $2::BIGINT)",
+            vec![Box::new(name), expected],
+        ),
         Key::Exec(sandbox, id) => (
             "SELECT berth_expect_version((SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2), $3::BIGINT)",
             vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string()), expected],
@@ -132,6 +136,7 @@ pub(super) fn conflict_in(
                     Key::Provider(name) => from_sql_version::<Provider>(name, number(v)?)?,
                     Key::Template(name) => from_sql_version::<Template>(name, number(v)?)?,
                     Key::Snapshot(name) => from_sql_version::<Snapshot>(name, number(v)?)?,
+                    Key::Volume(name) => from_sql_version::<Volume>(name, number(v)?)?,
                     Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), number(v)?)?,
                 }),
             };
@@ -224,6 +229,9 @@ pub(super) fn apply(write: &Write) -> Result<Statement, StoreError> {
         Write::CreateSnapshot(s) => return insert_named(s),
         Write::UpdateSnapshot { record: s, expected } => return update_named(s, *expected),
         Write::RemoveSnapshot { name, expected } => return remove_named::<Snapshot>(name, *expected),
+        Write::CreateVolume(v) => return insert_named(v),
+        Write::UpdateVolume { record: v, expected } => return update_named(v, *expected),
+        Write::RemoveVolume { name, expected } => return remove_named::<Volume>(name, *expected),
         Write::CheckSandbox { id, expected } => (&CHECK_SANDBOX, vec![Box::new(id.to_string()), version(*expected)?]),
         Write::CreateExec(e) => (&CREATE_EXEC, exec_row(e, None)?),
         Write::UpdateExec { record: e, expected } => (&UPDATE_EXEC, exec_row(e, Some(*expected))?),

@@ -35,7 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Write};
+use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior, params};
 use tokio::sync::oneshot;
@@ -487,6 +487,16 @@ impl Store for SqliteStore {
     }
 
     async fn list_snapshots(&self, request: &PageRequest) -> Result<Page<Snapshot>, StoreError> {
+        let request = request.clone();
+        self.read(move |conn, decoded| page_named(conn, decoded, &request)).await
+    }
+
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, StoreError> {
+        let name = name.to_owned();
+        self.read(move |conn, decoded| read_named(conn, decoded, &name)).await
+    }
+
+    async fn list_volumes(&self, request: &PageRequest) -> Result<Page<Volume>, StoreError> {
         let request = request.clone();
         self.read(move |conn, decoded| page_named(conn, decoded, &request)).await
     }

@@ -97,6 +97,13 @@ CREATE TABLE snapshots (
     record  TEXT    NOT NULL
 ) STRICT;
 "#,
+    r#"
+CREATE TABLE volumes (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    version INTEGER NOT NULL,
+    record  TEXT    NOT NULL
+) STRICT;
+"#,
 ];
 
 // A handful of steps: the cast cannot truncate.

@@ -4,7 +4,7 @@
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Write};
+use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Volume, Write};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::store::codec::{Record, encode, from_sql_version, to_sql_version};
@@ -28,6 +28,9 @@ pub(super) fn version_of(tx: &Connection, key: &Key) -> Result<Option<u64>, Stor
             .transpose(),
         Key::Snapshot(name) => read("SELECT version FROM snapshots WHERE name = ?1", name)?
             .map(|v| from_sql_version::<Snapshot>(name, v))
+            .transpose(),
+        Key::Volume(name) => read("SELECT version FROM volumes WHERE name = ?1", name)?
+            .map(|v| from_sql_version::<Volume>(name, v))
             .transpose(),
         Key::Exec(sandbox, id) => tx
             .prepare_cached("SELECT version FROM execs WHERE sandbox_id = ?1 AND id = ?2")?
@@ -110,6 +113,9 @@ pub(super) fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, 
         Write::CreateSnapshot(s) => insert_named(tx, s)?,
         Write::UpdateSnapshot { record: s, expected } => update_named(tx, s, *expected)?,
         Write::RemoveSnapshot { name, expected } => remove_named::<Snapshot>(tx, name, *expected)?,
+        Write::CreateVolume(v) => insert_named(tx, v)?,
+        Write::UpdateVolume { record: v, expected } => update_named(tx, v, *expected)?,
+        Write::RemoveVolume { name, expected } => remove_named::<Volume>(tx, name, *expected)?,
         // The write lock, held since the checks, keeps the sandbox as it was checked.
         Write::CheckSandbox { .. } => 1,
         Write::CreateExec(e) => tx

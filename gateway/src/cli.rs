@@ -35,6 +35,7 @@ mod sandbox;
 mod snapshots;
 mod spec;
 mod templates;
+mod volumes;
 mod watch;
 
 #[derive(Parser)]
@@ -75,6 +76,9 @@ enum Top {
     /// Take, inspect and delete snapshots of sandboxes' files.
     #[command(subcommand)]
     Snapshot(snapshots::SnapshotCmd),
+    /// Create, inspect and delete volumes: files that outlive the sandboxes that mount them.
+    #[command(subcommand)]
+    Volume(volumes::VolumeCmd),
     /// Print this client's version and the gateway's.
     Version,
     /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
@@ -127,6 +131,7 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
             Top::Template(c) => client.template(c).await.map(|()| 0),
             Top::Pool(c) => client.pool(c).await.map(|()| 0),
             Top::Snapshot(c) => client.snapshot(c).await.map(|()| 0),
+            Top::Volume(c) => client.volume(c).await.map(|()| 0),
             Top::Version => client.version().await.map(|()| 0),
             // Answered above, before connecting.
             Top::Completions { .. } => Ok(0),

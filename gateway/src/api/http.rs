@@ -26,13 +26,14 @@ use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
 use berth_proto::v1::snapshots_server::Snapshots;
 use berth_proto::v1::templates_server::Templates;
+use berth_proto::v1::volumes_server::Volumes;
 use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
 
 use super::auth::BearerAuth;
-use super::{exec, info, logs, public, snapshots, templates};
+use super::{exec, info, logs, public, snapshots, templates, volumes};
 use crate::engine::Engine;
 use crate::engine::activity::Activity;
 use crate::engine::execs::Execs;
@@ -43,6 +44,7 @@ struct Api {
     providers: public::ProviderApi,
     templates: templates::TemplateApi,
     snapshots: snapshots::SnapshotApi,
+    volumes: volumes::VolumeApi,
     execs: exec::ExecApi,
     logs: logs::LogsApi,
     gateway: info::GatewayApi,
@@ -358,6 +360,26 @@ async fn delete_snapshot(State(api): Shared, Path(name): Path<String>, bytes: By
     ))
 }
 
+async fn create_volume(State(api): Shared, bytes: Bytes) -> Response {
+    with_body!(bytes, |r: pb::CreateVolumeRequest| reply(api.volumes.create_volume(request(r)).await))
+}
+
+async fn list_volumes(State(api): Shared, Query(r): Query<PageQuery>) -> Response {
+    let r =
+        pb::ListVolumesRequest { page_size: r.page_size.unwrap_or(0), page_token: r.page_token.unwrap_or_default() };
+    reply(api.volumes.list_volumes(request(r)).await)
+}
+
+async fn get_volume(State(api): Shared, Path(name): Path<String>) -> Response {
+    reply(api.volumes.get_volume(request(pb::GetVolumeRequest { name })).await)
+}
+
+async fn delete_volume(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
+    with_body!(bytes, |r: pb::DeleteVolumeRequest| reply(
+        api.volumes.delete_volume(request(pb::DeleteVolumeRequest { name, ..r })).await
+    ))
+}
+
 async fn fork(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
     with_body!(bytes, |r: pb::ForkSandboxRequest| reply(
         api.snapshots.fork_sandbox(request(pb::ForkSandboxRequest { name, ..r })).await
@@ -435,6 +457,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         providers: public::ProviderApi::new(engine.clone()),
         templates: templates::TemplateApi::new(engine.clone()),
         snapshots: snapshots::SnapshotApi::new(engine.clone()),
+        volumes: volumes::VolumeApi::new(engine.clone()),
         execs: exec::ExecApi::new(Execs::new(engine.clone()), activity.clone(), engine.shutdown().clone()),
         logs: logs::LogsApi::new(Logs::new(engine.clone()), activity, engine.shutdown().clone()),
         gateway: info::GatewayApi::new(engine.clone()),
@@ -462,6 +485,8 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/templates/{name}/claim", post(claim))
         .route("/v1/snapshots", post(create_snapshot).get(list_snapshots))
         .route("/v1/snapshots/{name}", get(get_snapshot).delete(delete_snapshot))
+        .route("/v1/volumes", post(create_volume).get(list_volumes))
+        .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
         .route_layer(middleware::from_fn_with_state(api.clone(), authorized))
         .with_state(api)
 }

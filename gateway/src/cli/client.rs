@@ -13,6 +13,7 @@ use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use berth_proto::v1::snapshots_client::SnapshotsClient;
 use berth_proto::v1::templates_client::TemplatesClient;
+use berth_proto::v1::volumes_client::VolumesClient;
 use clap::Args;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
@@ -69,6 +70,7 @@ pub(super) struct Client {
     pub(super) files: FilesClient<Authed>,
     pub(super) templates: TemplatesClient<Authed>,
     pub(super) snapshots: SnapshotsClient<Authed>,
+    pub(super) volumes: VolumesClient<Authed>,
     pub(super) gateway: GatewayClient<Authed>,
     pub(super) output: Output,
 }
@@ -237,6 +239,7 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
         files: FilesClient::with_interceptor(channel.clone(), auth.clone()),
         templates: TemplatesClient::with_interceptor(channel.clone(), auth.clone()),
         snapshots: SnapshotsClient::with_interceptor(channel.clone(), auth.clone()),
+        volumes: VolumesClient::with_interceptor(channel.clone(), auth.clone()),
         gateway: GatewayClient::with_interceptor(channel, auth),
         output,
     })

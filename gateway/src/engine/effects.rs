@@ -71,6 +71,26 @@ impl Engine {
         }
     }
 
+    /// Once a deleted sandbox's record is gone, asks for the removal of each volume it mounted
+    /// that is being deleted and that nothing else mounts, rather than leaving it to the next
+    /// sweep.
+    async fn release_volumes(&self, deleted: &Sandbox) {
+        for (id, mount) in volume::mounts(&deleted.spec) {
+            let released = async {
+                let Some(record) = self.inner.store.volume(&mount.volume).await?.filter(|v| v.id == id) else {
+                    return Ok(None);
+                };
+                let users = self.inner.store.sandboxes_mounting(&record).await?;
+                Ok::<_, ApiError>(volume::unfinished(&record, &users))
+            };
+            match released.await {
+                Ok(Some(effect)) => self.dispatch(&[effect]),
+                Ok(None) => {}
+                Err(e) => debug!(volume = %mount.volume, error = %e, "a released volume is left to the sweep"),
+            }
+        }
+    }
+
     /// Whether a snapshot's or volume's effect is still wanted by its record as stored now.
     async fn still_wanted(&self, effect: &Effect) -> Result<bool, ApiError> {
         Ok(match effect {
@@ -186,9 +206,12 @@ impl Engine {
             }
             match self.call_driver(effect, record.as_ref()).await {
                 Ok(observation) => {
+                    let released = matches!(effect, Effect::Delete { .. }).then(|| record.clone()).flatten();
                     // The record read before the call names the lock; it is read again under it.
                     if let Err(e) = self.observe_under_lock(id, &observation, record, true).await {
                         warn!(sandbox = %id, error = %e, "cannot record the driver's reply; recovery will re-drive it");
+                    } else if let Some(deleted) = released {
+                        self.release_volumes(&deleted).await;
                     }
                     return;
                 }

@@ -27,6 +27,7 @@ pub type Execs = ExecsClient<InterceptedService<Channel, Bearer>>;
 pub type LogsService = berth_proto::v1::logs_client::LogsClient<InterceptedService<Channel, Bearer>>;
 pub type Templates = berth_proto::v1::templates_client::TemplatesClient<InterceptedService<Channel, Bearer>>;
 pub type Snapshots = berth_proto::v1::snapshots_client::SnapshotsClient<InterceptedService<Channel, Bearer>>;
+pub type VolumesService = berth_proto::v1::volumes_client::VolumesClient<InterceptedService<Channel, Bearer>>;
 
 #[derive(Clone)]
 pub struct Bearer(pub String);
@@ -164,6 +165,13 @@ impl Gateway {
 
     pub async fn snapshots(&self) -> Snapshots {
         berth_proto::v1::snapshots_client::SnapshotsClient::with_interceptor(
+            self.channel().await,
+            Bearer(self.token.clone()),
+        )
+    }
+
+    pub async fn volumes(&self) -> VolumesService {
+        berth_proto::v1::volumes_client::VolumesClient::with_interceptor(
             self.channel().await,
             Bearer(self.token.clone()),
         )

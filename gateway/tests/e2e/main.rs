@@ -31,3 +31,4 @@ mod shutdown;
 mod snapshots;
 mod store_binding;
 mod store_labels;
+mod volumes;

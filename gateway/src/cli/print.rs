@@ -80,6 +80,9 @@ pub(super) fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
             "cpu_millis": l.cpu_millis, "memory_bytes": l.memory_bytes, "pids": l.pids,
         })),
         "egress": spec.egress.as_ref().map(|e| &e.allow),
+        "volumes": spec.volumes.iter().map(|m| json!({
+            "volume": m.volume, "path": m.path, "read_only": m.read_only,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -127,6 +127,32 @@ async fn the_cli_snapshots_forks_and_makes_sandboxes_from_snapshots() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_makes_mounts_and_deletes_volumes() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let made = json(&berth(&data, &["-o", "json", "volume", "create", "cache"]).await);
+    assert_eq!((made["name"].as_str(), made["phase"].as_str()), (Some("cache"), Some("Ready")), "{made}");
+    let writer = ["sandbox", "create", "w", "--volume", "cache:/cache", "--volume", "cache:/ro:ro", "--"];
+    let script = ["sh", "-c", "echo kept > \"$BERTH_MOUNTS/cache/f\"; exec sleep 3600"];
+    let created = json(&berth(&data, &[&["-o", "json"][..], &writer, &script].concat()).await);
+    let mounts = &created["spec"]["volumes"];
+    assert_eq!(mounts[1], serde_json::json!({"volume": "cache", "path": "/ro", "read_only": true}), "{created}");
+    let bad = berth(&data, &["sandbox", "create", "x", "--volume", "cache", "--", "true"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+
+    let table = ok(&berth(&data, &["volume", "list"]).await);
+    assert!(table.starts_with("NAME") && table.contains("cache") && table.contains(" w"), "{table}");
+    let refused = berth(&data, &["volume", "delete", "cache"]).await;
+    assert_ne!(refused.status.code(), Some(0), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("mounted by sandbox(es): w"), "{refused:?}");
+    // The delete of its user, then its own, without waiting in between: taken, and complete.
+    ok(&berth(&data, &["sandbox", "delete", "w", "--no-wait"]).await);
+    assert!(ok(&berth(&data, &["volume", "delete", "cache"]).await).contains("deleted"));
+    let missing = berth(&data, &["volume", "get", "cache"]).await;
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"), "{missing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_fails_when_the_sandbox_lands_in_error() {
     let data = DataDir::new();
     // A "supervisor" that exits 1 at once and never connects: every run fails before Ready.

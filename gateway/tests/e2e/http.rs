@@ -191,6 +191,28 @@ async fn curl_drives_the_http_json_api() {
     let (status, code, _) = refused("GET", "/v1/snapshots/nothing", None);
     assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
 
+    // Volumes: made, mounted, refused while used, deleted after their user.
+    let (status, made) = curl.json("POST", "/v1/volumes", Some(r#"{"name": "vol"}"#));
+    assert_eq!((status, made["volume"]["phase"].as_str()), (200, Some("VOLUME_PHASE_READY")), "{made}");
+    let user = r#"{"name": "vol-user", "spec": {"image": "host", "command": ["sleep", "3600"],
+        "volumes": [{"volume": "vol", "path": "/data", "read_only": true}]}}"#;
+    let (status, mounted) = curl.json("POST", "/v1/sandboxes", Some(user));
+    assert_eq!(status, 200, "{mounted}");
+    assert_eq!(mounted["sandbox"]["spec"]["volumes"][0]["read_only"], true, "{mounted}");
+    let (status, code, message) = refused("DELETE", "/v1/volumes/vol", None);
+    assert_eq!((status, code.as_str()), (400, "FAILED_PRECONDITION"));
+    assert!(message.contains("vol-user"), "{message}");
+    let bad = r#"{"name": "bad-mount", "spec": {"image": "host", "command": ["true"],
+        "volumes": [{"volume": "vol", "path": "relative"}]}}"#;
+    let (status, code, message) = refused("POST", "/v1/sandboxes", Some(bad));
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("spec.volumes[0].path"), "{message}");
+    let (_, listed) = curl.json("GET", "/v1/volumes", None);
+    assert_eq!(listed["volumes"][0]["users"], serde_json::json!(["vol-user"]), "{listed}");
+    assert_eq!(curl.json("DELETE", "/v1/sandboxes/vol-user", None).0, 200);
+    let (status, deleting) = curl.json("DELETE", "/v1/volumes/vol", None);
+    assert_eq!((status, deleting["volume"]["phase"].as_str()), (200, Some("VOLUME_PHASE_DELETING")), "{deleting}");
+
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     let cursor = listed["cursor"].as_str().unwrap().to_string();
     let (status, stopped) = curl.json("POST", "/v1/sandboxes/web/stop", None);

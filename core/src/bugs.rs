@@ -104,10 +104,14 @@ pub enum Bug {
     /// runtime shows (Podman's restore starts the container anew), so a resume from a
     /// checkpoint loses the run it restored: restarted out of band, as far as Berth can tell.
     RestoreForgetsStart,
+    /// S2: a volume's removal does not wait for the sandboxes being deleted that mount it, so a
+    /// delete of a sandbox followed at once by its volume's removes the files under the run
+    /// still being stopped (the providers' race, in a new place).
+    VolumeRemovedUnderRun,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 26] = [
+    pub const ALL: [Bug; 27] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -134,6 +138,7 @@ impl Bug {
         Bug::SnapshotDeletedUnderSeed,
         Bug::ForkHalfMade,
         Bug::RestoreForgetsStart,
+        Bug::VolumeRemovedUnderRun,
     ];
 
     pub fn name(self) -> &'static str {
@@ -164,6 +169,7 @@ impl Bug {
             Bug::SnapshotDeletedUnderSeed => "snapshot-deleted-under-seed",
             Bug::ForkHalfMade => "fork-half-made",
             Bug::RestoreForgetsStart => "restore-forgets-start",
+            Bug::VolumeRemovedUnderRun => "volume-removed-under-run",
         }
     }
 
@@ -199,7 +205,8 @@ impl Bug {
             | Bug::PauseConfirmedBlind
             | Bug::SnapshotDeletedUnderSeed
             | Bug::ForkHalfMade
-            | Bug::RestoreForgetsStart => 1,
+            | Bug::RestoreForgetsStart
+            | Bug::VolumeRemovedUnderRun => 1,
         }
     }
 
@@ -235,6 +242,11 @@ impl Bug {
     /// Whether the race needs the snapshot workload.
     pub fn snapshots(self) -> bool {
         matches!(self, Bug::SnapshotDeletedUnderSeed | Bug::ForkHalfMade)
+    }
+
+    /// Whether the race needs the volume workload.
+    pub fn volumes(self) -> bool {
+        self == Bug::VolumeRemovedUnderRun
     }
 
     /// Whether the race needs the state workload (pause and resume).

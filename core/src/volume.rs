@@ -42,7 +42,8 @@ fn blocks(sandbox: &Sandbox, id: &VolumeId) -> bool {
 /// The removal a Deleting volume is owed, once none of `users` (the sandbox records bound to
 /// it, in any phase) is left.
 pub fn unfinished(volume: &Volume, users: &[Sandbox]) -> Option<Effect> {
-    let idle = !users.iter().any(|s| mounts(&s.spec).iter().any(|(bound, _)| *bound == volume.id));
+    let idle = crate::bug!(VolumeRemovedUnderRun)
+        || !users.iter().any(|s| mounts(&s.spec).iter().any(|(bound, _)| *bound == volume.id));
     (volume.phase == VolumePhase::Deleting && idle)
         .then(|| Effect::RemoveVolume { volume: volume.id.clone(), name: volume.name.clone() })
 }
@@ -112,8 +113,13 @@ pub(crate) fn delete(request: &Request, reads: &Reads, name: &str, now: Timestam
     }
     branch::hit(Branch::VolumeDelete);
     let (write, next) = bump(volume, Volume { phase: VolumePhase::Deleting, ..volume.clone() }, now);
+    // Decided on these users being there: one whose record goes before this commits (and
+    // which found the volume not yet being deleted) makes the decision again, so that the
+    // removal is asked for by one of the two.
+    let users =
+        reads.volume_users.iter().map(|s| Write::CheckSandbox { id: s.id.clone(), expected: s.resource_version });
     Ok(Decision {
-        writes: vec![write],
+        writes: std::iter::once(write).chain(users).collect(),
         effects: unfinished(&next, &reads.volume_users).into_iter().collect(),
         outcome: Outcome::Volume(next.into()),
     })

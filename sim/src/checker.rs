@@ -10,10 +10,11 @@ use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
 use berth_core::{Hold, Intent, Phase, Provider, Sandbox, SandboxId, Write};
+use berth_drivers::container::user_volume_of;
 use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
 
 use crate::invariants::{
-    Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s3_pause,
+    Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s2_volumes_kept, s3_pause,
 };
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
@@ -356,6 +357,23 @@ fn expiry_bound(scenario: &crate::scenario::Scenario) -> std::time::Duration {
     scenario.poll_interval * 2 + crate::gateway::LEASE_TTL * 2 + std::time::Duration::from_secs(5)
 }
 
+/// The volumes whose files the simulated host keeps: the process driver's directories, or the
+/// simulated runtime's volumes of Berth's user volumes.
+fn kept_volumes(world: &World) -> Vec<berth_core::VolumeId> {
+    match world.scenario.driver {
+        DriverKind::Process => std::fs::read_dir(world.state_dir.join(".volumes"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .map(berth_core::VolumeId::new)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        DriverKind::Container => lock(&world.runtime).volumes.iter().filter_map(|name| user_volume_of(name)).collect(),
+    }
+}
+
 pub async fn check_converged(world: &World) {
     let records = all_records(world).await;
     let page = PageRequest { after: None, limit: 1000 };
@@ -379,6 +397,10 @@ pub async fn check_converged(world: &World) {
         seeded: &seeded,
         images: &images,
     });
+    let volumes = world.store.all_volumes().await.unwrap_or_default();
+    for problem in s2_volumes_kept::not_settled(&volumes, &records, &kept_volumes(world)) {
+        world.violate(Invariant::S2, problem);
+    }
     let runtime = lock(&world.runtime);
     for s in &records {
         if let Some(problem) = i7_delete_completes::deleted_still_there(s) {

@@ -12,12 +12,14 @@ use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use berth_proto::v1::snapshots_client::SnapshotsClient;
 use berth_proto::v1::templates_client::TemplatesClient;
+use berth_proto::v1::volumes_client::VolumesClient;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod snapshots;
+mod volumes;
 
 use crate::invariants::{Fact, Invariant, i3_server_owned, i7_delete_completes, i10_no_panic_or_internal};
 use crate::net;
@@ -44,6 +46,7 @@ type Sandboxes = SandboxesClient<InterceptedService<Channel, Bearer>>;
 type Providers = ProvidersClient<InterceptedService<Channel, Bearer>>;
 type Templates = TemplatesClient<InterceptedService<Channel, Bearer>>;
 type Snapshots = SnapshotsClient<InterceptedService<Channel, Bearer>>;
+type Volumes = VolumesClient<InterceptedService<Channel, Bearer>>;
 
 /// The template of the lifetime workload's warm pool.
 pub const POOL: &str = "pool";
@@ -83,19 +86,20 @@ struct Client {
     draw: Draw,
     /// A connection to each gateway; the client talks to one and moves to the next when it
     /// stops answering.
-    gateways: Vec<(Sandboxes, Providers, Templates, Snapshots)>,
+    gateways: Vec<(Sandboxes, Providers, Templates, Snapshots, Volumes)>,
     at: usize,
     r2_runs: usize,
 }
 
 /// The clients of gateway `g`, over a new channel.
-fn connect(g: usize) -> (Sandboxes, Providers, Templates, Snapshots) {
+fn connect(g: usize) -> (Sandboxes, Providers, Templates, Snapshots, Volumes) {
     let channel = net::channel(g);
     (
         SandboxesClient::with_interceptor(channel.clone(), Bearer),
         ProvidersClient::with_interceptor(channel.clone(), Bearer),
         TemplatesClient::with_interceptor(channel.clone(), Bearer),
-        SnapshotsClient::with_interceptor(channel, Bearer),
+        SnapshotsClient::with_interceptor(channel.clone(), Bearer),
+        VolumesClient::with_interceptor(channel, Bearer),
     )
 }
 
@@ -122,6 +126,10 @@ impl Client {
 
     fn snapshots(&self) -> Snapshots {
         self.gateways[self.at].3.clone()
+    }
+
+    fn volumes(&self) -> Volumes {
+        self.gateways[self.at].4.clone()
     }
 
     /// I10 and I3 on a failed reply to `what` (`conflicted`, as I3 words it), sent with `expected`.
@@ -602,6 +610,10 @@ impl Client {
                 0 => self.write_files(&name).await,
                 _ => self.snapshot_operation(&name).await,
             };
+        }
+        // And with the volume workload.
+        if scenario.volumes && self.draw.chance(0.3) {
+            return self.volume_operation().await;
         }
         match self.draw.below(100) {
             0..=14 => {

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, StartReply};
 use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
 
+use crate::invariants::{Invariant, s2_volumes_kept};
 use crate::trace::Kind;
 use crate::world::{World, lock};
 
@@ -133,6 +134,14 @@ impl Driver for SimDriver {
     async fn remove_volume(&self, volume: &berth_core::VolumeId) -> Result<(), DriverError> {
         let what = format!("remove volume {volume}");
         self.trace(what.clone());
+        let records = crate::checker::all_records(&self.world).await;
+        let under_run = {
+            let runtime = lock(&self.world.runtime);
+            s2_volumes_kept::removed_under_run(volume, &records, |id| runtime.alive_generation(id).is_some())
+        };
+        if let Some(problem) = under_run {
+            self.world.violate(Invariant::S2, problem);
+        }
         let reply = self.driver.remove_volume(volume).await;
         self.replied(what, reply)
     }

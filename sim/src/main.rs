@@ -50,6 +50,9 @@ struct Phases {
     /// Have clients take and delete snapshots, make sandboxes from them and fork (S1, S2, S4).
     #[arg(long)]
     snapshots: bool,
+    /// Have clients make and delete volumes and the sandboxes that mount them (S2).
+    #[arg(long)]
+    volumes: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -123,6 +126,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_egress(phases.egress)
         .with_state(phases.state)
         .with_snapshots(phases.snapshots)
+        .with_volumes(phases.volumes)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -151,6 +155,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.snapshots {
         command += " --snapshots";
+    }
+    if phases.volumes {
+        command += " --volumes";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -315,6 +322,7 @@ fn main() -> std::process::ExitCode {
                     egress: bug.egress(),
                     state: bug.state(),
                     snapshots: bug.snapshots(),
+                    volumes: bug.volumes(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

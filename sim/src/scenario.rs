@@ -261,6 +261,10 @@ pub struct Scenario {
     /// from snapshots, and fork sandboxes (DESIGN 12.2, 12.3), while runs write files; checked
     /// by S1, S2 and S4.
     pub snapshots: bool,
+    /// The volume workload runs too (`--volumes`): clients make and delete volumes and
+    /// sandboxes that mount them, deleting a sandbox and then its volume without waiting
+    /// (DESIGN 13.2); checked by S2.
+    pub volumes: bool,
 }
 
 impl Scenario {
@@ -335,6 +339,7 @@ impl Scenario {
             egress: false,
             state: false,
             snapshots: false,
+            volumes: false,
         }
     }
 
@@ -350,6 +355,11 @@ impl Scenario {
 
     pub fn with_snapshots(mut self, snapshots: bool) -> Self {
         self.snapshots = snapshots;
+        self
+    }
+
+    pub fn with_volumes(mut self, volumes: bool) -> Self {
+        self.volumes = volumes;
         self
     }
 

@@ -58,31 +58,33 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::RecordAfterStart => (0, Invariant::D1),
             Bug::FenceFromRecordedExit => (0, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (11, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (254, Invariant::E1),
+            Bug::TenureFromAnswer => (77, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (24, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (1, Invariant::E1),
             Bug::ExpiryIgnoresRenew => (1, Invariant::T1),
             // The claim written over the winner revives a member being deleted: C1 sees it first.
             Bug::ClaimWithoutCas => (1, Invariant::C1),
-            Bug::IdleIgnoresExecs => (1, Invariant::T1),
+            Bug::IdleIgnoresExecs => (0, Invariant::T1),
             Bug::EgressFromAttach => (0, Invariant::N1),
             Bug::SignalsSupervisorOnly => (1, Invariant::D1),
             Bug::ChildLeftBehind => (1, Invariant::D1),
             Bug::ClaimUnready => (0, Invariant::P1),
             Bug::ExecWhileStarting => (0, Invariant::X1),
             Bug::RestartPastMaximum => (1, Invariant::R1),
-            Bug::ExecWhilePausing => (4, Invariant::S3),
+            Bug::ExecWhilePausing => (0, Invariant::S3),
             // The lost run's exit is reported nowhere: the record waits, Paused, on nothing.
             Bug::PauseOutlivesRun => (5, Invariant::I2),
             // A pause the runtime never carried out needs a failed call or a crash at the
             // right moment.
             Bug::PauseConfirmedBlind => (11, Invariant::S3),
             // A create from a snapshot, its delete right after, before the copy's first start.
-            Bug::SnapshotDeletedUnderSeed => (14, Invariant::S2),
+            Bug::SnapshotDeletedUnderSeed => (3, Invariant::S2),
             Bug::ForkHalfMade => (1, Invariant::S4),
             // The restored run, taken for a restart out of band, fails as if it had ended.
-            Bug::RestoreForgetsStart => (0, Invariant::I1),
+            Bug::RestoreForgetsStart => (3, Invariant::I1),
+            // A sandbox's delete, then its volume's at once: the files go under the run.
+            Bug::VolumeRemovedUnderRun => (1, Invariant::S2),
         };
         caught_at(bug, seed, invariant);
     }
@@ -105,7 +107,8 @@ fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outco
         .with_lifetimes(bug.lifetimes())
         .with_egress(bug.egress())
         .with_state(bug.state())
-        .with_snapshots(bug.snapshots());
+        .with_snapshots(bug.snapshots())
+        .with_volumes(bug.volumes());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

@@ -196,3 +196,26 @@ fn volumes_stay_with_the_sandbox_that_named_them() {
     let refused = w.request(template, None).unwrap_err();
     assert!(matches!(&refused, Error::Invalid { field, .. } if field == "spec.volumes"), "{refused}");
 }
+
+#[test]
+fn a_user_whose_record_goes_between_a_deletes_read_and_its_write_makes_the_delete_ask_for_the_removal() {
+    let mut w = World::default();
+    make(&mut w, "data", "vol-1").unwrap();
+    w.request(mounting("a", &[("data", "/data", false)]), None).unwrap();
+    w.run_all_effects();
+    w.delete("a").unwrap();
+    // The volume's delete reads "a" still there, being deleted, and decides to wait for it ...
+    let request = Request::new(Command::DeleteVolume { name: "data".into() }, None);
+    let decided = decide(&request, &w.store.reads(&request), w.now).unwrap();
+    assert!(decided.effects.is_empty(), "{:?}", decided.effects);
+    // ... "a"'s record goes in between, its removal finding the volume not yet being deleted ...
+    w.run_all_effects();
+    assert!(w.store.by_name("a").is_none());
+    // ... so the delete conflicts on "a", and decided again asks for the removal itself.
+    let conflict = w.store.commit(&decided.writes).unwrap_err();
+    assert_eq!(conflict.key, Key::Sandbox(SandboxId::new("sb-a")));
+    delete(&mut w, "data").unwrap();
+    assert_eq!(w.effects.back(), Some(&Effect::RemoveVolume { volume: VolumeId::new("vol-1"), name: "data".into() }));
+    w.run_all_effects();
+    assert!(w.store.volumes.is_empty() && w.volumes_kept.is_empty());
+}

@@ -8,9 +8,9 @@ use crate::invariants::{Invariant, i10_no_panic_or_internal};
 use crate::trace::Kind;
 
 impl Client {
-    /// A call of the snapshot workload: its failures are checked (I10), not recorded in the
-    /// history, whose register model knows the fleet's sandboxes alone.
-    async fn snapshot_call<T>(
+    /// A call of the snapshot or volume workload: its failures are checked (I10), not recorded
+    /// in the history, whose register model knows the fleet's sandboxes alone.
+    pub(super) async fn unrecorded_call<T>(
         &mut self,
         what: String,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -43,7 +43,7 @@ impl Client {
                 let no_wait = self.draw.chance(0.5);
                 let request = pb::CreateSnapshotRequest { name: snapshot.clone(), sandbox: name.to_string(), no_wait };
                 let mut c = self.snapshots();
-                self.snapshot_call(format!("snapshot {name} as {snapshot}"), c.create_snapshot(request)).await;
+                self.unrecorded_call(format!("snapshot {name} as {snapshot}"), c.create_snapshot(request)).await;
             }
             3..=5 => {
                 let delete_after = self.draw.chance(0.3);
@@ -64,13 +64,13 @@ impl Client {
                     labels: Default::default(),
                 };
                 let mut c = self.snapshots();
-                self.snapshot_call(format!("fork {name} x{count}"), c.fork_sandbox(request)).await;
+                self.unrecorded_call(format!("fork {name} x{count}"), c.fork_sandbox(request)).await;
             }
             _ => {
                 let victim = if self.draw.chance(0.5) { copy } else { format!("fork-{}", self.draw.below(6)) };
                 let request = pb::LifecycleRequest { name: victim.clone(), expected_resource_version: None };
                 let mut c = self.sandboxes();
-                self.snapshot_call(format!("delete {victim}"), c.delete_sandbox(request)).await;
+                self.unrecorded_call(format!("delete {victim}"), c.delete_sandbox(request)).await;
             }
         }
     }
@@ -85,13 +85,13 @@ impl Client {
             from_snapshot: snapshot.to_string(),
         };
         let mut c = self.sandboxes();
-        self.snapshot_call(format!("create {name} from {snapshot}"), c.create_sandbox(request)).await;
+        self.unrecorded_call(format!("create {name} from {snapshot}"), c.create_sandbox(request)).await;
     }
 
     async fn delete_snapshot(&mut self, snapshot: &str) {
         let request = pb::DeleteSnapshotRequest { name: snapshot.to_string(), expected_resource_version: None };
         let mut c = self.snapshots();
-        self.snapshot_call(format!("delete snapshot {snapshot}"), c.delete_snapshot(request)).await;
+        self.unrecorded_call(format!("delete snapshot {snapshot}"), c.delete_snapshot(request)).await;
     }
 
     /// What a run writes in its workspace, as its command would: the files a snapshot of it

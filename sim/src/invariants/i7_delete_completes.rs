@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use berth_core::{Intent, Sandbox, SandboxId};
-use berth_drivers::container::volume_name;
+use berth_drivers::container::{user_volume_of, volume_name};
 use tonic::{Code, Status};
 
 use crate::runtime::RuntimeModel;
@@ -16,7 +16,8 @@ pub fn deleted_still_there(s: &Sandbox) -> Option<String> {
 }
 
 /// The problems with what the runtime host still `held` (what it is, per sandbox) and its
-/// volumes, once the quiet phase is over: one for each whose record is gone.
+/// workspace volumes, once the quiet phase is over: one for each whose record is gone. Users'
+/// volumes outlive their sandboxes: they are S2's.
 pub fn left_behind(records: &[Sandbox], held: &BTreeMap<SandboxId, &str>, runtime: &RuntimeModel) -> Vec<String> {
     let mut problems = Vec::new();
     for (id, what) in held {
@@ -24,7 +25,7 @@ pub fn left_behind(records: &[Sandbox], held: &BTreeMap<SandboxId, &str>, runtim
             problems.push(format!("the runtime still has {what} of {id}, whose record is gone"));
         }
     }
-    for volume in &runtime.volumes {
+    for volume in runtime.volumes.iter().filter(|v| user_volume_of(v).is_none()) {
         if !records.iter().any(|s| volume_name(&s.id) == *volume) {
             let owner = runtime.sandboxes().find(|id| volume_name(id) == *volume).map(|id| runtime.name(id));
             problems

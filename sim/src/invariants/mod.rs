@@ -35,6 +35,7 @@ pub mod p1_pools;
 pub mod r1_restarts;
 pub mod s1_snapshot_files;
 pub mod s2_snapshots_kept;
+pub mod s2_volumes_kept;
 pub mod s3_pause;
 pub mod s4_forks;
 pub mod t1_deadlines;

@@ -1,8 +1,6 @@
 //! `berth snapshot`: snapshots of sandboxes' files (DESIGN 12.2). A sandbox is made from one by
 //! `berth sandbox create NEW --from-snapshot SNAP`, and forked by `berth sandbox fork`.
 
-use std::time::Duration;
-
 use berth_proto::v1 as pb;
 use clap::Subcommand;
 use serde_json::json;
@@ -86,24 +84,6 @@ impl Client {
         }
     }
 
-    /// Waits until snapshot `name` is gone.
-    async fn snapshot_gone(&mut self, name: &str, wait: &Wait) -> Result<(), Failed> {
-        let until = tokio::time::Instant::now() + wait.timeout;
-        loop {
-            match self.snapshots.get_snapshot(pb::GetSnapshotRequest { name: name.to_string() }).await {
-                Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
-                Err(s) => return Err(s.into()),
-                Ok(_) if tokio::time::Instant::now() >= until => {
-                    return Err(Failed(format!(
-                        "timed out after {:?} waiting for snapshot '{name}' to go",
-                        wait.timeout
-                    )));
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    }
-
     pub(super) async fn snapshot(&mut self, command: SnapshotCmd) -> Result<(), Failed> {
         match command {
             SnapshotCmd::Create { name, from, no_wait } => {
@@ -138,7 +118,12 @@ impl Client {
                 if wait.no_wait {
                     self.print_snapshots(&[reply.snapshot.unwrap_or_default()]);
                 } else {
-                    self.snapshot_gone(&name, &wait).await?;
+                    let client = &self.snapshots;
+                    let read = || {
+                        let (mut c, request) = (client.clone(), pb::GetSnapshotRequest { name: name.clone() });
+                        async move { c.get_snapshot(request).await }
+                    };
+                    wait.until_gone("snapshot", &name, read).await?;
                     self.print_deleted("snapshot", &name);
                 }
             }

@@ -5,6 +5,8 @@ use std::time::Duration;
 use berth_proto::v1 as pb;
 use clap::{Args, ValueEnum};
 
+use super::client::Failed;
+
 #[derive(Args)]
 pub(super) struct Wait {
     /// Return once the gateway accepted the command, without waiting for the target phase.
@@ -13,6 +15,34 @@ pub(super) struct Wait {
     /// Give up waiting after this long.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub(super) timeout: Duration,
+}
+
+impl Wait {
+    /// Waits until `read` finds `kind` `name` gone (NOT_FOUND).
+    pub(super) async fn until_gone<T, Read>(
+        &self,
+        kind: &str,
+        name: &str,
+        mut read: impl FnMut() -> Read,
+    ) -> Result<(), Failed>
+    where
+        Read: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let until = tokio::time::Instant::now() + self.timeout;
+        loop {
+            match read().await {
+                Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
+                Err(s) => return Err(s.into()),
+                Ok(_) if tokio::time::Instant::now() >= until => {
+                    return Err(Failed(format!(
+                        "timed out after {:?} waiting for {kind} '{name}' to go",
+                        self.timeout
+                    )));
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
 }
 
 /// What a sandbox runs, and its policies: for a sandbox or a template.

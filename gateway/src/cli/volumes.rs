@@ -1,8 +1,6 @@
 //! `berth volume`: volumes with a lifecycle of their own (DESIGN 13.2), mounted by
 //! `berth sandbox create NAME --volume VOLUME:/path[:ro]`.
 
-use std::time::Duration;
-
 use berth_proto::v1 as pb;
 use clap::Subcommand;
 use serde_json::json;
@@ -63,24 +61,6 @@ impl Client {
         }
     }
 
-    /// Waits until volume `name` is gone.
-    async fn volume_gone(&mut self, name: &str, wait: &Wait) -> Result<(), Failed> {
-        let until = tokio::time::Instant::now() + wait.timeout;
-        loop {
-            match self.volumes.get_volume(pb::GetVolumeRequest { name: name.to_string() }).await {
-                Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
-                Err(s) => return Err(s.into()),
-                Ok(_) if tokio::time::Instant::now() >= until => {
-                    return Err(Failed(format!(
-                        "timed out after {:?} waiting for volume '{name}' to go",
-                        wait.timeout
-                    )));
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    }
-
     pub(super) async fn volume(&mut self, command: VolumeCmd) -> Result<(), Failed> {
         match command {
             VolumeCmd::Create { name } => {
@@ -112,7 +92,12 @@ impl Client {
                 if wait.no_wait {
                     self.print_volumes(&[reply.volume.unwrap_or_default()]);
                 } else {
-                    self.volume_gone(&name, &wait).await?;
+                    let client = &self.volumes;
+                    let read = || {
+                        let (mut c, request) = (client.clone(), pb::GetVolumeRequest { name: name.clone() });
+                        async move { c.get_volume(request).await }
+                    };
+                    wait.until_gone("volume", &name, read).await?;
                     self.print_deleted("volume", &name);
                 }
             }

@@ -43,57 +43,27 @@ impl Record for Sandbox {
     }
 }
 
-impl Record for Provider {
-    const TABLE: &'static str = "providers";
-    fn key(&self) -> &str {
-        &self.name
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
+/// A record keyed by its name, in `table`.
+macro_rules! named_record {
+    ($($record:ty => $table:literal),*) => {
+        $(
+            impl Record for $record {
+                const TABLE: &'static str = $table;
+                fn key(&self) -> &str {
+                    &self.name
+                }
+                fn name(&self) -> &str {
+                    &self.name
+                }
+                fn version(&self) -> u64 {
+                    self.resource_version
+                }
+            }
+        )*
+    };
 }
 
-impl Record for Template {
-    const TABLE: &'static str = "templates";
-    fn key(&self) -> &str {
-        &self.name
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
-}
-
-impl Record for Snapshot {
-    const TABLE: &'static str = "snapshots";
-    fn key(&self) -> &str {
-        &self.name
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
-}
-
-impl Record for Volume {
-    const TABLE: &'static str = "volumes";
-    fn key(&self) -> &str {
-        &self.name
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn version(&self) -> u64 {
-        self.resource_version
-    }
-}
+named_record!(Provider => "providers", Template => "templates", Snapshot => "snapshots", Volume => "volumes");
 
 impl Record for Exec {
     const TABLE: &'static str = "execs";

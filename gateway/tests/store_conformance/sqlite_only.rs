@@ -195,12 +195,13 @@ async fn a_database_from_before_identities_gets_one() {
     let path = dir.path().join("berth.db");
     open(&path).commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
     let current = user_version(&path);
-    // Schema version 2 had neither identities (migration 3), execs (migration 4),
-    // templates (migration 5), a change log (migration 6) nor snapshots (migration 7).
+    // Schema version 2 had neither identities (migration 3), execs (migration 4), templates
+    // (migration 5), a change log (migration 6), snapshots (migration 7) nor volumes (migration 8).
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute_batch(
         "DROP TABLE store_identity; DROP TABLE execs; DROP TABLE templates; \
-         DROP TABLE sandbox_changes; DROP TABLE change_log; DROP TABLE snapshots; DELETE FROM sqlite_sequence",
+         DROP TABLE sandbox_changes; DROP TABLE change_log; DROP TABLE snapshots; DROP TABLE volumes; \
+         DELETE FROM sqlite_sequence",
     )
     .unwrap();
     raw.pragma_update(None, "user_version", 2).unwrap();

@@ -135,7 +135,9 @@ impl Gateway {
             .unwrap();
         // Owned at once, so a failed start still kills and reaps it (Drop).
         let mut gateway = Gateway { child, address: String::new(), token: String::new() };
-        for _ in 0..200 {
+        // Up to 30 s: a gateway on Podman runs `criu check` as it connects, which takes seconds
+        // while the suite's other gateways start beside it.
+        for _ in 0..600 {
             if let Ok(address) = std::fs::read_to_string(&address_file) {
                 gateway.address = address.trim().to_string();
                 gateway.token = data.token();

@@ -140,8 +140,9 @@ async fn files_copied_are_the_files_a_new_sandbox_starts_with(runtime: Runtime) 
     assert!(s1.size_bytes > big.len() as u64, "{s1:?}");
     assert_eq!(s1.sha256.len(), 64, "{s1:?}");
     assert_eq!(s1.image.is_empty(), runtime == Runtime::Process, "{s1:?}");
-    // Frozen only for the copy: the source runs on, the same run.
-    let after = get(&mut sandboxes, "src").await;
+    // Frozen only for the copy: the source runs on, the same run. A report that met the copy's
+    // freeze may show it Paused for a moment (README, "the copy's freeze"): it is Ready again.
+    let (after, _) = wait_phase(&mut sandboxes, "src", pb::Phase::Ready).await;
     assert_eq!((after.phase, after.generation), (pb::Phase::Ready as i32, ready.generation), "{runtime:?}");
     assert_eq!(target.run_identity(&data, &source.id), identity, "{runtime:?}: the source restarted");
 

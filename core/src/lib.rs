@@ -31,6 +31,7 @@
 //! - [`command`]: API commands decided against a read (3.2)
 //! - [`cas`]: what to do after a conflicting write (3.3)
 //! - [`identity`]: runtime identity tokens (3.4)
+//! - [`port`]: ports' access tokens and who reaches a port of a run (13.1)
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
@@ -55,6 +56,7 @@ pub mod limits;
 pub mod observation;
 pub mod phase;
 pub mod plan;
+pub mod port;
 pub mod provider;
 pub mod record;
 pub mod recovery;

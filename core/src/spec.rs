@@ -35,6 +35,17 @@ pub struct SandboxSpec {
     /// The volumes its runs see (DESIGN 13.2), each at its own path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Mount>,
+    /// Its ports the preview proxy serves without a token (DESIGN 13.1); every other port of a
+    /// run is private.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
+}
+
+/// A port of a sandbox's runs the spec names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    pub port: u16,
+    pub public: bool,
 }
 
 /// A volume mounted into a sandbox's runs.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::error::Error;
 use crate::record::Secret;
-use crate::spec::{Mount, SandboxSpec, WORKSPACE};
+use crate::spec::{Mount, PortSpec, SandboxSpec, WORKSPACE};
 
 /// What the gateway's configuration bounds: an input to the rules like any other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +176,27 @@ pub fn volume_name(field: &str, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The most ports one spec names.
+pub const MAX_PORTS: usize = 32;
+
+/// A spec's ports: each a TCP port, named once.
+fn ports(ports: &[PortSpec]) -> Result<(), Error> {
+    if ports.len() > MAX_PORTS {
+        return Err(Error::invalid("spec.ports", format!("at most {MAX_PORTS} ports, got {}", ports.len())));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, port) in ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}].port");
+        if port.port == 0 {
+            return Err(Error::invalid(field, "0 is not a TCP port"));
+        }
+        if !seen.insert(port.port) {
+            return Err(Error::invalid(field, format!("port {} is named twice", port.port)));
+        }
+    }
+    Ok(())
+}
+
 /// A spec's mounts: named volumes at distinct, clean absolute paths, none the workspace or a
 /// path the runtime owns.
 fn mounts(mounts: &[Mount]) -> Result<(), Error> {
@@ -258,6 +279,7 @@ pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
     }
     spec.egress.validate("spec.egress.allow")?;
     mounts(&spec.volumes)?;
+    ports(&spec.ports)?;
     crate::limits::validate(&spec.limits)
 }
 
@@ -348,6 +370,11 @@ mod tests {
             (Box::new(|s| _ = s.env.insert("OK".into(), "x".repeat(MAX_VALUE_BYTES + 1))), "spec.env[OK]"),
             (Box::new(|s| _ = s.labels.insert("bad key".into(), "v".into())), "spec.labels"),
             (Box::new(|s| _ = s.labels.insert("k".into(), "-v".into())), "spec.labels[k]"),
+            (Box::new(|s| s.ports = vec![PortSpec { port: 0, public: true }]), "spec.ports[0].port"),
+            (
+                Box::new(|s| s.ports = [8080, 9090, 8080].map(|port| PortSpec { port, public: false }).to_vec()),
+                "spec.ports[2].port",
+            ),
             (
                 Box::new(|s| {
                     for i in 0..20 {
@@ -412,6 +439,11 @@ mod tests {
                 "spec.labels",
                 with_spec(|s, n| s.labels = (0..n).map(|i| (format!("k{i}"), "v".to_string())).collect()),
                 64,
+            ),
+            (
+                "spec.ports",
+                with_spec(|s, n| s.ports = (1..=n).map(|p| PortSpec { port: p as u16, public: false }).collect()),
+                32,
             ),
             ("providers", Box::new(|n| provider_names("providers", &(0..n).map(|i| format!("p{i}")).collect())), 32),
             ("credentials", Box::new(move |n| provider("openai", &credentials(n, 1))), 64),

@@ -29,6 +29,7 @@ mod client;
 mod exec;
 mod files;
 mod logs;
+mod ports;
 mod print;
 mod providers;
 mod sandbox;

@@ -101,6 +101,15 @@ pub struct Flags {
     /// [default: off]
     #[arg(long, env = "BERTH_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Address of the preview proxy: HTTP to the ports of sandboxes' runs, at
+    /// `/sandboxes/<sandbox>/ports/<port>/` (and `<port>-<sandbox>.<domain>` with
+    /// --proxy-domain). [default: off]
+    #[arg(long, env = "BERTH_PROXY_LISTEN")]
+    pub proxy_listen: Option<SocketAddr>,
+    /// The domain the preview proxy routes by Host under: `<port>-<sandbox>.<domain>` (its DNS
+    /// a wildcard to the proxy). [default: none, path routing only]
+    #[arg(long, env = "BERTH_PROXY_DOMAIN", value_parser = proxy_domain)]
+    pub proxy_domain: Option<String>,
     /// Where the database, secrets and sandboxes live. [default: $XDG_DATA_HOME/berth, or ~/.local/share/berth]
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -194,6 +203,8 @@ struct File {
     listen: Option<SocketAddr>,
     metrics_listen: Option<SocketAddr>,
     http_listen: Option<SocketAddr>,
+    proxy_listen: Option<SocketAddr>,
+    proxy_domain: Option<String>,
     data_dir: Option<PathBuf>,
     driver: Option<DriverKind>,
     store: Option<String>,
@@ -227,6 +238,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
     pub http_listen: Option<SocketAddr>,
+    pub proxy_listen: Option<SocketAddr>,
+    pub proxy_domain: Option<String>,
     pub data_dir: PathBuf,
     pub driver: DriverKind,
     pub store: StoreLocation,
@@ -263,6 +276,8 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("metrics_listen", &self.metrics_listen)
             .field("http_listen", &self.http_listen)
+            .field("proxy_listen", &self.proxy_listen)
+            .field("proxy_domain", &self.proxy_domain)
             .field("data_dir", &self.data_dir)
             .field("driver", &self.driver)
             .field("store", &format_args!("{}", self.store))
@@ -289,6 +304,11 @@ impl fmt::Debug for Config {
             .field("log_format", &self.log_format)
             .finish()
     }
+}
+
+/// A domain the preview proxy routes under: a host name, lowercased.
+fn proxy_domain(text: &str) -> Result<String, String> {
+    berth_core::egress::host_name(text).map_err(|why| format!("'{text}' is not a domain: {why}"))
 }
 
 /// A gateway's name names files: keep it to a safe alphabet.
@@ -359,6 +379,13 @@ impl Config {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
             http_listen: flags.http_listen.or(file.http_listen),
+            proxy_listen: flags.proxy_listen.or(file.proxy_listen),
+            proxy_domain: match flags.proxy_domain {
+                Some(domain) => Some(domain),
+                None => {
+                    file.proxy_domain.map(|d| proxy_domain(&d).map_err(|e| format!("proxy_domain: {e}"))).transpose()?
+                }
+            },
             data_dir,
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
             store,

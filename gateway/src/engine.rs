@@ -56,6 +56,8 @@ pub struct EngineSettings {
     pub name: String,
     /// Where the egress proxy opens the connections sandboxes are allowed.
     pub egress: Arc<dyn crate::egress::Upstream>,
+    /// Where the preview proxy serves, if it does (`--proxy-listen`).
+    pub preview: Option<crate::ports::Preview>,
 }
 
 impl Default for EngineSettings {
@@ -68,6 +70,7 @@ impl Default for EngineSettings {
             limits: berth_core::validate::Limits::default(),
             name: crate::data_dir::DEFAULT_NAME.to_string(),
             egress: Arc::new(crate::egress::HostUpstream::default()),
+            preview: None,
         }
     }
 }
@@ -176,6 +179,11 @@ impl Engine {
 
     pub fn settings(&self) -> &EngineSettings {
         &self.inner.settings
+    }
+
+    /// The supervisor sessions held here: where execs and connections into runs go.
+    pub fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
     }
 
     pub fn key(&self) -> &IdentityKey {

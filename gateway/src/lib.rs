@@ -11,6 +11,7 @@ pub mod error;
 pub mod lease;
 pub mod metrics;
 pub mod pools;
+pub mod ports;
 pub mod reconcile;
 mod record_locks;
 pub mod server;

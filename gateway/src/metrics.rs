@@ -40,6 +40,11 @@ struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerdictLabel {
     verdict: &'static str,
 }
@@ -86,6 +91,9 @@ pub struct Metrics {
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
     egress: Family<VerdictLabel, Counter>,
+    proxied: Family<CodeLabel, Counter>,
+    proxied_bytes: Counter,
+    proxy_upstream_errors: Counter,
     snapshots: Family<SnapshotLabel, Counter>,
     snapshot_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
     /// Transitions under way: which, since when, and the phase that ends them.
@@ -110,6 +118,9 @@ impl Default for Metrics {
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
             egress: Family::default(),
+            proxied: Family::default(),
+            proxied_bytes: Counter::default(),
+            proxy_upstream_errors: Counter::default(),
             snapshots: Family::default(),
             snapshot_seconds: Family::new_with_constructor(latency),
             pending: Mutex::default(),
@@ -156,6 +167,21 @@ impl Default for Metrics {
             "egress_connections",
             "Connections sandboxes asked the egress proxy here for, by verdict (allowed, denied)",
             m.egress.clone(),
+        );
+        registry.register(
+            "proxied_requests",
+            "Requests the preview proxy here answered, by HTTP status (the run's, or the proxy's own refusal)",
+            m.proxied.clone(),
+        );
+        registry.register(
+            "proxied_bytes",
+            "Bytes the preview proxy here carried from runs to clients (response bodies and upgraded streams)",
+            m.proxied_bytes.clone(),
+        );
+        registry.register(
+            "proxy_upstream_errors",
+            "Requests the preview proxy here could not carry to the run (nothing listening, no answer, a broken response)",
+            m.proxy_upstream_errors.clone(),
         );
         registry.register(
             "snapshots",
@@ -248,6 +274,19 @@ impl Metrics {
     /// An egress connection decided here (`allowed`: by the run's policy).
     pub fn egress(&self, allowed: bool) {
         self.egress.get_or_create(&VerdictLabel { verdict: if allowed { "allowed" } else { "denied" } }).inc();
+    }
+
+    /// A request the preview proxy answered with `code`.
+    pub fn proxied(&self, code: u16) {
+        self.proxied.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    pub fn proxied_bytes(&self, bytes: u64) {
+        self.proxied_bytes.inc_by(bytes);
+    }
+
+    pub fn proxy_upstream_error(&self) {
+        self.proxy_upstream_errors.inc();
     }
 
     pub fn conflict(&self, what: &str) {

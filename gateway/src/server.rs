@@ -91,6 +91,15 @@ pub async fn run(config: Config) -> Result<(), String> {
         ));
     }
     let driver = driver(&config, &data, &socket_dir, store.identity()).await?;
+    // Bound before the engine is made: the URLs it hands out name the address bound.
+    let proxy = match config.proxy_listen {
+        Some(at) => {
+            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--proxy-listen): {e}"))?;
+            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            Some((listener, crate::ports::Preview::new(bound, config.proxy_domain.clone())))
+        }
+        None => None,
+    };
     let files =
         berth_drivers::files::Limits { max_bytes: config.max_upload_bytes, ..berth_drivers::files::Limits::default() };
     let settings = EngineSettings {
@@ -104,6 +113,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         },
         name: config.name.clone(),
         egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
+        preview: proxy.as_ref().map(|(_, preview)| preview.clone()),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);
@@ -159,6 +169,11 @@ pub async fn run(config: Config) -> Result<(), String> {
         }
         None => None,
     };
+    let preview = proxy.map(|(listener, preview)| {
+        info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
+        let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
+        tokio::spawn(crate::ports::serve(proxy, listener, stopped(stop_rx.clone())))
+    });
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(
         %address,
@@ -191,6 +206,9 @@ pub async fn run(config: Config) -> Result<(), String> {
         let _ = tcp.await;
         let _ = local.await;
         for task in [metrics, http].into_iter().flatten() {
+            let _ = task.await;
+        }
+        if let Some(task) = preview {
             let _ = task.await;
         }
     };

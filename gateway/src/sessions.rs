@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use berth_core::SandboxId;
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
-use tokio::sync::{mpsc, watch};
+use tokio::io::DuplexStream;
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 /// What a reader of an exec's output hears through a session.
@@ -40,7 +42,22 @@ pub struct Session {
     /// Unbounded: what the supervisor sends a reader is bounded by the credit it granted.
     readers: Mutex<BTreeMap<u64, mpsc::UnboundedSender<OutputEvent>>>,
     next_subscription: AtomicU64,
+    /// Connections into the run asked for and not yet answered, by tunnel id.
+    tunnels: Mutex<BTreeMap<u64, oneshot::Sender<Result<DuplexStream, String>>>>,
+    next_tunnel: AtomicU64,
 }
+
+/// Why a connection into a run was not made.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PortError {
+    /// The supervisor could not connect: nothing listens, most likely (its reason).
+    Refused(String),
+    /// The run did not answer in time, or its connection is gone.
+    NoAnswer(String),
+}
+
+/// How long a run's supervisor gets to answer an `OpenPort`: a closed port answers at once.
+pub const OPEN_PORT_WITHIN: Duration = Duration::from_secs(1);
 
 impl Session {
     /// Sends `m` to the supervisor; false once the connection is gone.
@@ -66,6 +83,32 @@ impl Session {
         }
         self.readers.lock().unwrap_or_else(PoisonError::into_inner).remove(&subscription);
         None
+    }
+
+    /// A connection to `port` on the run's loopback, made by its supervisor (DESIGN 13.1).
+    pub async fn open_port(&self, port: u16) -> Result<DuplexStream, PortError> {
+        let tunnel = self.next_tunnel.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.tunnels.lock().unwrap_or_else(PoisonError::into_inner).insert(tunnel, tx);
+        let gone = || PortError::NoAnswer("the run's session is gone".into());
+        if !self.send(ToSupervisor::OpenPort(pb::OpenPort { tunnel, port: port.into() })).await {
+            self.take_tunnel(tunnel);
+            return Err(gone());
+        }
+        let answer = tokio::time::timeout(OPEN_PORT_WITHIN, rx).await;
+        self.take_tunnel(tunnel);
+        match answer {
+            Ok(Ok(Ok(connection))) => Ok(connection),
+            Ok(Ok(Err(refused))) => Err(PortError::Refused(refused)),
+            Ok(Err(_)) => Err(gone()),
+            Err(_) => Err(PortError::NoAnswer(format!("the run did not answer within {OPEN_PORT_WITHIN:?}"))),
+        }
+    }
+
+    /// The request waiting for tunnel `tunnel`, once: an answer for a tunnel nobody waits for
+    /// (answered already, given up on) finds none.
+    pub fn take_tunnel(&self, tunnel: u64) -> Option<oneshot::Sender<Result<DuplexStream, String>>> {
+        self.tunnels.lock().unwrap_or_else(PoisonError::into_inner).remove(&tunnel)
     }
 
     /// Whether the connection is gone (its session may not have noticed yet).
@@ -132,6 +175,8 @@ impl Sessions {
             tx,
             readers: Mutex::default(),
             next_subscription: AtomicU64::new(0),
+            tunnels: Mutex::default(),
+            next_tunnel: AtomicU64::new(0),
         });
         self.current().insert(sandbox, session.clone());
         self.changed.send_replace(());

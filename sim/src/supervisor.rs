@@ -7,6 +7,7 @@ use std::sync::Arc;
 use berth_core::SandboxId;
 use berth_proto::v1::Accepted;
 use berth_supervisor::exec::{DEFAULT_OUTPUT_CAP, Execs};
+use berth_supervisor::ports::{Dial, Dialing};
 use berth_supervisor::session::{self, MainExit, Observer, Run, SessionEnd};
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
@@ -130,6 +131,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         exit: exit_rx.clone(),
         failed_to_start: failed_to_start.clone(),
         execs: execs.clone(),
+        ports: Arc::new(NoPorts),
     };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
@@ -212,5 +214,18 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
                 RunSignal::Checkpointed | RunSignal::MainExited { .. } => {}
             }
         }
+    }
+}
+
+/// A simulated run serves nothing on its ports: the world has no servers in its sandboxes, so
+/// a connection to one is refused as by a closed port.
+#[derive(Debug)]
+struct NoPorts;
+
+impl Dial for NoPorts {
+    fn dial(&self, port: u16) -> Dialing {
+        Box::pin(async move {
+            Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, format!("nothing listens on {port}")))
+        })
     }
 }

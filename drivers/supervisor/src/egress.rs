@@ -8,7 +8,10 @@
 use berth_proto::v1 as pb;
 use berth_proto::v1::supervisor_client::SupervisorClient;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use berth_proto::carry::carry;
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
@@ -18,8 +21,6 @@ pub const LISTEN: &str = "127.0.0.1:3128";
 const MAX_HEAD: usize = 64 * 1024;
 /// The most headers one request may carry.
 const MAX_HEADERS: usize = 100;
-/// The most bytes one message to the gateway carries.
-const CHUNK: usize = 64 * 1024;
 /// Hop-by-hop headers a proxy consumes rather than passes on (RFC 9110 7.6.1), and the
 /// proxy's own.
 const HOP_BY_HOP: [&str; 6] = ["connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "upgrade"];
@@ -196,33 +197,12 @@ where
     if request.tunnel && client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.is_err() {
         return Err(format!("{target}: the client left"));
     }
-    let (mut read, mut write) = tokio::io::split(client);
-    let up = async move {
-        let mut buffer = vec![0; CHUNK];
-        loop {
-            match read.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let data = pb::EgressUp { message: Some(pb::egress_up::Message::Data(buffer[..n].to_vec())) };
-                    if tx.send(data).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        // Dropping the sender ends the stream: the upstream's write side is shut.
-    };
-    let down = async move {
-        while let Ok(Some(message)) = down.message().await {
-            if let Some(pb::egress_down::Message::Data(data)) = message.message
-                && write.write_all(&data).await.is_err()
-            {
-                break;
-            }
-        }
-        let _ = write.shutdown().await;
-    };
-    tokio::join!(up, down);
+    let up = |data| pb::EgressUp { message: Some(pb::egress_up::Message::Data(data)) };
+    let data = down.map_while(Result::ok).filter_map(|m| match m.message {
+        Some(pb::egress_down::Message::Data(data)) => Some(data),
+        _ => None,
+    });
+    carry(client, tx, up, data).await;
     Ok(format!("{target} via {connected}: closed"))
 }
 

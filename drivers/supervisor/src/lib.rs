@@ -3,7 +3,8 @@
 //! speaks rather than a copy of it. The session carries the run's execs ([`exec`], started by a
 //! [`launch::Launcher`]) and their output ([`output`]); the main process's output goes to its generation's logs ([`logs`]);
 //! [`cgroup`] holds the run to its limits and tells a kill for memory; [`egress`] carries the
-//! run's connections out through the gateway's egress proxy.
+//! run's connections out through the gateway's egress proxy, and [`ports`] the gateway's
+//! connections in to the run's ports.
 
 pub mod cgroup;
 pub mod egress;
@@ -11,4 +12,5 @@ pub mod exec;
 pub mod launch;
 pub mod logs;
 pub mod output;
+pub mod ports;
 pub mod session;

@@ -16,6 +16,7 @@ use berth_handoff::{began, flag, var};
 use berth_proto::v1::Accepted;
 use berth_supervisor::cgroup;
 use berth_supervisor::exec::Execs;
+use berth_supervisor::ports::Loopback;
 use berth_supervisor::session::{self, MainExit, Observer, Run, SessionEnd};
 use clap::Parser;
 use hyper_util::rt::TokioIo;
@@ -340,7 +341,13 @@ async fn supervise(args: Args) -> ExitCode {
             let exit = MainExit { code, out_of_memory: false };
             let status = record(exit);
             let _ = exit_tx.send(Some(exit));
-            let run = Run { token, exit: exit_rx, failed_to_start: Some(cause), execs: Execs::default() };
+            let run = Run {
+                token,
+                exit: exit_rx,
+                failed_to_start: Some(cause),
+                execs: Execs::default(),
+                ports: std::sync::Arc::new(Loopback),
+            };
             let _ = keep_session(args.gateway.clone(), run).await;
             return status;
         }
@@ -370,7 +377,8 @@ async fn supervise(args: Args) -> ExitCode {
         Some(dir) => execs.with_logs(dir.clone()),
         None => execs,
     };
-    let run = Run { token, exit: exit_rx, failed_to_start: None, execs: execs.clone() };
+    let run =
+        Run { token, exit: exit_rx, failed_to_start: None, execs: execs.clone(), ports: std::sync::Arc::new(Loopback) };
     let mut session = tokio::spawn(keep_session(args.gateway.clone(), run));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Told to terminate, the command's exit is the stop's doing, not a failure of the command:

@@ -20,6 +20,7 @@ use tonic::{Code, Status};
 
 use crate::exec::{End, Execs, Status as ExecStatus};
 use crate::output::{Follower, Output, Read, Stream};
+use crate::ports::{self, Dial};
 
 /// How long the supervisor keeps trying to report the command's exit before giving up.
 pub const REPORT_FOR: Duration = Duration::from_secs(15);
@@ -49,6 +50,8 @@ pub struct Run {
     pub failed_to_start: Option<String>,
     /// This run's execs: what the gateway asks to run, and how each stands.
     pub execs: Execs,
+    /// How the run's ports are reached when the gateway asks for one.
+    pub ports: Arc<dyn Dial>,
 }
 
 #[derive(Debug)]
@@ -138,7 +141,7 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
         }
     };
     let accept = async {
-        let mut inbound = SupervisorClient::new(channel).session(ReceiverStream::new(rx)).await?.into_inner();
+        let mut inbound = SupervisorClient::new(channel.clone()).session(ReceiverStream::new(rx)).await?.into_inner();
         let first = inbound.message().await?;
         Ok::<_, Status>((inbound, first))
     };
@@ -189,6 +192,15 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
                     // Only an answer proves the gateway hears this side: a gateway that still
                     // sends (execs, output credit) may be cut off from what this side sends.
                     Some(FromGateway::HeartbeatAck(_)) => heard = tokio::time::Instant::now(),
+                    Some(FromGateway::OpenPort(open)) => {
+                        let (channel, token, dial) = (channel.clone(), run.token.clone(), run.ports.clone());
+                        // Each connection is a stream of its own: a slow one never holds up the session.
+                        tokio::spawn(async move {
+                            if let Err(e) = ports::open(channel, token, open.tunnel, open.port, dial).await {
+                                eprintln!("berth-supervisor: {e}");
+                            }
+                        });
+                    }
                     Some(other) => exec_message(&run.execs, accepted.generation, other, &mut readers, &tx),
                     None => {}
                 },
@@ -307,7 +319,10 @@ fn exec_message(
                 task.abort();
             }
         }
-        FromGateway::Accepted(_) | FromGateway::HeartbeatAck(_) | FromGateway::ExitAck(_) => {}
+        FromGateway::Accepted(_)
+        | FromGateway::HeartbeatAck(_)
+        | FromGateway::ExitAck(_)
+        | FromGateway::OpenPort(_) => {}
     }
     // Finished readers are dropped as others come and go.
     while readers.tasks.try_join_next().is_some() {}

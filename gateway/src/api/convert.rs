@@ -59,6 +59,16 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
             .into_iter()
             .map(|m| berth_core::spec::Mount { volume: m.volume, path: m.path, read_only: m.read_only })
             .collect(),
+        ports: spec
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let port = u16::try_from(p.port)
+                    .map_err(|_| invalid(&format!("spec.ports[{i}].port"), format!("{} is not a TCP port", p.port)))?;
+                Ok(berth_core::spec::PortSpec { port, public: p.public })
+            })
+            .collect::<Result<_, berth_core::Error>>()?,
     })
 }
 
@@ -119,6 +129,7 @@ pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
             .into_iter()
             .map(|m| pb::VolumeMount { volume: m.volume, path: m.path, read_only: m.read_only })
             .collect(),
+        ports: spec.ports.iter().map(|p| pb::PortSpec { port: p.port.into(), public: p.public }).collect(),
     }
 }
 

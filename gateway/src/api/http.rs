@@ -257,6 +257,10 @@ async fn sandbox_verb(State(api): Shared, Path((name, verb)): Path<(String, Stri
     }
 }
 
+async fn port_url(State(api): Shared, Path((name, port)): Path<(String, u32)>) -> Response {
+    reply(api.sandboxes.get_port_url(request(pb::GetPortUrlRequest { name, port })).await)
+}
+
 async fn delete_sandbox(State(api): Shared, Path(name): Path<String>) -> Response {
     reply(api.sandboxes.delete_sandbox(request(pb::LifecycleRequest { name, expected_resource_version: None })).await)
 }
@@ -476,6 +480,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/sandboxes/{name}/execs/{id}/cancel", post(cancel_exec))
         .route("/v1/sandboxes/{name}/providers/{provider}", post(attach_provider).delete(detach_provider))
         .route("/v1/sandboxes/{name}/fork", post(fork))
+        .route("/v1/sandboxes/{name}/ports/{port}/url", get(port_url))
         .route("/v1/sandboxes/{name}/{verb}", post(sandbox_verb))
         .route("/v1/providers", post(create_provider).get(list_providers))
         .route("/v1/providers/{name}", get(get_provider).delete(delete_provider))

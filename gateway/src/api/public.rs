@@ -1,11 +1,15 @@
 //! The public API: sandboxes and providers.
 
+use std::pin::Pin;
+
 use berth_core::lifetime::Renewal;
-use berth_core::{Command, Hold, Outcome, Request as CoreRequest, validate};
+use berth_core::port::{Credential, Refusal};
+use berth_core::{Command, Hold, Intent, Outcome, Request as CoreRequest, validate};
 use berth_proto::v1 as pb;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
-use tonic::{Request, Response, Status};
+use futures_util::Stream;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::convert;
 use super::watch::{self, EventStream};
@@ -15,6 +19,11 @@ use crate::store::PageRequest;
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
+
+/// A port from the wire: 1 to 65535.
+fn tcp_port(port: u32) -> Result<u16, Status> {
+    u16::try_from(port).ok().filter(|p| *p != 0).ok_or_else(|| invalid("port", &format!("{port} is not a TCP port")))
+}
 
 pub(super) fn invalid(field: &str, reason: &str) -> Status {
     Status::invalid_argument(format!("invalid {field}: {reason}"))
@@ -70,8 +79,64 @@ impl SandboxApi {
     }
 }
 
+/// How long a port-forward's first message may take.
+const START_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+type PortForwardStream = Pin<Box<dyn Stream<Item = Result<pb::PortForwardOutput, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Sandboxes for SandboxApi {
+    type PortForwardStream = PortForwardStream;
+
+    async fn port_forward(
+        &self,
+        request: Request<Streaming<pb::PortForwardInput>>,
+    ) -> Result<Response<Self::PortForwardStream>, Status> {
+        let mut inbound = request.into_inner();
+        let start = match tokio::time::timeout(START_WITHIN, inbound.message()).await {
+            Ok(Ok(Some(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Start(start)) }))) => start,
+            Ok(Ok(_)) => return Err(invalid("start", "the first message of a port-forward must start it")),
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no start within 10 s")),
+        };
+        validate::dns_label("name", &start.name).map_err(core_invalid)?;
+        let port = tcp_port(start.port)?;
+        let name = &start.name;
+        let record = self.engine.store().sandbox_by_name(name).await.map_err(ApiError::from)?;
+        let generation = berth_core::port::admit(self.engine.key(), record.as_ref(), port, Credential::ApiToken)
+            .map_err(|refusal| {
+                let message = crate::ports::refused(&refusal, name, port);
+                match refusal {
+                    Refusal::NotFound => Status::not_found(message),
+                    Refusal::NotRunning(_) => Status::failed_precondition(message),
+                    Refusal::Unauthorized(_) | Refusal::Gone { .. } => Status::permission_denied(message),
+                }
+            })?;
+        let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
+        let session = self
+            .engine
+            .sessions()
+            .get(&sandbox, generation)
+            .ok_or_else(|| Status::unavailable(crate::ports::unconnected(name)))?;
+        let connection =
+            session.open_port(port).await.map_err(|e| Status::unavailable(crate::ports::unreachable(e, name, port)))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let data_of = |m: pb::PortForwardInput| match m.input {
+            Some(pb::port_forward_input::Input::Data(data)) => Some(data),
+            _ => None,
+        };
+        let down_of = |data| pb::PortForwardOutput { data };
+        tokio::spawn(super::supervisor::splice(
+            self.engine.shutdown().clone(),
+            connection,
+            inbound,
+            data_of,
+            tx,
+            down_of,
+        ));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
     async fn create_sandbox(
         &self,
         request: Request<pb::CreateSandboxRequest>,
@@ -200,6 +265,38 @@ impl Sandboxes for SandboxApi {
     ) -> Result<Response<pb::SandboxReply>, Status> {
         let r = request.into_inner();
         self.lifecycle(Command::ResumeSandbox { name: r.name }, r.expected_resource_version).await
+    }
+
+    async fn get_port_url(&self, request: Request<pb::GetPortUrlRequest>) -> Result<Response<pb::PortUrl>, Status> {
+        let r = request.into_inner();
+        validate::dns_label("name", &r.name).map_err(core_invalid)?;
+        let port = tcp_port(r.port)?;
+        let Some(preview) = &self.engine.settings().preview else {
+            return Err(Status::failed_precondition(
+                "this gateway serves no preview proxy (start it with --proxy-listen)",
+            ));
+        };
+        let sandbox = match self.engine.store().sandbox_by_name(&r.name).await.map_err(ApiError::from)? {
+            Some(s) if s.intent != Intent::Deleted => s,
+            _ => return Err(Status::not_found(format!("sandbox '{}' not found", r.name))),
+        };
+        // A token is its generation's: one for a stopped sandbox would be stale once it starts.
+        if sandbox.intent == Intent::Stopped {
+            return Err(Status::failed_precondition(format!(
+                "sandbox '{}' is stopped: start it, then ask for the URL of its run",
+                r.name
+            )));
+        }
+        let public = berth_core::port::is_public(&sandbox, port);
+        let token =
+            (!public).then(|| berth_core::port::derive_token(self.engine.key(), &sandbox.id, sandbox.generation, port));
+        let url = preview.url(&r.name, port, token.as_ref().map(|t| t.expose()));
+        Ok(Response::new(pb::PortUrl {
+            url,
+            token: token.map(|t| t.expose().to_string()).unwrap_or_default(),
+            generation: sandbox.generation,
+            public,
+        }))
     }
 }
 

@@ -29,6 +29,8 @@ use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 use crate::sessions::OutputEvent;
 
+/// How many bytes of a connection into a run are buffered in the gateway each way.
+const TUNNEL_BUFFER: usize = 256 * 1024;
 /// How many heartbeat intervals without a word from a supervisor end its session.
 const SILENT_HEARTBEATS: u32 = 4;
 /// How long a new session may take to say hello.
@@ -210,18 +212,23 @@ async fn exec_report(
 type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
 type EgressStream = Pin<Box<dyn Stream<Item = Result<pb::EgressDown, Status>> + Send>>;
 
-/// The most bytes one egress message carries.
-const EGRESS_CHUNK: usize = 64 * 1024;
+type IngressStream = Pin<Box<dyn Stream<Item = Result<pb::IngressDown, Status>> + Send>>;
 
-/// Carries an opened egress connection's bytes both ways until each side has ended: the
-/// sandbox's end of stream shuts the upstream's write side, the upstream's end of file ends
-/// the reply stream. A gateway shutting down cuts both at once (the connection cannot outlive
-/// it, and waiting would hold the shutdown up to its bound), the reply with UNAVAILABLE.
-async fn splice(
+/// The most bytes one message of a connection carries.
+const CHUNK: usize = 64 * 1024;
+
+/// Carries an opened connection's bytes both ways until each side has ended (an egress
+/// connection out of the sandbox, or one into it for the preview proxy): the sandbox's end of
+/// stream shuts the connection's write side, the connection's end of file ends the reply
+/// stream. A gateway shutting down cuts both at once (the connection cannot outlive it, and
+/// waiting would hold the shutdown up to its bound), the reply with UNAVAILABLE.
+pub(super) async fn splice<U, D>(
     shutdown: Shutdown,
-    connection: Box<dyn crate::egress::Connection>,
-    mut inbound: Streaming<pb::EgressUp>,
-    tx: mpsc::Sender<Result<pb::EgressDown, Status>>,
+    connection: impl tokio::io::AsyncRead + tokio::io::AsyncWrite,
+    mut inbound: Streaming<U>,
+    data_of: fn(U) -> Option<Vec<u8>>,
+    tx: mpsc::Sender<Result<D, Status>>,
+    down_of: fn(Vec<u8>) -> D,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut read, mut write) = tokio::io::split(connection);
@@ -234,23 +241,20 @@ async fn splice(
                 message = inbound.message() => message,
             };
             let Ok(Some(message)) = message else { break };
-            match message.message {
-                Some(pb::egress_up::Message::Data(data)) => {
-                    if write.write_all(&data).await.is_err() {
-                        break;
-                    }
-                }
-                // A second open is a client's mistake; the connection it has stays as it is.
-                Some(pb::egress_up::Message::Open(_)) | None => {}
+            // A second open is a client's mistake; the connection it has stays as it is.
+            if let Some(data) = data_of(message)
+                && write.write_all(&data).await.is_err()
+            {
+                break;
             }
         }
         let _ = write.shutdown().await;
     };
     let down = async move {
-        let mut buffer = vec![0; EGRESS_CHUNK];
+        let mut buffer = vec![0; CHUNK];
         loop {
-            // A sandbox gone away is noticed even while the upstream is silent: its connection
-            // is not held open for good.
+            // A sandbox gone away is noticed even while the connection is silent: it is not
+            // held open for good.
             let read = tokio::select! {
                 () = shutdown.begun() => {
                     let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
@@ -262,8 +266,7 @@ async fn splice(
             match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let data = pb::EgressDown { message: Some(pb::egress_down::Message::Data(buffer[..n].to_vec())) };
-                    if tx.send(Ok(data)).await.is_err() {
+                    if tx.send(Ok(down_of(buffer[..n].to_vec()))).await.is_err() {
                         break;
                     }
                 }
@@ -277,6 +280,7 @@ async fn splice(
 impl Supervisor for SupervisorApi {
     type SessionStream = SessionStream;
     type EgressStream = EgressStream;
+    type IngressStream = IngressStream;
 
     async fn egress(&self, request: Request<Streaming<pb::EgressUp>>) -> Result<Response<Self::EgressStream>, Status> {
         let mut inbound = request.into_inner();
@@ -290,7 +294,53 @@ impl Supervisor for SupervisorApi {
         let (tx, rx) = mpsc::channel(8);
         let connected = pb::EgressDown { message: Some(pb::egress_down::Message::Connected(addr.to_string())) };
         let _ = tx.send(Ok(connected)).await;
-        tokio::spawn(splice(self.engine.shutdown().clone(), connection, inbound, tx));
+        let data_of = |m: pb::EgressUp| match m.message {
+            Some(pb::egress_up::Message::Data(data)) => Some(data),
+            _ => None,
+        };
+        let down_of = |data| pb::EgressDown { message: Some(pb::egress_down::Message::Data(data)) };
+        tokio::spawn(splice(self.engine.shutdown().clone(), connection, inbound, data_of, tx, down_of));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    /// A supervisor's answer to an `OpenPort` of its session: the connection into the run
+    /// that the waiting proxy request or port-forward takes, or why there is none.
+    async fn ingress(
+        &self,
+        request: Request<Streaming<pb::IngressUp>>,
+    ) -> Result<Response<Self::IngressStream>, Status> {
+        let mut inbound = request.into_inner();
+        let open = match tokio::time::timeout(HELLO_WITHIN, inbound.message()).await {
+            Ok(Ok(Some(pb::IngressUp { message: Some(pb::ingress_up::Message::Open(open)) }))) => open,
+            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message of an ingress stream must open it")),
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no open within 10 s")),
+        };
+        let identity = verify_token(self.engine.key(), &open.runtime_token).map_err(ApiError::from)?;
+        // Only the session that asked, of the run whose token this is, hands the connection
+        // over: a run cannot answer for another's tunnel.
+        let waiter = self
+            .execs
+            .sessions()
+            .get(&identity.sandbox, identity.generation)
+            .and_then(|session| session.take_tunnel(open.tunnel))
+            .ok_or_else(|| Status::not_found(format!("no tunnel {} is waiting for this run", open.tunnel)))?;
+        let (tx, rx) = mpsc::channel(8);
+        if !open.refused.is_empty() {
+            let _ = waiter.send(Err(open.refused));
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        }
+        let (ours, theirs) = tokio::io::duplex(TUNNEL_BUFFER);
+        if waiter.send(Ok(theirs)).is_err() {
+            return Err(Status::cancelled("the request that asked for the connection is gone"));
+        }
+        let data_of = |m: pb::IngressUp| match m.message {
+            Some(pb::ingress_up::Message::Data(data)) => Some(data),
+            _ => None,
+        };
+        tokio::spawn(splice(self.engine.shutdown().clone(), ours, inbound, data_of, tx, |data| pb::IngressDown {
+            data,
+        }));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -13,6 +13,7 @@ use tonic::Status;
 use super::Output;
 use super::client::{Client, Failed};
 use super::exec::window_size;
+use super::ports::forward_ports;
 use super::print::{phase_name, sandbox_json};
 use super::spec::{SpecArgs, Versioned, Wait, pair, unix_millis, wire_millis};
 
@@ -141,6 +142,22 @@ pub(super) enum SandboxCmd {
         version: Versioned,
         #[command(flatten)]
         wait: Wait,
+    },
+    /// Print a URL of the gateway's preview proxy that reaches PORT of the sandbox's current
+    /// run, its access token in the query (none for a public port). The token is the run's:
+    /// after a stop and start it gets 410 Gone; ask again.
+    Url { name: String, port: u32 },
+    /// Forward a local TCP port to PORT of the sandbox's current run, through the gateway,
+    /// until Ctrl-C: each connection to 127.0.0.1:LOCAL (LOCAL 0: any free port, printed)
+    /// becomes one to the run's loopback at PORT.
+    PortForward {
+        name: String,
+        /// `[LOCAL:]PORT`.
+        #[arg(value_parser = forward_ports)]
+        ports: (u16, u16),
+        /// The local address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        address: std::net::IpAddr,
     },
     /// Delete a sandbox and everything made for it, and wait until it is gone.
     Delete {
@@ -421,6 +438,18 @@ impl Client {
                 let reply = self.sandboxes.resume_sandbox(request).await?.into_inner();
                 self.lifecycle(reply, Target::Ready, &wait).await
             }
+            SandboxCmd::Url { name, port } => {
+                let url = self.sandboxes.get_port_url(pb::GetPortUrlRequest { name, port }).await?.into_inner();
+                match self.output {
+                    Output::Json => say!(
+                        "{:#}",
+                        json!({"url": url.url, "token": url.token, "generation": url.generation, "public": url.public})
+                    ),
+                    Output::Table => say!("{}", url.url),
+                }
+                Ok(())
+            }
+            SandboxCmd::PortForward { name, ports, address } => self.port_forward(name, ports, address).await,
             SandboxCmd::Delete { name, version, wait } => {
                 let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
                 let reply = self.sandboxes.delete_sandbox(request).await?.into_inner();

@@ -71,6 +71,18 @@ pub(super) struct SpecArgs {
     /// (`berth volume create`).
     #[arg(long = "volume", value_parser = mount)]
     volumes: Vec<pb::VolumeMount>,
+    /// A port the preview proxy serves without a token, PORT:public (repeatable). Every other
+    /// port is reached with its URL's token (`berth sandbox url`).
+    #[arg(long = "port", value_parser = port_spec)]
+    ports: Vec<pb::PortSpec>,
+}
+
+/// `--port PORT:public`.
+fn port_spec(s: &str) -> Result<pb::PortSpec, String> {
+    let bad = || format!("{s:?} is not PORT:public (a private port needs no flag)");
+    let (port, "public") = s.split_once(':').ok_or_else(bad)? else { return Err(bad()) };
+    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(bad)?;
+    Ok(pb::PortSpec { port: port.into(), public: true })
 }
 
 /// `--volume NAME:/path[:ro]`.
@@ -157,6 +169,7 @@ impl SpecArgs {
             limits: self.limits.wire(),
             egress: (!self.allow.is_empty()).then_some(pb::EgressPolicy { allow: self.allow }),
             volumes: self.volumes,
+            ports: self.ports,
         }
     }
 }
@@ -294,6 +307,14 @@ mod tests {
         assert_eq!(bytes("3k"), Ok(3000));
         for bad in ["", "Mi", "1.5G", "12 parsecs", "-1", "9999999999Ti"] {
             assert!(bytes(bad).unwrap_err().contains("is not a size"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_port_flag_makes_a_port_public() {
+        assert_eq!(port_spec("8080:public"), Ok(pb::PortSpec { port: 8080, public: true }));
+        for bad in ["8080", "8080:private", "0:public", "70000:public", "x:public"] {
+            assert!(port_spec(bad).is_err(), "{bad}");
         }
     }
 

@@ -72,7 +72,7 @@ impl Execs {
     }
 
     pub fn sessions(&self) -> &Sessions {
-        &self.engine.inner.sessions
+        self.engine.sessions()
     }
 
     /// How often a session hands its run the execs still open for it: ones admitted through

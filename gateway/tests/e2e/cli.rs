@@ -4,7 +4,7 @@ use std::process::Output;
 
 use crate::harness::*;
 
-async fn berth(data: &DataDir, args: &[&str]) -> Output {
+pub(crate) async fn berth(data: &DataDir, args: &[&str]) -> Output {
     tokio::process::Command::new(bin("berth"))
         .arg("--data-dir")
         .arg(&data.path)

@@ -10,11 +10,14 @@ use crate::conformance::{Runtime, Target, clean_up, create_in, target};
 use crate::exec::{run, start};
 use crate::harness::*;
 
-type FilesService = berth_proto::v1::files_client::FilesClient<
+/// Small pieces, as a client streams a large archive.
+const PIECE: usize = 700;
+
+pub(crate) type FilesService = berth_proto::v1::files_client::FilesClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
 >;
 
-async fn files(gateway: &Gateway) -> FilesService {
+pub(crate) async fn files(gateway: &Gateway) -> FilesService {
     berth_proto::v1::files_client::FilesClient::with_interceptor(gateway.channel().await, Bearer(gateway.token.clone()))
 }
 
@@ -55,16 +58,17 @@ fn tree() -> Vec<u8> {
     builder.into_inner().unwrap()
 }
 
-async fn upload(
+/// Uploads `archive` in messages of `piece` bytes.
+pub(crate) async fn upload(
     files: &mut FilesService,
     sandbox: &str,
     path: &str,
     archive: Vec<u8>,
+    piece: usize,
 ) -> Result<Vec<pb::FileSum>, tonic::Status> {
     let start = pb::UploadStart { sandbox: sandbox.into(), path: path.into() };
     let mut messages = vec![pb::UploadInput { input: Some(pb::upload_input::Input::Start(start)) }];
-    // In pieces, as a client sends a large one.
-    for piece in archive.chunks(700) {
+    for piece in archive.chunks(piece) {
         messages.push(pb::UploadInput { input: Some(pb::upload_input::Input::Data(piece.to_vec())) });
     }
     let (tx, rx) = tokio::sync::mpsc::channel(messages.len());
@@ -142,7 +146,7 @@ async fn a_tree_goes_in_and_out_while_it_runs_and_while_it_is_stopped(runtime: R
     let data = DataDir::new();
     let (_gateway, mut sandboxes, mut files, mut execs) = a_ready_box(&target, &data).await;
 
-    let written = upload(&mut files, "box", "/workspace/data", tree()).await.unwrap();
+    let written = upload(&mut files, "box", "/workspace/data", tree(), PIECE).await.unwrap();
     let sums: Vec<(&str, u64, &str)> = written.iter().map(|f| (f.path.as_str(), f.size, f.sha256.as_str())).collect();
     let secret_sum = sha(b"hunter2\n");
     assert_eq!(sums[1], ("tree/conf/secret.txt", 8, secret_sum.as_str()), "{runtime:?}");
@@ -178,7 +182,7 @@ async fn a_tree_goes_in_and_out_while_it_runs_and_while_it_is_stopped(runtime: R
     wait_phase(&mut sandboxes, "box", pb::Phase::Stopped).await;
     let mut later = tar::Builder::new(Vec::new());
     file(&mut later, "note.txt", b"written while stopped\n", 0o644);
-    upload(&mut files, "box", "", later.into_inner().unwrap()).await.unwrap();
+    upload(&mut files, "box", "", later.into_inner().unwrap(), PIECE).await.unwrap();
     let (tar, _) = download(&mut files, "box", "/workspace/note.txt").await.unwrap();
     assert_eq!(entries(&tar), [("note.txt".to_string(), 0o644, b"written while stopped\n".to_vec())], "{runtime:?}");
     let (again, _) = download(&mut files, "box", "data/tree/conf/secret.txt").await.unwrap();
@@ -206,14 +210,14 @@ async fn every_escape_is_refused_and_nothing_is_written_outside(runtime: Runtime
     file(&mut one, "planted", b"x", 0o644);
     let one = one.into_inner().unwrap();
     for into in ["root/tmp", "away", "up", "up/x", "/etc", "../x", "a/../../x"] {
-        let refused = upload(&mut files, "box", into, one.clone()).await.expect_err(into);
+        let refused = upload(&mut files, "box", into, one.clone(), PIECE).await.expect_err(into);
         assert_eq!(refused.code(), Code::InvalidArgument, "{runtime:?} {into}: {refused}");
         assert!(refused.message().contains("path"), "{refused}");
     }
     let mut outward = tar::Builder::new(Vec::new());
     link(&mut outward, "link", "../../etc");
     for archive in [raw(b"../escaped"), raw(b"/tmp/escaped"), outward.into_inner().unwrap()] {
-        let refused = upload(&mut files, "box", "", archive).await.expect_err("an escaping entry");
+        let refused = upload(&mut files, "box", "", archive, PIECE).await.expect_err("an escaping entry");
         assert_eq!(refused.code(), Code::InvalidArgument, "{runtime:?}: {refused}");
         assert!(refused.message().contains("archive entry"), "{refused}");
     }
@@ -265,17 +269,17 @@ async fn bad_input_names_its_field_and_status_and_over_the_cap_writes_nothing() 
     create(&mut sandboxes, "box", &["sleep", "3600"], &[]).await;
     wait_phase(&mut sandboxes, "box", pb::Phase::Ready).await;
 
-    let missing = upload(&mut files, "missing", "", tree()).await.expect_err("no such sandbox");
+    let missing = upload(&mut files, "missing", "", tree(), PIECE).await.expect_err("no such sandbox");
     assert_eq!(missing.code(), Code::NotFound, "{missing}");
     let missing = download(&mut files, "box", "nothing/here").await.expect_err("no such file");
     assert_eq!(missing.code(), Code::NotFound, "{missing}");
     assert!(missing.message().contains("nothing/here"), "{missing}");
     let mut big = tar::Builder::new(Vec::new());
     file(&mut big, "big", &[7u8; 10_000], 0o644);
-    let over = upload(&mut files, "box", "", big.into_inner().unwrap()).await.expect_err("over the cap");
+    let over = upload(&mut files, "box", "", big.into_inner().unwrap(), PIECE).await.expect_err("over the cap");
     assert_eq!(over.code(), Code::ResourceExhausted, "{over}");
     assert!(over.message().contains("max_upload_bytes"), "{over}");
-    let garbage = upload(&mut files, "box", "", vec![1u8; 1024]).await.expect_err("not a tar stream");
+    let garbage = upload(&mut files, "box", "", vec![1u8; 1024], PIECE).await.expect_err("not a tar stream");
     assert_eq!(garbage.code(), Code::InvalidArgument, "{garbage}");
     let (tar, _) = download(&mut files, "box", "").await.unwrap();
     assert!(entries(&tar).is_empty(), "nothing was written: {:?}", entries(&tar));

@@ -24,6 +24,7 @@ mod pause;
 #[path = "../support/postgres.rs"]
 mod pg;
 mod pools;
+mod ports;
 mod postgres;
 mod providers;
 mod several;

@@ -1,0 +1,420 @@
+//! The preview proxy (DESIGN 13.1, `--proxy-listen`): HTTP to a port of a sandbox's current
+//! run, routed by Host (`<port>-<sandbox>.<domain>`, with `--proxy-domain`) or by path
+//! (`/sandboxes/<sandbox>/ports/<port>/...`).
+//!
+//! Who gets through, and to which run, is berth-core's rule ([`berth_core::port::admit`]):
+//! a public port, the port's access token of the current generation, or the API token. The
+//! connection into the run is made by the run's supervisor over its session (a container has
+//! no network of its own), so every driver is reached the same way. Each request gets a
+//! connection of its own, HTTP/1.1 or HTTP/2 as the client spoke it; an upgrade (WebSocket)
+//! becomes a byte stream both ways. Bodies stream through, never held whole.
+//!
+//! Berth's credentials stop here: the access token (header, query parameter or cookie) and
+//! the API token are taken off the request before it goes on.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use berth_core::port::{self, Credential, Refusal};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+use crate::api::auth::BearerAuth;
+use crate::engine::Engine;
+use crate::sessions::PortError;
+
+/// The header that carries a port's access token.
+pub const TOKEN_HEADER: &str = "x-berth-port-token";
+/// The query parameter (and cookie) that carries it where a header cannot: a link, a browser.
+pub const TOKEN_PARAM: &str = "berth_token";
+
+/// Where the proxy serves, as the URLs it hands out name it.
+#[derive(Clone, Debug)]
+pub struct Preview {
+    /// `host:port` of the proxy as clients reach it.
+    pub authority: String,
+    /// With it, ports are reached as `<port>-<sandbox>.<domain>`.
+    pub domain: Option<String>,
+}
+
+impl Preview {
+    /// The proxy at `bound` (an unspecified address is reached on loopback).
+    pub fn new(bound: SocketAddr, domain: Option<String>) -> Self {
+        let host = match bound.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+            ip if ip.is_unspecified() => "[::1]".to_string(),
+            ip if ip.is_ipv6() => format!("[{ip}]"),
+            ip => ip.to_string(),
+        };
+        Self { authority: format!("{host}:{}", bound.port()), domain }
+    }
+
+    /// The URL of `port` of sandbox `name`, with `token` in its query unless it is public.
+    pub fn url(&self, name: &str, port: u16, token: Option<&str>) -> String {
+        let query = token.map(|t| format!("?{TOKEN_PARAM}={t}")).unwrap_or_default();
+        match &self.domain {
+            Some(domain) => {
+                let listen_port = self.authority.rsplit_once(':').map_or("", |(_, p)| p);
+                let suffix = if listen_port == "80" { String::new() } else { format!(":{listen_port}") };
+                format!("http://{port}-{name}.{domain}{suffix}/{query}")
+            }
+            None => format!("http://{}/sandboxes/{name}/ports/{port}/{query}", self.authority),
+        }
+    }
+}
+
+/// Which sandbox and port a request is for, and the path the run sees.
+#[derive(Debug, PartialEq, Eq)]
+struct Route {
+    sandbox: String,
+    port: u16,
+    /// `Some` for the path form: the path below the port's prefix.
+    path: Option<String>,
+}
+
+/// The Host form when the host is `<port>-<sandbox>.<domain>`, else the path form.
+fn route(host: Option<&str>, path: &str, domain: Option<&str>) -> Option<Route> {
+    let by_host = domain.zip(host).and_then(|(domain, host)| {
+        let host =
+            host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
+        let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+        let (port, sandbox) = label.split_once('-')?;
+        Some(Route { sandbox: sandbox.to_string(), port: port.parse().ok().filter(|p| *p != 0)?, path: None })
+    });
+    by_host.or_else(|| {
+        let rest = path.strip_prefix("/sandboxes/")?;
+        let (sandbox, rest) = rest.split_once('/')?;
+        let rest = rest.strip_prefix("ports/")?;
+        let (port, below) = match rest.split_once('/') {
+            Some((port, below)) => (port, format!("/{below}")),
+            None => (rest, "/".to_string()),
+        };
+        Some(Route { sandbox: sandbox.to_string(), port: port.parse().ok().filter(|p| *p != 0)?, path: Some(below) })
+    })
+}
+
+/// The query without the access token parameter, and the token if it held one.
+fn take_token(query: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(query) = query else { return (None, None) };
+    let mut token = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix(TOKEN_PARAM).and_then(|v| v.strip_prefix('=')) {
+            Some(value) => {
+                token = Some(value.to_string());
+                false
+            }
+            None => !pair.is_empty(),
+        })
+        .collect();
+    ((!kept.is_empty()).then(|| kept.join("&")), token)
+}
+
+/// The access token in a `Cookie` header, and the header without it (`None`: nothing left).
+fn take_cookie(cookie: &str) -> (Option<String>, Option<String>) {
+    let mut token = None;
+    let kept: Vec<&str> = cookie
+        .split(';')
+        .map(str::trim)
+        .filter(|c| match c.strip_prefix(TOKEN_PARAM).and_then(|v| v.strip_prefix('=')) {
+            Some(value) => {
+                token = Some(value.to_string());
+                false
+            }
+            None => !c.is_empty(),
+        })
+        .collect();
+    ((!kept.is_empty()).then(|| kept.join("; ")), token)
+}
+
+/// What a refusal says, naming the sandbox and the port.
+pub fn refused(refusal: &Refusal, name: &str, port: u16) -> String {
+    match refusal {
+        Refusal::NotFound => format!("no sandbox '{name}'"),
+        Refusal::Unauthorized(why) => format!("port {port} of sandbox '{name}': {why}"),
+        Refusal::Gone { issued, current } => format!(
+            "port {port} of sandbox '{name}': the token is for run {issued}, which is over (the sandbox runs generation {current} now): ask for its URL again"
+        ),
+        Refusal::NotRunning(phase) => format!("sandbox '{name}' is {phase}: no run serves port {port}"),
+    }
+}
+
+/// Why a connection into a run was not made, naming the sandbox and the port.
+pub fn unreachable(error: PortError, name: &str, port: u16) -> String {
+    let (PortError::Refused(why) | PortError::NoAnswer(why)) = error;
+    format!("port {port} of sandbox '{name}': {why}")
+}
+
+/// A run whose supervisor holds no session here.
+pub fn unconnected(name: &str) -> String {
+    format!("sandbox '{name}': its run's supervisor is not connected to this gateway")
+}
+
+/// Hop-by-hop headers (RFC 9110 7.6.1): this hop's, not passed on (but an upgrade's own).
+const HOP_BY_HOP: [&str; 7] =
+    ["connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer", "transfer-encoding"];
+
+#[derive(Clone)]
+pub struct Proxy {
+    engine: Engine,
+    auth: BearerAuth,
+    domain: Option<String>,
+}
+
+fn plain(status: StatusCode, message: String) -> Response<Body> {
+    let mut response = Response::new(Body::from(format!("{message}\n")));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+impl Proxy {
+    pub fn new(engine: Engine, api_token: &str, domain: Option<String>) -> Self {
+        Self { engine, auth: BearerAuth::new(api_token), domain }
+    }
+
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let response = self.forward(request).await.unwrap_or_else(|(status, message)| plain(status, message));
+        self.engine.metrics().proxied(response.status().as_u16());
+        response
+    }
+
+    async fn forward(&self, mut request: Request<Incoming>) -> Result<Response<Body>, (StatusCode, String)> {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_string)
+            .or_else(|| request.uri().authority().map(ToString::to_string));
+        let Some(route) = route(host.as_deref(), request.uri().path(), self.domain.as_deref()) else {
+            let form = match &self.domain {
+                Some(domain) => format!("<port>-<sandbox>.{domain}, or "),
+                None => String::new(),
+            };
+            return Err((
+                StatusCode::NOT_FOUND,
+                format!("not a sandbox's port: ask for {form}/sandboxes/<sandbox>/ports/<port>/"),
+            ));
+        };
+        let (query, from_query) = take_token(request.uri().query());
+        let headers = request.headers_mut();
+        let from_header = headers.remove(TOKEN_HEADER).and_then(|v| v.to_str().ok().map(str::to_string));
+        let from_cookie = match headers.remove(header::COOKIE).map(|c| take_cookie(c.to_str().unwrap_or_default())) {
+            Some((rest, token)) => {
+                if let Some(rest) = rest.and_then(|r| HeaderValue::from_str(&r).ok()) {
+                    headers.insert(header::COOKIE, rest);
+                }
+                token
+            }
+            None => None,
+        };
+        // The run's own use of Authorization passes on; only the API token stops here.
+        let api = headers.get(header::AUTHORIZATION).is_some_and(|value| self.auth.accepts(value.as_bytes()));
+        if api {
+            headers.remove(header::AUTHORIZATION);
+        }
+        let token = from_header.or(from_query.clone()).or(from_cookie);
+        let credential = match (&token, api) {
+            (_, true) => Credential::ApiToken,
+            (Some(token), false) => Credential::PortToken(token),
+            (None, false) => Credential::None,
+        };
+        let name = &route.sandbox;
+        let port = route.port;
+        let record = self
+            .engine
+            .store()
+            .sandbox_by_name(name)
+            .await
+            .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, format!("the store did not answer: {e}")))?;
+        let generation = port::admit(self.engine.key(), record.as_ref(), port, credential).map_err(|refusal| {
+            let status = StatusCode::from_u16(refusal.http_status()).unwrap_or(StatusCode::BAD_GATEWAY);
+            (status, refused(&refusal, name, port))
+        })?;
+        let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
+        let Some(session) = self.engine.sessions().get(&sandbox, generation) else {
+            return Err((StatusCode::BAD_GATEWAY, unconnected(name)));
+        };
+        let connection = session.open_port(port).await.map_err(|e| {
+            self.engine.metrics().proxy_upstream_error();
+            (StatusCode::BAD_GATEWAY, unreachable(e, name, port))
+        })?;
+        // What the run sees: origin form, its own loopback as the host (dev servers refuse
+        // hosts they do not know), where the request came from in X-Forwarded-*.
+        let path = route.path.as_deref().unwrap_or(request.uri().path()).to_string();
+        let target = match &query {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        let upgrade = request.headers().contains_key(header::UPGRADE);
+        let version = request.version();
+        let headers = request.headers_mut();
+        let connection_header = headers.get(header::CONNECTION).cloned();
+        for name in HOP_BY_HOP {
+            headers.remove(name);
+        }
+        if upgrade && let Some(value) = connection_header {
+            headers.insert(header::CONNECTION, value);
+        }
+        if let Some(host) = &host
+            && let Ok(value) = HeaderValue::from_str(host)
+        {
+            headers.insert(HeaderName::from_static("x-forwarded-host"), value);
+        }
+        headers.insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("http"));
+        let local = format!("localhost:{port}");
+        headers.insert(header::HOST, HeaderValue::from_str(&local).expect("a host and port is a header value"));
+        let uri = if version == Version::HTTP_2 { format!("http://{local}{target}") } else { target };
+        *request.uri_mut() =
+            uri.parse::<Uri>().map_err(|e| (StatusCode::BAD_REQUEST, format!("the request's target: {e}")))?;
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let io = TokioIo::new(connection);
+        let bad = |e: hyper::Error| {
+            self.engine.metrics().proxy_upstream_error();
+            (StatusCode::BAD_GATEWAY, format!("port {port} of sandbox '{name}': {e}"))
+        };
+        let mut response = if version == Version::HTTP_2 {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(bad)?;
+            tokio::spawn(conn);
+            sender.send_request(request).await.map_err(bad)?
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(bad)?;
+            tokio::spawn(conn.with_upgrades());
+            sender.send_request(request).await.map_err(bad)?
+        };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS
+            && let Some(client_upgrade) = client_upgrade
+        {
+            let run_upgrade = hyper::upgrade::on(&mut response);
+            let engine = self.engine.clone();
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, run_upgrade) {
+                    Ok((client, run)) => {
+                        let carried =
+                            tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(run)).await;
+                        if let Ok((_, down)) = carried {
+                            engine.metrics().proxied_bytes(down);
+                        }
+                    }
+                    Err(e) => debug!(error = %e, "an upgrade through the proxy did not complete"),
+                }
+            });
+        }
+        let engine = self.engine.clone();
+        let mut response = response.map(|body| {
+            Body::new(body.map_frame(move |frame| {
+                if let Some(data) = frame.data_ref() {
+                    engine.metrics().proxied_bytes(data.len() as u64);
+                }
+                frame
+            }))
+        });
+        // A browser sent here by a link keeps the token as a cookie for the page's other
+        // requests; the path form scopes it to the port's prefix.
+        if let Some(token) = from_query {
+            let path = match route.path {
+                Some(_) => format!("/sandboxes/{name}/ports/{port}/"),
+                None => "/".to_string(),
+            };
+            let cookie = format!("{TOKEN_PARAM}={token}; Path={path}; HttpOnly; SameSite=Lax");
+            if let Ok(value) = HeaderValue::from_str(&cookie) {
+                response.headers_mut().append(header::SET_COOKIE, value);
+            }
+        }
+        Ok(response)
+    }
+}
+
+/// Serves the proxy on `listener` until `shutdown`; the connections then open are cut.
+pub async fn serve(proxy: Proxy, listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+    let proxy = Arc::new(proxy);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    warn!(error = %e, "the preview proxy could not accept a connection");
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(request).await) }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+                debug!(error = %e, "a preview proxy connection ended");
+            }
+        });
+        while connections.try_join_next().is_some() {}
+    }
+    connections.abort_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_routed_by_host_under_the_domain_or_else_by_path() {
+        let d = Some("preview.test");
+        let by_host = |sandbox: &str, port| Some(Route { sandbox: sandbox.into(), port, path: None });
+        assert_eq!(route(Some("8080-web.preview.test"), "/a", d), by_host("web", 8080));
+        assert_eq!(route(Some("8080-my-app.preview.test:7422"), "/", d), by_host("my-app", 8080));
+        let by_path =
+            |sandbox: &str, port, path: &str| Some(Route { sandbox: sandbox.into(), port, path: Some(path.into()) });
+        assert_eq!(route(Some("127.0.0.1:7422"), "/sandboxes/web/ports/80/x/y", d), by_path("web", 80, "/x/y"));
+        assert_eq!(route(None, "/sandboxes/web/ports/80", None), by_path("web", 80, "/"));
+        assert_eq!(route(Some("8080-web.preview.test"), "/sandboxes/web/ports/81/", None), by_path("web", 81, "/"));
+        for (host, path) in [
+            (Some("x-web.preview.test"), "/"),
+            (Some("0-web.preview.test"), "/"),
+            (Some("8080-web.other.test"), "/"),
+            (None, "/sandboxes/web/ports/99999/"),
+            (None, "/sandboxes/web/"),
+            (None, "/"),
+        ] {
+            assert_eq!(route(host, path, d), None, "{host:?} {path}");
+        }
+    }
+
+    #[test]
+    fn the_token_is_taken_off_the_query_and_the_cookies() {
+        assert_eq!(take_token(Some("berth_token=t1&a=1")), (Some("a=1".into()), Some("t1".into())));
+        assert_eq!(take_token(Some("berth_token=t1")), (None, Some("t1".into())));
+        assert_eq!(take_token(Some("a=1&b=2")), (Some("a=1&b=2".into()), None));
+        assert_eq!(take_token(Some("berth_tokens=x")), (Some("berth_tokens=x".into()), None));
+        assert_eq!(take_token(None), (None, None));
+        assert_eq!(take_cookie("a=1; berth_token=t2; b=2"), (Some("a=1; b=2".into()), Some("t2".into())));
+        assert_eq!(take_cookie("berth_token=t2"), (None, Some("t2".into())));
+    }
+
+    #[test]
+    fn urls_name_the_port_the_sandbox_and_the_token() {
+        let by_path = Preview::new("0.0.0.0:7422".parse().unwrap(), None);
+        assert_eq!(
+            by_path.url("web", 8080, Some("tok")),
+            "http://127.0.0.1:7422/sandboxes/web/ports/8080/?berth_token=tok"
+        );
+        let by_host = Preview::new("127.0.0.1:80".parse().unwrap(), Some("preview.test".into()));
+        assert_eq!(by_host.url("web", 8080, None), "http://8080-web.preview.test/");
+        let on_port = Preview::new("[::1]:7422".parse().unwrap(), Some("preview.test".into()));
+        assert_eq!(on_port.url("web", 3000, Some("t")), "http://3000-web.preview.test:7422/?berth_token=t");
+        assert_eq!(Preview::new("[::]:1".parse().unwrap(), None).authority, "[::1]:1");
+    }
+}

@@ -1,0 +1,48 @@
+//! Bytes between a connection and a gRPC stream, both ways: what a sandbox's connections out
+//! (egress) and in (ingress) through its supervisor, and a client's port-forward, have in
+//! common once they are open.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+
+/// The most bytes one message carries.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Sends what `connection` reads as messages `up` makes, and writes what `down` yields to it,
+/// until both sides are done. The end of the connection's reading ends the stream up (the
+/// sender is dropped: the far side's write half is shut); the end of the stream down shuts
+/// the connection's write half.
+pub async fn carry<C, U>(
+    connection: C,
+    tx: mpsc::Sender<U>,
+    up: fn(Vec<u8>) -> U,
+    down: impl Stream<Item = Vec<u8>> + Send,
+) where
+    C: AsyncRead + AsyncWrite + Send,
+{
+    let (mut read, mut write) = tokio::io::split(connection);
+    let sending = async move {
+        let mut buffer = vec![0; CHUNK];
+        loop {
+            match read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send(up(buffer[..n].to_vec())).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let receiving = async move {
+        let mut down = std::pin::pin!(down);
+        while let Some(data) = down.next().await {
+            if write.write_all(&data).await.is_err() {
+                break;
+            }
+        }
+        let _ = write.shutdown().await;
+    };
+    tokio::join!(sending, receiving);
+}

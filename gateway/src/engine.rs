@@ -58,6 +58,9 @@ pub struct EngineSettings {
     pub egress: Arc<dyn crate::egress::Upstream>,
     /// Where the preview proxy serves, if it does (`--proxy-listen`).
     pub preview: Option<crate::ports::Preview>,
+    /// The gateways sharing the data directory, through which a run whose session is not
+    /// here is reached.
+    pub peers: Option<crate::ports::Peers>,
 }
 
 impl Default for EngineSettings {
@@ -71,6 +74,7 @@ impl Default for EngineSettings {
             name: crate::data_dir::DEFAULT_NAME.to_string(),
             egress: Arc::new(crate::egress::HostUpstream::default()),
             preview: None,
+            peers: None,
         }
     }
 }

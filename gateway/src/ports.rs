@@ -12,23 +12,167 @@
 //! Berth's credentials stop here: the access token (header, query parameter or cookie) and
 //! the API token are taken off the request before it goes on.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
+use berth_core::SandboxId;
 use berth_core::port::{self, Credential, Refusal};
+use berth_proto::carry::carry;
+use berth_proto::v1 as pb;
+use berth_proto::v1::sandboxes_client::SandboxesClient;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::DuplexStream;
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
 use crate::api::auth::BearerAuth;
+use crate::data_dir::DataDir;
 use crate::engine::Engine;
 use crate::sessions::PortError;
+
+/// How long reaching a gateway that shares the data directory may take.
+const PEER_WITHIN: Duration = Duration::from_secs(2);
+/// How many bytes of a connection through another gateway are buffered here each way.
+const PEER_BUFFER: usize = 256 * 1024;
+
+/// The other gateways sharing this one's data directory (and so its host and store): one of
+/// them holds the session of a run whose supervisor is not connected here.
+#[derive(Clone)]
+pub struct Peers {
+    dir: PathBuf,
+    me: String,
+    /// `Bearer <API token>`: gateways sharing a data directory share its token.
+    bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+}
+
+impl fmt::Debug for Peers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Peers").field("dir", &self.dir).field("me", &self.me).finish_non_exhaustive()
+    }
+}
+
+impl Peers {
+    pub fn new(dir: &Path, me: &str, api_token: &str) -> Result<Self, String> {
+        let mut bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {api_token}")
+            .parse()
+            .map_err(|_| "the API token is not a valid header value".to_string())?;
+        bearer.set_sensitive(true);
+        Ok(Self { dir: dir.to_path_buf(), me: me.to_string(), bearer, channels: Arc::default() })
+    }
+
+    /// The other gateways' addresses, as they last wrote them.
+    fn addresses(&self) -> Vec<String> {
+        let data = DataDir::at(self.dir.clone());
+        data.addressed_gateways()
+            .into_iter()
+            .filter(|name| *name != self.me)
+            .filter_map(|name| data.read_address(&name))
+            .collect()
+    }
+
+    fn channel(&self, address: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        let endpoint =
+            Endpoint::from_shared(address.to_string()).map_err(|e| e.to_string())?.connect_timeout(PEER_WITHIN);
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// `port` of sandbox `name`'s run through the gateway at `address`, if its session is there.
+    async fn through(&self, address: &str, name: &str, port: u16) -> Result<DuplexStream, tonic::Status> {
+        let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> = self.bearer.clone();
+        let channel = self.channel(address).map_err(tonic::Status::unavailable)?;
+        let mut client = SandboxesClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request.metadata_mut().insert("authorization", bearer.clone());
+            Ok(request)
+        });
+        let (tx, rx) = mpsc::channel(8);
+        let start = pb::PortForwardStart { name: name.to_string(), port: port.into(), here_only: true };
+        let _ = tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Start(start)) }).await;
+        let reply = client.port_forward(ReceiverStream::new(rx)).await?.into_inner();
+        let (ours, theirs) = tokio::io::duplex(PEER_BUFFER);
+        let up = |data| pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Data(data)) };
+        tokio::spawn(carry(ours, tx, up, reply.map_while(|m| m.ok().map(|m| m.data))));
+        Ok(theirs)
+    }
+}
+
+/// A connection to `port` on the loopback of `sandbox`'s run `generation` (named `name`):
+/// through this gateway's session of the run, or (unless `here_only`) through the gateway
+/// sharing its data directory that holds one. The error names the sandbox and the port.
+pub async fn connect(
+    engine: &Engine,
+    name: &str,
+    sandbox: &SandboxId,
+    generation: u64,
+    port: u16,
+    here_only: bool,
+) -> Result<DuplexStream, Unreached> {
+    if let Some(session) = engine.sessions().get(sandbox, generation) {
+        return session.open_port(port).await.map_err(|e| Unreached::Refused(unreachable(e, name, port)));
+    }
+    let Some(peers) = engine.settings().peers.as_ref().filter(|_| !here_only) else {
+        return Err(Unreached::NotConnected(unconnected(name)));
+    };
+    for address in peers.addresses() {
+        match tokio::time::timeout(PEER_WITHIN, peers.through(&address, name, port)).await {
+            Ok(Ok(connection)) => return Ok(connection),
+            Ok(Err(status)) if decided(&status, name, port) => {
+                return Err(Unreached::Refused(status.message().to_string()));
+            }
+            // Not there, gone (its address file outlived it), or not answering: the next one.
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+    Err(Unreached::NotConnected(unconnected(name)))
+}
+
+/// Whether another gateway's refusal is its word on the run (it holds the session, or the
+/// sandbox changed since this gateway admitted the request) rather than on itself.
+fn decided(status: &tonic::Status, name: &str, port: u16) -> bool {
+    use tonic::Code;
+    match status.code() {
+        Code::FailedPrecondition => status.message() != unconnected(name),
+        Code::NotFound => true,
+        Code::Unavailable => status.message().starts_with(&format!("port {port} of sandbox '{name}'")),
+        _ => false,
+    }
+}
+
+/// Why no connection into a run was made.
+#[derive(Debug)]
+pub enum Unreached {
+    /// No gateway here holds the run's session.
+    NotConnected(String),
+    /// The run was reached and could not connect (nothing listens), or did not answer.
+    Refused(String),
+}
+
+impl Unreached {
+    pub fn message(self) -> String {
+        let (Unreached::NotConnected(m) | Unreached::Refused(m)) = self;
+        m
+    }
+}
 
 /// The header that carries a port's access token.
 pub const TOKEN_HEADER: &str = "x-berth-port-token";
@@ -239,12 +383,9 @@ impl Proxy {
             (status, refused(&refusal, name, port))
         })?;
         let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
-        let Some(session) = self.engine.sessions().get(&sandbox, generation) else {
-            return Err((StatusCode::BAD_GATEWAY, unconnected(name)));
-        };
-        let connection = session.open_port(port).await.map_err(|e| {
+        let connection = connect(&self.engine, name, &sandbox, generation, port, false).await.map_err(|e| {
             self.engine.metrics().proxy_upstream_error();
-            (StatusCode::BAD_GATEWAY, unreachable(e, name, port))
+            (StatusCode::BAD_GATEWAY, e.message())
         })?;
         // What the run sees: origin form, its own loopback as the host (dev servers refuse
         // hosts they do not know), where the request came from in X-Forwarded-*.

@@ -114,6 +114,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         name: config.name.clone(),
         egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
         preview: proxy.as_ref().map(|(_, preview)| preview.clone()),
+        peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token)?),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);

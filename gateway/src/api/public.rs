@@ -113,13 +113,12 @@ impl Sandboxes for SandboxApi {
                 }
             })?;
         let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
-        let session = self
-            .engine
-            .sessions()
-            .get(&sandbox, generation)
-            .ok_or_else(|| Status::unavailable(crate::ports::unconnected(name)))?;
-        let connection =
-            session.open_port(port).await.map_err(|e| Status::unavailable(crate::ports::unreachable(e, name, port)))?;
+        let connection = crate::ports::connect(&self.engine, name, &sandbox, generation, port, start.here_only)
+            .await
+            .map_err(|e| match e {
+            crate::ports::Unreached::NotConnected(m) if start.here_only => Status::failed_precondition(m),
+            e => Status::unavailable(e.message()),
+        })?;
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let data_of = |m: pb::PortForwardInput| match m.input {
             Some(pb::port_forward_input::Input::Data(data)) => Some(data),

@@ -51,7 +51,7 @@ impl Client {
             let name = name.clone();
             tokio::spawn(async move {
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
-                let start = pb::PortForwardStart { name: name.clone(), port: port.into() };
+                let start = pb::PortForwardStart { name: name.clone(), port: port.into(), here_only: false };
                 let _ =
                     tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Start(start)) }).await;
                 match sandboxes.port_forward(ReceiverStream::new(rx)).await {

@@ -354,3 +354,59 @@ async fn a_preview_url_reaches_the_current_run_only_on_docker() {
 async fn a_preview_url_reaches_the_current_run_only_on_podman() {
     a_preview_url_reaches_the_current_run_only(Runtime::Podman).await;
 }
+
+/// A port-forward stream through `gateway` to `port` of `name`: one line echoed.
+async fn forward_echoes(gateway: &Gateway, name: &str, port: u16) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = pb::PortForwardStart { name: name.into(), port: port.into(), here_only: false };
+    tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Start(start)) }).await.unwrap();
+    tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Data(b"across\n".to_vec())) })
+        .await
+        .unwrap();
+    let mut sandboxes = gateway.sandboxes().await;
+    let mut down = sandboxes.port_forward(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let mut echoed = Vec::new();
+    while echoed.len() < 7 {
+        let message = tokio::time::timeout(Duration::from_secs(10), down.message()).await.unwrap().unwrap().unwrap();
+        echoed.extend(message.data);
+    }
+    assert_eq!(echoed, b"across\n");
+}
+
+/// Two gateways on one store and data directory: the run's supervisor holds a session with one
+/// of them, and either one's proxy and port-forward reach the run (through the other when the
+/// session is not its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_gateway_reaches_the_run_wherever_its_session_is() {
+    if port_server().is_none() {
+        return;
+    }
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
+    let Some(url) = crate::pg::fresh_schema("ports_two_gateways").await else { return };
+    let data = DataDir::new();
+    let proxies = [format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port())];
+    let args = |name, proxy| ["--store", &url, "--name", name, "--proxy-listen", proxy];
+    let (a1, a2) = (args("g1", &proxies[0]), args("g2", &proxies[1]));
+    let (g1, g2) = tokio::join!(Gateway::start(&data, &a1), Gateway::start(&data, &a2));
+    let (http, echo) = (free_port(), free_port());
+    let script =
+        format!("while [ ! -x ./port-server ]; do sleep 0.1; done; exec ./port-server --http {http} --tcp {echo}");
+    let mut sandboxes = g1.sandboxes().await;
+    let request =
+        pb::CreateSandboxRequest { name: "web".into(), spec: Some(spec(&["sh", "-c", &script])), ..Default::default() };
+    sandboxes.create_sandbox(request).await.unwrap();
+    wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;
+    put_server(&mut files(&g1).await, "web").await;
+    for (gateway, proxy) in [(&g1, &proxies[0]), (&g2, &proxies[1])] {
+        let got = port_url(&mut gateway.sandboxes().await, "web", http).await.unwrap();
+        assert!(got.url.starts_with(&format!("http://{proxy}/")), "each gateway names its own proxy: {}", got.url);
+        let hello = serving(&at(&got.url, "/hello")).await;
+        assert_eq!(hello.text(), format!("hello from port {http}, host localhost:{http}\n"));
+        websocket_echoes(&got.url).await;
+        forward_echoes(gateway, "web", echo).await;
+    }
+    let log = format!("{}{}", data.log_of("g1"), data.log_of("g2"));
+    assert!(!log.contains("ERROR"), "{log}");
+    lifecycle(&mut sandboxes, "delete", "web").await.unwrap();
+    wait_gone(&mut sandboxes, "web").await;
+}

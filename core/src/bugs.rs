@@ -108,10 +108,14 @@ pub enum Bug {
     /// delete of a sandbox followed at once by its volume's removes the files under the run
     /// still being stopped (the providers' race, in a new place).
     VolumeRemovedUnderRun,
+    /// U1: a port's access token of an earlier generation is taken for the current one, so a
+    /// URL handed out before a stop and start reaches the next run (the stale preview URL
+    /// Cloudflare had to retrofit a fix for).
+    PortTokenOutlivesRun,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 27] = [
+    pub const ALL: [Bug; 28] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -139,6 +143,7 @@ impl Bug {
         Bug::ForkHalfMade,
         Bug::RestoreForgetsStart,
         Bug::VolumeRemovedUnderRun,
+        Bug::PortTokenOutlivesRun,
     ];
 
     pub fn name(self) -> &'static str {
@@ -170,6 +175,7 @@ impl Bug {
             Bug::ForkHalfMade => "fork-half-made",
             Bug::RestoreForgetsStart => "restore-forgets-start",
             Bug::VolumeRemovedUnderRun => "volume-removed-under-run",
+            Bug::PortTokenOutlivesRun => "port-token-outlives-run",
         }
     }
 
@@ -206,7 +212,8 @@ impl Bug {
             | Bug::SnapshotDeletedUnderSeed
             | Bug::ForkHalfMade
             | Bug::RestoreForgetsStart
-            | Bug::VolumeRemovedUnderRun => 1,
+            | Bug::VolumeRemovedUnderRun
+            | Bug::PortTokenOutlivesRun => 1,
         }
     }
 
@@ -247,6 +254,11 @@ impl Bug {
     /// Whether the race needs the volume workload.
     pub fn volumes(self) -> bool {
         self == Bug::VolumeRemovedUnderRun
+    }
+
+    /// Whether the race needs the port workload.
+    pub fn ports(self) -> bool {
+        self == Bug::PortTokenOutlivesRun
     }
 
     /// Whether the race needs the state workload (pause and resume).

@@ -32,7 +32,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::DuplexStream;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -474,23 +473,32 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy on `listener` until `shutdown`; the connections then open are cut.
-pub async fn serve(proxy: Proxy, listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+/// Serves the proxy on the connections `incoming` accepts until `shutdown`; those then open
+/// are cut. (A production gateway's are TCP's, the simulator's turmoil's.)
+pub async fn serve<C>(
+    proxy: Proxy,
+    incoming: impl futures_util::Stream<Item = std::io::Result<C>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let proxy = Arc::new(proxy);
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut incoming = std::pin::pin!(incoming);
     loop {
-        let (stream, _) = tokio::select! {
+        let connection = tokio::select! {
+            biased;
             () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
+            accepted = incoming.next() => match accepted {
+                Some(Ok(connection)) => connection,
+                Some(Err(e)) => {
                     warn!(error = %e, "the preview proxy could not accept a connection");
                     continue;
                 }
+                None => break,
             },
         };
-        let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
@@ -498,7 +506,7 @@ pub async fn serve(proxy: Proxy, listener: TcpListener, shutdown: impl std::futu
                 async move { Ok::<_, Infallible>(proxy.handle(request).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(connection), service).await {
                 debug!(error = %e, "a preview proxy connection ended");
             }
         });

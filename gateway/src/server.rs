@@ -173,7 +173,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let preview = proxy.map(|(listener, preview)| {
         info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
-        tokio::spawn(crate::ports::serve(proxy, listener, stopped(stop_rx.clone())))
+        tokio::spawn(crate::ports::serve(proxy, crate::tcp::incoming(listener), stopped(stop_rx.clone())))
     });
     let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
     info!(

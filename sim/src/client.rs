@@ -18,6 +18,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+mod ports;
 mod snapshots;
 mod volumes;
 
@@ -614,6 +615,10 @@ impl Client {
         // And with the volume workload.
         if scenario.volumes && self.draw.chance(0.3) {
             return self.volume_operation().await;
+        }
+        // And with the port workload.
+        if scenario.ports && self.draw.chance(0.2) {
+            return self.port_operation(&name).await;
         }
         match self.draw.below(100) {
             0..=14 => {

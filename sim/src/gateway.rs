@@ -16,6 +16,7 @@ use berth_gateway::clock::Clock;
 use berth_gateway::engine::execs::Execs;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::lease::{self, LeaseSettings};
+use berth_gateway::ports::{Preview, Proxy};
 use berth_gateway::reconcile::ReconcileSettings;
 use berth_gateway::store::Store;
 use tokio::sync::mpsc;
@@ -66,6 +67,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
         egress: Arc::new(crate::egress::SimUpstream { world: world.clone() }),
         // Few enough that the snapshot workload meets the store's quota.
         limits: berth_core::validate::Limits { max_snapshots: 4, ..Default::default() },
+        preview: scenario.ports.then(|| Preview { authority: format!("{name}:{}", net::PROXY_PORT), domain: None }),
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -106,11 +108,15 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     tokio::spawn(Execs::new(engine.clone()).settle_forever());
     // Health is left as it is: a simulated gateway is never shut down through the server's
     // path, only its lease loop is stopped.
+    if scenario.ports {
+        let proxy = Proxy::new(engine.clone(), net::API_TOKEN, None);
+        tokio::spawn(berth_gateway::ports::serve(proxy, net::incoming(net::PROXY_PORT).await?, std::future::pending()));
+    }
     let (routes, _health) = berth_gateway::api::routes(&engine, net::API_TOKEN, HEARTBEAT).await;
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(net::fixed_date))
         .add_routes(routes)
-        .serve_with_incoming(net::incoming().await?)
+        .serve_with_incoming(net::incoming(net::GATEWAY_PORT).await?)
         .await?;
     Ok(())
 }

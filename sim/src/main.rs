@@ -53,6 +53,10 @@ struct Phases {
     /// Have clients make and delete volumes and the sandboxes that mount them (S2).
     #[arg(long)]
     volumes: bool,
+    /// Have clients reach sandboxes' ports through the preview proxy with their URLs' tokens,
+    /// across stops and starts (U1).
+    #[arg(long)]
+    ports: bool,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -127,6 +131,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_state(phases.state)
         .with_snapshots(phases.snapshots)
         .with_volumes(phases.volumes)
+        .with_ports(phases.ports)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -158,6 +163,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.volumes {
         command += " --volumes";
+    }
+    if phases.ports {
+        command += " --ports";
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -323,6 +331,7 @@ fn main() -> std::process::ExitCode {
                     state: bug.state(),
                     snapshots: bug.snapshots(),
                     volumes: bug.volumes(),
+                    ports: bug.ports(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

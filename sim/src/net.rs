@@ -13,6 +13,8 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub const GATEWAY_PORT: u16 = 7420;
+/// Where a gateway's preview proxy listens (the port workload's).
+pub const PROXY_PORT: u16 = 7422;
 pub const API_TOKEN: &str = "simulated-api-token";
 
 /// Gateway `i`'s host, which is also its name in the reconcile lease.
@@ -49,8 +51,8 @@ impl AsyncWrite for SimConn {
 }
 
 /// The gateway's accepted connections.
-pub async fn incoming() -> io::Result<impl futures_util::Stream<Item = io::Result<SimConn>>> {
-    let listener = turmoil::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, GATEWAY_PORT)).await?;
+pub async fn incoming(port: u16) -> io::Result<impl futures_util::Stream<Item = io::Result<SimConn>>> {
+    let listener = turmoil::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).await?;
     Ok(futures_util::stream::unfold(listener, |listener| async move {
         let next = listener.accept().await.map(|(stream, _)| SimConn(stream));
         Some((next, listener))

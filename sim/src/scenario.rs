@@ -265,6 +265,10 @@ pub struct Scenario {
     /// sandboxes that mount them, deleting a sandbox and then its volume without waiting
     /// (DESIGN 13.2); checked by S2.
     pub volumes: bool,
+    /// The port workload runs too (`--ports`): clients ask for a port's URL and use its token
+    /// through the gateway's preview proxy while others stop and start the sandbox (DESIGN
+    /// 13.1); checked by U1.
+    pub ports: bool,
 }
 
 impl Scenario {
@@ -340,6 +344,7 @@ impl Scenario {
             state: false,
             snapshots: false,
             volumes: false,
+            ports: false,
         }
     }
 
@@ -360,6 +365,11 @@ impl Scenario {
 
     pub fn with_volumes(mut self, volumes: bool) -> Self {
         self.volumes = volumes;
+        self
+    }
+
+    pub fn with_ports(mut self, ports: bool) -> Self {
+        self.ports = ports;
         self
     }
 

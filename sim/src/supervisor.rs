@@ -131,7 +131,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         exit: exit_rx.clone(),
         failed_to_start: failed_to_start.clone(),
         execs: execs.clone(),
-        ports: Arc::new(NoPorts),
+        ports: Arc::new(SimPorts { sandbox: spawn.sandbox.clone(), generation: spawn.generation }),
     };
     let (done, mut answered) = watch::channel(false);
     let mut checks = Checks {
@@ -217,15 +217,47 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     }
 }
 
-/// A simulated run serves nothing on its ports: the world has no servers in its sandboxes, so
-/// a connection to one is refused as by a closed port.
+/// What a simulated run serves on its ports: on [`SERVED_PORT`], an HTTP server that answers
+/// every request with the run it is (`<sandbox> <generation>`), so that a client can tell which
+/// run a URL reached (U1); on any other port nothing, refused as a closed port is.
 #[derive(Debug)]
-struct NoPorts;
+struct SimPorts {
+    sandbox: SandboxId,
+    generation: u64,
+}
 
-impl Dial for NoPorts {
+/// The port a simulated run's server listens on.
+pub const SERVED_PORT: u16 = 8080;
+
+impl Dial for SimPorts {
     fn dial(&self, port: u16) -> Dialing {
+        let answer = format!("{} {}", self.sandbox, self.generation);
         Box::pin(async move {
-            Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, format!("nothing listens on {port}")))
+            if port != SERVED_PORT {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!("nothing listens on {port}"),
+                ));
+            }
+            let (ours, theirs) = tokio::io::duplex(4096);
+            tokio::spawn(serve_one(ours, answer));
+            Ok(Box::new(theirs) as Box<dyn berth_supervisor::ports::Connection>)
         })
     }
+}
+
+/// Answers one request on `connection` with `answer`, and closes it.
+async fn serve_one(mut connection: tokio::io::DuplexStream, answer: String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match connection.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buffer[..n]),
+        }
+    }
+    let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}", answer.len());
+    let _ = connection.write_all(reply.as_bytes()).await;
+    let _ = connection.shutdown().await;
 }

@@ -73,6 +73,31 @@ fn seeds_that_once_diverged_give_one_trace_run_after_run() {
     }
 }
 
+/// The workloads that run more of the gateway's code in the world (the preview proxy's HTTP
+/// through hyper, a run's server, copies, volumes) keep a seed's trace one as well.
+#[test]
+fn the_newer_workloads_give_one_trace_run_after_run() {
+    let scenario = || {
+        Scenario::with_phases(3, Duration::from_secs(20), Duration::from_secs(15))
+            .with_ports(true)
+            .with_volumes(true)
+            .with_snapshots(true)
+            .with_state(true)
+    };
+    let first = run(scenario(), None);
+    assert!(first.passed(), "{:?}", first.violations);
+    let (first, second) = (first.trace_lines(), run(scenario(), None).trace_lines());
+    assert!(first.contains("GET sb"), "the port workload ran");
+    if first != second {
+        let line = first.lines().zip(second.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "diverged at line {line}:\n{}\n{}",
+            first.lines().nth(line).unwrap_or_default(),
+            second.lines().nth(line).unwrap_or_default()
+        );
+    }
+}
+
 #[test]
 fn different_seeds_give_different_traces() {
     assert_ne!(trace(5, 1), trace(6, 1));

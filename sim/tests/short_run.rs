@@ -54,7 +54,7 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::EventBypassesFence => (1, Invariant::I1),
             Bug::DeleteWithoutRetry => (10, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::C1),
-            Bug::EffectWithoutRecheck => (1, Invariant::D1),
+            Bug::EffectWithoutRecheck => (4, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
             Bug::FenceFromRecordedExit => (0, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
@@ -85,6 +85,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::RestoreForgetsStart => (3, Invariant::I1),
             // A sandbox's delete, then its volume's at once: the files go under the run.
             Bug::VolumeRemovedUnderRun => (1, Invariant::S2),
+            // A URL asked for, a stop and a start, then the old URL: the new run answers it.
+            Bug::PortTokenOutlivesRun => (0, Invariant::U1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -108,7 +110,8 @@ fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outco
         .with_egress(bug.egress())
         .with_state(bug.state())
         .with_snapshots(bug.snapshots())
-        .with_volumes(bug.volumes());
+        .with_volumes(bug.volumes())
+        .with_ports(bug.ports());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

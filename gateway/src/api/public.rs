@@ -295,6 +295,7 @@ impl Sandboxes for SandboxApi {
             token: token.map(|t| t.expose().to_string()).unwrap_or_default(),
             generation: sandbox.generation,
             public,
+            sandbox_id: sandbox.id.to_string(),
         }))
     }
 }

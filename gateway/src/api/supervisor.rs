@@ -255,7 +255,10 @@ pub(super) async fn splice<U, D>(
         loop {
             // A sandbox gone away is noticed even while the connection is silent: it is not
             // held open for good.
+            // Biased, so that which branch wins two ready at once is not a coin flip (the
+            // simulator's runs must be the same every time).
             let read = tokio::select! {
+                biased;
                 () = shutdown.begun() => {
                     let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
                     break;

@@ -443,7 +443,10 @@ impl Client {
                 match self.output {
                     Output::Json => say!(
                         "{:#}",
-                        json!({"url": url.url, "token": url.token, "generation": url.generation, "public": url.public})
+                        json!({
+                            "url": url.url, "token": url.token, "generation": url.generation,
+                            "public": url.public, "sandbox_id": url.sandbox_id,
+                        })
                     ),
                     Output::Table => say!("{}", url.url),
                 }

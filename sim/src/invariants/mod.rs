@@ -40,6 +40,7 @@ pub mod s3_pause;
 pub mod s4_forks;
 pub mod t1_deadlines;
 pub mod t1_idle;
+pub mod u1_port_tokens;
 pub mod x1_admission;
 
 /// An invariant's id, as DESIGN names it.
@@ -90,6 +91,9 @@ pub enum Invariant {
     S3,
     /// DESIGN 12.3: a fork makes all its sandboxes or none (`s4_forks`).
     S4,
+    /// DESIGN 13.1: a port's access token reaches only the run it was issued for
+    /// (`u1_port_tokens`).
+    U1,
 }
 
 /// What a [`Checker`] is fed: what the store committed and what clients were told, with the

@@ -137,13 +137,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let server = || {
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .http2_max_header_list_size(MAX_HEADER_LIST)
-            .add_routes(routes.clone())
-    };
+    let server = || grpc().add_routes(routes.clone());
     let tcp =
         tokio::spawn(server().serve_with_incoming_shutdown(crate::tcp::incoming(listener), stopped(stop_rx.clone())));
     let metrics = match config.metrics_listen {
@@ -223,6 +217,18 @@ pub async fn run(config: Config) -> Result<(), String> {
     let _ = std::fs::remove_file(&socket);
     info!("stopped; sandboxes keep running and are adopted at the next start");
     Ok(())
+}
+
+/// The gRPC server as a gateway serves it: keepalive to notice clients gone, and wide windows
+/// so that a stream carrying bulk (a connection into a run, an exec's output, a download) is
+/// not held to HTTP/2's default 64 KiB in flight.
+pub fn grpc() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .initial_stream_window_size(Some(berth_proto::carry::STREAM_WINDOW))
+        .initial_connection_window_size(Some(berth_proto::carry::CONNECTION_WINDOW))
 }
 
 /// The configured runtime's driver; `auto` takes the first runtime that answers. Container

@@ -7,7 +7,13 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 
 /// The most bytes one message carries.
-pub const CHUNK: usize = 64 * 1024;
+pub const CHUNK: usize = 256 * 1024;
+/// The HTTP/2 flow-control window each stream of Berth's own connections offers (a gateway's
+/// server, a supervisor's and a gateway's channels): a bulk stream is not held to HTTP/2's
+/// default 64 KiB in flight, a round trip per window.
+pub const STREAM_WINDOW: u32 = 4 << 20;
+/// The same for a whole connection, which many streams share.
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Sends what `connection` reads as messages `up` makes, and writes what `down` yields to it,
 /// until both sides are done. The end of the connection's reading ends the stream up (the

@@ -43,42 +43,8 @@ pub(crate) async fn upstream() -> std::net::SocketAddr {
 /// sandbox allowed `upstream`, and the supervisor's proxy listener for that sandbox's run: the
 /// listener's address.
 pub(crate) async fn egress_proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> std::net::SocketAddr {
-    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0);
-    let spec = SandboxSpec {
-        image: "i".into(),
-        command: vec!["true".into()],
-        egress: berth_core::egress::Policy::parse("allow", [upstream.ip().to_string().as_str()]).unwrap(),
-        ..Default::default()
-    };
-    let create = Command::CreateSandbox {
-        id: engine.new_sandbox_id(),
-        name: "agent".into(),
-        spec,
-        providers: Default::default(),
-        deadline: None,
-    };
-    let Ok(berth_core::Outcome::Sandbox(sandbox)) = engine.execute(&Request::new(create, None)).await else {
-        panic!("the sandbox was not created")
-    };
-    let identity =
-        berth_core::identity::RuntimeIdentity { sandbox: sandbox.id.clone(), generation: sandbox.generation };
-    let token = berth_core::identity::derive_token(engine.key(), &identity).expose().to_string();
-    let socket = dir.join("gateway.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let (routes, _) = berth_gateway::api::routes(&engine, "bench-token", Duration::from_secs(5)).await;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let socket = socket.clone();
-        async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-    });
-    let channel = tonic::transport::Endpoint::from_static("http://berth-gateway")
-        .connect_with_connector(connector)
-        .await
-        .unwrap();
+    let egress = berth_core::egress::Policy::parse("allow", [upstream.ip().to_string().as_str()]).unwrap();
+    let (_, token, channel) = supervised(dir, SandboxSpec { egress, ..bench_spec() }).await;
     let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = proxy.local_addr().unwrap();
     tokio::spawn(async move {

@@ -138,6 +138,53 @@ pub(crate) fn engine(dir: &std::path::Path) -> Engine {
     engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default(), 0)
 }
 
+pub(crate) fn bench_spec() -> SandboxSpec {
+    SandboxSpec { image: "i".into(), command: vec!["true".into()], ..Default::default() }
+}
+
+/// An engine on a memory store with one sandbox, `web`, of `spec`, serving the supervisor API
+/// on a Unix socket under `dir` (as containers reach it): the engine, the run's token, and a
+/// channel to the socket, as a supervisor holds them.
+pub(crate) async fn supervised(
+    dir: &std::path::Path,
+    spec: SandboxSpec,
+) -> (Engine, String, tonic::transport::Channel) {
+    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0);
+    let create = Command::CreateSandbox {
+        id: engine.new_sandbox_id(),
+        name: "web".into(),
+        spec,
+        providers: Default::default(),
+        deadline: None,
+    };
+    let Ok(berth_core::Outcome::Sandbox(sandbox)) = engine.execute(&Request::new(create, None)).await else {
+        panic!("the sandbox was not created")
+    };
+    let identity =
+        berth_core::identity::RuntimeIdentity { sandbox: sandbox.id.clone(), generation: sandbox.generation };
+    let token = berth_core::identity::derive_token(engine.key(), &identity).expose().to_string();
+    let socket = dir.join("gateway.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let (routes, _) = berth_gateway::api::routes(&engine, "bench-token", Duration::from_secs(5)).await;
+    tokio::spawn(
+        berth_gateway::server::grpc()
+            .add_routes(routes)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let socket = socket.clone();
+        async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+    });
+    // As berth-supervisor's channel is.
+    let channel = tonic::transport::Endpoint::from_static("http://berth-gateway")
+        .initial_stream_window_size(berth_proto::carry::STREAM_WINDOW)
+        .initial_connection_window_size(berth_proto::carry::CONNECTION_WINDOW)
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    (engine, token, channel)
+}
+
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }

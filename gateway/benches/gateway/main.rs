@@ -8,7 +8,9 @@
 //! clients that delay their ACKs, as Linux does, with Nagle's algorithm off in the client and
 //! on; and connections through the egress proxy (the supervisor's listener code, the gateway's
 //! proxy over its Unix socket) beside direct ones to a local server: the time to a first byte,
-//! a round trip on an open connection, and bulk throughput. It asserts nothing.
+//! a round trip on an open connection, and bulk throughput; and HTTP requests through the
+//! preview proxy beside direct ones to a local server: latency and throughput. It asserts
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -34,12 +36,14 @@ mod pg;
 
 mod egress;
 mod harness;
+mod ports;
 mod reads;
 mod rpcs;
 mod sweeps;
 
 use egress::*;
 use harness::*;
+use ports::*;
 use reads::*;
 use rpcs::*;
 use sweeps::*;
@@ -73,5 +77,8 @@ fn main() {
     }
     if wants("egress") {
         egress(&runtime, quick);
+    }
+    if wants("ports") {
+        ports(&runtime, quick);
     }
 }

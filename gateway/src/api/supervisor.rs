@@ -214,9 +214,6 @@ type EgressStream = Pin<Box<dyn Stream<Item = Result<pb::EgressDown, Status>> + 
 
 type IngressStream = Pin<Box<dyn Stream<Item = Result<pb::IngressDown, Status>> + Send>>;
 
-/// The most bytes one message of a connection carries.
-const CHUNK: usize = 64 * 1024;
-
 /// Carries an opened connection's bytes both ways until each side has ended (an egress
 /// connection out of the sandbox, or one into it for the preview proxy): the sandbox's end of
 /// stream shuts the connection's write side, the connection's end of file ends the reply
@@ -251,7 +248,7 @@ pub(super) async fn splice<U, D>(
         let _ = write.shutdown().await;
     };
     let down = async move {
-        let mut buffer = vec![0; CHUNK];
+        let mut buffer = vec![0; berth_proto::carry::CHUNK];
         loop {
             // A sandbox gone away is noticed even while the connection is silent: it is not
             // held open for good.

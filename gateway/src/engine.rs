@@ -178,7 +178,8 @@ impl Engine {
             }
         }
         let open = self.inner.store.open_execs(None).await?.len();
-        Ok(self.inner.metrics.render(&phases, open))
+        let volumes = self.inner.store.all_volumes().await?;
+        Ok(self.inner.metrics.render(&phases, open, &volumes))
     }
 
     pub fn settings(&self) -> &EngineSettings {

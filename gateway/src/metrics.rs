@@ -93,7 +93,8 @@ pub struct Metrics {
     egress: Family<VerdictLabel, Counter>,
     proxied: Family<CodeLabel, Counter>,
     proxied_bytes: Counter,
-    proxy_upstream_errors: Counter,
+    proxy_upstream_errors: Family<KindLabel, Counter>,
+    volumes: Family<PhaseLabel, Gauge>,
     snapshots: Family<SnapshotLabel, Counter>,
     snapshot_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
     /// Transitions under way: which, since when, and the phase that ends them.
@@ -120,7 +121,8 @@ impl Default for Metrics {
             egress: Family::default(),
             proxied: Family::default(),
             proxied_bytes: Counter::default(),
-            proxy_upstream_errors: Counter::default(),
+            proxy_upstream_errors: Family::default(),
+            volumes: Family::default(),
             snapshots: Family::default(),
             snapshot_seconds: Family::new_with_constructor(latency),
             pending: Mutex::default(),
@@ -180,9 +182,10 @@ impl Default for Metrics {
         );
         registry.register(
             "proxy_upstream_errors",
-            "Requests the preview proxy here could not carry to the run (nothing listening, no answer, a broken response)",
+            "Requests the preview proxy here could not carry to the run, by kind: refused (nothing listens on the port, or the run did not answer), unconnected (no gateway holds the run's session), broken (the run's answer was not HTTP)",
             m.proxy_upstream_errors.clone(),
         );
+        registry.register("volumes", "Volumes in the store, by phase (read at each scrape)", m.volumes.clone());
         registry.register(
             "snapshots",
             "Snapshots and forks whose copy this gateway recorded, by kind (snapshot, fork) and outcome (ready, error)",
@@ -285,8 +288,9 @@ impl Metrics {
         self.proxied_bytes.inc_by(bytes);
     }
 
-    pub fn proxy_upstream_error(&self) {
-        self.proxy_upstream_errors.inc();
+    /// A request the proxy could not carry to the run: `kind` says why (see the metric's help).
+    pub fn proxy_upstream_error(&self, kind: &str) {
+        self.proxy_upstream_errors.get_or_create(&KindLabel { kind: kind.to_string() }).inc();
     }
 
     pub fn conflict(&self, what: &str) {
@@ -333,10 +337,21 @@ impl Metrics {
     }
 
     /// The text exposition, with the store's counts as `phases` and `open_execs` say now.
-    pub fn render(&self, phases: &BTreeMap<PhaseKind, i64>, open_execs: usize) -> String {
+    pub fn render(
+        &self,
+        phases: &BTreeMap<PhaseKind, i64>,
+        open_execs: usize,
+        volumes: &[berth_core::Volume],
+    ) -> String {
         for phase in PhaseKind::ALL {
             let n = phases.get(&phase).copied().unwrap_or(0);
             self.sandboxes.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
+        }
+        for phase in [berth_core::VolumePhase::Ready, berth_core::VolumePhase::Deleting] {
+            let n = volumes.iter().filter(|v| v.phase == phase).count();
+            self.volumes
+                .get_or_create(&PhaseLabel { phase: format!("{phase:?}") })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         self.execs_open.set(i64::try_from(open_execs).unwrap_or(i64::MAX));
         let mut out = String::new();
@@ -358,7 +373,7 @@ mod tests {
         m.phase_changed(&id, Some(PhaseKind::Starting), Some(PhaseKind::Ready));
         m.phase_changed(&id, Some(PhaseKind::Ready), Some(PhaseKind::Stopping));
         m.phase_changed(&id, Some(PhaseKind::Stopping), Some(PhaseKind::Error));
-        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1);
+        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1, &[]);
         assert!(text.contains("berth_transition_seconds_count{kind=\"start_to_ready\"} 1"), "{text}");
         let sum = text
             .lines()
@@ -376,9 +391,44 @@ mod tests {
         m.phase_changed(&other, Some(PhaseKind::Ready), Some(PhaseKind::Paused));
         m.intent_changed(&other, Intent::Paused, Intent::Running);
         m.phase_changed(&other, Some(PhaseKind::Paused), Some(PhaseKind::Ready));
-        let text = m.render(&BTreeMap::new(), 0);
+        let text = m.render(&BTreeMap::new(), 0, &[]);
         assert!(text.contains("berth_transition_seconds_count{kind=\"pause_to_paused\"} 1"), "{text}");
         assert!(text.contains("berth_transition_seconds_count{kind=\"resume_to_ready\"} 1"), "{text}");
         assert!(!text.contains("sb-secret-name"));
+    }
+
+    #[test]
+    fn the_proxys_answers_bytes_and_failures_and_the_volumes_are_counted() {
+        let m = Metrics::default();
+        for code in [200, 502, 502, 410] {
+            m.proxied(code);
+        }
+        m.proxied_bytes(1024);
+        m.proxied_bytes(1);
+        m.proxy_upstream_error("refused");
+        let volume = |name: &str, phase| berth_core::Volume {
+            name: name.into(),
+            id: berth_core::VolumeId::new(format!("vol-{name}")),
+            phase,
+            resource_version: 1,
+            created_at: berth_core::Timestamp::from_unix_millis(0),
+            updated_at: berth_core::Timestamp::from_unix_millis(0),
+        };
+        let volumes = [
+            volume("a", berth_core::VolumePhase::Ready),
+            volume("b", berth_core::VolumePhase::Ready),
+            volume("c", berth_core::VolumePhase::Deleting),
+        ];
+        let text = m.render(&BTreeMap::new(), 0, &volumes);
+        for line in [
+            "berth_proxied_requests_total{code=\"502\"} 2",
+            "berth_proxied_requests_total{code=\"410\"} 1",
+            "berth_proxied_bytes_total 1025",
+            "berth_proxy_upstream_errors_total{kind=\"refused\"} 1",
+            "berth_volumes{phase=\"Ready\"} 2",
+            "berth_volumes{phase=\"Deleting\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 }

@@ -383,7 +383,11 @@ impl Proxy {
         })?;
         let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
         let connection = connect(&self.engine, name, &sandbox, generation, port, false).await.map_err(|e| {
-            self.engine.metrics().proxy_upstream_error();
+            let kind = match e {
+                Unreached::NotConnected(_) => "unconnected",
+                Unreached::Refused(_) => "refused",
+            };
+            self.engine.metrics().proxy_upstream_error(kind);
             (StatusCode::BAD_GATEWAY, e.message())
         })?;
         // What the run sees: origin form, its own loopback as the host (dev servers refuse
@@ -417,7 +421,7 @@ impl Proxy {
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
         let io = TokioIo::new(connection);
         let bad = |e: hyper::Error| {
-            self.engine.metrics().proxy_upstream_error();
+            self.engine.metrics().proxy_upstream_error("broken");
             (StatusCode::BAD_GATEWAY, format!("port {port} of sandbox '{name}': {e}"))
         };
         let mut response = if version == Version::HTTP_2 {

@@ -52,7 +52,10 @@ impl Curl {
 async fn curl_drives_the_http_json_api() {
     let data = DataDir::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let gateway = Gateway::start(&data, &["--http-listen", &format!("127.0.0.1:{port}")]).await;
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gateway =
+        Gateway::start(&data, &["--http-listen", &format!("127.0.0.1:{port}"), "--proxy-listen", &proxy.to_string()])
+            .await;
     let curl = Curl { base: format!("http://127.0.0.1:{port}"), token: gateway.token.clone() };
 
     let (status, body) = curl.call("GET", "/v1/sandboxes", None, Some("Bearer wrong-token-0000000000"));
@@ -84,6 +87,13 @@ async fn curl_drives_the_http_json_api() {
     assert!(lines.iter().any(|l| l["chunk"]["data"] == "aGkK"), "hi\\n in base64: {text}");
     let end = &lines.last().unwrap()["end"];
     assert_eq!((end["state"].as_str(), end["exit_code"].as_i64()), (Some("EXEC_STATE_EXITED"), Some(3)), "{text}");
+
+    // A port's URL through the preview proxy, with its run's token.
+    let (status, url) = curl.json("GET", "/v1/sandboxes/web/ports/8080/url", None);
+    assert_eq!(status, 200, "{url}");
+    let prefix = format!("http://{proxy}/sandboxes/web/ports/8080/?berth_token=berthp1.1.");
+    assert!(url["url"].as_str().unwrap().starts_with(&prefix), "{url}");
+    assert_eq!((url["generation"].as_str(), url["public"].as_bool()), (Some("1"), None), "{url}");
 
     // Refusals: the status, the gRPC code and the field.
     let refused = |method: &str, path: &str, body: Option<&str>| {
@@ -118,6 +128,9 @@ async fn curl_drives_the_http_json_api() {
     assert_eq!((status, code.as_str()), (409, "ABORTED"));
     let (status, code, _) = refused("GET", "/v1/sandboxes/missing", None);
     assert_eq!((status, code.as_str()), (404, "NOT_FOUND"));
+    let (status, code, message) = refused("GET", "/v1/sandboxes/web/ports/0/url", None);
+    assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
+    assert!(message.contains("port: 0 is not a TCP port"), "{message}");
     let (status, code, _) = refused("POST", "/v1/sandboxes/web/execs", Some(r#"{"argv": ["cat"], "stdin": true}"#));
     assert_eq!((status, code.as_str()), (400, "INVALID_ARGUMENT"));
     // Nothing refused wrote. Not by comparing resource versions: the driver's start reply may

@@ -35,6 +35,8 @@ class Gateway:
         self.data_dir = data_dir
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port = free_port()
+        #: The preview proxy's port.
+        self.proxy_port = free_port()
         self.process = None
         self.start()
 
@@ -45,7 +47,8 @@ class Gateway:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
         self.process = subprocess.Popen(
             [str(gateway_bin()), "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
-             "--poll-interval", "500ms", "--stop-grace", "5s", "--heartbeat", "1s"],
+             "--poll-interval", "500ms", "--stop-grace", "5s", "--heartbeat", "1s",
+             "--proxy-listen", f"127.0.0.1:{self.proxy_port}"],
             stdout=subprocess.DEVNULL, stderr=log, env=env,
         )
         for _ in range(400):

@@ -67,3 +67,15 @@ async def test_the_async_client_snapshots_forks_and_makes_sandboxes_from_snapsho
         await client.create_snapshot("again", "src")
         with pytest.raises(berth.AlreadyExists):
             await client.create_snapshot("again", "src")
+
+
+async def test_the_async_client_keeps_volumes_and_gives_port_urls(gateway):
+    async with AsyncClient(data_dir=gateway.data_dir) as client:
+        await client.create_volume("cache")
+        await client.create("user", ["sleep", "3600"], volumes=[berth.Mount("cache", "/cache")], public_ports=[8000])
+        assert (await client.get_volume("cache")).users == ["user"]
+        url = await client.port_url("user", 8000)
+        assert url.public and url.token == "" and url.url.endswith("/sandboxes/user/ports/8000/")
+        await client.delete("user")
+        assert await client.delete_volume("cache") is None
+        assert await client.list_volumes() == []

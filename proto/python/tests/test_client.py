@@ -1,17 +1,21 @@
 """The sync client against a real gateway: lifecycle, waiting, providers, execs (output, stdin,
 exit codes, timeouts, an id retried through a gateway restart), snapshots and forks (files copied
-byte for byte), and every refusal as its `BerthError`."""
+byte for byte), volumes, preview URLs, and every refusal as its `BerthError`."""
 
 from __future__ import annotations
 
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
 
 import berth
+
+from conftest import free_port
 
 SLEEP = ["sleep", "3600"]
 #: Writes `f` in its workspace once: a sandbox made from a snapshot of it runs this again, over
@@ -304,3 +308,66 @@ def test_snapshot_refusals_are_their_errors(client):
     with pytest.raises(berth.Aborted):
         client.delete_snapshot("snap", expected_version=stale)
     assert client.delete_snapshot("snap", wait=False).phase == "Deleting"
+
+
+def test_a_volume_outlives_its_sandboxes_and_its_delete_waits_for_none_being_deleted(client):
+    volume = client.create_volume("data")
+    assert (volume.phase, volume.users) == ("Ready", [])
+    # The process driver's runs find a volume as a link under $BERTH_MOUNTS.
+    mount = [berth.Mount("data", "/data")]
+    client.create("writer", ["sh", "-c", 'echo kept > "$BERTH_MOUNTS/data/f"; sleep 3600'], volumes=mount)
+    client.create("reader", SLEEP, volumes=[berth.Mount("data", "/data", read_only=True)])
+    read = ["sh", "-c", 'until [ -s "$BERTH_MOUNTS/data/f" ]; do sleep 0.05; done; cat "$BERTH_MOUNTS/data/f"']
+    assert client.exec("reader", read).stdout == b"kept\n"
+    assert sorted(client.get_volume("data").users) == ["reader", "writer"]
+    assert [v.name for v in client.list_volumes()] == ["data"]
+    with pytest.raises(berth.FailedPrecondition) as refused:
+        client.delete_volume("data")
+    assert "reader" in refused.value.message and "writer" in refused.value.message
+    client.delete("writer")
+    client.delete("reader")
+    assert client.delete_volume("data") is None
+    with pytest.raises(berth.NotFound):
+        client.get_volume("data")
+
+
+def _fetch(url: str, headers=None):
+    """The status and body of a GET, through no proxy of the environment's."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def _served(url: str):
+    """The body once the run's server answers through the proxy."""
+    for _ in range(200):
+        status, body = _fetch(url)
+        if status == 200:
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"{url} never served: {_fetch(url)}")
+
+
+def test_a_port_url_reaches_its_run_and_never_the_next(client):
+    port = free_port()
+    client.create("web", ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"])
+    url = client.port_url("web", port)
+    assert (url.generation, url.public, url.sandbox_id) == (1, False, client.get("web").id)
+    assert url.token and url.url.endswith(f"/sandboxes/web/ports/{port}/?berth_token={url.token}")
+    assert b"Directory listing" in _served(url.url)
+    bare = url.url.split("?")[0]
+    assert _fetch(bare)[0] == 401
+    assert _fetch(bare, {"x-berth-port-token": url.token})[0] == 200
+    client.stop("web")
+    assert _fetch(url.url)[0] == 409
+    with pytest.raises(berth.FailedPrecondition):
+        client.port_url("web", port)
+    client.start("web")
+    status, body = _fetch(url.url)
+    assert status == 410 and b"run 1" in body, body
+    fresh = client.port_url("web", port)
+    assert fresh.generation == 2
+    assert b"Directory listing" in _served(fresh.url)

@@ -9,7 +9,9 @@
         client.delete("demo")
 
 Snapshots copy a sandbox's files (`create_snapshot`); `create_from_snapshot` makes a sandbox
-over such a copy, and `fork` makes several from one point of a running sandbox.
+over such a copy, and `fork` makes several from one point of a running sandbox. Volumes
+(`create_volume`, `create(..., volumes=[Mount(...)])`) keep files beyond their sandboxes;
+`port_url` gives a URL of the gateway's preview proxy that reaches a port of a sandbox's run.
 
 `berth.aio.AsyncClient` is the same API for asyncio. Every refused call raises a `BerthError`
 whose subclass says the gRPC status (`NotFound`, `InvalidArgument`, ...).
@@ -29,7 +31,7 @@ from .errors import (
     Unavailable,
     WaitTimeout,
 )
-from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Provider, Sandbox, Snapshot
+from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
 
 __all__ = [
     "Aborted",
@@ -45,12 +47,15 @@ __all__ = [
     "Failure",
     "InvalidArgument",
     "Listing",
+    "Mount",
     "NotFound",
+    "PortUrl",
     "Provider",
     "Sandbox",
     "SandboxFailed",
     "Snapshot",
     "Unauthenticated",
     "Unavailable",
+    "Volume",
     "WaitTimeout",
 ]

@@ -7,8 +7,9 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 from berth.v1 import exec_pb2 as pe
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import snapshots_pb2 as ps
+from berth.v1 import volumes_pb2 as pv
 
-from .types import Change, Chunk, Exec, Failure, Provider, Sandbox, Snapshot, _time
+from .types import Change, Chunk, Exec, Failure, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume, _time
 
 PHASES = {
     pb.PHASE_PROVISIONING: "Provisioning",
@@ -65,6 +66,7 @@ SNAPSHOT_PHASES = {
     ps.SNAPSHOT_PHASE_ERROR: "Error",
     ps.SNAPSHOT_PHASE_DELETING: "Deleting",
 }
+VOLUME_PHASES = {pv.VOLUME_PHASE_READY: "Ready", pv.VOLUME_PHASE_DELETING: "Deleting"}
 #: How often a deleted snapshot is read again until it is gone: no watch follows snapshots.
 SNAPSHOT_POLL = 0.1
 
@@ -128,6 +130,22 @@ def snapshot(s: ps.Snapshot) -> Snapshot:
     )
 
 
+def volume(v: pv.Volume) -> Volume:
+    return Volume(
+        name=v.name,
+        id=v.id,
+        phase=VOLUME_PHASES.get(v.phase, "Unknown"),
+        resource_version=v.resource_version,
+        created_at=_time(v.created_at_unix_ms),
+        updated_at=_time(v.updated_at_unix_ms),
+        users=list(v.users),
+    )
+
+
+def port_url(u: pb.PortUrl) -> PortUrl:
+    return PortUrl(url=u.url, token=u.token, generation=u.generation, public=u.public, sandbox_id=u.sandbox_id)
+
+
 def provider(p: pb.Provider) -> Provider:
     return Provider(p.name, p.kind, list(p.credential_names), p.resource_version, list(p.endpoints))
 
@@ -170,6 +188,8 @@ def create_request(
     pids: Optional[int] = None,
     allow: Optional[Iterable[str]] = None,
     on_idle: Optional[str] = None,
+    volumes: Optional[Iterable[Mount]] = None,
+    public_ports: Optional[Iterable[int]] = None,
 ) -> pb.CreateSandboxRequest:
     for field, action in (("on_expiry", on_expiry), ("on_idle", on_idle)):
         if action is not None and action not in ON_EXPIRY:
@@ -196,6 +216,8 @@ def create_request(
         )
     if allow:
         spec.egress.CopyFrom(pb.EgressPolicy(allow=list(allow)))
+    spec.volumes.extend(pb.VolumeMount(volume=m.volume, path=m.path, read_only=m.read_only) for m in volumes or [])
+    spec.ports.extend(pb.PortSpec(port=port, public=True) for port in public_ports or [])
     return pb.CreateSandboxRequest(name=name, spec=spec, providers=list(providers or []))
 
 

@@ -17,11 +17,13 @@ from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
 from berth.v1 import snapshots_pb2 as ps
 from berth.v1 import snapshots_pb2_grpc
+from berth.v1 import volumes_pb2 as pv
+from berth.v1 import volumes_pb2_grpc
 
 from . import _connect, _wire
 from .client import EXEC_RETRIES
 from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox, Snapshot
+from .types import Change, Chunk, Exec, ExecResult, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
 
 
 class AsyncClient:
@@ -50,6 +52,7 @@ class AsyncClient:
         self._execs = exec_pb2_grpc.ExecsStub(self._channel)
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
         self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
+        self._volumes = volumes_pb2_grpc.VolumesStub(self._channel)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -89,6 +92,8 @@ class AsyncClient:
         pids: Optional[int] = None,
         allow: Optional[Iterable[str]] = None,
         on_idle: Optional[str] = None,
+        volumes: Optional[Iterable[Mount]] = None,
+        public_ports: Optional[Iterable[int]] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
@@ -109,6 +114,8 @@ class AsyncClient:
             pids=pids,
             allow=allow,
             on_idle=on_idle,
+            volumes=volumes,
+            public_ports=public_ports,
         )
         return await self._create(request, wait, timeout)
 
@@ -293,6 +300,49 @@ class AsyncClient:
             return forks
         # They start together at the gateway: waiting for each in turn takes as long as for all.
         return [await self.wait_for(f.name, "Ready", timeout=timeout) for f in forks]
+
+    # Volumes.
+
+    async def create_volume(self, name: str) -> Volume:
+        """As `Client.create_volume`."""
+        return _wire.volume((await self._call(self._volumes.CreateVolume, pv.CreateVolumeRequest(name=name))).volume)
+
+    async def get_volume(self, name: str) -> Volume:
+        return _wire.volume((await self._call(self._volumes.GetVolume, pv.GetVolumeRequest(name=name))).volume)
+
+    async def list_volumes(self) -> List[Volume]:
+        """Every volume, following every page."""
+        out: List[Volume] = []
+        token = ""
+        while True:
+            reply = await self._call(self._volumes.ListVolumes, pv.ListVolumesRequest(page_size=500, page_token=token))
+            out.extend(_wire.volume(v) for v in reply.volumes)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    async def delete_volume(
+        self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
+    ) -> Optional[Volume]:
+        """As `Client.delete_volume`: with `wait`, `None` once it is gone."""
+        request = pv.DeleteVolumeRequest(name=name, expected_resource_version=expected_version)
+        deleting = _wire.volume((await self._call(self._volumes.DeleteVolume, request)).volume)
+        if not wait:
+            return deleting
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                if (await self.get_volume(name)).id != deleting.id:
+                    return None
+            except NotFound:
+                return None
+            if asyncio.get_running_loop().time() >= deadline:
+                raise WaitTimeout(name, "gone", timeout)
+            await asyncio.sleep(_wire.SNAPSHOT_POLL)
+
+    async def port_url(self, name: str, port: int) -> PortUrl:
+        """As `Client.port_url`."""
+        return _wire.port_url(await self._call(self._sandboxes.GetPortUrl, pb.GetPortUrlRequest(name=name, port=port)))
 
     async def create_provider(
         self, name: str, kind: str, credentials: Mapping[str, str], endpoints: Optional[Iterable[str]] = None

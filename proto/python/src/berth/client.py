@@ -16,10 +16,12 @@ from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
 from berth.v1 import snapshots_pb2 as ps
 from berth.v1 import snapshots_pb2_grpc
+from berth.v1 import volumes_pb2 as pv
+from berth.v1 import volumes_pb2_grpc
 
 from . import _connect, _wire
 from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Provider, Sandbox, Snapshot
+from .types import Change, Chunk, Exec, ExecResult, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
 
 #: How many times an exec's stream is opened again after the gateway went away mid-stream.
 EXEC_RETRIES = 5
@@ -67,6 +69,7 @@ class Client:
         self._execs = exec_pb2_grpc.ExecsStub(self._channel)
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
         self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
+        self._volumes = volumes_pb2_grpc.VolumesStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -111,6 +114,8 @@ class Client:
         pids: Optional[int] = None,
         allow: Optional[Iterable[str]] = None,
         on_idle: Optional[str] = None,
+        volumes: Optional[Iterable[Mount]] = None,
+        public_ports: Optional[Iterable[int]] = None,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
@@ -120,7 +125,8 @@ class Client:
         "always". Limits: `cpus` in cores (0.5), `memory` in bytes (swap included), `pids` the
         processes and threads together; a run killed for memory ends in Error OutOfMemory. `allow`:
         where its runs may connect through Berth's egress proxy (host names, `*.suffixes`, CIDR
-        blocks); without it, nowhere."""
+        blocks); without it, nowhere. `volumes`: `Mount`s of existing volumes. `public_ports`:
+        ports the preview proxy serves without a token (every other port needs `port_url`'s)."""
         request = _wire.create_request(
             name,
             command,
@@ -138,6 +144,8 @@ class Client:
             pids=pids,
             allow=allow,
             on_idle=on_idle,
+            volumes=volumes,
+            public_ports=public_ports,
         )
         return self._create(request, wait, timeout)
 
@@ -346,6 +354,56 @@ class Client:
         if not wait:
             return forks
         return [self.wait_for(f.name, "Ready", timeout=timeout) for f in forks]
+
+    # Volumes.
+
+    def create_volume(self, name: str) -> Volume:
+        """A volume: files that outlive the sandboxes that mount them (`create(..., volumes=[Mount(name, path)])`)."""
+        return _wire.volume((self._call(self._volumes.CreateVolume, pv.CreateVolumeRequest(name=name))).volume)
+
+    def get_volume(self, name: str) -> Volume:
+        return _wire.volume((self._call(self._volumes.GetVolume, pv.GetVolumeRequest(name=name))).volume)
+
+    def list_volumes(self) -> List[Volume]:
+        """Every volume, following every page."""
+        out: List[Volume] = []
+        token = ""
+        while True:
+            reply = self._call(self._volumes.ListVolumes, pv.ListVolumesRequest(page_size=500, page_token=token))
+            out.extend(_wire.volume(v) for v in reply.volumes)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    def delete_volume(
+        self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
+    ) -> Optional[Volume]:
+        """Deletes the volume and its files: refused (`FailedPrecondition`, naming them) while a
+        sandbox that is not being deleted mounts it. The gateway answers with it Deleting, which
+        is returned without `wait`; with `wait`, returns `None` once its files and record are gone."""
+        request = pv.DeleteVolumeRequest(name=name, expected_resource_version=expected_version)
+        deleting = _wire.volume((self._call(self._volumes.DeleteVolume, request)).volume)
+        if not wait:
+            return deleting
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if (self.get_volume(name)).id != deleting.id:
+                    return None
+            except NotFound:
+                return None
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(name, "gone", timeout)
+            time.sleep(_wire.SNAPSHOT_POLL)
+
+    # Ports.
+
+    def port_url(self, name: str, port: int) -> PortUrl:
+        """A URL of the gateway's preview proxy (`--proxy-listen`) reaching `port` of sandbox
+        `name`'s current run, its access token in the query unless the port is public. The
+        token is the run's: after a stop and start it gets 410 Gone; ask again."""
+        request = pb.GetPortUrlRequest(name=name, port=port)
+        return _wire.port_url(self._call(self._sandboxes.GetPortUrl, request))
 
     # Providers.
 

@@ -126,6 +126,44 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A volume a sandbox's runs see at `path` (on the process driver, the link
+    `$BERTH_MOUNTS<path>`, where `read_only` is not enforced)."""
+
+    volume: str
+    path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Volume:
+    """Files with a lifecycle of their own, mounted into sandboxes. `phase` is "Ready" or
+    "Deleting"."""
+
+    name: str
+    id: str
+    phase: str
+    resource_version: int
+    created_at: Optional[dt.datetime]
+    updated_at: Optional[dt.datetime]
+    #: The sandboxes that mount it, in any phase.
+    users: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PortUrl:
+    """A URL of the gateway's preview proxy reaching a port of a sandbox's current run."""
+
+    url: str
+    #: The access token alone (for the `x-berth-port-token` header); empty for a public port.
+    #: It is the run's: after a stop and start it gets 410 Gone.
+    token: str
+    generation: int
+    public: bool
+    sandbox_id: str
+
+
+@dataclass(frozen=True)
 class Exec:
     """An exec's record. `state` is a name: "Running", "Exited", "TimedOut", "Lost"..."""
 

@@ -47,6 +47,35 @@ pub(crate) fn read_logs(
         .map_err(|e| DriverError::Failed(format!("the sandbox's logs are unreadable: {e}")))
 }
 
+/// The bytes the regular files under `path` hold, links not followed: a path (or a part of the
+/// tree) gone meanwhile holds none. Walked on a blocking thread (only a metrics scrape asks,
+/// never the simulator's runs).
+pub(crate) async fn tree_bytes(path: std::path::PathBuf) -> Result<u64, DriverError> {
+    fn walk(path: &std::path::Path) -> std::io::Result<u64> {
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        if meta.is_file() {
+            return Ok(meta.len());
+        }
+        if !meta.is_dir() {
+            return Ok(0);
+        }
+        let mut total = 0;
+        for entry in std::fs::read_dir(path)? {
+            total += walk(&entry?.path())?;
+        }
+        Ok(total)
+    }
+    let context = format!("measuring {}", path.display());
+    tokio::task::spawn_blocking(move || walk(&path))
+        .await
+        .map_err(|e| DriverError::Failed(format!("{context}: {e}")))?
+        .map_err(|e| io(&context, e))
+}
+
 /// A removal from the file system, where absence is success.
 pub(crate) fn removed(result: std::io::Result<()>, context: &str) -> Result<(), DriverError> {
     match result {
@@ -260,6 +289,8 @@ pub trait Driver: Send + Sync + 'static {
     /// that nothing is kept of a volume without one. A volume's files are made by the first
     /// start that mounts it.
     async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError>;
+    /// The bytes volume `volume`'s files hold (none before a start that mounts it made them).
+    async fn volume_bytes(&self, volume: &VolumeId) -> Result<u64, DriverError>;
 
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError>;
 
@@ -316,4 +347,21 @@ pub trait Driver: Send + Sync + 'static {
 #[cfg(feature = "fault-points")]
 fn no_fault_points(driver: &str, at: CrashPoint) -> DriverError {
     DriverError::Failed(format!("the {driver} driver has no fault point {at:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn a_trees_bytes_are_its_files_and_no_link_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::write(tree.join("a/b/three"), b"abc").unwrap();
+        std::fs::write(tree.join("five"), b"abcde").unwrap();
+        std::fs::write(dir.path().join("outside"), vec![0u8; 1000]).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside"), tree.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), tree.join("a/up")).unwrap();
+        assert_eq!(super::tree_bytes(tree.clone()).await.unwrap(), 8);
+        assert_eq!(super::tree_bytes(tree.join("none")).await.unwrap(), 0, "nothing there holds nothing");
+    }
 }

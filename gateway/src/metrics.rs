@@ -95,6 +95,7 @@ pub struct Metrics {
     proxied_bytes: Counter,
     proxy_upstream_errors: Family<KindLabel, Counter>,
     volumes: Family<PhaseLabel, Gauge>,
+    volume_bytes: Gauge,
     snapshots: Family<SnapshotLabel, Counter>,
     snapshot_seconds: Family<KindLabel, Histogram, fn() -> Histogram>,
     /// Transitions under way: which, since when, and the phase that ends them.
@@ -123,6 +124,7 @@ impl Default for Metrics {
             proxied_bytes: Counter::default(),
             proxy_upstream_errors: Family::default(),
             volumes: Family::default(),
+            volume_bytes: Gauge::default(),
             snapshots: Family::default(),
             snapshot_seconds: Family::new_with_constructor(latency),
             pending: Mutex::default(),
@@ -186,6 +188,11 @@ impl Default for Metrics {
             m.proxy_upstream_errors.clone(),
         );
         registry.register("volumes", "Volumes in the store, by phase (read at each scrape)", m.volumes.clone());
+        registry.register(
+            "volume_bytes",
+            "Bytes the files of the store's Ready volumes hold, measured on the runtime at each scrape",
+            m.volume_bytes.clone(),
+        );
         registry.register(
             "snapshots",
             "Snapshots and forks whose copy this gateway recorded, by kind (snapshot, fork) and outcome (ready, error)",
@@ -336,13 +343,16 @@ impl Metrics {
         self.execs_ended.get_or_create(&StateLabel { state: state.to_string() }).inc();
     }
 
-    /// The text exposition, with the store's counts as `phases` and `open_execs` say now.
+    /// The text exposition, with the store's counts as `phases`, `open_execs` and `volumes` say
+    /// now, and `volume_bytes` as the runtime measured them.
     pub fn render(
         &self,
         phases: &BTreeMap<PhaseKind, i64>,
         open_execs: usize,
         volumes: &[berth_core::Volume],
+        volume_bytes: u64,
     ) -> String {
+        self.volume_bytes.set(i64::try_from(volume_bytes).unwrap_or(i64::MAX));
         for phase in PhaseKind::ALL {
             let n = phases.get(&phase).copied().unwrap_or(0);
             self.sandboxes.get_or_create(&PhaseLabel { phase: phase.to_string() }).set(n);
@@ -373,7 +383,7 @@ mod tests {
         m.phase_changed(&id, Some(PhaseKind::Starting), Some(PhaseKind::Ready));
         m.phase_changed(&id, Some(PhaseKind::Ready), Some(PhaseKind::Stopping));
         m.phase_changed(&id, Some(PhaseKind::Stopping), Some(PhaseKind::Error));
-        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1, &[]);
+        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1, &[], 0);
         assert!(text.contains("berth_transition_seconds_count{kind=\"start_to_ready\"} 1"), "{text}");
         let sum = text
             .lines()
@@ -391,7 +401,7 @@ mod tests {
         m.phase_changed(&other, Some(PhaseKind::Ready), Some(PhaseKind::Paused));
         m.intent_changed(&other, Intent::Paused, Intent::Running);
         m.phase_changed(&other, Some(PhaseKind::Paused), Some(PhaseKind::Ready));
-        let text = m.render(&BTreeMap::new(), 0, &[]);
+        let text = m.render(&BTreeMap::new(), 0, &[], 0);
         assert!(text.contains("berth_transition_seconds_count{kind=\"pause_to_paused\"} 1"), "{text}");
         assert!(text.contains("berth_transition_seconds_count{kind=\"resume_to_ready\"} 1"), "{text}");
         assert!(!text.contains("sb-secret-name"));
@@ -419,7 +429,7 @@ mod tests {
             volume("b", berth_core::VolumePhase::Ready),
             volume("c", berth_core::VolumePhase::Deleting),
         ];
-        let text = m.render(&BTreeMap::new(), 0, &volumes);
+        let text = m.render(&BTreeMap::new(), 0, &volumes, 4096);
         for line in [
             "berth_proxied_requests_total{code=\"502\"} 2",
             "berth_proxied_requests_total{code=\"410\"} 1",
@@ -427,6 +437,7 @@ mod tests {
             "berth_proxy_upstream_errors_total{kind=\"refused\"} 1",
             "berth_volumes{phase=\"Ready\"} 2",
             "berth_volumes{phase=\"Deleting\"} 1",
+            "berth_volume_bytes 4096",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }

@@ -150,6 +150,10 @@ impl Driver for SimDriver {
         self.driver.volumes().await
     }
 
+    async fn volume_bytes(&self, volume: &berth_core::VolumeId) -> Result<u64, DriverError> {
+        self.driver.volume_bytes(volume).await
+    }
+
     async fn list(&self, after: Option<&SandboxId>, limit: usize) -> Result<ListPage, DriverError> {
         self.reconciles(Kind::Poll, "list");
         self.driver.list(after, limit).await

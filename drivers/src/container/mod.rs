@@ -718,6 +718,13 @@ impl<E: Engine> Driver for ContainerDriver<E> {
         self.remove_volume_named(&user_volume_name(volume)).await
     }
 
+    async fn volume_bytes(&self, volume: &VolumeId) -> Result<u64, DriverError> {
+        match self.engine.volume_path(&user_volume_name(volume)).await? {
+            Some(path) => crate::tree_bytes(path).await,
+            None => Ok(0),
+        }
+    }
+
     async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError> {
         let mut volumes: Vec<VolumeId> =
             self.engine.list_volumes().await?.iter().filter_map(|name| user_volume_of(name)).collect();

@@ -665,6 +665,10 @@ impl<O: Os> Driver for ProcessDriver<O> {
         removed(std::fs::remove_dir_all(self.inner.volume_dir(volume)), "removing the volume's files")
     }
 
+    async fn volume_bytes(&self, volume: &VolumeId) -> Result<u64, DriverError> {
+        crate::tree_bytes(self.inner.volume_dir(volume)).await
+    }
+
     async fn volumes(&self) -> Result<Vec<VolumeId>, DriverError> {
         let entries = match std::fs::read_dir(self.inner.config.root.join(VOLUMES_DIR)) {
             Ok(entries) => entries,

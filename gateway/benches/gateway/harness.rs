@@ -107,6 +107,9 @@ impl Driver for NoopDriver {
     async fn remove_volume(&self, _: &berth_core::VolumeId) -> Result<(), DriverError> {
         Ok(())
     }
+    async fn volume_bytes(&self, _: &berth_core::VolumeId) -> Result<u64, DriverError> {
+        Ok(0)
+    }
     async fn volumes(&self) -> Result<Vec<berth_core::VolumeId>, DriverError> {
         Ok(Vec::new())
     }

@@ -64,7 +64,8 @@ async fn sh(execs: &mut Execs, sandbox: &str, script: &str) -> (Vec<u8>, Option<
 async fn two_sandboxes_share_a_volume_that_outlives_them(runtime: Runtime) {
     let Some(target) = target(runtime, "volumes").await else { return };
     let data = DataDir::new();
-    let gateway = target.gateway(&data, &[]).await;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let gateway = target.gateway(&data, &["--metrics-listen", &format!("127.0.0.1:{metrics}")]).await;
     let (mut sandboxes, mut volumes, mut execs) =
         (gateway.sandboxes().await, gateway.volumes().await, gateway.execs().await);
 
@@ -91,6 +92,10 @@ async fn two_sandboxes_share_a_volume_that_outlives_them(runtime: Runtime) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(read, (b"hello\n".to_vec(), Some(0)), "{runtime:?}");
+    // Measured on the runtime at each scrape: the one file's 6 bytes.
+    let (_, body) = crate::metrics::scrape(metrics, Some(&format!("Bearer {}", gateway.token))).await;
+    assert_eq!(crate::metrics::value(&body, "berth_volume_bytes"), 6.0, "{runtime:?}");
+    assert_eq!(crate::metrics::value(&body, "berth_volumes{phase=\"Ready\"}"), 1.0, "{runtime:?}");
     assert_eq!(
         sh(&mut execs, "b", &format!("echo from-b >> {seen_b}/log")).await.1 == Some(0),
         runtime == Runtime::Process,

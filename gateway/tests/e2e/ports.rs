@@ -65,13 +65,16 @@ impl Reply {
     }
 }
 
-/// A GET over a connection of its own, HTTP/1.1 or HTTP/2 (prior knowledge).
+/// A GET over a connection of its own, HTTP/1.1 or HTTP/2 (prior knowledge), with the URL's
+/// authority as its Host unless `headers` give one.
 async fn get(url: &str, headers: &[(&str, &str)], h2: bool) -> Reply {
     let uri: http::Uri = url.parse().unwrap();
     let authority = uri.authority().unwrap().clone();
     let stream = tokio::net::TcpStream::connect(authority.as_str()).await.unwrap();
     let mut request = http::Request::get(if h2 { uri.to_string() } else { uri.path_and_query().unwrap().to_string() });
-    request = request.header(http::header::HOST, authority.as_str());
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        request = request.header(http::header::HOST, authority.as_str());
+    }
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -407,6 +410,40 @@ async fn any_gateway_reaches_the_run_wherever_its_session_is() {
     }
     let log = format!("{}{}", data.log_of("g1"), data.log_of("g2"));
     assert!(!log.contains("ERROR"), "{log}");
+    lifecycle(&mut sandboxes, "delete", "web").await.unwrap();
+    wait_gone(&mut sandboxes, "web").await;
+}
+
+/// With `--proxy-domain`, the URL names the port and sandbox in its host, and the proxy routes
+/// by the Host header (the client's DNS would send `*.domain` to the proxy; here the request
+/// goes to the proxy's address with that Host); the path form still works beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_under_the_domain_is_routed_to_its_port() {
+    if port_server().is_none() {
+        return;
+    }
+    let data = DataDir::new();
+    let proxy = format!("127.0.0.1:{}", free_port());
+    let gateway = Gateway::start(&data, &["--proxy-listen", &proxy, "--proxy-domain", "Preview.Test"]).await;
+    let (mut sandboxes, mut files) = (gateway.sandboxes().await, files(&gateway).await);
+    let http = free_port();
+    let script = format!("while [ ! -x ./port-server ]; do sleep 0.1; done; exec ./port-server --http {http}");
+    let request =
+        pb::CreateSandboxRequest { name: "web".into(), spec: Some(spec(&["sh", "-c", &script])), ..Default::default() };
+    sandboxes.create_sandbox(request).await.unwrap();
+    wait_phase(&mut sandboxes, "web", pb::Phase::Ready).await;
+    put_server(&mut files, "web").await;
+    let got = port_url(&mut sandboxes, "web", http).await.unwrap();
+    let port = proxy.rsplit_once(':').unwrap().1;
+    let host = format!("{http}-web.preview.test:{port}");
+    assert_eq!(got.url, format!("http://{host}/?berth_token={}", got.token), "the domain lowercased");
+    let by_path = format!("http://{proxy}/sandboxes/web/ports/{http}/hello?berth_token={}", got.token);
+    let expected = serving(&by_path).await.text();
+    let by_host = format!("http://{proxy}/hello?berth_token={}", got.token);
+    let reply = get(&by_host, &[("host", &host)], false).await;
+    assert_eq!((reply.status, reply.text()), (200, expected));
+    let elsewhere = get(&by_host, &[("host", "9-other.elsewhere.test")], false).await;
+    assert_eq!(elsewhere.status, 404, "{}", elsewhere.text());
     lifecycle(&mut sandboxes, "delete", "web").await.unwrap();
     wait_gone(&mut sandboxes, "web").await;
 }

@@ -67,8 +67,8 @@ SNAPSHOT_PHASES = {
     ps.SNAPSHOT_PHASE_DELETING: "Deleting",
 }
 VOLUME_PHASES = {pv.VOLUME_PHASE_READY: "Ready", pv.VOLUME_PHASE_DELETING: "Deleting"}
-#: How often a deleted snapshot is read again until it is gone: no watch follows snapshots.
-SNAPSHOT_POLL = 0.1
+#: How often a deleted snapshot or volume is read again until it is gone: no watch follows them.
+RECORD_POLL = 0.1
 
 
 def _opt(message, field: str):

@@ -272,16 +272,7 @@ class AsyncClient:
         deleting = _wire.snapshot((await self._call(self._snapshots.DeleteSnapshot, request)).snapshot)
         if not wait:
             return deleting
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                if (await self.get_snapshot(name)).id != deleting.id:
-                    return None
-            except NotFound:
-                return None
-            if asyncio.get_running_loop().time() >= deadline:
-                raise WaitTimeout(name, "gone", timeout)
-            await asyncio.sleep(_wire.SNAPSHOT_POLL)
+        return await self._gone(self.get_snapshot, name, deleting.id, timeout)
 
     async def fork(
         self,
@@ -329,16 +320,20 @@ class AsyncClient:
         deleting = _wire.volume((await self._call(self._volumes.DeleteVolume, request)).volume)
         if not wait:
             return deleting
+        return await self._gone(self.get_volume, name, deleting.id, timeout)
+
+    async def _gone(self, read, name: str, id: str, timeout: float) -> None:
+        """As `Client._gone`."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
-                if (await self.get_volume(name)).id != deleting.id:
+                if (await read(name)).id != id:
                     return None
             except NotFound:
                 return None
             if asyncio.get_running_loop().time() >= deadline:
                 raise WaitTimeout(name, "gone", timeout)
-            await asyncio.sleep(_wire.SNAPSHOT_POLL)
+            await asyncio.sleep(_wire.RECORD_POLL)
 
     async def port_url(self, name: str, port: int) -> PortUrl:
         """As `Client.port_url`."""

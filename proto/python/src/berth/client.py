@@ -320,17 +320,7 @@ class Client:
         deleting = _wire.snapshot(self._call(self._snapshots.DeleteSnapshot, request).snapshot)
         if not wait:
             return deleting
-        # Nothing watches snapshots: it is read again until it (this one, by its id) is gone.
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.get_snapshot(name).id != deleting.id:
-                    return None
-            except NotFound:
-                return None
-            if time.monotonic() >= deadline:
-                raise WaitTimeout(name, "gone", timeout)
-            time.sleep(_wire.SNAPSHOT_POLL)
+        return self._gone(self.get_snapshot, name, deleting.id, timeout)
 
     def fork(
         self,
@@ -359,10 +349,10 @@ class Client:
 
     def create_volume(self, name: str) -> Volume:
         """A volume: files that outlive the sandboxes that mount them (`create(..., volumes=[Mount(name, path)])`)."""
-        return _wire.volume((self._call(self._volumes.CreateVolume, pv.CreateVolumeRequest(name=name))).volume)
+        return _wire.volume(self._call(self._volumes.CreateVolume, pv.CreateVolumeRequest(name=name)).volume)
 
     def get_volume(self, name: str) -> Volume:
-        return _wire.volume((self._call(self._volumes.GetVolume, pv.GetVolumeRequest(name=name))).volume)
+        return _wire.volume(self._call(self._volumes.GetVolume, pv.GetVolumeRequest(name=name)).volume)
 
     def list_volumes(self) -> List[Volume]:
         """Every volume, following every page."""
@@ -382,19 +372,24 @@ class Client:
         sandbox that is not being deleted mounts it. The gateway answers with it Deleting, which
         is returned without `wait`; with `wait`, returns `None` once its files and record are gone."""
         request = pv.DeleteVolumeRequest(name=name, expected_resource_version=expected_version)
-        deleting = _wire.volume((self._call(self._volumes.DeleteVolume, request)).volume)
+        deleting = _wire.volume(self._call(self._volumes.DeleteVolume, request).volume)
         if not wait:
             return deleting
+        return self._gone(self.get_volume, name, deleting.id, timeout)
+
+    def _gone(self, read, name: str, id: str, timeout: float) -> None:
+        """Waits until record `name` (this one, by its `id`) is gone: nothing watches snapshots
+        and volumes, so it is read again (`read`) until then."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                if (self.get_volume(name)).id != deleting.id:
+                if read(name).id != id:
                     return None
             except NotFound:
                 return None
             if time.monotonic() >= deadline:
                 raise WaitTimeout(name, "gone", timeout)
-            time.sleep(_wire.SNAPSHOT_POLL)
+            time.sleep(_wire.RECORD_POLL)
 
     # Ports.
 

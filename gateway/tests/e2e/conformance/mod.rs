@@ -36,7 +36,7 @@ use races::*;
 pub(crate) use runs::supervisor_pids;
 use runs::*;
 use target::*;
-pub(crate) use target::{Runtime, Target, clean_up, create_in, image_for, target};
+pub(crate) use target::{Runtime, Target, clean_up, create_in, image_for, target, target_alone};
 
 mod out_of_band_restart {
     use super::*;

@@ -17,7 +17,15 @@ pub(crate) struct Target {
     pub(crate) runtime: Runtime,
     socket: Option<String>,
     instance: String,
+    // A test's hold on its container runtime. One that floods it (a hundred containers and
+    // volumes asked for at once) holds it alone: on two cores the runtime's backlog outlasted
+    // the 30-second waits of whichever test ran beside it.
+    _shared: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
+    _alone: Option<tokio::sync::RwLockWriteGuard<'static, ()>>,
 }
+
+static DOCKER_CLAIM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+static PODMAN_CLAIM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn required() -> bool {
     std::env::var("BERTH_REQUIRE_RUNTIMES").is_ok_and(|v| v == "1")
@@ -44,13 +52,22 @@ static DOCKER_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
 static PODMAN_IMAGE: OnceLock<Result<(), String>> = OnceLock::new();
 
 pub(crate) async fn target(runtime: Runtime, test: &str) -> Option<Target> {
+    claimed(runtime, test, false).await
+}
+
+/// A target whose container runtime no other test uses while it is held.
+pub(crate) async fn target_alone(runtime: Runtime, test: &str) -> Option<Target> {
+    claimed(runtime, test, true).await
+}
+
+async fn claimed(runtime: Runtime, test: &str, alone: bool) -> Option<Target> {
     let instance = format!("t-{test}").chars().take(40).collect::<String>();
     if runtime == Runtime::Process {
-        return Some(Target { runtime, socket: None, instance });
+        return Some(Target { runtime, socket: None, instance, _shared: None, _alone: None });
     }
-    let (variable, once) = match runtime {
-        Runtime::Docker => ("BERTH_TEST_DOCKER_SOCKET", &DOCKER_IMAGE),
-        _ => ("BERTH_TEST_PODMAN_SOCKET", &PODMAN_IMAGE),
+    let (variable, once, claim) = match runtime {
+        Runtime::Docker => ("BERTH_TEST_DOCKER_SOCKET", &DOCKER_IMAGE, &DOCKER_CLAIM),
+        _ => ("BERTH_TEST_PODMAN_SOCKET", &PODMAN_IMAGE, &PODMAN_CLAIM),
     };
     let Ok(socket) = std::env::var(variable) else { return unavailable(runtime, &format!("{variable} is not set")) };
     if static_supervisor().is_none() {
@@ -73,7 +90,8 @@ pub(crate) async fn target(runtime: Runtime, test: &str) -> Option<Target> {
     if let Some(Err(e)) = once.get() {
         return unavailable(runtime, &format!("the sandbox image: {e}"));
     }
-    Some(Target { runtime, socket: Some(socket), instance })
+    let (_shared, _alone) = if alone { (None, Some(claim.write().await)) } else { (Some(claim.read().await), None) };
+    Some(Target { runtime, socket: Some(socket), instance, _shared, _alone })
 }
 
 impl Target {

@@ -89,8 +89,8 @@ impl Peers {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let endpoint =
-            Endpoint::from_shared(address.to_string()).map_err(|e| e.to_string())?.connect_timeout(PEER_WITHIN);
+        let endpoint = Endpoint::from_shared(address.to_string()).map_err(|e| e.to_string())?;
+        let endpoint = berth_proto::carry::wide(endpoint).connect_timeout(PEER_WITHIN);
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
@@ -135,7 +135,7 @@ pub async fn connect(
     for address in peers.addresses() {
         match tokio::time::timeout(PEER_WITHIN, peers.through(&address, name, port)).await {
             Ok(Ok(connection)) => return Ok(connection),
-            Ok(Err(status)) if decided(&status, name, port) => {
+            Ok(Err(status)) if decided(&status) => {
                 return Err(Unreached::Refused(status.message().to_string()));
             }
             // Not there, gone (its address file outlived it), or not answering: the next one.
@@ -145,15 +145,17 @@ pub async fn connect(
     Err(Unreached::NotConnected(unconnected(name)))
 }
 
-/// Whether another gateway's refusal is its word on the run (it holds the session, or the
-/// sandbox changed since this gateway admitted the request) rather than on itself.
-fn decided(status: &tonic::Status, name: &str, port: u16) -> bool {
-    use tonic::Code;
-    match status.code() {
-        Code::FailedPrecondition => status.message() != unconnected(name),
-        Code::NotFound => true,
-        Code::Unavailable => status.message().starts_with(&format!("port {port} of sandbox '{name}'")),
-        _ => false,
+/// The metadata entry of a port-forward's refusal that says which `Unreached` it is, for a
+/// gateway that forwarded the request to read.
+const UNREACHED: &str = "berth-unreached";
+
+/// Whether another gateway's refusal is its word on the run (it holds the session and the run
+/// refused, or the sandbox changed since this gateway admitted the request) rather than on
+/// itself (no session there, or no answer at all).
+fn decided(status: &tonic::Status) -> bool {
+    match status.metadata().get(UNREACHED).map(|v| v.as_bytes()) {
+        Some(which) => which == b"refused",
+        None => matches!(status.code(), tonic::Code::FailedPrecondition | tonic::Code::NotFound),
     }
 }
 
@@ -170,6 +172,19 @@ impl Unreached {
     pub fn message(self) -> String {
         let (Unreached::NotConnected(m) | Unreached::Refused(m)) = self;
         m
+    }
+
+    /// A port-forward's answer: no session here is FAILED_PRECONDITION for a request that asked
+    /// for this gateway only, else UNAVAILABLE; either way marked with which it is.
+    pub fn into_status(self, here_only: bool) -> tonic::Status {
+        let (code, which) = match &self {
+            Unreached::NotConnected(_) if here_only => (tonic::Code::FailedPrecondition, "not-connected"),
+            Unreached::NotConnected(_) => (tonic::Code::Unavailable, "not-connected"),
+            Unreached::Refused(_) => (tonic::Code::Unavailable, "refused"),
+        };
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert(UNREACHED, tonic::metadata::MetadataValue::from_static(which));
+        tonic::Status::with_metadata(code, self.message(), metadata)
     }
 }
 
@@ -522,6 +537,20 @@ pub async fn serve<C>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_refusal_is_its_word_on_the_run_only_when_it_says_so_or_the_sandbox_changed() {
+        let unreached = |u: Unreached, here_only| decided(&u.into_status(here_only));
+        assert!(!unreached(Unreached::NotConnected(unconnected("web")), true));
+        assert!(!unreached(Unreached::NotConnected(unconnected("web")), false));
+        assert!(unreached(Unreached::Refused("port 80 of sandbox 'web': connection refused".into()), true));
+        // The peer's own admission: the sandbox gone or stopped since this gateway admitted it.
+        assert!(decided(&tonic::Status::not_found("no sandbox 'web'")));
+        assert!(decided(&tonic::Status::failed_precondition("sandbox 'web' is Stopped")));
+        // No answer from the peer itself.
+        assert!(!decided(&tonic::Status::unavailable("tcp connect error")));
+        assert!(!decided(&tonic::Status::cancelled("gone")));
+    }
 
     #[test]
     fn a_request_is_routed_by_host_under_the_domain_or_else_by_path() {

@@ -229,6 +229,7 @@ pub fn grpc() -> tonic::transport::Server {
         .http2_max_header_list_size(MAX_HEADER_LIST)
         .initial_stream_window_size(Some(berth_proto::carry::STREAM_WINDOW))
         .initial_connection_window_size(Some(berth_proto::carry::CONNECTION_WINDOW))
+        .max_frame_size(Some(berth_proto::carry::MAX_FRAME))
 }
 
 /// The configured runtime's driver; `auto` takes the first runtime that answers. Container

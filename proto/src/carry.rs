@@ -14,6 +14,18 @@ pub const CHUNK: usize = 256 * 1024;
 pub const STREAM_WINDOW: u32 = 4 << 20;
 /// The same for a whole connection, which many streams share.
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
+/// The largest HTTP/2 frame Berth's own connections take: a message of `CHUNK` bytes crosses
+/// as one frame, not as sixteen of HTTP/2's default 16 KiB, each a wake-up on both sides.
+pub const MAX_FRAME: u32 = 1 << 20;
+
+/// A channel to a gateway that carries bulk streams (a supervisor's, a peer gateway's, the
+/// CLI's) with the windows and frame size above.
+pub fn wide(endpoint: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    endpoint
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+}
 
 /// Sends what `connection` reads as messages `up` makes, and writes what `down` yields to it,
 /// until both sides are done. The end of the connection's reading ends the stream up (the

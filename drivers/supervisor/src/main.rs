@@ -88,12 +88,10 @@ async fn connect(gateway: &str) -> Result<Channel, String> {
     // HTTP/2 keepalive notices a gateway that went away without closing the connection; wide
     // windows keep a connection into the run (a download through the preview proxy) moving.
     let keepalive = |endpoint: Endpoint| {
-        endpoint
+        berth_proto::carry::wide(endpoint)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)
-            .initial_stream_window_size(berth_proto::carry::STREAM_WINDOW)
-            .initial_connection_window_size(berth_proto::carry::CONNECTION_WINDOW)
     };
     if let Some(path) = gateway.strip_prefix("unix:") {
         let path = PathBuf::from(path);

@@ -179,9 +179,7 @@ pub(crate) async fn supervised(
         async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
     });
     // As berth-supervisor's channel is.
-    let channel = tonic::transport::Endpoint::from_static("http://berth-gateway")
-        .initial_stream_window_size(berth_proto::carry::STREAM_WINDOW)
-        .initial_connection_window_size(berth_proto::carry::CONNECTION_WINDOW)
+    let channel = berth_proto::carry::wide(tonic::transport::Endpoint::from_static("http://berth-gateway"))
         .connect_with_connector(connector)
         .await
         .unwrap();

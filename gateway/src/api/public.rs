@@ -115,10 +115,7 @@ impl Sandboxes for SandboxApi {
         let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
         let connection = crate::ports::connect(&self.engine, name, &sandbox, generation, port, start.here_only)
             .await
-            .map_err(|e| match e {
-            crate::ports::Unreached::NotConnected(m) if start.here_only => Status::failed_precondition(m),
-            e => Status::unavailable(e.message()),
-        })?;
+            .map_err(|e| e.into_status(start.here_only))?;
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let data_of = |m: pb::PortForwardInput| match m.input {
             Some(pb::port_forward_input::Input::Data(data)) => Some(data),

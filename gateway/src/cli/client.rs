@@ -218,12 +218,11 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
     })?;
     let bearer = MetadataValue::try_from(format!("Bearer {token}"))
         .map_err(|_| Failed("the token is not valid ASCII".into()))?;
-    let channel = Endpoint::from_shared(address.clone())
-        .map_err(|e| Failed(format!("{address:?} (from {source}) is not a gateway address: {e}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| {
+    let endpoint = Endpoint::from_shared(address.clone())
+        .map_err(|e| Failed(format!("{address:?} (from {source}) is not a gateway address: {e}")))?;
+    // Wide: `port-forward` and file transfers are bulk streams.
+    let channel =
+        berth_proto::carry::wide(endpoint).connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {
             Failed(format!(
                 "cannot reach the gateway at {address} (from {source}): {}; is it running?",
                 with_causes(&e)

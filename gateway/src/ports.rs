@@ -5,9 +5,11 @@
 //! Who gets through, and to which run, is berth-core's rule ([`berth_core::port::admit`]):
 //! a public port, the port's access token of the current generation, or the API token. The
 //! connection into the run is made by the run's supervisor over its session (a container has
-//! no network of its own), so every driver is reached the same way. Each request gets a
-//! connection of its own, HTTP/1.1 or HTTP/2 as the client spoke it; an upgrade (WebSocket)
-//! becomes a byte stream both ways. Bodies stream through, never held whole.
+//! no network of its own), so every driver is reached the same way. A request goes over a
+//! connection into the run in the HTTP version the client spoke; an HTTP/1.1 one a finished
+//! request left idle is kept for the next request to the same run and port (the connection's
+//! opening is most of a small request's cost); an upgrade (WebSocket) gets its own and becomes
+//! a byte stream both ways. Bodies stream through, never held whole.
 //!
 //! Berth's credentials stop here: the access token (header, query parameter or cookie) and
 //! the API token are taken off the request before it goes on.
@@ -324,6 +326,47 @@ pub struct Proxy {
     engine: Engine,
     auth: BearerAuth,
     domain: Option<String>,
+    idle: Arc<Mutex<Idle>>,
+}
+
+/// Which run's port an idle connection leads to. The generation is part of it: a connection
+/// into one run never carries a request admitted for the next.
+type Upstream = (SandboxId, u64, u16);
+type Sender = hyper::client::conn::http1::SendRequest<Incoming>;
+
+/// HTTP/1.1 connections into runs that finished a request and wait for the next.
+#[derive(Default)]
+struct Idle(BTreeMap<Upstream, Vec<(tokio::time::Instant, Sender)>>);
+
+/// How many idle connections into one run's port are kept, and for how long: each holds a
+/// connection to the run's server and a stream of its supervisor's session.
+const IDLE_PER_PORT: usize = 8;
+const IDLE_FOR: Duration = Duration::from_secs(30);
+
+impl Idle {
+    /// An idle connection into `upstream` still open and ready, dropping those closed or kept
+    /// too long.
+    fn take(&mut self, upstream: &Upstream, now: tokio::time::Instant) -> Option<Sender> {
+        let senders = self.0.get_mut(upstream)?;
+        senders.retain(|(since, sender)| now.duration_since(*since) < IDLE_FOR && !sender.is_closed());
+        let sender = senders.iter().rposition(|(_, s)| s.is_ready()).map(|i| senders.remove(i).1);
+        if senders.is_empty() {
+            self.0.remove(upstream);
+        }
+        sender
+    }
+
+    fn put(&mut self, upstream: Upstream, sender: Sender, now: tokio::time::Instant) {
+        // Runs that ended leave their closed connections behind: swept as others come back.
+        self.0.retain(|_, senders| {
+            senders.retain(|(since, s)| now.duration_since(*since) < IDLE_FOR && !s.is_closed());
+            !senders.is_empty()
+        });
+        let senders = self.0.entry(upstream).or_default();
+        if senders.len() < IDLE_PER_PORT {
+            senders.push((now, sender));
+        }
+    }
 }
 
 fn plain(status: StatusCode, message: String) -> Response<Body> {
@@ -335,7 +378,7 @@ fn plain(status: StatusCode, message: String) -> Response<Body> {
 
 impl Proxy {
     pub fn new(engine: Engine, api_token: &str, domain: Option<String>) -> Self {
-        Self { engine, auth: BearerAuth::new(api_token), domain }
+        Self { engine, auth: BearerAuth::new(api_token), domain, idle: Arc::default() }
     }
 
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
@@ -397,14 +440,6 @@ impl Proxy {
             (status, refused(&refusal, name, port))
         })?;
         let sandbox = record.map(|r| r.id).expect("admitted, so the record is there");
-        let connection = connect(&self.engine, name, &sandbox, generation, port, false).await.map_err(|e| {
-            let kind = match e {
-                Unreached::NotConnected(_) => "unconnected",
-                Unreached::Refused(_) => "refused",
-            };
-            self.engine.metrics().proxy_upstream_error(kind);
-            (StatusCode::BAD_GATEWAY, e.message())
-        })?;
         // What the run sees: origin form, its own loopback as the host (dev servers refuse
         // hosts they do not know), where the request came from in X-Forwarded-*.
         let path = route.path.as_deref().unwrap_or(request.uri().path()).to_string();
@@ -434,21 +469,31 @@ impl Proxy {
         *request.uri_mut() =
             uri.parse::<Uri>().map_err(|e| (StatusCode::BAD_REQUEST, format!("the request's target: {e}")))?;
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-        let io = TokioIo::new(connection);
-        let bad = |e: hyper::Error| {
-            self.engine.metrics().proxy_upstream_error("broken");
-            (StatusCode::BAD_GATEWAY, format!("port {port} of sandbox '{name}': {e}"))
+        let upstream = (sandbox, generation, port);
+        let keep = version != Version::HTTP_2 && !upgrade;
+        let idle = keep.then(|| self.idle().take(&upstream, tokio::time::Instant::now())).flatten();
+        let (mut response, sender) = match idle {
+            Some(mut sender) => match sender.try_send_request(request).await {
+                Ok(response) => (response, Some(sender)),
+                // Closed between its check and this request, which it never took: a new one.
+                Err(mut e) => match e.take_message() {
+                    Some(request) => self.open(&upstream, name, request).await?,
+                    None => return Err(self.broken(name, port, e.into_error())),
+                },
+            },
+            None => self.open(&upstream, name, request).await?,
         };
-        let mut response = if version == Version::HTTP_2 {
-            let (mut sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(bad)?;
-            tokio::spawn(conn);
-            sender.send_request(request).await.map_err(bad)?
-        } else {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(bad)?;
-            tokio::spawn(conn.with_upgrades());
-            sender.send_request(request).await.map_err(bad)?
-        };
+        if let Some(mut sender) = sender.filter(|_| keep) {
+            // Back for the next request once this one's response has been read to its end (a
+            // response abandoned part-way closes the connection instead).
+            let idle = self.idle.clone();
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    let mut idle = idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    idle.put(upstream, sender, tokio::time::Instant::now());
+                }
+            });
+        }
         if response.status() == StatusCode::SWITCHING_PROTOCOLS
             && let Some(client_upgrade) = client_upgrade
         {
@@ -489,6 +534,46 @@ impl Proxy {
             }
         }
         Ok(response)
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Idle> {
+        self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn broken(&self, name: &str, port: u16, e: hyper::Error) -> (StatusCode, String) {
+        self.engine.metrics().proxy_upstream_error("broken");
+        (StatusCode::BAD_GATEWAY, format!("port {port} of sandbox '{name}': {e}"))
+    }
+
+    /// `request` over a new connection into the run: its response, and for HTTP/1.1 the
+    /// connection's sender, to be kept.
+    async fn open(
+        &self,
+        (sandbox, generation, port): &Upstream,
+        name: &str,
+        request: Request<Incoming>,
+    ) -> Result<(Response<Incoming>, Option<Sender>), (StatusCode, String)> {
+        let connection = connect(&self.engine, name, sandbox, *generation, *port, false).await.map_err(|e| {
+            let kind = match e {
+                Unreached::NotConnected(_) => "unconnected",
+                Unreached::Refused(_) => "refused",
+            };
+            self.engine.metrics().proxy_upstream_error(kind);
+            (StatusCode::BAD_GATEWAY, e.message())
+        })?;
+        let io = TokioIo::new(connection);
+        let bad = |e| self.broken(name, *port, e);
+        if request.version() == Version::HTTP_2 {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.map_err(bad)?;
+            tokio::spawn(conn);
+            Ok((sender.send_request(request).await.map_err(bad)?, None))
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(bad)?;
+            tokio::spawn(conn.with_upgrades());
+            let response = sender.send_request(request).await.map_err(bad)?;
+            Ok((response, Some(sender)))
+        }
     }
 }
 

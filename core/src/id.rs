@@ -6,69 +6,54 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
-/// A sandbox's id: assigned by the gateway at create, never reused. Shared, not copied: every
-/// write, effect and reply about a sandbox carries its id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SandboxId(std::sync::Arc<str>);
+/// An id shared, not copied: every write, effect and reply about its record carries it.
+macro_rules! shared_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(std::sync::Arc<str>);
 
-impl SandboxId {
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into().into())
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+        impl $name {
+            pub fn new(id: impl Into<String>) -> Self {
+                Self(id.into().into())
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
 
-impl fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+shared_id! {
+    /// A sandbox's id: assigned by the gateway at create, never reused.
+    SandboxId
 }
 
-/// A snapshot's id (DESIGN 12.2): assigned by the gateway when the snapshot is asked for, never
-/// reused. What the runtime keeps of a snapshot (its copy, its image) is named by it, so a
-/// snapshot deleted and another taken under the same name never share anything.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SnapshotId(std::sync::Arc<str>);
-
-impl SnapshotId {
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into().into())
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+shared_id! {
+    /// A snapshot's id (DESIGN 12.2): assigned by the gateway when the snapshot is asked for,
+    /// never reused. What the runtime keeps of a snapshot (its copy, its image) is named by it,
+    /// so a snapshot deleted and another taken under the same name never share anything.
+    SnapshotId
 }
 
-impl fmt::Display for SnapshotId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+shared_id! {
+    /// A volume's id (DESIGN 13.2): assigned by the gateway at its create, never reused. The
+    /// runtime's volume is named by it, so a volume deleted and another made under the same
+    /// name never share a file, and two stores on one runtime never share a volume.
+    VolumeId
 }
 
-/// A volume's id (DESIGN 13.2): assigned by the gateway at its create, never reused. The
-/// runtime's volume is named by it, so a volume deleted and another made under the same name
-/// never share a file, and two stores on one runtime never share a volume.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct VolumeId(std::sync::Arc<str>);
-
-impl VolumeId {
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into().into())
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+shared_id! {
+    /// A node's id (DESIGN 14): the name it registers under, kept across its restarts (each
+    /// restart takes a new lease epoch, not a new id).
+    NodeId
 }
 
 /// Longest exec id.

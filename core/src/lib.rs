@@ -32,6 +32,7 @@
 //! - [`cas`]: what to do after a conflicting write (3.3)
 //! - [`identity`]: runtime identity tokens (3.4)
 //! - [`port`]: ports' access tokens and who reaches a port of a run (13.1)
+//! - [`placement`]: which node runs a sandbox's next run (14)
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
@@ -55,6 +56,7 @@ pub mod lifetime;
 pub mod limits;
 pub mod observation;
 pub mod phase;
+pub mod placement;
 pub mod plan;
 pub mod port;
 pub mod provider;
@@ -75,7 +77,7 @@ pub mod volume;
 pub use command::decide;
 pub use decision::{Conflict, Decision, Effect, Key, Outcome, Write};
 pub use error::{Code, Error, Kind};
-pub use id::{SandboxId, SnapshotId, VolumeId};
+pub use id::{NodeId, SandboxId, SnapshotId, VolumeId};
 pub use observation::merge;
 pub use phase::{Failure, FailureReason, Hold, Phase, PhaseKind};
 pub use record::{

@@ -1,9 +1,11 @@
-//! berth-core throughput: observation merges per second and command decisions per second.
-//! Criterion prints both as elements per second ("thrpt").
+//! berth-core throughput: observation merges, command decisions and placements per second.
+//! Criterion prints each as elements per second ("thrpt").
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
+use berth_core::limits::ResourceLimits;
+use berth_core::placement::{Capacity, Node, place};
 use berth_core::{
     Command, ExitFence, ExitMarker, Intent, MainProcess, Observation, Phase, Provider, Reads, Request, Run,
     RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Secret, StartReply, Timestamp, decide, merge,
@@ -113,6 +115,38 @@ fn decisions() -> Vec<(Request, Reads)> {
         .collect()
 }
 
+/// A hundred nodes (a few lapsed, a few draining, two zones, loads of every kind), and a
+/// thousand sandboxes' limits and selectors to place on them.
+fn placements() -> (Vec<Node>, Vec<(ResourceLimits, BTreeMap<String, String>)>) {
+    const GIB: u64 = 1 << 30;
+    let nodes = (0..100u64)
+        .map(|i| Node {
+            id: berth_core::NodeId::new(format!("node-{i:03}")),
+            epoch: i + 1,
+            live: i % 17 != 0,
+            draining: i % 23 == 0,
+            labels: BTreeMap::from([("zone".to_string(), if i % 2 == 0 { "east" } else { "west" }.to_string())]),
+            capacity: Capacity { cpu_millis: 16_000, memory_bytes: 64 * GIB, sandboxes: 200 },
+            placed: Capacity { cpu_millis: (i * 137) % 16_000, memory_bytes: (i * 7 % 64) * GIB, sandboxes: i % 200 },
+        })
+        .collect();
+    let sandboxes = (0..1000u64)
+        .map(|i| {
+            let limits = ResourceLimits {
+                cpu_millis: (i % 3 != 0).then_some(250 * (1 + i % 8)),
+                memory_bytes: (i % 5 != 0).then_some((1 + i % 4) * GIB),
+                pids: None,
+            };
+            let selector = match i % 4 {
+                0 => BTreeMap::from([("zone".to_string(), "east".to_string())]),
+                _ => BTreeMap::new(),
+            };
+            (limits, selector)
+        })
+        .collect();
+    (nodes, sandboxes)
+}
+
 fn throughput(c: &mut Criterion) {
     let now = t(1_000);
     let merges = merges();
@@ -131,6 +165,15 @@ fn throughput(c: &mut Criterion) {
         b.iter(|| {
             for (request, reads) in &decisions {
                 black_box(decide(request, reads, now).ok());
+            }
+        })
+    });
+    let (nodes, sandboxes) = placements();
+    group.throughput(Throughput::Elements(sandboxes.len() as u64));
+    group.bench_function("placements over 100 nodes", |b| {
+        b.iter(|| {
+            for (limits, selector) in &sandboxes {
+                black_box(place(&nodes, limits, selector).ok());
             }
         })
     });

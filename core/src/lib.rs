@@ -33,6 +33,7 @@
 //! - [`identity`]: runtime identity tokens (3.4)
 //! - [`port`]: ports' access tokens and who reaches a port of a run (13.1)
 //! - [`placement`]: which node runs a sandbox's next run (14)
+//! - [`fencing`]: what a node may keep running, and which effects it carries out (14, N1)
 //! - [`observation`]: the one merge of everything the runtime and supervisors report (3.5)
 //! - [`recovery`]: which unconfirmed transitions to re-drive (3.6)
 //! - [`start_gate`]: the rule every driver keeps about starting runs (D1)
@@ -49,6 +50,7 @@ pub mod decision;
 pub mod egress;
 pub mod error;
 pub mod exec;
+pub mod fencing;
 pub mod id;
 pub mod identity;
 pub mod lease;

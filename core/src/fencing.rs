@@ -1,0 +1,92 @@
+//! Fencing (DESIGN 14, N1): what a node may run, and when it must stop.
+//!
+//! A node holds a lease in the store, renewed on the database's clock; each grant after a
+//! lapse has a new epoch. The store decides: a sandbox's placement is (node, epoch,
+//! generation), committed in its conditional write, and nothing else is authority over where
+//! it runs. So when a node is cut off, the store's side wins:
+//!
+//! - the gateways treat the node's runs as lost only once its lease has lapsed by the
+//!   database's clock, and may place a new generation elsewhere;
+//! - the node relies on its lease for nine tenths of its time-to-live counted from when it
+//!   asked ([`crate::lease::relied_until`]), which ends before the store's expiry however late
+//!   the answer came; at that moment, not having renewed, it stops every run it holds.
+//!
+//! The node's stops begin before a new run may start elsewhere, as long as the two clocks run
+//! at rates within a tenth of each other; the rest of that tenth is the time the stops have. A node that comes back under a new epoch
+//! keeps only what the store still places on it ([`on_return`]) before it acts on anything.
+
+use crate::id::NodeId;
+
+/// Where the store says a sandbox's current generation runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub node: NodeId,
+    /// The epoch of the node's lease the placement was made (or last adopted) under.
+    pub epoch: u64,
+    pub generation: u64,
+}
+
+/// What a node does with a run it holds, after its lease is granted again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Placed here under this epoch: nothing to do.
+    Keep,
+    /// Placed here under an earlier epoch of this node's and never placed elsewhere (the store
+    /// did not fence it in between): the node writes the placement's epoch up to its own,
+    /// conditionally, before it does anything else with the run.
+    Adopt,
+    /// Not placed here any more (deleted, placed on another node, or a newer generation
+    /// decided), or placed under an epoch this node never had: stopped before the node acts.
+    Stop,
+}
+
+/// A node `me` holding lease `epoch` decides about its run of generation `generation` of a
+/// sandbox, which the store places at `placed` (`None`: the sandbox is gone, or placed nowhere).
+pub fn on_return(me: &NodeId, epoch: u64, generation: u64, placed: Option<&Placed>) -> Held {
+    match placed {
+        Some(p) if p.node == *me && p.generation == generation => match p.epoch.cmp(&epoch) {
+            std::cmp::Ordering::Equal => Held::Keep,
+            std::cmp::Ordering::Less => Held::Adopt,
+            // A placement from an epoch not yet granted to this node means its own view is stale.
+            std::cmp::Ordering::Greater => Held::Stop,
+        },
+        _ => Held::Stop,
+    }
+}
+
+/// Whether a node whose lease is `lease` (`None`: not held now) carries out an effect sent for
+/// `epoch`. A node refuses any other: an effect decided under a lease it no longer holds, or
+/// before it was granted again, could start a second run of a generation placed elsewhere.
+pub fn accepts(lease: Option<u64>, epoch: u64) -> bool {
+    lease == Some(epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placed(node: &str, epoch: u64, generation: u64) -> Placed {
+        Placed { node: NodeId::new(node), epoch, generation }
+    }
+
+    #[test]
+    fn a_returning_node_keeps_only_what_the_store_still_places_on_it() {
+        let me = NodeId::new("n1");
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n1", 4, 2))), Held::Keep);
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n1", 3, 2))), Held::Adopt);
+        // Placed elsewhere, a new generation decided, deleted: stopped.
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n2", 1, 2))), Held::Stop);
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n1", 4, 3))), Held::Stop);
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n2", 7, 3))), Held::Stop);
+        assert_eq!(on_return(&me, 4, 2, None), Held::Stop);
+        assert_eq!(on_return(&me, 4, 2, Some(&placed("n1", 5, 2))), Held::Stop);
+    }
+
+    #[test]
+    fn an_effect_is_carried_out_only_under_the_lease_it_was_sent_for() {
+        assert!(accepts(Some(4), 4));
+        assert!(!accepts(Some(5), 4), "decided under an earlier lease");
+        assert!(!accepts(Some(4), 5), "decided for a lease this node has not been granted");
+        assert!(!accepts(None, 4), "no lease held: the node acts on nothing");
+    }
+}

@@ -115,9 +115,12 @@ fn decisions() -> Vec<(Request, Reads)> {
         .collect()
 }
 
+/// A sandbox to place: its limits and node selector.
+type Wanted = (ResourceLimits, BTreeMap<String, String>);
+
 /// A hundred nodes (a few lapsed, a few draining, two zones, loads of every kind), and a
-/// thousand sandboxes' limits and selectors to place on them.
-fn placements() -> (Vec<Node>, Vec<(ResourceLimits, BTreeMap<String, String>)>) {
+/// thousand sandboxes to place on them.
+fn placements() -> (Vec<Node>, Vec<Wanted>) {
     const GIB: u64 = 1 << 30;
     let nodes = (0..100u64)
         .map(|i| Node {

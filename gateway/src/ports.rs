@@ -47,8 +47,9 @@ use crate::sessions::PortError;
 
 /// How long reaching a gateway that shares the data directory may take.
 const PEER_WITHIN: Duration = Duration::from_secs(2);
-/// How many bytes of a connection through another gateway are buffered here each way.
-const PEER_BUFFER: usize = 256 * 1024;
+/// How many bytes of a connection through another gateway are buffered here each way (as
+/// many as of one into a run).
+const PEER_BUFFER: usize = 4 * berth_proto::carry::CHUNK;
 
 /// The other gateways sharing this one's data directory (and so its host and store): one of
 /// them holds the session of a run whose supervisor is not connected here.

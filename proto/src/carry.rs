@@ -27,6 +27,20 @@ pub fn wide(endpoint: tonic::transport::Endpoint) -> tonic::transport::Endpoint 
         .max_frame_size(MAX_FRAME)
 }
 
+/// The next bytes `read` has, at most `CHUNK` of them; `None` at its end. Read straight into
+/// the message's own buffer, not copied out of a reused one; a small read gives back the room
+/// it did not use, as the message may wait in a channel.
+pub async fn next_chunk(read: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
+    let mut chunk = Vec::with_capacity(CHUNK);
+    if read.read_buf(&mut chunk).await? == 0 {
+        return Ok(None);
+    }
+    if chunk.len() < CHUNK / 4 {
+        chunk.shrink_to_fit();
+    }
+    Ok(Some(chunk))
+}
+
 /// Sends what `connection` reads as messages `up` makes, and writes what `down` yields to it,
 /// until both sides are done. The end of the connection's reading ends the stream up (the
 /// sender is dropped: the far side's write half is shut); the end of the stream down shuts
@@ -41,15 +55,9 @@ pub async fn carry<C, U>(
 {
     let (mut read, mut write) = tokio::io::split(connection);
     let sending = async move {
-        let mut buffer = vec![0; CHUNK];
-        loop {
-            match read.read(&mut buffer).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx.send(up(buffer[..n].to_vec())).await.is_err() {
-                        break;
-                    }
-                }
+        while let Ok(Some(chunk)) = next_chunk(&mut read).await {
+            if tx.send(up(chunk)).await.is_err() {
+                break;
             }
         }
     };

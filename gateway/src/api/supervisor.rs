@@ -29,8 +29,9 @@ use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 use crate::sessions::OutputEvent;
 
-/// How many bytes of a connection into a run are buffered in the gateway each way.
-const TUNNEL_BUFFER: usize = 256 * 1024;
+/// How many bytes of a connection into a run are buffered in the gateway each way: four
+/// messages' worth, so that a bulk stream's writer seldom waits on its reader.
+const TUNNEL_BUFFER: usize = 4 * berth_proto::carry::CHUNK;
 /// How many heartbeat intervals without a word from a supervisor end its session.
 const SILENT_HEARTBEATS: u32 = 4;
 /// How long a new session may take to say hello.
@@ -227,7 +228,7 @@ pub(super) async fn splice<U, D>(
     tx: mpsc::Sender<Result<D, Status>>,
     down_of: fn(Vec<u8>) -> D,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let (mut read, mut write) = tokio::io::split(connection);
     let shutdown = &shutdown;
     let up = async move {
@@ -248,7 +249,6 @@ pub(super) async fn splice<U, D>(
         let _ = write.shutdown().await;
     };
     let down = async move {
-        let mut buffer = vec![0; berth_proto::carry::CHUNK];
         loop {
             // A sandbox gone away is noticed even while the connection is silent: it is not
             // held open for good.
@@ -260,16 +260,13 @@ pub(super) async fn splice<U, D>(
                     let _ = tx.send(Err(ApiError::ShuttingDown.into())).await;
                     break;
                 }
-                read = read.read(&mut buffer) => read,
+                // Cancel-safe: bytes are taken from the connection only by the poll that ends it.
+                read = berth_proto::carry::next_chunk(&mut read) => read,
                 () = tx.closed() => break,
             };
-            match read {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx.send(Ok(down_of(buffer[..n].to_vec()))).await.is_err() {
-                        break;
-                    }
-                }
+            let Ok(Some(chunk)) = read else { break };
+            if tx.send(Ok(down_of(chunk))).await.is_err() {
+                break;
             }
         }
     };

@@ -19,7 +19,7 @@ use crate::limits::ResourceLimits;
 
 /// What a node offers, or what is reserved of it. A CPU or memory capacity of 0 means the node
 /// does not count that resource: sandboxes are placed there without reserving it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Capacity {
     pub cpu_millis: u64,
     pub memory_bytes: u64,

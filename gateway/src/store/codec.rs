@@ -7,11 +7,11 @@ use std::sync::{Mutex, PoisonError};
 
 use berth_core::exec::Exec;
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, Snapshot, Volume};
+use berth_core::{NodeId, Provider, Sandbox, Snapshot, Volume};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Page, StoreError};
+use super::{Lease, Node, NodeOffer, Page, StoreError};
 
 /// What the store needs to know of a record kept as JSON.
 pub(super) trait Record: Serialize + DeserializeOwned + Clone {
@@ -82,6 +82,26 @@ impl Record for Exec {
 /// A corrupt-row error naming the table and key, never the row's contents.
 pub(super) fn corrupt<T: Record>(key: &str, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{} {key:?}: {what}", T::TABLE))
+}
+
+/// A node's offer as its row keeps it.
+pub(super) fn offer_json(offer: &NodeOffer) -> String {
+    serde_json::to_string(offer).expect("an offer's strings and numbers always make JSON")
+}
+
+/// The columns of a node's row (`id, holder, epoch, live, draining, offer`) as a [`Node`].
+pub(super) fn node(
+    id: String,
+    holder: Option<String>,
+    epoch: i64,
+    live: bool,
+    draining: bool,
+    offer: &str,
+) -> Result<Node, StoreError> {
+    let broken = |what: String| StoreError::Corrupt(format!("nodes {id:?}: {what}"));
+    let term = u64::try_from(epoch).map_err(|_| broken(format!("a negative epoch {epoch}")))?;
+    let offer = serde_json::from_str(offer).map_err(|e| broken(format!("its offer: {e}")))?;
+    Ok(Node { id: NodeId::new(id), offer, draining, lease: Lease { holder, term }, live })
 }
 
 /// The sandboxes a store last decoded, by id, each with the JSON it was decoded from. A row

@@ -10,10 +10,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
+use berth_core::{Conflict, Key, NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 
 use super::{
-    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError, selects,
+    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError,
+    selects,
 };
 use crate::clock::{Clock, SystemClock};
 
@@ -29,6 +30,8 @@ struct Tables {
     execs: BTreeMap<(SandboxId, ExecId), Exec>,
     lease: Lease,
     lease_expires: Timestamp,
+    /// Each node with when its lease expires (`live` is worked out when read).
+    nodes: BTreeMap<NodeId, (Node, Timestamp)>,
     /// The change log's newest entries; positions count from 1.
     log: VecDeque<Logged>,
     head: u64,
@@ -329,4 +332,57 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+
+    async fn acquire_node_lease(
+        &self,
+        node: &NodeId,
+        holder: &str,
+        offer: &NodeOffer,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let now = self.clock.now();
+        let mut t = self.lock();
+        let (entry, expires) = t.nodes.entry(node.clone()).or_insert_with(|| {
+            let lease = Lease { holder: None, term: 0 };
+            (Node { id: node.clone(), offer: offer.clone(), draining: false, lease, live: false }, now)
+        });
+        let lapsed = *expires <= now;
+        if entry.lease.holder.is_none() || lapsed || entry.lease.held_by(holder) {
+            if lapsed || !entry.lease.held_by(holder) {
+                entry.lease = Lease { holder: Some(holder.to_string()), term: entry.lease.term + 1 };
+            }
+            entry.offer = offer.clone();
+            *expires = now.plus(ttl);
+        }
+        Ok(entry.lease.clone())
+    }
+
+    async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError> {
+        let mut t = self.lock();
+        if let Some((entry, _)) = t.nodes.get_mut(node).filter(|(entry, _)| entry.lease.held_by(holder)) {
+            entry.lease.holder = None;
+        }
+        Ok(())
+    }
+
+    async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError> {
+        let now = self.clock.now();
+        Ok(self.lock().nodes.get(id).map(|(node, expires)| as_of(node, *expires, now)))
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        let now = self.clock.now();
+        Ok(self.lock().nodes.values().map(|(node, expires)| as_of(node, *expires, now)).collect())
+    }
+
+    async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
+        let mut t = self.lock();
+        let found = t.nodes.get_mut(id).map(|(node, _)| node.draining = draining);
+        Ok(found.is_some())
+    }
+}
+
+/// `node` as read at `now`: live while its lease is held and not expired.
+fn as_of(node: &Node, expires: Timestamp, now: Timestamp) -> Node {
+    Node { live: node.lease.holder.is_some() && expires > now, ..node.clone() }
 }

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
+use berth_core::placement::Capacity;
 use berth_core::template::Template;
-use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
+use berth_core::{Conflict, Key, NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
+use serde::{Deserialize, Serialize};
 
 mod codec;
 pub mod memory;
@@ -123,6 +125,30 @@ impl Lease {
     }
 }
 
+/// What a node registers with its lease (DESIGN 14): where gateways reach it, its labels (what
+/// node selectors match) and its capacity. The SQL stores keep it as JSON beside the lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeOffer {
+    pub address: String,
+    pub labels: BTreeMap<String, String>,
+    pub capacity: Capacity,
+}
+
+/// A node as the store holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub id: NodeId,
+    pub offer: NodeOffer,
+    /// `node drain`: it keeps what runs on it and is given nothing new.
+    pub draining: bool,
+    /// Its lease: the process of the node that holds it (`None` once released) and, as the
+    /// term, the node's epoch, which every effect sent to it carries.
+    pub lease: Lease,
+    /// Whether the lease is held now by the store's clock. A node whose lease lapsed is fenced
+    /// ([`berth_core::fencing`]) until it is granted again, in a new epoch.
+    pub live: bool,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The store's identity: made once, at random, in the store itself (every connection to one
@@ -201,6 +227,28 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the lease up if `holder` holds it, so another gateway takes it without waiting for
     /// it to lapse.
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError>;
+    /// Takes or renews node `node`'s lease for `holder` (one process of that node) until `ttl`
+    /// from now on the store's clock (DESIGN 14). Held by `holder` and not lapsed: renewed in
+    /// its epoch. Released or lapsed: granted in the next epoch, to `holder` too, since the
+    /// gateways may have fenced the node's runs in between (a first registration is epoch 1).
+    /// Held by another process: left as it is. Whenever `holder` holds it afterwards, the
+    /// node's offer is `offer`. Returns the lease as it stands afterwards.
+    async fn acquire_node_lease(
+        &self,
+        node: &NodeId,
+        holder: &str,
+        offer: &NodeOffer,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError>;
+    /// Gives node `node`'s lease up if `holder` holds it: its runs are fenced at once rather
+    /// than when the lease would have lapsed.
+    async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError>;
+    async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError>;
+    /// Every node registered, in id order.
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError>;
+    /// Marks node `id` draining (`node drain`) or not (`node undrain`); false when no such node
+    /// is registered.
+    async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError>;
 }
 
 /// Every item of a listing, page by page.

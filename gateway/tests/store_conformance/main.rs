@@ -5,7 +5,7 @@
 //! PostgreSQL is the one `support/postgres.rs` describes.
 //!
 //! This file is the harness (each check instantiated per store); the checks live in modules by
-//! concern: `versions`, `pages`, `leases`, `execs`, `templates`, `change_log`, with the records
+//! concern: `versions`, `pages`, `leases`, `nodes`, `execs`, `templates`, `change_log`, with the records
 //! and reads they share in `fixtures`.
 
 use std::collections::BTreeMap;
@@ -27,6 +27,7 @@ mod change_log;
 mod execs;
 mod fixtures;
 mod leases;
+mod nodes;
 mod pages;
 mod postgres_only;
 mod sqlite_only;
@@ -37,6 +38,7 @@ use change_log::*;
 use execs::*;
 use fixtures::*;
 use leases::*;
+use nodes::*;
 use pages::*;
 use templates::*;
 use versions::*;
@@ -98,6 +100,9 @@ conformance!(
     the_lease_has_one_holder_at_a_time,
     gateways_racing_for_the_lease_agree_on_one_holder,
     the_identity_is_stable,
+    a_node_lease_keeps_its_epoch_while_renewed_and_gets_a_new_one_after_a_lapse,
+    nodes_are_listed_in_id_order_and_drain_across_renewals,
+    processes_racing_for_a_node_agree_on_one_holder,
     execs_are_created_once_and_written_by_version,
     exec_pages_and_open_execs,
     an_exec_admission_never_commits_after_a_sandbox_write_it_did_not_see,

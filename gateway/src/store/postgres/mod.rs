@@ -26,18 +26,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
+use berth_core::{NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::codec::{self, Decoded, Record, corrupt};
-use super::{Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
+use super::{Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError};
 use crate::clock::{Clock, SystemClock};
 
 mod commit;
 mod connection;
+mod nodes;
 mod schema;
 mod statement;
 
@@ -563,5 +564,31 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| self.error(&e))?;
         Ok(())
+    }
+
+    async fn acquire_node_lease(
+        &self,
+        node: &NodeId,
+        holder: &str,
+        offer: &NodeOffer,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.acquire_node(node, holder, offer, ttl).await
+    }
+
+    async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError> {
+        self.release_node(node, holder).await
+    }
+
+    async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError> {
+        Ok(self.read_nodes(Some(id)).await?.pop())
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        self.read_nodes(None).await
+    }
+
+    async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
+        self.drain(id, draining).await
     }
 }

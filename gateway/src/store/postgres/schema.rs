@@ -127,4 +127,14 @@ CREATE TABLE volumes (
     record  TEXT   NOT NULL
 );
 "#,
+    r#"
+CREATE TABLE nodes (
+    id         TEXT        COLLATE "C" NOT NULL PRIMARY KEY,
+    holder     TEXT,
+    epoch      BIGINT      NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL,
+    draining   BOOLEAN     NOT NULL,
+    offer      TEXT        NOT NULL
+);
+"#,
 ];

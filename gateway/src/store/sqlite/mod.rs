@@ -35,15 +35,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
+use berth_core::{NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OpenFlags, Row, TransactionBehavior, params};
 use tokio::sync::oneshot;
 
 use super::codec::{self, Decoded, Record, corrupt};
-use super::{CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Page, PageRequest, Store, StoreError};
+use super::{
+    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError,
+};
 use crate::clock::Clock;
 
+mod nodes;
 mod schema;
 mod write;
 
@@ -564,5 +567,35 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn acquire_node_lease(
+        &self,
+        node: &NodeId,
+        holder: &str,
+        offer: &NodeOffer,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let (node, holder, offer) = (node.clone(), holder.to_string(), offer.clone());
+        self.alone(move |conn| nodes::acquire(conn, &node, &holder, &offer, ttl)).await
+    }
+
+    async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError> {
+        let (node, holder) = (node.clone(), holder.to_string());
+        self.alone(move |conn| nodes::release(conn, &node, &holder)).await
+    }
+
+    async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError> {
+        let id = id.clone();
+        self.read(move |conn, _| nodes::one(conn, &id)).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        self.read(|conn, _| nodes::all(conn)).await
+    }
+
+    async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.alone(move |conn| nodes::drain(conn, &id, draining)).await
     }
 }

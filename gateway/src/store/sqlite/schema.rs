@@ -104,6 +104,16 @@ CREATE TABLE volumes (
     record  TEXT    NOT NULL
 ) STRICT;
 "#,
+    r#"
+CREATE TABLE nodes (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    holder     TEXT,
+    epoch      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    draining   INTEGER NOT NULL,
+    offer      TEXT    NOT NULL
+) STRICT;
+"#,
 ];
 
 // A handful of steps: the cast cannot truncate.

@@ -517,10 +517,31 @@ pub(crate) mod tests {
         async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
             self.0.release_lease(holder).await
         }
+        async fn acquire_node_lease(
+            &self,
+            node: &berth_core::NodeId,
+            holder: &str,
+            offer: &crate::store::NodeOffer,
+            ttl: Duration,
+        ) -> Result<Lease, StoreError> {
+            self.0.acquire_node_lease(node, holder, offer, ttl).await
+        }
+        async fn release_node_lease(&self, node: &berth_core::NodeId, holder: &str) -> Result<(), StoreError> {
+            self.0.release_node_lease(node, holder).await
+        }
+        async fn node(&self, id: &berth_core::NodeId) -> Result<Option<crate::store::Node>, StoreError> {
+            self.0.node(id).await
+        }
+        async fn nodes(&self) -> Result<Vec<crate::store::Node>, StoreError> {
+            self.0.nodes().await
+        }
+        async fn drain_node(&self, id: &berth_core::NodeId, draining: bool) -> Result<bool, StoreError> {
+            self.0.drain_node(id, draining).await
+        }
     }
 
     /// These tests make no effect that reaches a runtime.
-    struct NoRuntime;
+    pub(crate) struct NoRuntime;
 
     #[async_trait]
     impl Driver for NoRuntime {

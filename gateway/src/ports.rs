@@ -42,6 +42,7 @@ use tracing::{debug, warn};
 
 use crate::api::auth::BearerAuth;
 use crate::data_dir::DataDir;
+use crate::egress::Connection;
 use crate::engine::Engine;
 use crate::sessions::PortError;
 
@@ -128,7 +129,7 @@ pub async fn connect(
     generation: u64,
     port: u16,
     here_only: bool,
-) -> Result<DuplexStream, Unreached> {
+) -> Result<Box<dyn Connection>, Unreached> {
     if let Some(session) = engine.sessions().get(sandbox, generation) {
         return session.open_port(port).await.map_err(|e| Unreached::Refused(unreachable(e, name, port)));
     }
@@ -137,7 +138,7 @@ pub async fn connect(
     };
     for address in peers.addresses() {
         match tokio::time::timeout(PEER_WITHIN, peers.through(&address, name, port)).await {
-            Ok(Ok(connection)) => return Ok(connection),
+            Ok(Ok(connection)) => return Ok(Box::new(connection)),
             Ok(Err(status)) if decided(&status) => {
                 return Err(Unreached::Refused(status.message().to_string()));
             }
@@ -340,16 +341,21 @@ type Sender = hyper::client::conn::http1::SendRequest<Incoming>;
 struct Idle(BTreeMap<Upstream, Vec<(tokio::time::Instant, Sender)>>);
 
 /// How many idle connections into one run's port are kept, and for how long: each holds a
-/// connection to the run's server and a stream of its supervisor's session.
+/// connection to the run's server and one of its supervisor's to this gateway.
 const IDLE_PER_PORT: usize = 8;
 const IDLE_FOR: Duration = Duration::from_secs(30);
+
+/// Whether a connection left idle at `since` is kept at `now`: open, and not kept too long.
+fn kept((since, sender): &(tokio::time::Instant, Sender), now: tokio::time::Instant) -> bool {
+    now.duration_since(*since) < IDLE_FOR && !sender.is_closed()
+}
 
 impl Idle {
     /// An idle connection into `upstream` still open and ready, dropping those closed or kept
     /// too long.
     fn take(&mut self, upstream: &Upstream, now: tokio::time::Instant) -> Option<Sender> {
         let senders = self.0.get_mut(upstream)?;
-        senders.retain(|(since, sender)| now.duration_since(*since) < IDLE_FOR && !sender.is_closed());
+        senders.retain(|idle| kept(idle, now));
         let sender = senders.iter().rposition(|(_, s)| s.is_ready()).map(|i| senders.remove(i).1);
         if senders.is_empty() {
             self.0.remove(upstream);
@@ -360,7 +366,7 @@ impl Idle {
     fn put(&mut self, upstream: Upstream, sender: Sender, now: tokio::time::Instant) {
         // Runs that ended leave their closed connections behind: swept as others come back.
         self.0.retain(|_, senders| {
-            senders.retain(|(since, s)| now.duration_since(*since) < IDLE_FOR && !s.is_closed());
+            senders.retain(|idle| kept(idle, now));
             !senders.is_empty()
         });
         let senders = self.0.entry(upstream).or_default();

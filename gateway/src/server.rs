@@ -138,8 +138,9 @@ pub async fn run(config: Config) -> Result<(), String> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let server = || grpc().add_routes(routes.clone());
-    let tcp =
-        tokio::spawn(server().serve_with_incoming_shutdown(crate::tcp::incoming(listener), stopped(stop_rx.clone())));
+    // Both endpoints take supervisors' ingress connections beside gRPC (`ingress::sort`).
+    let incoming = crate::ingress::sort(engine.clone(), crate::tcp::incoming(listener));
+    let tcp = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())));
     let metrics = match config.metrics_listen {
         Some(at) => {
             let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--metrics-listen): {e}"))?;
@@ -169,7 +170,8 @@ pub async fn run(config: Config) -> Result<(), String> {
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
         tokio::spawn(crate::ports::serve(proxy, crate::tcp::incoming(listener), stopped(stop_rx.clone())))
     });
-    let local = tokio::spawn(server().serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx)));
+    let incoming = crate::ingress::sort(engine.clone(), UnixListenerStream::new(unix));
+    let local = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx)));
     info!(
         %address,
         name = config.name,

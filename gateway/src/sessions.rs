@@ -11,9 +11,10 @@ use std::time::Duration;
 use berth_core::SandboxId;
 use berth_proto::v1 as pb;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
-use tokio::io::DuplexStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
+
+use crate::egress::Connection;
 
 /// What a reader of an exec's output hears through a session.
 #[derive(Debug)]
@@ -43,9 +44,13 @@ pub struct Session {
     readers: Mutex<BTreeMap<u64, mpsc::UnboundedSender<OutputEvent>>>,
     next_subscription: AtomicU64,
     /// Connections into the run asked for and not yet answered, by tunnel id.
-    tunnels: Mutex<BTreeMap<u64, oneshot::Sender<Result<DuplexStream, String>>>>,
+    tunnels: Mutex<BTreeMap<u64, Tunnel>>,
     next_tunnel: AtomicU64,
 }
+
+/// Where a connection into the run asked for is handed over: the connection, or why the run
+/// could not make it.
+pub type Tunnel = oneshot::Sender<Result<Box<dyn Connection>, String>>;
 
 /// Why a connection into a run was not made.
 #[derive(Debug, PartialEq, Eq)]
@@ -86,7 +91,7 @@ impl Session {
     }
 
     /// A connection to `port` on the run's loopback, made by its supervisor (DESIGN 13.1).
-    pub async fn open_port(&self, port: u16) -> Result<DuplexStream, PortError> {
+    pub async fn open_port(&self, port: u16) -> Result<Box<dyn Connection>, PortError> {
         let tunnel = self.next_tunnel.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.tunnels.lock().unwrap_or_else(PoisonError::into_inner).insert(tunnel, tx);
@@ -107,7 +112,7 @@ impl Session {
 
     /// The request waiting for tunnel `tunnel`, once: an answer for a tunnel nobody waits for
     /// (answered already, given up on) finds none.
-    pub fn take_tunnel(&self, tunnel: u64) -> Option<oneshot::Sender<Result<DuplexStream, String>>> {
+    pub fn take_tunnel(&self, tunnel: u64) -> Option<Tunnel> {
         self.tunnels.lock().unwrap_or_else(PoisonError::into_inner).remove(&tunnel)
     }
 

@@ -1,6 +1,6 @@
 //! Bytes between a connection and a gRPC stream, both ways: what a sandbox's connections out
-//! (egress) and in (ingress) through its supervisor, and a client's port-forward, have in
-//! common once they are open.
+//! through its supervisor (egress) and port-forwards (a client's, and a gateway's through the
+//! gateway holding a run's session) have in common once they are open.
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;

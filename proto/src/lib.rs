@@ -13,6 +13,7 @@ pub mod v1 {
 
 pub mod carry;
 pub mod codec;
+pub mod ingress;
 
 /// The encoded `FileDescriptorSet` of every Berth service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/berth_descriptor.bin"));

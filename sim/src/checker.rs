@@ -9,9 +9,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
-use berth_core::{Hold, Intent, Phase, Provider, Sandbox, SandboxId, Write};
+use berth_core::{Hold, Intent, NodeId, Phase, Provider, Sandbox, SandboxId, Write};
 use berth_drivers::container::user_volume_of;
-use berth_gateway::store::{Changes, CommitError, Lease, Listing, Page, PageRequest, Store, StoreError};
+use berth_gateway::store::{
+    Changes, CommitError, Lease, Listing, Node, NodeOffer, Page, PageRequest, Store, StoreError,
+};
 
 use crate::invariants::{
     Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s2_volumes_kept, s3_pause,
@@ -296,6 +298,27 @@ impl Store for TracingStore {
         }
         self.stall(true).await;
         released
+    }
+    async fn acquire_node_lease(
+        &self,
+        node: &NodeId,
+        holder: &str,
+        offer: &NodeOffer,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, StoreError> {
+        self.call(self.world.store.acquire_node_lease(node, holder, offer, ttl)).await
+    }
+    async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError> {
+        self.call(self.world.store.release_node_lease(node, holder)).await
+    }
+    async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError> {
+        self.call(self.world.store.node(id)).await
+    }
+    async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
+        self.call(self.world.store.nodes()).await
+    }
+    async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
+        self.call(self.world.store.drain_node(id, draining)).await
     }
 }
 

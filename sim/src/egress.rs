@@ -197,7 +197,7 @@ async fn ask(
 pub async fn workload<C, F>(world: Arc<World>, token: String, sandbox: SandboxId, generation: u64, connect: C)
 where
     C: Fn(usize) -> F,
-    F: std::future::Future<Output = Result<tonic::transport::Channel, String>>,
+    F: std::future::Future<Output = Result<berth_supervisor::session::Gateway, String>>,
 {
     let run = sandbox.as_str().bytes().fold(generation, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     let mut draw = Draw::new(world.scenario.seed, Stream::Egress(run));
@@ -206,8 +206,8 @@ where
         tokio::time::sleep(draw.millis(100, 1_500)).await;
         let provider = &providers[draw.below(providers.len() as u64) as usize];
         let host = destination(&mut draw, provider);
-        let Ok(channel) = connect(attempt).await else { continue };
+        let Ok(gateway) = connect(attempt).await else { continue };
         let within = Duration::from_secs(5);
-        let _ = tokio::time::timeout(within, ask(&world, channel, &token, &sandbox, generation, &host)).await;
+        let _ = tokio::time::timeout(within, ask(&world, gateway.channel, &token, &sandbox, generation, &host)).await;
     }
 }

@@ -116,7 +116,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(net::fixed_date))
         .add_routes(routes)
-        .serve_with_incoming(net::incoming(net::GATEWAY_PORT).await?)
+        .serve_with_incoming(berth_gateway::ingress::sort(engine.clone(), net::incoming(net::GATEWAY_PORT).await?))
         .await?;
     Ok(())
 }

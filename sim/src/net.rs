@@ -80,3 +80,14 @@ pub fn channel(i: usize) -> Channel {
         .connect_timeout(Duration::from_secs(2))
         .connect_with_connector_lazy(connector)
 }
+
+/// New connections to gateway `i`'s API port, as a supervisor opens them beside its channel for
+/// each connection into its run.
+pub fn wire(i: usize) -> berth_supervisor::ports::Wire {
+    std::sync::Arc::new(move || {
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect((gateway_host(i).as_str(), GATEWAY_PORT)).await?;
+            Ok(Box::new(stream) as Box<dyn berth_supervisor::ports::Connection>)
+        })
+    })
+}

@@ -116,7 +116,10 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
     let gateways = world.scenario.gateways;
     // Like berth-supervisor given several gateways: each attempt goes to the next one.
     let first = spawn.generation as usize + 1;
-    let connect = move |attempt: usize| async move { Ok(net::channel((first + attempt) % gateways)) };
+    let connect = move |attempt: usize| async move {
+        let i = (first + attempt) % gateways;
+        Ok(session::Gateway { channel: net::channel(i), wire: net::wire(i) })
+    };
     // A command that could not be started has its exit recorded before the hello, as
     // berth-supervisor does, and nothing else runs: no execs, no egress.
     let status = crate::runtime::EndCause::Unstartable.supervisor_status();

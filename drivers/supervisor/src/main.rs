@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_handoff::exit::Exit;
@@ -16,7 +17,7 @@ use berth_handoff::{began, flag, var};
 use berth_proto::v1::Accepted;
 use berth_supervisor::cgroup;
 use berth_supervisor::exec::Execs;
-use berth_supervisor::ports::Loopback;
+use berth_supervisor::ports::{Loopback, Wire};
 use berth_supervisor::session::{self, MainExit, Observer, Run, SessionEnd};
 use clap::Parser;
 use hyper_util::rt::TokioIo;
@@ -110,6 +111,32 @@ async fn connect(gateway: &str) -> Result<Channel, String> {
     }
 }
 
+/// New connections to the endpoint `gateway` names, beside its channel: for each connection
+/// into the run (`ports::open`).
+fn wire(gateway: &str) -> Result<Wire, String> {
+    if let Some(path) = gateway.strip_prefix("unix:") {
+        let path = Arc::new(PathBuf::from(path));
+        return Ok(Arc::new(move || {
+            let path = Arc::clone(&path);
+            Box::pin(async move {
+                let stream = tokio::net::UnixStream::connect(path.as_path()).await?;
+                Ok(Box::new(stream) as Box<dyn berth_supervisor::ports::Connection>)
+            })
+        }));
+    }
+    let uri: Uri = gateway.parse().map_err(|e| format!("{gateway}: {e}"))?;
+    let host = uri.host().ok_or_else(|| format!("{gateway} names no host"))?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    Ok(Arc::new(move || {
+        let host = host.clone();
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream) as Box<dyn berth_supervisor::ports::Connection>)
+        })
+    }))
+}
+
 /// Every endpoint the `--gateway` values name right now: a directory stands for the sockets it
 /// holds at this moment, as gateways come and go.
 fn endpoints(gateways: &[String]) -> Vec<String> {
@@ -157,7 +184,10 @@ async fn keep_session(gateways: Vec<String>, run: Run) -> SessionEnd {
             let all = endpoints(&gateways);
             match all.get(attempt % all.len().max(1)) {
                 None => Err(format!("no gateway socket in {}", gateways.join(","))),
-                Some(gateway) => connect(gateway).await.map_err(|e| format!("{gateway}: {e}")),
+                Some(gateway) => {
+                    let channel = connect(gateway).await.map_err(|e| format!("{gateway}: {e}"))?;
+                    Ok(session::Gateway { channel, wire: wire(gateway)? })
+                }
             }
         }
     };

@@ -1,7 +1,7 @@
 //! The sandbox's side of reaching in (DESIGN 13.1): the gateway's preview proxy and
 //! port-forwards ask the run's session to open a port (`OpenPort`), and the supervisor,
 //! inside the sandbox, connects to it on the run's loopback and carries the connection's bytes
-//! over an `Ingress` stream of its own, opened with the run's token. A container has no
+//! over a connection of its own to the gateway, opened with the run's token. A container has no
 //! network but its loopback, so nothing but its supervisor can reach its ports; the process
 //! driver's runs share the host's loopback.
 
@@ -12,15 +12,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_proto::carry::CHUNK;
+use berth_proto::ingress::write_open;
 use berth_proto::v1 as pb;
-use berth_proto::v1::supervisor_client::SupervisorClient;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
-
-use berth_proto::carry::carry;
 
 /// How long connecting to a port may take: a closed port answers at once, and the proxy
 /// answers 502 rather than hang on a run that does not.
@@ -50,9 +45,15 @@ impl Dial for Loopback {
     }
 }
 
-/// Opens `port` for the gateway's tunnel `tunnel`, through `gateway`, and carries it until
-/// both sides are done. Returns how it ended, for the supervisor's log.
-pub async fn open(gateway: Channel, token: String, tunnel: u64, port: u32, dial: Arc<dyn Dial>) -> Result<(), String> {
+/// A new connection to the gateway a session is connected to, at the endpoint its channel dials
+/// (its socket, or its address): one for each connection into the run.
+pub type Wire = Arc<dyn Fn() -> Dialing + Send + Sync>;
+
+/// Opens `port` for the gateway's tunnel `tunnel`: a connection through `wire`, opened with the
+/// run's token ([`berth_proto::ingress`]), then carries the bytes both ways until both sides
+/// are done (each side's end of file shuts the other's writing). A port that cannot be reached
+/// is said in the opening instead. Returns how it ended, for the supervisor's log.
+pub async fn open(wire: &Wire, token: String, tunnel: u64, port: u32, dial: Arc<dyn Dial>) -> Result<(), String> {
     let dialed = match u16::try_from(port) {
         Ok(port) if port != 0 => match tokio::time::timeout(CONNECT_WITHIN, dial.dial(port)).await {
             Ok(Ok(connection)) => Ok(connection),
@@ -61,25 +62,18 @@ pub async fn open(gateway: Channel, token: String, tunnel: u64, port: u32, dial:
         },
         _ => Err(format!("{port} is not a TCP port")),
     };
-    let (tx, rx) = mpsc::channel(8);
     let refused = dialed.as_ref().err().cloned().unwrap_or_default();
     let open = pb::IngressOpen { runtime_token: token, tunnel, refused };
-    let _ = tx.send(pb::IngressUp { message: Some(pb::ingress_up::Message::Open(open)) }).await;
-    let connection = match dialed {
-        Ok(connection) => connection,
-        Err(refused) => {
-            // The refusal is the whole stream: it ends with the sender.
-            drop(tx);
-            let _ = SupervisorClient::new(gateway).ingress(ReceiverStream::new(rx)).await;
-            return Err(refused);
-        }
-    };
-    let down = SupervisorClient::new(gateway)
-        .ingress(ReceiverStream::new(rx))
-        .await
-        .map_err(|status| format!("port {port}: the gateway refused the tunnel: {}", status.message()))?
-        .into_inner();
-    let up = |data| pb::IngressUp { message: Some(pb::ingress_up::Message::Data(data)) };
-    carry(connection, tx, up, down.map_while(|m| m.ok().map(|m| m.data))).await;
-    Ok(())
+    let unreached = |e: io::Error| format!("port {port}: no connection to the gateway: {e}");
+    let mut gateway = wire().await.map_err(unreached)?;
+    write_open(&mut gateway, &open).await.map_err(unreached)?;
+    // A refusal is the whole connection: it ends here.
+    let mut connection = dialed?;
+    match tokio::io::copy_bidirectional_with_sizes(&mut connection, &mut gateway, CHUNK, CHUNK).await {
+        // Either side may drop its connection rather than close it (a proxy client gone, a
+        // server done): that is how such connections end, not something to log.
+        Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => Ok(()),
+        Err(e) => Err(format!("port {port}: {e}")),
+        Ok(_) => Ok(()),
+    }
 }

@@ -83,20 +83,27 @@ enum Attempt {
     Lost(String),
 }
 
+/// A gateway as one attempt of a session reaches it: the session's channel, and the connections
+/// into the run opened to the same endpoint.
+pub struct Gateway {
+    pub channel: Channel,
+    pub wire: ports::Wire,
+}
+
 /// Keeps a session up until the exit is reported or the gateway rejects the run. `connect`
-/// gives the channel for each attempt (numbered from 0), so that a gateway that went away is
+/// gives the gateway for each attempt (numbered from 0), so that a gateway that went away is
 /// not tried twice running.
 pub async fn keep_session<C, F>(mut connect: C, mut run: Run, observer: &mut impl Observer) -> SessionEnd
 where
     C: FnMut(usize) -> F + Send,
-    F: Future<Output = Result<Channel, String>> + Send,
+    F: Future<Output = Result<Gateway, String>> + Send,
 {
     let mut backoff = FIRST_BACKOFF;
     let mut reporting_since = None;
     for attempt in 0usize.. {
         let lost = match connect(attempt).await {
             Err(e) => e,
-            Ok(channel) => match session(channel, &mut run, observer).await {
+            Ok(gateway) => match session(gateway, &mut run, observer).await {
                 Attempt::Ended(end) => return end,
                 Attempt::Lost(e) => e,
             },
@@ -117,7 +124,7 @@ where
 
 /// One connection. The hello says whether the command already ended (or never started), so
 /// that such a run is never taken for Ready.
-async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) -> Attempt {
+async fn session(Gateway { channel, wire }: Gateway, run: &mut Run, observer: &mut impl Observer) -> Attempt {
     // Room for output in flight; a full channel holds readers back, never the commands.
     let (tx, rx) = mpsc::channel(64);
     let exit = *run.exit.borrow();
@@ -193,10 +200,10 @@ async fn session(channel: Channel, run: &mut Run, observer: &mut impl Observer) 
                     // sends (execs, output credit) may be cut off from what this side sends.
                     Some(FromGateway::HeartbeatAck(_)) => heard = tokio::time::Instant::now(),
                     Some(FromGateway::OpenPort(open)) => {
-                        let (channel, token, dial) = (channel.clone(), run.token.clone(), run.ports.clone());
-                        // Each connection is a stream of its own: a slow one never holds up the session.
+                        let (wire, token, dial) = (wire.clone(), run.token.clone(), run.ports.clone());
+                        // Each connection is one of its own: a slow one never holds up the session.
                         tokio::spawn(async move {
-                            if let Err(e) = ports::open(channel, token, open.tunnel, open.port, dial).await {
+                            if let Err(e) = ports::open(&wire, token, open.tunnel, open.port, dial).await {
                                 eprintln!("berth-supervisor: {e}");
                             }
                         });

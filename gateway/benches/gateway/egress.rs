@@ -44,7 +44,8 @@ pub(crate) async fn upstream() -> std::net::SocketAddr {
 /// listener's address.
 pub(crate) async fn egress_proxy(dir: &std::path::Path, upstream: std::net::SocketAddr) -> std::net::SocketAddr {
     let egress = berth_core::egress::Policy::parse("allow", [upstream.ip().to_string().as_str()]).unwrap();
-    let (_, token, channel) = supervised(dir, SandboxSpec { egress, ..bench_spec() }).await;
+    let (_, token, gateway) = supervised(dir, SandboxSpec { egress, ..bench_spec() }).await;
+    let channel = gateway.channel;
     let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = proxy.local_addr().unwrap();
     tokio::spawn(async move {

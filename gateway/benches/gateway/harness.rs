@@ -146,12 +146,12 @@ pub(crate) fn bench_spec() -> SandboxSpec {
 }
 
 /// An engine on a memory store with one sandbox, `web`, of `spec`, serving the supervisor API
-/// on a Unix socket under `dir` (as containers reach it): the engine, the run's token, and a
-/// channel to the socket, as a supervisor holds them.
+/// on a Unix socket under `dir` (as containers reach it): the engine, the run's token, and the
+/// gateway as a supervisor reaches it (a channel to the socket, and new connections to it).
 pub(crate) async fn supervised(
     dir: &std::path::Path,
     spec: SandboxSpec,
-) -> (Engine, String, tonic::transport::Channel) {
+) -> (Engine, String, berth_supervisor::session::Gateway) {
     let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0);
     let create = Command::CreateSandbox {
         id: engine.new_sandbox_id(),
@@ -169,13 +169,13 @@ pub(crate) async fn supervised(
     let socket = dir.join("gateway.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     let (routes, _) = berth_gateway::api::routes(&engine, "bench-token", Duration::from_secs(5)).await;
-    tokio::spawn(
-        berth_gateway::server::grpc()
-            .add_routes(routes)
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-    );
+    tokio::spawn(berth_gateway::server::grpc().add_routes(routes).serve_with_incoming(berth_gateway::ingress::sort(
+        engine.clone(),
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+    )));
+    let dialed = socket.clone();
     let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let socket = socket.clone();
+        let socket = dialed.clone();
         async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
     });
     // As berth-supervisor's channel is.
@@ -183,7 +183,14 @@ pub(crate) async fn supervised(
         .connect_with_connector(connector)
         .await
         .unwrap();
-    (engine, token, channel)
+    let wire: berth_supervisor::ports::Wire = Arc::new(move || {
+        let socket = socket.clone();
+        Box::pin(async move {
+            let stream = tokio::net::UnixStream::connect(socket).await?;
+            Ok(Box::new(stream) as Box<dyn berth_supervisor::ports::Connection>)
+        })
+    });
+    (engine, token, berth_supervisor::session::Gateway { channel, wire })
 }
 
 pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -40,7 +40,7 @@ async fn server() -> std::net::SocketAddr {
 /// The sandbox `web`'s run, its supervisor's session up, and the preview proxy: the proxy's
 /// address and the access token of `port`.
 async fn preview(dir: &std::path::Path, port: u16) -> (std::net::SocketAddr, String) {
-    let (engine, token, channel) = supervised(dir, bench_spec()).await;
+    let (engine, token, gateway) = supervised(dir, bench_spec()).await;
     let (_exit, exit) = tokio::sync::watch::channel(None);
     let run = berth_supervisor::session::Run {
         token,
@@ -52,9 +52,10 @@ async fn preview(dir: &std::path::Path, port: u16) -> (std::net::SocketAddr, Str
     struct Quiet;
     impl berth_supervisor::session::Observer for Quiet {}
     tokio::spawn(async move {
+        let (channel, wire) = (gateway.channel, gateway.wire);
         let connect = move |_| {
-            let channel = channel.clone();
-            async move { Ok(channel) }
+            let gateway = berth_supervisor::session::Gateway { channel: channel.clone(), wire: wire.clone() };
+            async move { Ok(gateway) }
         };
         berth_supervisor::session::keep_session(connect, run, &mut Quiet).await;
         // Held, so the run's exit never reads as reported.
@@ -130,7 +131,7 @@ async fn relay(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
 pub(crate) fn ports(runtime: &tokio::runtime::Runtime, quick: bool) {
     let (requests, bulk, transfers) = if quick { (50, 8 << 20, 1) } else { (3_000, 512 << 20, 7) };
     println!(
-        "preview proxy: requests through it (gateway -> supervisor session -> run's loopback) beside direct and a bare byte relay, loopback; MB/s the median of {transfers} downloads of {} MiB",
+        "preview proxy: requests through it (gateway -> supervisor -> run's loopback) beside direct and a bare byte relay, loopback; MB/s the median of {transfers} downloads of {} MiB",
         bulk >> 20
     );
     println!("{:>8} {:>14} {:>14} {:>12}", "path", "request p50", "p99", "MB/s");

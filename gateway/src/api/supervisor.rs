@@ -29,9 +29,6 @@ use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
 use crate::sessions::OutputEvent;
 
-/// How many bytes of a connection into a run are buffered in the gateway each way: four
-/// messages' worth, so that a bulk stream's writer seldom waits on its reader.
-const TUNNEL_BUFFER: usize = 4 * berth_proto::carry::CHUNK;
 /// How many heartbeat intervals without a word from a supervisor end its session.
 const SILENT_HEARTBEATS: u32 = 4;
 /// How long a new session may take to say hello.
@@ -213,10 +210,8 @@ async fn exec_report(
 type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::GatewayMessage, Status>> + Send>>;
 type EgressStream = Pin<Box<dyn Stream<Item = Result<pb::EgressDown, Status>> + Send>>;
 
-type IngressStream = Pin<Box<dyn Stream<Item = Result<pb::IngressDown, Status>> + Send>>;
-
 /// Carries an opened connection's bytes both ways until each side has ended (an egress
-/// connection out of the sandbox, or one into it for the preview proxy): the sandbox's end of
+/// connection out of the sandbox, or one into it for a port-forward): the sandbox's end of
 /// stream shuts the connection's write side, the connection's end of file ends the reply
 /// stream. A gateway shutting down cuts both at once (the connection cannot outlive it, and
 /// waiting would hold the shutdown up to its bound), the reply with UNAVAILABLE.
@@ -277,7 +272,6 @@ pub(super) async fn splice<U, D>(
 impl Supervisor for SupervisorApi {
     type SessionStream = SessionStream;
     type EgressStream = EgressStream;
-    type IngressStream = IngressStream;
 
     async fn egress(&self, request: Request<Streaming<pb::EgressUp>>) -> Result<Response<Self::EgressStream>, Status> {
         let mut inbound = request.into_inner();
@@ -297,47 +291,6 @@ impl Supervisor for SupervisorApi {
         };
         let down_of = |data| pb::EgressDown { message: Some(pb::egress_down::Message::Data(data)) };
         tokio::spawn(splice(self.engine.shutdown().clone(), connection, inbound, data_of, tx, down_of));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-
-    /// A supervisor's answer to an `OpenPort` of its session: the connection into the run
-    /// that the waiting proxy request or port-forward takes, or why there is none.
-    async fn ingress(
-        &self,
-        request: Request<Streaming<pb::IngressUp>>,
-    ) -> Result<Response<Self::IngressStream>, Status> {
-        let mut inbound = request.into_inner();
-        let open = match tokio::time::timeout(HELLO_WITHIN, inbound.message()).await {
-            Ok(Ok(Some(pb::IngressUp { message: Some(pb::ingress_up::Message::Open(open)) }))) => open,
-            Ok(Ok(_)) => return Err(Status::invalid_argument("the first message of an ingress stream must open it")),
-            Ok(Err(status)) => return Err(status),
-            Err(_) => return Err(Status::deadline_exceeded("no open within 10 s")),
-        };
-        let identity = verify_token(self.engine.key(), &open.runtime_token).map_err(ApiError::from)?;
-        // Only the session that asked, of the run whose token this is, hands the connection
-        // over: a run cannot answer for another's tunnel.
-        let waiter = self
-            .execs
-            .sessions()
-            .get(&identity.sandbox, identity.generation)
-            .and_then(|session| session.take_tunnel(open.tunnel))
-            .ok_or_else(|| Status::not_found(format!("no tunnel {} is waiting for this run", open.tunnel)))?;
-        let (tx, rx) = mpsc::channel(8);
-        if !open.refused.is_empty() {
-            let _ = waiter.send(Err(open.refused));
-            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
-        }
-        let (ours, theirs) = tokio::io::duplex(TUNNEL_BUFFER);
-        if waiter.send(Ok(theirs)).is_err() {
-            return Err(Status::cancelled("the request that asked for the connection is gone"));
-        }
-        let data_of = |m: pb::IngressUp| match m.message {
-            Some(pb::ingress_up::Message::Data(data)) => Some(data),
-            _ => None,
-        };
-        tokio::spawn(splice(self.engine.shutdown().clone(), ours, inbound, data_of, tx, |data| pb::IngressDown {
-            data,
-        }));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "berth/v1/templates.proto",
         "berth/v1/snapshots.proto",
         "berth/v1/volumes.proto",
+        "berth/v1/nodes.proto",
         "berth/v1/gateway.proto",
         "berth/v1/supervisor.proto",
     ];

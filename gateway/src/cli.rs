@@ -29,6 +29,7 @@ mod client;
 mod exec;
 mod files;
 mod logs;
+mod nodes;
 mod ports;
 mod print;
 mod providers;
@@ -80,6 +81,9 @@ enum Top {
     /// Create, inspect and delete volumes: files that outlive the sandboxes that mount them.
     #[command(subcommand)]
     Volume(volumes::VolumeCmd),
+    /// Inspect and drain nodes: the hosts that run sandboxes.
+    #[command(subcommand)]
+    Node(nodes::NodeCmd),
     /// Print this client's version and the gateway's.
     Version,
     /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
@@ -133,6 +137,7 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
             Top::Pool(c) => client.pool(c).await.map(|()| 0),
             Top::Snapshot(c) => client.snapshot(c).await.map(|()| 0),
             Top::Volume(c) => client.volume(c).await.map(|()| 0),
+            Top::Node(c) => client.node(c).await.map(|()| 0),
             Top::Version => client.version().await.map(|()| 0),
             // Answered above, before connecting.
             Top::Completions { .. } => Ok(0),

@@ -1,6 +1,7 @@
 //! Gateway configuration: command-line flags, `BERTH_*` environment variables, and an optional
 //! TOML file, in that order of precedence, over built-in defaults.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -145,6 +146,17 @@ pub struct Flags {
     /// its address file `<data-dir>/<name>.addr`. [default: gateway]
     #[arg(long, env = "BERTH_NAME")]
     pub name: Option<String>,
+    /// The node this gateway runs sandboxes as (DESIGN 14; a DNS label):
+    /// gateways sharing a data directory are one node, whose lease one of them holds.
+    /// [default: the instance name, made a DNS label]
+    #[arg(long, env = "BERTH_NODE")]
+    pub node: Option<String>,
+    /// A label of the node, KEY=VALUE (repeatable): what sandboxes' node selectors match.
+    #[arg(long = "node-label", env = "BERTH_NODE_LABELS", value_delimiter = ' ', value_parser = node_label)]
+    pub node_labels: Vec<(String, String)>,
+    /// How many sandboxes the node takes. [default: 1000]
+    #[arg(long, env = "BERTH_NODE_SANDBOXES")]
+    pub node_sandboxes: Option<u64>,
     /// How long the reconcile lease lasts unrenewed: how soon another gateway takes over
     /// reconciling when its holder dies. [default: 15s]
     #[arg(long, env = "BERTH_LEASE_TTL", value_parser = duration)]
@@ -214,6 +226,9 @@ struct File {
     podman_socket: Option<PathBuf>,
     instance: Option<String>,
     name: Option<String>,
+    node: Option<String>,
+    node_labels: Option<BTreeMap<String, String>>,
+    node_sandboxes: Option<u64>,
     lease_ttl: Option<String>,
     poll_interval: Option<String>,
     redrive_after: Option<String>,
@@ -249,6 +264,10 @@ pub struct Config {
     pub podman_socket: PathBuf,
     pub instance: Option<String>,
     pub name: String,
+    /// `None`: the instance name.
+    pub node: Option<String>,
+    pub node_labels: BTreeMap<String, String>,
+    pub node_sandboxes: u64,
     pub lease_ttl: Duration,
     pub poll_interval: Duration,
     pub redrive_after: Duration,
@@ -287,6 +306,9 @@ impl fmt::Debug for Config {
             .field("podman_socket", &self.podman_socket)
             .field("instance", &self.instance)
             .field("name", &self.name)
+            .field("node", &self.node)
+            .field("node_labels", &self.node_labels)
+            .field("node_sandboxes", &self.node_sandboxes)
             .field("lease_ttl", &self.lease_ttl)
             .field("poll_interval", &self.poll_interval)
             .field("redrive_after", &self.redrive_after)
@@ -309,6 +331,13 @@ impl fmt::Debug for Config {
 /// A domain the preview proxy routes under: a host name, lowercased.
 fn proxy_domain(text: &str) -> Result<String, String> {
     berth_core::egress::host_name(text).map_err(|why| format!("'{text}' is not a domain: {why}"))
+}
+
+/// A node's label, `KEY=VALUE`, as a user's sandbox label is.
+fn node_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text.split_once('=').ok_or_else(|| format!("{text:?} is not KEY=VALUE"))?;
+    berth_core::validate::user_label("node_labels", key, value).map_err(|e| e.to_string())?;
+    Ok((key.to_string(), value.to_string()))
 }
 
 /// A gateway's name names files: keep it to a safe alphabet.
@@ -351,6 +380,26 @@ impl Config {
         let data_dir = flags.data_dir.or(file.data_dir).unwrap_or_else(crate::data_dir::default_path);
         let store = StoreLocation::parse(flags.store.or(file.store).as_deref().unwrap_or("sqlite"), &data_dir)?;
         let name = gateway_name(flags.name.or(file.name).unwrap_or_else(|| crate::data_dir::DEFAULT_NAME.to_string()))?;
+        let node = flags
+            .node
+            .or(file.node)
+            .map(|node| berth_core::validate::dns_label("node", &node).map(|()| node).map_err(|e| e.to_string()))
+            .transpose()?;
+        let node_labels = if flags.node_labels.is_empty() {
+            let labels = file.node_labels.unwrap_or_default();
+            for (key, value) in &labels {
+                node_label(&format!("{key}={value}"))?;
+            }
+            labels
+        } else {
+            flags.node_labels.into_iter().collect()
+        };
+        let node_sandboxes = match flags.node_sandboxes.or(file.node_sandboxes) {
+            Some(0) => {
+                return Err("node_sandboxes: a node that takes no sandbox cannot run any; give at least 1".into());
+            }
+            n => n.unwrap_or(1000),
+        };
         let lease_ttl = flags.lease_ttl.or(from_file("lease_ttl", file.lease_ttl)?).unwrap_or(Duration::from_secs(15));
         if lease_ttl < Duration::from_millis(300) {
             return Err(format!("lease_ttl: {lease_ttl:?} is too short to renew in time; give at least 300ms"));
@@ -398,6 +447,9 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from("/run/podman/podman.sock")),
             instance: flags.instance.or(file.instance),
             name,
+            node,
+            node_labels,
+            node_sandboxes,
             lease_ttl,
             poll_interval: flags
                 .poll_interval
@@ -488,6 +540,33 @@ mod tests {
         }
         let short = Config::load(Flags { lease_ttl: Some(Duration::from_millis(100)), ..Flags::default() });
         assert!(short.unwrap_err().starts_with("lease_ttl:"));
+    }
+
+    #[test]
+    fn a_node_is_named_and_labelled_as_safely_as_a_gateway_and_takes_a_sandbox_at_least() {
+        let defaults = Config::load(Flags::default()).unwrap();
+        assert_eq!((defaults.node, defaults.node_labels.len(), defaults.node_sandboxes), (None, 0, 1000));
+        let flags = Flags {
+            node: Some("rack1-n2".into()),
+            node_labels: vec![("zone".into(), "a".into())],
+            node_sandboxes: Some(40),
+            ..Flags::default()
+        };
+        let config = Config::load(flags).unwrap();
+        assert_eq!(config.node.as_deref(), Some("rack1-n2"));
+        assert_eq!(config.node_labels, BTreeMap::from([("zone".to_string(), "a".to_string())]));
+        assert_eq!(config.node_sandboxes, 40);
+        for bad in ["a/b", "Upper", "-n1", &"n".repeat(64)] {
+            let err = Config::load(Flags { node: Some(bad.into()), ..Flags::default() }).unwrap_err();
+            assert!(err.contains("node"), "{bad}: {err}");
+        }
+        let err = Config::load(Flags { node_sandboxes: Some(0), ..Flags::default() }).unwrap_err();
+        assert!(err.starts_with("node_sandboxes:"), "{err}");
+        assert!(node_label("zone=a").is_ok());
+        assert!(node_label("zone").unwrap_err().contains("KEY=VALUE"));
+        for bad in ["-zone=a", "berth.zone=a", "zone=a b"] {
+            assert!(node_label(bad).unwrap_err().contains("node_labels"), "{bad}");
+        }
     }
 
     #[test]

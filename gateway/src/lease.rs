@@ -10,10 +10,12 @@
 //! through the same conditional write as anyone else's. It also stops on its own, whether or
 //! not the store answers, once nine tenths of the lease's time-to-live have passed since it last
 //! asked for it, on its own clock: before the store would let another gateway in. Those rules
-//! are berth-core's ([`berth_core::lease`]); this is the tokio code that keeps them.
+//! are berth-core's ([`berth_core::lease`]); this is the tokio code that keeps them, for the
+//! reconcile lease and for a node's ([`crate::node`]) alike.
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -23,6 +25,7 @@ use berth_core::lease::{next_ask, reliable, relied_until};
 
 use crate::engine::Engine;
 use crate::reconcile::{self, ReconcileSettings};
+use crate::store::{Lease, StoreError};
 use crate::{pools, timers};
 
 #[derive(Clone, Debug)]
@@ -36,14 +39,11 @@ pub struct LeaseSettings {
 /// The reconcile loops this gateway runs while it holds the lease.
 struct Tenure {
     term: u64,
-    /// The lease is surely ours until then: nine tenths of a time-to-live after the last
-    /// renewal was asked for.
-    until: Instant,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Tenure {
-    fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64, until: Instant) -> Self {
+    fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64) -> Self {
         let (timers_feed, timers_records) = tokio::sync::mpsc::channel(1);
         let (pools_feed, pools_records) = tokio::sync::mpsc::channel(1);
         let feeds = vec![timers_feed, pools_feed];
@@ -62,7 +62,7 @@ impl Tenure {
         let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone(), feeds));
         let timers = tokio::spawn(timers::timers_loop(engine.clone(), timers_records));
         let pools = tokio::spawn(pools::pools_loop(engine.clone(), pools_records));
-        Self { term, until, tasks: vec![recovery, watch, poll, timers, pools] }
+        Self { term, tasks: vec![recovery, watch, poll, timers, pools] }
     }
 
     fn end(self) {
@@ -72,77 +72,137 @@ impl Tenure {
     }
 }
 
-/// Holds the lease whenever it can and runs reconcile while it does, until `shutdown` turns
-/// true; then stops reconciling and gives the lease up.
-pub async fn lead(
+/// A request for a lease, under way.
+pub(crate) type Asking = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Lease, StoreError>> + Send>>;
+
+/// What a lease is kept for: how it is asked for and given up, and what runs while it is held.
+/// The reconcile lease's tenant runs recovery and the reconcile loops; a node's
+/// (`crate::node`) says which epoch the node holds.
+#[async_trait]
+pub(crate) trait Tenant: Send {
+    /// The lease, for the log: "the reconcile lease", "node n1's lease".
+    fn lease(&self) -> String;
+    /// Takes or renews the lease for its holder. The request owns what it needs: the tenure
+    /// may end while it waits for the store.
+    fn ask(&self) -> Asking;
+    async fn release(&self) -> Result<(), StoreError>;
+    /// A tenure begins: the lease is this holder's in `term`.
+    fn begin(&mut self, term: u64);
+    /// The tenure ends: the lease lapsed unrenewed, went to another holder, or is given up.
+    fn end(&mut self);
+}
+
+/// The reconcile lease's tenant: recovery and the reconcile loops, while it is held.
+struct Reconciler {
     engine: Engine,
-    lease: LeaseSettings,
+    holder: String,
+    ttl: Duration,
     settings: ReconcileSettings,
-    mut shutdown: watch::Receiver<bool>,
-) {
+    tenure: Option<Tenure>,
+}
+
+#[async_trait]
+impl Tenant for Reconciler {
+    fn lease(&self) -> String {
+        "the reconcile lease".into()
+    }
+    fn ask(&self) -> Asking {
+        let (store, holder, ttl) = (self.engine.store().clone(), self.holder.clone(), self.ttl);
+        Box::pin(async move { store.acquire_lease(&holder, ttl).await })
+    }
+    async fn release(&self) -> Result<(), StoreError> {
+        self.engine.store().release_lease(&self.holder).await
+    }
+    fn begin(&mut self, term: u64) {
+        info!(holder = self.holder, term, "recovery and the reconcile loops start");
+        self.tenure = Some(Tenure::begin(&self.engine, &self.settings, term));
+        self.engine.metrics().lease(true, term);
+    }
+    fn end(&mut self) {
+        if let Some(t) = self.tenure.take() {
+            info!(holder = self.holder, term = t.term, "reconcile stops here");
+            t.end();
+        }
+        self.engine.metrics().lease(false, 0);
+    }
+}
+
+/// Holds the reconcile lease whenever it can and runs reconcile while it does, until
+/// `shutdown` turns true; then stops reconciling and gives the lease up.
+pub async fn lead(engine: Engine, lease: LeaseSettings, settings: ReconcileSettings, shutdown: watch::Receiver<bool>) {
     let LeaseSettings { holder, ttl } = lease;
-    // The core's rules take times as offsets on this gateway's monotonic clock.
+    let reconciler = Reconciler { engine, holder: holder.clone(), ttl, settings, tenure: None };
+    keep(reconciler, &holder, ttl, shutdown).await;
+}
+
+/// Keeps `tenant`'s lease for `holder` whenever it can, renewed every third of `ttl`, and
+/// begins and ends its tenures, until `shutdown` turns true; then ends the tenure and gives the
+/// lease up. A tenure is relied on only until nine tenths of `ttl` after the renewal that
+/// extended it was asked for ([`berth_core::lease`]): it ends then, whether the store answers
+/// or not.
+pub(crate) async fn keep(mut tenant: impl Tenant, holder: &str, ttl: Duration, mut shutdown: watch::Receiver<bool>) {
+    let what = tenant.lease();
+    // The core's rules take times as offsets on this process's monotonic clock.
     let origin = Instant::now();
-    let mut tenure: Option<Tenure> = None;
+    // The tenure held: its term, and until when it is surely ours.
+    let mut tenure: Option<(u64, Instant)> = None;
     let mut last_seen: Option<String> = None;
     while !*shutdown.borrow() {
         let asked = Instant::now();
-        let acquire = engine.store().acquire_lease(&holder, ttl);
-        tokio::pin!(acquire);
-        // The store may take its time to answer (a hung connection, a failover): the tenure
-        // ends when its time is up, and a shutdown does not wait, answer or not.
-        let reply = loop {
-            let until = tenure.as_ref().map(|t| t.until);
-            tokio::select! {
-                biased;
-                _ = shutdown.wait_for(|stop| *stop) => break None,
-                _ = tokio::time::sleep_until(until.unwrap_or_else(Instant::now)), if until.is_some() => {
-                    if let Some(t) = tenure.take() {
-                        warn!(holder, term = t.term, "the reconcile lease lapsed unrenewed: reconcile stops here");
-                        t.end();
+        let reply = {
+            let acquire = tenant.ask();
+            tokio::pin!(acquire);
+            // The store may take its time to answer (a hung connection, a failover): the
+            // tenure ends when its time is up, and a shutdown does not wait, answer or not.
+            loop {
+                let until = tenure.map(|(_, until)| until);
+                tokio::select! {
+                    biased;
+                    _ = shutdown.wait_for(|stop| *stop) => break None,
+                    _ = tokio::time::sleep_until(until.unwrap_or_else(Instant::now)), if until.is_some() => {
+                        if let Some((term, _)) = tenure.take() {
+                            warn!(holder, term, "{what} lapsed unrenewed");
+                            tenant.end();
+                        }
                     }
+                    reply = &mut acquire => break Some(reply),
                 }
-                reply = &mut acquire => break Some(reply),
             }
         };
         let Some(reply) = reply else { break };
         let (asked_at, answered_at) = (asked - origin, Instant::now() - origin);
         let until = origin + relied_until(asked_at, answered_at, ttl);
         match reply {
-            Ok(lease) if lease.held_by(&holder) && reliable(asked_at, answered_at, ttl) => match &mut tenure {
-                Some(t) if t.term == lease.term => t.until = until,
+            Ok(lease) if lease.held_by(holder) && reliable(asked_at, answered_at, ttl) => match &mut tenure {
+                Some((term, held_until)) if *term == lease.term => *held_until = until,
                 _ => {
-                    if let Some(t) = tenure.take() {
-                        t.end();
+                    if tenure.take().is_some() {
+                        tenant.end();
                     }
-                    info!(
-                        holder,
-                        term = lease.term,
-                        "took the reconcile lease: recovery and the reconcile loops start"
-                    );
-                    tenure = Some(Tenure::begin(&engine, &settings, lease.term, until));
+                    info!(holder, term = lease.term, "took {what}");
+                    tenure = Some((lease.term, until));
+                    tenant.begin(lease.term);
                 }
             },
-            Ok(lease) if lease.held_by(&holder) => {
+            Ok(lease) if lease.held_by(holder) => {
                 // Granted, but the answer came too late to rely on: ask again.
-                if let Some(t) = tenure.take() {
-                    t.end();
+                if tenure.take().is_some() {
+                    tenant.end();
                 }
-                warn!(holder, term = lease.term, "the store granted the reconcile lease too late to rely on");
+                warn!(holder, term = lease.term, "the store granted {what} too late to rely on");
             }
             Ok(lease) => {
-                if let Some(t) = tenure.take() {
-                    warn!(holder, term = t.term, now_held_by = ?lease.holder, "lost the reconcile lease: reconcile stops here");
-                    t.end();
+                if let Some((term, _)) = tenure.take() {
+                    warn!(holder, term, now_held_by = ?lease.holder, "lost {what}");
+                    tenant.end();
                 } else if last_seen != lease.holder {
-                    info!(holder, held_by = ?lease.holder, term = lease.term, "another gateway holds the reconcile lease");
+                    info!(holder, held_by = ?lease.holder, term = lease.term, "another process holds {what}");
                 }
                 last_seen = lease.holder;
             }
-            Err(e) => warn!(holder, error = %e, "cannot renew the reconcile lease"),
+            Err(e) => warn!(holder, error = %e, "cannot renew {what}"),
         }
-        engine.metrics().lease(tenure.is_some(), tenure.as_ref().map_or(0, |t| t.term));
-        let next = origin + next_ask(Instant::now() - origin, ttl, tenure.as_ref().map(|t| t.until - origin));
+        let next = origin + next_ask(Instant::now() - origin, ttl, tenure.map(|(_, until)| until - origin));
         // Biased, as every select the simulator runs: an unbiased one starts from a branch
         // tokio draws from an OS-seeded generator (DESIGN 5: no ambient randomness).
         tokio::select! {
@@ -156,11 +216,11 @@ pub async fn lead(
             _ = tokio::time::sleep_until(next) => {}
         }
     }
-    if let Some(t) = tenure.take() {
-        t.end();
-        match engine.store().release_lease(&holder).await {
-            Ok(()) => info!(holder, "released the reconcile lease"),
-            Err(e) => warn!(holder, error = %e, "cannot release the reconcile lease; it lapses by itself"),
+    if tenure.take().is_some() {
+        tenant.end();
+        match tenant.release().await {
+            Ok(()) => info!(holder, "released {what}"),
+            Err(e) => warn!(holder, error = %e, "cannot release {what}; it lapses by itself"),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod ingress;
 pub mod lease;
 pub mod metrics;
+pub mod node;
 pub mod pools;
 pub mod ports;
 pub mod reconcile;

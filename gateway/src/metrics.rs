@@ -87,6 +87,8 @@ pub struct Metrics {
     driver_errors: Family<OpLabel, Counter>,
     lease_held: Gauge,
     lease_term: Gauge,
+    node_lease_held: Gauge,
+    node_epoch: Gauge,
     execs_admitted: Counter,
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
@@ -116,6 +118,8 @@ impl Default for Metrics {
             driver_errors: Family::default(),
             lease_held: Gauge::default(),
             lease_term: Gauge::default(),
+            node_lease_held: Gauge::default(),
+            node_epoch: Gauge::default(),
             execs_admitted: Counter::default(),
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
@@ -155,6 +159,12 @@ impl Default for Metrics {
         registry.register("driver_call_seconds", "Runtime driver calls, by operation", m.driver_seconds.clone());
         registry.register("driver_errors", "Runtime driver calls that failed, by operation", m.driver_errors.clone());
         registry.register("lease_held", "1 while this gateway holds the reconcile lease", m.lease_held.clone());
+        registry.register("node_lease_held", "1 while this gateway holds its node's lease", m.node_lease_held.clone());
+        registry.register(
+            "node_epoch",
+            "the epoch of its node's lease this gateway holds, 0 when none",
+            m.node_epoch.clone(),
+        );
         registry.register(
             "lease_term",
             "The term of the reconcile lease this gateway holds (0 while it holds none)",
@@ -333,6 +343,12 @@ impl Metrics {
     pub fn lease(&self, held: bool, term: u64) {
         self.lease_held.set(i64::from(held));
         self.lease_term.set(i64::try_from(term).unwrap_or(i64::MAX));
+    }
+
+    /// The node's lease this gateway holds, in which epoch (`None`: not held).
+    pub fn node_lease(&self, epoch: Option<u64>) {
+        self.node_lease_held.set(i64::from(epoch.is_some()));
+        self.node_epoch.set(epoch.map_or(0, |e| i64::try_from(e).unwrap_or(i64::MAX)));
     }
 
     pub fn exec_admitted(&self) {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_core::NodeId;
 use berth_drivers::Driver;
 use berth_drivers::container::docker::DockerEngine;
 use berth_drivers::container::podman::PodmanEngine;
@@ -18,10 +19,11 @@ use crate::config::{Config, DriverKind, StoreLocation};
 use crate::data_dir::DataDir;
 use crate::engine::{Engine, EngineSettings};
 use crate::lease::{self, LeaseSettings};
+use crate::node::NodeSettings;
 use crate::reconcile::ReconcileSettings;
-use crate::store::Store;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
+use crate::store::{NodeOffer, Store};
 
 /// How long a shutdown waits for effects under way to finish.
 const DRAIN_FOR: Duration = Duration::from_secs(10);
@@ -90,7 +92,11 @@ pub async fn run(config: Config) -> Result<(), String> {
             config.supervisor_bin.display()
         ));
     }
-    let driver = driver(&config, &data, &socket_dir, store.identity()).await?;
+    let instance = match &config.instance {
+        Some(name) => name.clone(),
+        None => data.instance()?,
+    };
+    let driver = driver(&config, &data, &socket_dir, &instance, store.identity()).await?;
     // Bound before the engine is made: the URLs it hands out name the address bound.
     let proxy = match config.proxy_listen {
         Some(at) => {
@@ -131,6 +137,18 @@ pub async fn run(config: Config) -> Result<(), String> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let lease = LeaseSettings { holder: config.name.clone(), ttl: config.lease_ttl };
     let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
+    let node = NodeSettings {
+        id: config.node.as_deref().map_or_else(|| crate::node::default_id(&instance), NodeId::new),
+        holder: config.name.clone(),
+        offer: NodeOffer {
+            address: format!("http://{address}"),
+            labels: config.node_labels.clone(),
+            capacity: crate::node::host_capacity(config.node_sandboxes),
+        },
+        ttl: config.lease_ttl,
+    };
+    info!(node = %node.id, capacity = ?node.offer.capacity, labels = ?node.offer.labels, "registering this host as a node");
+    let noding = tokio::spawn(crate::node::keep(engine.clone(), node, stop_rx.clone()));
     tokio::spawn(crate::engine::execs::Execs::new(engine.clone()).settle_forever());
 
     let (routes, health) = crate::api::routes(&engine, &token, config.heartbeat).await;
@@ -195,6 +213,9 @@ pub async fn run(config: Config) -> Result<(), String> {
         if tokio::time::timeout_at(deadline, leading).await.is_err() {
             warn!("the store did not take the reconcile lease back in time; it lapses by itself");
         }
+        if tokio::time::timeout_at(deadline, noding).await.is_err() {
+            warn!("the store did not take the node's lease back in time; it lapses by itself");
+        }
         while engine.busy() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -236,11 +257,13 @@ pub fn grpc() -> tonic::transport::Server {
 
 /// The configured runtime's driver; `auto` takes the first runtime that answers. Container
 /// engines are bound to `store`: they label what they make with it and see only its resources.
-async fn driver(config: &Config, data: &DataDir, socket_dir: &Path, store: &str) -> Result<Arc<dyn Driver>, String> {
-    let instance = match &config.instance {
-        Some(name) => name.clone(),
-        None => data.instance()?,
-    };
+async fn driver(
+    config: &Config,
+    data: &DataDir,
+    socket_dir: &Path,
+    instance: &str,
+    store: &str,
+) -> Result<Arc<dyn Driver>, String> {
     let containers = |runtime: &str| ContainerConfig {
         root: data.runtime_state(runtime),
         supervisor: config.supervisor_bin.clone(),
@@ -248,12 +271,12 @@ async fn driver(config: &Config, data: &DataDir, socket_dir: &Path, store: &str)
     };
     let docker = || async {
         let socket = config.docker_socket.display().to_string();
-        let engine = DockerEngine::connect(&socket, &instance).await.map_err(|e| format!("Docker at {socket}: {e}"))?;
+        let engine = DockerEngine::connect(&socket, instance).await.map_err(|e| format!("Docker at {socket}: {e}"))?;
         Ok::<_, String>(engine.with_store(store))
     };
     let podman = || async {
         let socket = config.podman_socket.display().to_string();
-        let engine = PodmanEngine::connect(&socket, &instance).await.map_err(|e| format!("Podman at {socket}: {e}"))?;
+        let engine = PodmanEngine::connect(&socket, instance).await.map_err(|e| format!("Podman at {socket}: {e}"))?;
         Ok::<_, String>(engine.with_store(store))
     };
     let process = || -> Result<Arc<dyn Driver>, String> {

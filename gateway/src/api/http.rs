@@ -22,6 +22,7 @@ use berth_proto::v1 as pb;
 use berth_proto::v1::execs_server::Execs as _;
 use berth_proto::v1::gateway_server::Gateway;
 use berth_proto::v1::logs_server::Logs as _;
+use berth_proto::v1::nodes_server::Nodes;
 use berth_proto::v1::providers_server::Providers;
 use berth_proto::v1::sandboxes_server::Sandboxes;
 use berth_proto::v1::snapshots_server::Snapshots;
@@ -33,7 +34,7 @@ use serde::de::DeserializeOwned;
 use tonic::{Code, Status};
 
 use super::auth::BearerAuth;
-use super::{exec, info, logs, public, snapshots, templates, volumes};
+use super::{exec, info, logs, nodes, public, snapshots, templates, volumes};
 use crate::engine::Engine;
 use crate::engine::activity::Activity;
 use crate::engine::execs::Execs;
@@ -45,6 +46,7 @@ struct Api {
     templates: templates::TemplateApi,
     snapshots: snapshots::SnapshotApi,
     volumes: volumes::VolumeApi,
+    nodes: nodes::NodeApi,
     execs: exec::ExecApi,
     logs: logs::LogsApi,
     gateway: info::GatewayApi,
@@ -384,6 +386,22 @@ async fn delete_volume(State(api): Shared, Path(name): Path<String>, bytes: Byte
     ))
 }
 
+async fn list_nodes(State(api): Shared) -> Response {
+    reply(api.nodes.list_nodes(request(pb::ListNodesRequest {})).await)
+}
+
+async fn get_node(State(api): Shared, Path(id): Path<String>) -> Response {
+    reply(api.nodes.get_node(request(pb::GetNodeRequest { id })).await)
+}
+
+async fn drain_node(State(api): Shared, Path(id): Path<String>) -> Response {
+    reply(api.nodes.drain_node(request(pb::DrainNodeRequest { id })).await)
+}
+
+async fn undrain_node(State(api): Shared, Path(id): Path<String>) -> Response {
+    reply(api.nodes.undrain_node(request(pb::DrainNodeRequest { id })).await)
+}
+
 async fn fork(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
     with_body!(bytes, |r: pb::ForkSandboxRequest| reply(
         api.snapshots.fork_sandbox(request(pb::ForkSandboxRequest { name, ..r })).await
@@ -462,6 +480,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         templates: templates::TemplateApi::new(engine.clone()),
         snapshots: snapshots::SnapshotApi::new(engine.clone()),
         volumes: volumes::VolumeApi::new(engine.clone()),
+        nodes: nodes::NodeApi::new(engine.clone()),
         execs: exec::ExecApi::new(Execs::new(engine.clone()), activity.clone(), engine.shutdown().clone()),
         logs: logs::LogsApi::new(Logs::new(engine.clone()), activity, engine.shutdown().clone()),
         gateway: info::GatewayApi::new(engine.clone()),
@@ -492,6 +511,10 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/snapshots/{name}", get(get_snapshot).delete(delete_snapshot))
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{id}", get(get_node))
+        .route("/v1/nodes/{id}/drain", post(drain_node))
+        .route("/v1/nodes/{id}/undrain", post(undrain_node))
         .route_layer(middleware::from_fn_with_state(api.clone(), authorized))
         .with_state(api)
 }

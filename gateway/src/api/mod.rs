@@ -8,6 +8,7 @@ pub mod files;
 pub mod http;
 pub mod info;
 pub mod logs;
+pub mod nodes;
 pub mod public;
 pub mod snapshots;
 pub mod supervisor;
@@ -21,6 +22,7 @@ use berth_proto::v1::execs_server::ExecsServer;
 use berth_proto::v1::files_server::FilesServer;
 use berth_proto::v1::gateway_server::GatewayServer;
 use berth_proto::v1::logs_server::LogsServer;
+use berth_proto::v1::nodes_server::NodesServer;
 use berth_proto::v1::providers_server::ProvidersServer;
 use berth_proto::v1::sandboxes_server::SandboxesServer;
 use berth_proto::v1::snapshots_server::SnapshotsServer;
@@ -41,7 +43,7 @@ use crate::engine::logs::Logs;
 /// The services' statuses the health service reports.
 pub struct Health {
     reporter: tonic_health::server::HealthReporter,
-    served: [&'static str; 10],
+    served: [&'static str; 11],
 }
 
 impl Health {
@@ -69,6 +71,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         TemplatesServer::<templates::TemplateApi>::NAME,
         SnapshotsServer::<snapshots::SnapshotApi>::NAME,
         VolumesServer::<volumes::VolumeApi>::NAME,
+        NodesServer::<nodes::NodeApi>::NAME,
         GatewayServer::<info::GatewayApi>::NAME,
         SupervisorServer::<supervisor::SupervisorApi>::NAME,
     ];
@@ -88,6 +91,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
     let templates_auth = auth.clone();
     let snapshots_auth = auth.clone();
     let volumes_auth = auth.clone();
+    let nodes_auth = auth.clone();
     let info_auth = auth;
     let execs = Execs::new(engine.clone());
     let activity = Activity::new(engine.clone());
@@ -120,6 +124,7 @@ pub async fn routes(engine: &Engine, token: &str, heartbeat: Duration) -> (Route
         .add_service(VolumesServer::with_interceptor(volumes::VolumeApi::new(engine.clone()), move |r| {
             volumes_auth.check(r)
         }))
+        .add_service(NodesServer::with_interceptor(nodes::NodeApi::new(engine.clone()), move |r| nodes_auth.check(r)))
         .add_service(GatewayServer::with_interceptor(info::GatewayApi::new(engine.clone()), move |r| {
             info_auth.check(r)
         }))

@@ -9,6 +9,7 @@ use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::files_client::FilesClient;
 use berth_proto::v1::gateway_client::GatewayClient;
 use berth_proto::v1::logs_client::LogsClient;
+use berth_proto::v1::nodes_client::NodesClient;
 use berth_proto::v1::providers_client::ProvidersClient;
 use berth_proto::v1::sandboxes_client::SandboxesClient;
 use berth_proto::v1::snapshots_client::SnapshotsClient;
@@ -71,6 +72,7 @@ pub(super) struct Client {
     pub(super) templates: TemplatesClient<Authed>,
     pub(super) snapshots: SnapshotsClient<Authed>,
     pub(super) volumes: VolumesClient<Authed>,
+    pub(super) nodes: NodesClient<Authed>,
     pub(super) gateway: GatewayClient<Authed>,
     pub(super) output: Output,
 }
@@ -239,6 +241,7 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
         templates: TemplatesClient::with_interceptor(channel.clone(), auth.clone()),
         snapshots: SnapshotsClient::with_interceptor(channel.clone(), auth.clone()),
         volumes: VolumesClient::with_interceptor(channel.clone(), auth.clone()),
+        nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
         gateway: GatewayClient::with_interceptor(channel, auth),
         output,
     })

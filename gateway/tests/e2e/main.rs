@@ -20,6 +20,7 @@ mod limits;
 mod logs;
 mod main_process;
 mod metrics;
+mod nodes;
 mod pause;
 #[path = "../support/postgres.rs"]
 mod pg;

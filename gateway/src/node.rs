@@ -1,0 +1,119 @@
+//! This gateway as a node (DESIGN 14): the host it runs sandboxes on, registered in the store
+//! with what it offers, under a lease that one process holds at a time. Gateways sharing a
+//! data directory share its runtime, so they are one node: one of them holds the lease, and
+//! another takes it over, in a new epoch, once the holder's lapses or is given up.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_core::NodeId;
+use berth_core::placement::Capacity;
+use tokio::sync::watch;
+
+use crate::engine::Engine;
+use crate::lease::{self, Asking, Tenant};
+use crate::store::{NodeOffer, StoreError};
+
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    pub id: NodeId,
+    /// This gateway's name: unique among the processes sharing the store.
+    pub holder: String,
+    pub offer: NodeOffer,
+    /// How long the lease lasts unrenewed: how soon the node is fenced once its holder is gone.
+    pub ttl: Duration,
+}
+
+/// The node's lease keeper: what it holds shows in the metrics.
+struct Agent {
+    engine: Engine,
+    settings: NodeSettings,
+}
+
+#[async_trait]
+impl Tenant for Agent {
+    fn lease(&self) -> String {
+        format!("node {}'s lease", self.settings.id)
+    }
+    fn ask(&self) -> Asking {
+        let (store, settings) = (self.engine.store().clone(), self.settings.clone());
+        Box::pin(async move {
+            let NodeSettings { id, holder, offer, ttl } = &settings;
+            store.acquire_node_lease(id, holder, offer, *ttl).await
+        })
+    }
+    async fn release(&self) -> Result<(), StoreError> {
+        self.engine.store().release_node_lease(&self.settings.id, &self.settings.holder).await
+    }
+    fn begin(&mut self, epoch: u64) {
+        self.engine.metrics().node_lease(Some(epoch));
+    }
+    fn end(&mut self) {
+        self.engine.metrics().node_lease(None);
+    }
+}
+
+/// Registers the node and keeps its lease whenever this gateway can, until `shutdown` turns
+/// true; then gives it up.
+pub async fn keep(engine: Engine, settings: NodeSettings, shutdown: watch::Receiver<bool>) {
+    let (holder, ttl) = (settings.holder.clone(), settings.ttl);
+    lease::keep(Agent { engine, settings }, &holder, ttl, shutdown).await;
+}
+
+/// The node a data directory is when no `--node` names it: its instance name, made a DNS label
+/// (as node ids are) where it is not one: lowercased, anything but letters, digits and '-'
+/// made '-', at most 63 characters, a letter or digit at each end.
+pub fn default_id(instance: &str) -> NodeId {
+    let mapped: String = instance
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .take(63)
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    NodeId::new(if trimmed.is_empty() { "node" } else { trimmed })
+}
+
+/// What this host offers: its CPUs (a thousand millicores each), its memory (`MemTotal` in
+/// `/proc/meminfo`; 0, not counted, where that cannot be read) and room for `sandboxes`.
+pub fn host_capacity(sandboxes: u64) -> Capacity {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get() as u64);
+    let memory = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| mem_total(&info)).unwrap_or(0);
+    Capacity { cpu_millis: cpus * 1000, memory_bytes: memory, sandboxes }
+}
+
+/// `MemTotal` of a `/proc/meminfo`, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find_map(|line| line.strip_prefix("MemTotal:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_name_makes_a_node_id_that_is_a_dns_label() {
+        for (instance, id) in [
+            ("3f9a0c1d2e4b5a67", "3f9a0c1d2e4b5a67"),
+            ("t-store_labels-docker", "t-store-labels-docker"),
+            ("_Berth.Test_", "berth-test"),
+            ("__", "node"),
+        ] {
+            assert_eq!(default_id(instance).as_str(), id);
+            assert!(berth_core::validate::dns_label("node", default_id(instance).as_str()).is_ok());
+        }
+        assert_eq!(default_id(&"x".repeat(80)).as_str().len(), 63);
+    }
+
+    #[test]
+    fn the_hosts_memory_is_read_from_meminfo() {
+        let meminfo = "MemTotal:       24575996 kB\nMemFree:         1000 kB\n";
+        assert_eq!(mem_total(meminfo), Some(24_575_996 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(mem_total("MemTotal: lots\n"), None);
+        let here = host_capacity(7);
+        assert_eq!(here.sandboxes, 7);
+        assert!(here.cpu_millis >= 1000 && here.memory_bytes > 0, "{here:?}");
+    }
+}

@@ -1,0 +1,116 @@
+//! Nodes (DESIGN 14): a gateway registers the host it runs on as a node, under a lease one
+//! process holds at a time; gateways sharing a data directory are one node, whose lease moves,
+//! in a new epoch, when its holder dies. Drain and undrain; the CLI's listing.
+
+use std::time::{Duration, Instant};
+
+use berth_proto::v1 as pb;
+use berth_proto::v1::nodes_client::NodesClient;
+use tonic::Code;
+
+use crate::cli::berth;
+use crate::harness::*;
+use crate::pg;
+
+type Nodes = NodesClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>>;
+
+async fn nodes(gateway: &Gateway) -> Nodes {
+    NodesClient::with_interceptor(gateway.channel().await, Bearer(gateway.token.clone()))
+}
+
+/// The nodes once `settled` holds of them (within 20 s).
+async fn nodes_until(nodes: &mut Nodes, settled: impl Fn(&[pb::Node]) -> bool) -> Vec<pb::Node> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = nodes.list_nodes(pb::ListNodesRequest {}).await.unwrap().into_inner().nodes;
+        if settled(&listed) || Instant::now() > deadline {
+            assert!(settled(&listed), "the nodes never settled: {listed:?}");
+            return listed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn drain(nodes: &mut Nodes, id: &str, draining: bool) -> Result<pb::Node, tonic::Status> {
+    let request = pb::DrainNodeRequest { id: id.to_string() };
+    let reply = if draining { nodes.drain_node(request).await } else { nodes.undrain_node(request).await };
+    Ok(reply?.into_inner().node.unwrap())
+}
+
+#[tokio::test]
+async fn a_gateway_registers_its_host_as_a_node_with_what_it_offers_and_drains_it() {
+    let data = DataDir::new();
+    let flags = ["--node", "n1", "--node-label", "zone=a", "--node-sandboxes", "40"];
+    let mut gateway = Gateway::start(&data, &flags).await;
+    let mut client = nodes(&gateway).await;
+    let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live)).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let node = &listed[0];
+    assert_eq!((node.id.as_str(), node.epoch, node.holder.as_str(), node.draining), ("n1", 1, "gateway", false));
+    assert_eq!(node.address, gateway.address);
+    assert_eq!(node.labels.get("zone").map(String::as_str), Some("a"));
+    let capacity = node.capacity.unwrap();
+    assert_eq!(capacity.sandboxes, 40);
+    assert!(capacity.cpu_millis >= 1000 && capacity.memory_bytes > 0, "{capacity:?}");
+
+    // Drained and back; a renewal keeps the drain.
+    assert!(drain(&mut client, "n1", true).await.unwrap().draining);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let got = client.get_node(pb::GetNodeRequest { id: "n1".into() }).await.unwrap().into_inner().node.unwrap();
+    assert!(got.draining && got.live, "{got:?}");
+    assert!(!drain(&mut client, "n1", false).await.unwrap().draining);
+
+    // Bad input names the field; a node never registered is NOT_FOUND, for a drain too.
+    let missing = client.get_node(pb::GetNodeRequest { id: "n9".into() }).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(missing.message().contains("'n9'"), "{missing:?}");
+    assert_eq!(drain(&mut client, "n9", true).await.unwrap_err().code(), Code::NotFound);
+    let bad = client.get_node(pb::GetNodeRequest { id: "N/1".into() }).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("id"), "{bad:?}");
+
+    // The CLI's listing, as JSON.
+    let out = berth(&data, &["node", "list", "-o", "json"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["id"], "n1", "{shown}");
+    assert_eq!((shown["live"].as_bool(), shown["capacity"]["sandboxes"].as_u64()), (Some(true), Some(40)));
+
+    // A gateway that stops gives the lease up: the node is fenced at once, and granted again
+    // in a new epoch.
+    gateway.terminate();
+    let gateway = Gateway::start(&data, &flags).await;
+    let mut client = nodes(&gateway).await;
+    let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live)).await;
+    assert_eq!((listed[0].epoch, listed[0].live), (2, true), "{listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_its_holder_dies() {
+    let _server = POSTGRES_SERVER.read().await;
+    let Some(url) = pg::fresh_schema("one_node").await else { return };
+    let data = DataDir::new();
+    let args = |name| ["--store", &url, "--name", name, "--lease-ttl", "2s"].map(str::to_string);
+    let (a, b) = (args("g1"), args("g2"));
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let b: Vec<&str> = b.iter().map(String::as_str).collect();
+    let (g1, g2) = tokio::join!(Gateway::start(&data, &a), Gateway::start(&data, &b));
+    let mut gateways = [g1, g2];
+    let mut client = nodes(&gateways[0]).await;
+    let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live)).await;
+    // One node, the data directory's (its instance name), held by one of them.
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let node = listed[0].clone();
+    assert_eq!(node.epoch, 1);
+    let instance = std::fs::read_to_string(data.path.join("instance-id")).unwrap();
+    assert_eq!(node.id, instance.trim());
+    let holder = ["g1", "g2"].iter().position(|g| *g == node.holder).expect("held by one of them");
+    let other = 1 - holder;
+    gateways[holder].kill9();
+    // Killed, it cannot give the lease up: the other takes it once it lapses, in a new epoch.
+    let mut client = nodes(&gateways[other]).await;
+    let started = Instant::now();
+    let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live && n.epoch == 2)).await;
+    assert_eq!(listed[0].holder, ["g1", "g2"][other], "{listed:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "taken over after {:?}", started.elapsed());
+}

@@ -187,7 +187,8 @@ impl Engine {
                 Err(e) => tracing::warn!(volume = %volume.id, error = %e, "measuring a volume for the metrics"),
             }
         }
-        Ok(self.inner.metrics.render(&phases, open, &volumes, bytes))
+        let nodes = self.inner.store.nodes().await?;
+        Ok(self.inner.metrics.render(&phases, open, &volumes, bytes, &nodes))
     }
 
     pub fn settings(&self) -> &EngineSettings {

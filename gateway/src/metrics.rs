@@ -24,6 +24,17 @@ struct PhaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CapacityLabel {
+    node: String,
+    resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TransitionLabel {
     from: String,
     to: String,
@@ -89,6 +100,9 @@ pub struct Metrics {
     lease_term: Gauge,
     node_lease_held: Gauge,
     node_epoch: Gauge,
+    nodes_live: Family<NodeLabel, Gauge>,
+    nodes_draining: Family<NodeLabel, Gauge>,
+    nodes_capacity: Family<CapacityLabel, Gauge>,
     execs_admitted: Counter,
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
@@ -120,6 +134,9 @@ impl Default for Metrics {
             lease_term: Gauge::default(),
             node_lease_held: Gauge::default(),
             node_epoch: Gauge::default(),
+            nodes_live: Family::default(),
+            nodes_draining: Family::default(),
+            nodes_capacity: Family::default(),
             execs_admitted: Counter::default(),
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
@@ -162,8 +179,23 @@ impl Default for Metrics {
         registry.register("node_lease_held", "1 while this gateway holds its node's lease", m.node_lease_held.clone());
         registry.register(
             "node_epoch",
-            "the epoch of its node's lease this gateway holds, 0 when none",
+            "The epoch of its node's lease this gateway holds (0 while it holds none)",
             m.node_epoch.clone(),
+        );
+        registry.register(
+            "node_live",
+            "1 while the node's lease is held by the store's clock, by node (read at each scrape)",
+            m.nodes_live.clone(),
+        );
+        registry.register(
+            "node_draining",
+            "1 while the node is drained, by node (read at each scrape)",
+            m.nodes_draining.clone(),
+        );
+        registry.register(
+            "node_capacity",
+            "What the node offers, by node and resource: cpu_millis, memory_bytes, sandboxes (read at each scrape)",
+            m.nodes_capacity.clone(),
         );
         registry.register(
             "lease_term",
@@ -359,15 +391,34 @@ impl Metrics {
         self.execs_ended.get_or_create(&StateLabel { state: state.to_string() }).inc();
     }
 
-    /// The text exposition, with the store's counts as `phases`, `open_execs` and `volumes` say
-    /// now, and `volume_bytes` as the runtime measured them.
+    /// The text exposition, with the store's counts as `phases`, `open_execs`, `volumes` and
+    /// `nodes` say now, and `volume_bytes` as the runtime measured them.
     pub fn render(
         &self,
         phases: &BTreeMap<PhaseKind, i64>,
         open_execs: usize,
         volumes: &[berth_core::Volume],
         volume_bytes: u64,
+        nodes: &[crate::store::Node],
     ) -> String {
+        // A node no longer registered drops out of the exposition.
+        self.nodes_live.clear();
+        self.nodes_draining.clear();
+        self.nodes_capacity.clear();
+        for node in nodes {
+            let label = NodeLabel { node: node.id.to_string() };
+            self.nodes_live.get_or_create(&label).set(i64::from(node.live));
+            self.nodes_draining.get_or_create(&label).set(i64::from(node.draining));
+            let capacity = node.offer.capacity;
+            for (resource, value) in [
+                ("cpu_millis", capacity.cpu_millis),
+                ("memory_bytes", capacity.memory_bytes),
+                ("sandboxes", capacity.sandboxes),
+            ] {
+                let label = CapacityLabel { node: node.id.to_string(), resource };
+                self.nodes_capacity.get_or_create(&label).set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
         self.volume_bytes.set(i64::try_from(volume_bytes).unwrap_or(i64::MAX));
         for phase in PhaseKind::ALL {
             let n = phases.get(&phase).copied().unwrap_or(0);
@@ -399,7 +450,7 @@ mod tests {
         m.phase_changed(&id, Some(PhaseKind::Starting), Some(PhaseKind::Ready));
         m.phase_changed(&id, Some(PhaseKind::Ready), Some(PhaseKind::Stopping));
         m.phase_changed(&id, Some(PhaseKind::Stopping), Some(PhaseKind::Error));
-        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1, &[], 0);
+        let text = m.render(&BTreeMap::from([(PhaseKind::Ready, 2)]), 1, &[], 0, &[]);
         assert!(text.contains("berth_transition_seconds_count{kind=\"start_to_ready\"} 1"), "{text}");
         let sum = text
             .lines()
@@ -417,7 +468,7 @@ mod tests {
         m.phase_changed(&other, Some(PhaseKind::Ready), Some(PhaseKind::Paused));
         m.intent_changed(&other, Intent::Paused, Intent::Running);
         m.phase_changed(&other, Some(PhaseKind::Paused), Some(PhaseKind::Ready));
-        let text = m.render(&BTreeMap::new(), 0, &[], 0);
+        let text = m.render(&BTreeMap::new(), 0, &[], 0, &[]);
         assert!(text.contains("berth_transition_seconds_count{kind=\"pause_to_paused\"} 1"), "{text}");
         assert!(text.contains("berth_transition_seconds_count{kind=\"resume_to_ready\"} 1"), "{text}");
         assert!(!text.contains("sb-secret-name"));
@@ -445,8 +496,29 @@ mod tests {
             volume("b", berth_core::VolumePhase::Ready),
             volume("c", berth_core::VolumePhase::Deleting),
         ];
-        let text = m.render(&BTreeMap::new(), 0, &volumes, 4096);
+        let node = |id: &str, live: bool, draining: bool| crate::store::Node {
+            id: berth_core::NodeId::new(id),
+            offer: crate::store::NodeOffer {
+                address: "http://127.0.0.1:7420".into(),
+                labels: BTreeMap::new(),
+                capacity: berth_core::placement::Capacity { cpu_millis: 2000, memory_bytes: 1 << 30, sandboxes: 40 },
+            },
+            draining,
+            lease: crate::store::Lease { holder: live.then(|| "gateway".to_string()), term: 3 },
+            live,
+        };
+        // A node registered at one scrape and gone at the next drops out.
+        let text = m.render(&BTreeMap::new(), 0, &[], 0, &[node("gone", true, false)]);
+        assert!(text.contains("berth_node_live{node=\"gone\"} 1"), "{text}");
+        let nodes = [node("n1", true, false), node("n2", false, true)];
+        let text = m.render(&BTreeMap::new(), 0, &volumes, 4096, &nodes);
+        assert!(!text.contains("gone"), "{text}");
         for line in [
+            "berth_node_live{node=\"n1\"} 1",
+            "berth_node_live{node=\"n2\"} 0",
+            "berth_node_draining{node=\"n2\"} 1",
+            "berth_node_capacity{node=\"n1\",resource=\"sandboxes\"} 40",
+            "berth_node_capacity{node=\"n1\",resource=\"cpu_millis\"} 2000",
             "berth_proxied_requests_total{code=\"502\"} 2",
             "berth_proxied_requests_total{code=\"410\"} 1",
             "berth_proxied_bytes_total 1025",

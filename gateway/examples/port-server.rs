@@ -3,6 +3,7 @@
 //!
 //! `port-server --http PORT [--http PORT...] [--tcp PORT]`: on each HTTP port, HTTP/1.1 and
 //! HTTP/2 (prior knowledge) with `GET /hello` (its port and the Host it was sent), `GET
+//! /connection` (the port the request's connection came from, to tell connections apart), `GET
 //! /bytes/N` (N bytes of [`pattern`], streamed), `POST /echo` (the body back, streamed) and
 //! `/ws` (a WebSocket echoing each message); on the TCP port, every connection's bytes echoed.
 
@@ -25,7 +26,7 @@ fn pattern(offset: u64, len: usize) -> Vec<u8> {
 
 const CHUNK: usize = 64 * 1024;
 
-async fn serve(port: u16, mut request: Request<Incoming>) -> Response<Body> {
+async fn serve(port: u16, from: u16, mut request: Request<Incoming>) -> Response<Body> {
     let path = request.uri().path().to_string();
     if path == "/ws" {
         let Some(key) = request.headers().get(header::SEC_WEBSOCKET_KEY).cloned() else {
@@ -53,6 +54,9 @@ async fn serve(port: u16, mut request: Request<Incoming>) -> Response<Body> {
         let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("").to_string();
         return Response::new(Body::from(format!("hello from port {port}, host {host}\n")));
     }
+    if path == "/connection" {
+        return Response::new(Body::from(format!("connection from port {from}\n")));
+    }
     if path == "/echo" {
         return Response::new(Body::new(request.into_body()));
     }
@@ -76,12 +80,12 @@ fn status(code: StatusCode, message: &str) -> Response<Body> {
 async fn http(port: u16) {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("binding the HTTP port");
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, peer)) = listener.accept().await else { continue };
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(
-                    move |request| async move { Ok::<_, Infallible>(serve(port, request).await) },
-                );
+            let from = peer.port();
+            let service = hyper::service::service_fn(move |request| async move {
+                Ok::<_, Infallible>(serve(port, from, request).await)
+            });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await;
         });

@@ -258,6 +258,15 @@ async fn a_preview_url_reaches_the_current_run_only(runtime: Runtime) {
     assert!(url.starts_with(&format!("http://{proxy}/sandboxes/web/ports/{private}/?berth_token=")), "{url}");
     let hello = serving(&at(&url, "/hello")).await;
     assert_eq!(hello.text(), format!("hello from port {private}, host localhost:{private}\n"));
+    // Requests one after another, each over a client connection of its own, reuse the proxy's
+    // connection into the run that the one before left idle (it is put back once its response
+    // ends, so one may open another if it comes first).
+    let mut connections = std::collections::BTreeSet::new();
+    for _ in 0..5 {
+        connections.insert(serving(&at(&url, "/connection")).await.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(connections.len() < 5, "{runtime:?}: every request opened a connection into the run: {connections:?}");
     let cookie = hello.headers.get(http::header::SET_COOKIE).expect("a token from the query is kept as a cookie");
     assert!(cookie.to_str().unwrap().contains(&format!("Path=/sandboxes/web/ports/{private}/")), "{cookie:?}");
 

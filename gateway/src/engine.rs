@@ -539,6 +539,9 @@ pub(crate) mod tests {
         async fn drain_node(&self, id: &berth_core::NodeId, draining: bool) -> Result<bool, StoreError> {
             self.0.drain_node(id, draining).await
         }
+        async fn delete_node(&self, id: &berth_core::NodeId) -> Result<crate::store::NodeRemoval, StoreError> {
+            self.0.delete_node(id).await
+        }
     }
 
     /// These tests make no effect that reaches a runtime.

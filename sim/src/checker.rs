@@ -12,7 +12,7 @@ use berth_core::template::Template;
 use berth_core::{Hold, Intent, NodeId, Phase, Provider, Sandbox, SandboxId, Write};
 use berth_drivers::container::user_volume_of;
 use berth_gateway::store::{
-    Changes, CommitError, Lease, Listing, Node, NodeOffer, Page, PageRequest, Store, StoreError,
+    Changes, CommitError, Lease, Listing, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store, StoreError,
 };
 
 use crate::invariants::{
@@ -319,6 +319,9 @@ impl Store for TracingStore {
     }
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         self.call(self.world.store.drain_node(id, draining)).await
+    }
+    async fn delete_node(&self, id: &NodeId) -> Result<NodeRemoval, StoreError> {
+        self.call(self.world.store.delete_node(id)).await
     }
 }
 

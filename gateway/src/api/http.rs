@@ -402,6 +402,10 @@ async fn undrain_node(State(api): Shared, Path(id): Path<String>) -> Response {
     reply(api.nodes.undrain_node(request(pb::DrainNodeRequest { id })).await)
 }
 
+async fn delete_node(State(api): Shared, Path(id): Path<String>) -> Response {
+    reply(api.nodes.delete_node(request(pb::DeleteNodeRequest { id })).await)
+}
+
 async fn fork(State(api): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
     with_body!(bytes, |r: pb::ForkSandboxRequest| reply(
         api.snapshots.fork_sandbox(request(pb::ForkSandboxRequest { name, ..r })).await
@@ -512,7 +516,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(get_volume).delete(delete_volume))
         .route("/v1/nodes", get(list_nodes))
-        .route("/v1/nodes/{id}", get(get_node))
+        .route("/v1/nodes/{id}", get(get_node).delete(delete_node))
         .route("/v1/nodes/{id}/drain", post(drain_node))
         .route("/v1/nodes/{id}/undrain", post(undrain_node))
         .route_layer(middleware::from_fn_with_state(api.clone(), authorized))

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::public::core_invalid;
 use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::store::Node;
+use crate::store::{Node, NodeRemoval};
 
 pub struct NodeApi {
     engine: Engine,
@@ -81,5 +81,21 @@ impl Nodes for NodeApi {
 
     async fn undrain_node(&self, request: Request<pb::DrainNodeRequest>) -> Result<Response<pb::NodeReply>, Status> {
         self.drain(&request.into_inner().id, false).await
+    }
+
+    async fn delete_node(
+        &self,
+        request: Request<pb::DeleteNodeRequest>,
+    ) -> Result<Response<pb::DeleteNodeReply>, Status> {
+        let id = request.into_inner().id;
+        match self.engine.store().delete_node(&node_id(&id)?).await.map_err(ApiError::from)? {
+            NodeRemoval::Removed => Ok(Response::new(pb::DeleteNodeReply {})),
+            NodeRemoval::NotFound => Err(not_found(&id)),
+            NodeRemoval::Live(lease) => Err(Status::failed_precondition(format!(
+                "node '{id}' is live: {} holds its lease (epoch {}) and would register it again; stop it first",
+                lease.holder.as_deref().unwrap_or("a process"),
+                lease.term
+            ))),
+        }
     }
 }

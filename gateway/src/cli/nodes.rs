@@ -18,6 +18,9 @@ pub(super) enum NodeCmd {
     Drain { id: String },
     /// Take a drained node back.
     Undrain { id: String },
+    /// Remove a node whose lease is not held (its processes stopped, or gone): refused while
+    /// one holds it.
+    Delete { id: String },
 }
 
 fn node_json(n: &pb::Node) -> serde_json::Value {
@@ -76,6 +79,11 @@ impl Client {
             NodeCmd::Get { id } => self.nodes.get_node(pb::GetNodeRequest { id }).await?,
             NodeCmd::Drain { id } => self.nodes.drain_node(pb::DrainNodeRequest { id }).await?,
             NodeCmd::Undrain { id } => self.nodes.undrain_node(pb::DrainNodeRequest { id }).await?,
+            NodeCmd::Delete { id } => {
+                self.nodes.delete_node(pb::DeleteNodeRequest { id: id.clone() }).await?;
+                self.print_deleted("node", &id);
+                return Ok(());
+            }
         };
         self.print_nodes(&[reply.into_inner().node.unwrap_or_default()]);
         Ok(())

@@ -13,8 +13,8 @@ use berth_core::template::Template;
 use berth_core::{Conflict, Key, NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 
 use super::{
-    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError,
-    selects,
+    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store,
+    StoreError, selects,
 };
 use crate::clock::{Clock, SystemClock};
 
@@ -379,6 +379,18 @@ impl Store for MemoryStore {
         let mut t = self.lock();
         let found = t.nodes.get_mut(id).map(|(node, _)| node.draining = draining);
         Ok(found.is_some())
+    }
+
+    async fn delete_node(&self, id: &NodeId) -> Result<NodeRemoval, StoreError> {
+        let now = self.clock.now();
+        let mut t = self.lock();
+        let Some((node, expires)) = t.nodes.get(id) else { return Ok(NodeRemoval::NotFound) };
+        let node = as_of(node, *expires, now);
+        if node.live {
+            return Ok(NodeRemoval::Live(node.lease));
+        }
+        t.nodes.remove(id);
+        Ok(NodeRemoval::Removed)
     }
 }
 

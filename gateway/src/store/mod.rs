@@ -149,6 +149,15 @@ pub struct Node {
     pub live: bool,
 }
 
+/// What a node's delete found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeRemoval {
+    Removed,
+    NotFound,
+    /// Its lease is held: a live node registers again at its next renewal, so it stays.
+    Live(Lease),
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The store's identity: made once, at random, in the store itself (every connection to one
@@ -249,6 +258,10 @@ pub trait Store: Send + Sync + 'static {
     /// Marks node `id` draining (`node drain`) or not (`node undrain`); false when no such node
     /// is registered.
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError>;
+    /// Removes node `id`'s row, unless its lease is held now by the store's clock; decided and
+    /// done in one step, so a renewal racing it either keeps the node or finds it gone and
+    /// registers it anew.
+    async fn delete_node(&self, id: &NodeId) -> Result<NodeRemoval, StoreError>;
 }
 
 /// Every item of a listing, page by page.

@@ -1,6 +1,7 @@
 //! Nodes (DESIGN 14): a gateway registers the host it runs on as a node, under a lease one
 //! process holds at a time; gateways sharing a data directory are one node, whose lease moves,
-//! in a new epoch, when its holder dies. Drain and undrain; the CLI's listing.
+//! in a new epoch, when its holder dies. Drain and undrain; delete, refused while live; the
+//! CLI's listing.
 
 use std::time::{Duration, Instant};
 
@@ -76,13 +77,30 @@ async fn a_gateway_registers_its_host_as_a_node_with_what_it_offers_and_drains_i
     assert_eq!(shown["id"], "n1", "{shown}");
     assert_eq!((shown["live"].as_bool(), shown["capacity"]["sandboxes"].as_u64()), (Some(true), Some(40)));
 
+    // A live node is not deleted: it would register again.
+    let live = client.delete_node(pb::DeleteNodeRequest { id: "n1".into() }).await.unwrap_err();
+    assert_eq!(live.code(), Code::FailedPrecondition);
+    assert!(live.message().contains("gateway holds its lease"), "{live:?}");
+
     // A gateway that stops gives the lease up: the node is fenced at once, and granted again
     // in a new epoch.
     gateway.terminate();
-    let gateway = Gateway::start(&data, &flags).await;
+    let mut gateway = Gateway::start(&data, &flags).await;
     let mut client = nodes(&gateway).await;
     let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live)).await;
     assert_eq!((listed[0].epoch, listed[0].live), (2, true), "{listed:?}");
+
+    // Moved to another node name, the old one is left released: deleted, through the CLI.
+    gateway.terminate();
+    let gateway = Gateway::start(&data, &["--node", "n2"]).await;
+    let mut client = nodes(&gateway).await;
+    nodes_until(&mut client, |n| n.iter().any(|n| n.id == "n2" && n.live)).await;
+    let out = berth(&data, &["node", "delete", "n1"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed = client.list_nodes(pb::ListNodesRequest {}).await.unwrap().into_inner().nodes;
+    assert_eq!(listed.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["n2"]);
+    let again = berth(&data, &["node", "delete", "n1"]).await;
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("'n1'"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use berth_core::NodeId;
 use berth_core::placement::Capacity;
-use berth_gateway::store::NodeOffer;
+use berth_gateway::store::{NodeOffer, NodeRemoval};
 
 use super::*;
 
@@ -91,4 +91,21 @@ pub(crate) async fn processes_racing_for_a_node_agree_on_one_holder(store: Share
     assert_eq!(lease.term, 1, "one grant, one epoch: {seen:?}");
     assert!(seen.iter().all(|(_, l)| *l == lease), "every process sees the one holder: {seen:?}");
     assert_eq!(store.node(&n1).await.unwrap().unwrap().offer, offer(&winner, 4), "the offer is the holder's");
+}
+
+pub(crate) async fn a_node_is_deleted_only_while_its_lease_is_not_held(store: Shared) {
+    let (n1, n2) = (NodeId::new("n1"), NodeId::new("n2"));
+    let short = Duration::from_millis(200);
+    store.acquire_node_lease(&n1, "p1", &offer("n1", 4), short).await.unwrap();
+    assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::Live(held("p1", 1)));
+    assert!(store.node(&n1).await.unwrap().is_some());
+    // Released, or lapsed: removed at once, and gone from the listing.
+    store.release_node_lease(&n1, "p1").await.unwrap();
+    assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::Removed);
+    assert_eq!(store.node(&n1).await.unwrap(), None);
+    assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::NotFound);
+    store.acquire_node_lease(&n2, "p2", &offer("n2", 4), short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(store.delete_node(&n2).await.unwrap(), NodeRemoval::Removed);
+    assert!(store.nodes().await.unwrap().is_empty());
 }

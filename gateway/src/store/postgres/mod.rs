@@ -33,7 +33,9 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::codec::{self, Decoded, Record, corrupt};
-use super::{Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError};
+use super::{
+    Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store, StoreError,
+};
 use crate::clock::{Clock, SystemClock};
 
 mod commit;
@@ -590,5 +592,9 @@ impl Store for PostgresStore {
 
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         self.drain(id, draining).await
+    }
+
+    async fn delete_node(&self, id: &NodeId) -> Result<NodeRemoval, StoreError> {
+        self.delete(id).await
     }
 }

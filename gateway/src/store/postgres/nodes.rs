@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use super::{ATTEMPTS, PostgresStore};
 use crate::store::codec;
-use crate::store::{Lease, Node, NodeOffer, StoreError};
+use crate::store::{Lease, Node, NodeOffer, NodeRemoval, StoreError};
 
 /// What `decode` reads, `live` by the database's clock.
 const COLUMNS: &str = "id, holder, epoch, holder IS NOT NULL AND expires_at > now(), draining, offer";
@@ -71,6 +71,23 @@ impl PostgresStore {
             .await
             .map_err(|e| self.error(&e))?;
         Ok(())
+    }
+
+    pub(super) async fn delete(&self, node: &NodeId) -> Result<NodeRemoval, StoreError> {
+        let client = self.client().await?;
+        // One statement: the row goes only if its lease is not held by the database's clock.
+        let removed = client
+            .execute("DELETE FROM nodes WHERE id = $1 AND (holder IS NULL OR expires_at <= now())", &[&node.as_str()])
+            .await
+            .map_err(|e| self.error(&e))?;
+        drop(client);
+        if removed > 0 {
+            return Ok(NodeRemoval::Removed);
+        }
+        Ok(match self.read_nodes(Some(node)).await?.pop() {
+            Some(live) => NodeRemoval::Live(live.lease),
+            None => NodeRemoval::NotFound,
+        })
     }
 
     pub(super) async fn drain(&self, node: &NodeId, draining: bool) -> Result<bool, StoreError> {

@@ -42,7 +42,8 @@ use tokio::sync::oneshot;
 
 use super::codec::{self, Decoded, Record, corrupt};
 use super::{
-    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, Page, PageRequest, Store, StoreError,
+    CHANGES_KEPT, Changes, CommitError, Lease, Listing, Logged, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store,
+    StoreError,
 };
 use crate::clock::Clock;
 
@@ -597,5 +598,10 @@ impl Store for SqliteStore {
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         let id = id.clone();
         self.alone(move |conn| nodes::drain(conn, &id, draining)).await
+    }
+
+    async fn delete_node(&self, id: &NodeId) -> Result<NodeRemoval, StoreError> {
+        let id = id.clone();
+        self.alone(move |conn| nodes::delete(conn, &id)).await
     }
 }

@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::NOW_MS;
 use crate::store::codec;
-use crate::store::{Lease, Node, NodeOffer, StoreError};
+use crate::store::{Lease, Node, NodeOffer, NodeRemoval, StoreError};
 
 pub(super) fn acquire(
     conn: &mut Connection,
@@ -44,6 +44,24 @@ pub(super) fn acquire(
 pub(super) fn release(conn: &mut Connection, node: &NodeId, holder: &str) -> Result<(), StoreError> {
     conn.execute("UPDATE nodes SET holder = NULL WHERE id = ?1 AND holder = ?2", params![node.as_str(), holder])?;
     Ok(())
+}
+
+pub(super) fn delete(conn: &mut Connection, node: &NodeId) -> Result<NodeRemoval, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let removed = tx.execute(
+        &format!("DELETE FROM nodes WHERE id = ?1 AND (holder IS NULL OR expires_at <= {NOW_MS})"),
+        params![node.as_str()],
+    )?;
+    let removal = if removed > 0 {
+        NodeRemoval::Removed
+    } else {
+        match one(&tx, node)? {
+            Some(live) => NodeRemoval::Live(live.lease),
+            None => NodeRemoval::NotFound,
+        }
+    };
+    tx.commit()?;
+    Ok(removal)
 }
 
 pub(super) fn drain(conn: &mut Connection, node: &NodeId, draining: bool) -> Result<bool, StoreError> {

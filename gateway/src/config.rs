@@ -111,6 +111,18 @@ pub struct Flags {
     /// a wildcard to the proxy). [default: none, path routing only]
     #[arg(long, env = "BERTH_PROXY_DOMAIN", value_parser = proxy_domain)]
     pub proxy_domain: Option<String>,
+    /// A PEM certificate chain (leaf first): every TCP listener (the API, the HTTP/JSON API,
+    /// the metrics, the preview proxy) then speaks TLS alone, and the gateway's address is
+    /// written as https://. Needs --tls-key. [default: plaintext]
+    #[arg(long, env = "BERTH_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "BERTH_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The PEM CA certificates this gateway trusts when it reaches another gateway over
+    /// https:// (one sharing its data directory). [default: the system's roots]
+    #[arg(long, env = "BERTH_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
     /// Where the database, secrets and sandboxes live. [default: $XDG_DATA_HOME/berth, or ~/.local/share/berth]
     #[arg(long, env = "BERTH_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -217,6 +229,9 @@ struct File {
     http_listen: Option<SocketAddr>,
     proxy_listen: Option<SocketAddr>,
     proxy_domain: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     driver: Option<DriverKind>,
     store: Option<String>,
@@ -255,6 +270,9 @@ pub struct Config {
     pub http_listen: Option<SocketAddr>,
     pub proxy_listen: Option<SocketAddr>,
     pub proxy_domain: Option<String>,
+    /// The certificate chain and key every TCP listener serves TLS with.
+    pub tls: Option<TlsFiles>,
+    pub tls_ca: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub driver: DriverKind,
     pub store: StoreLocation,
@@ -297,6 +315,8 @@ impl fmt::Debug for Config {
             .field("http_listen", &self.http_listen)
             .field("proxy_listen", &self.proxy_listen)
             .field("proxy_domain", &self.proxy_domain)
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
             .field("data_dir", &self.data_dir)
             .field("driver", &self.driver)
             .field("store", &format_args!("{}", self.store))
@@ -326,6 +346,13 @@ impl fmt::Debug for Config {
             .field("log_format", &self.log_format)
             .finish()
     }
+}
+
+/// The files of `--tls-cert` and `--tls-key`.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// A domain the preview proxy routes under: a host name, lowercased.
@@ -424,6 +451,12 @@ impl Config {
         } else {
             flags.egress_resolve.into_iter().collect()
         };
+        let tls = match (flags.tls_cert.or(file.tls_cert), flags.tls_key.or(file.tls_key)) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => return Err("tls_key: --tls-cert needs the certificate's key (--tls-key)".into()),
+            (None, Some(_)) => return Err("tls_cert: --tls-key needs its certificate (--tls-cert)".into()),
+        };
         Ok(Self {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
@@ -435,6 +468,8 @@ impl Config {
                     file.proxy_domain.map(|d| proxy_domain(&d).map_err(|e| format!("proxy_domain: {e}"))).transpose()?
                 }
             },
+            tls,
+            tls_ca: flags.tls_ca.or(file.tls_ca),
             data_dir,
             driver: flags.driver.or(file.driver).unwrap_or(DriverKind::Process),
             store,

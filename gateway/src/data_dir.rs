@@ -136,12 +136,13 @@ impl DataDir {
         self.path.join(address_file(name))
     }
 
-    /// Says where the gateway named `name` listens: written aside and renamed into place, so a
-    /// reader (the CLI, a test) never sees half of it.
-    pub fn write_address(&self, name: &str, address: std::net::SocketAddr) -> Result<(), String> {
+    /// Says where the gateway named `name` listens, and whether it speaks TLS there (`scheme`,
+    /// `https` or `http`): written aside and renamed into place, so a reader (the CLI, a test)
+    /// never sees half of it.
+    pub fn write_address(&self, name: &str, scheme: &str, address: std::net::SocketAddr) -> Result<(), String> {
         let path = self.address_path(name);
         let written = path.with_extension("addr.tmp");
-        std::fs::write(&written, format!("http://{address}\n"))
+        std::fs::write(&written, format!("{scheme}://{address}\n"))
             .and_then(|()| std::fs::rename(&written, &path))
             .map_err(|e| format!("writing {}: {e}", path.display()))
     }
@@ -310,10 +311,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = DataDir::at(dir.path().to_path_buf());
         assert_eq!(data.addressed_gateways(), Vec::<String>::new());
-        data.write_address("beta", "127.0.0.1:2".parse().unwrap()).unwrap();
-        data.write_address(DEFAULT_NAME, "127.0.0.1:1".parse().unwrap()).unwrap();
+        data.write_address("beta", "http", "127.0.0.1:2".parse().unwrap()).unwrap();
+        data.write_address(DEFAULT_NAME, "https", "127.0.0.1:1".parse().unwrap()).unwrap();
         assert_eq!(data.addressed_gateways(), ["beta", DEFAULT_NAME]);
         assert_eq!(data.read_address("beta").as_deref(), Some("http://127.0.0.1:2"));
+        assert_eq!(data.read_address(DEFAULT_NAME).as_deref(), Some("https://127.0.0.1:1"));
         assert_eq!(data.read_address("alpha"), None);
     }
 }

@@ -21,3 +21,4 @@ pub mod sessions;
 pub mod store;
 pub mod tcp;
 pub mod timers;
+pub mod tls;

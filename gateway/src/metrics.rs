@@ -252,7 +252,7 @@ impl Default for Metrics {
 /// Serves `GET /metrics` on `listener` (with the public API's bearer token) until `stop`.
 pub async fn serve(
     engine: crate::engine::Engine,
-    listener: tokio::net::TcpListener,
+    listener: crate::tcp::Listener,
     auth: crate::api::auth::BearerAuth,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {

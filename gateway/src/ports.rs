@@ -60,6 +60,8 @@ pub struct Peers {
     me: String,
     /// `Bearer <API token>`: gateways sharing a data directory share its token.
     bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    /// The CA file a peer's certificate is checked against (`--tls-ca`).
+    ca: Option<PathBuf>,
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
 }
 
@@ -70,12 +72,13 @@ impl fmt::Debug for Peers {
 }
 
 impl Peers {
-    pub fn new(dir: &Path, me: &str, api_token: &str) -> Result<Self, String> {
+    /// `ca`: what a peer's certificate is checked against when its address is `https://`.
+    pub fn new(dir: &Path, me: &str, api_token: &str, ca: Option<PathBuf>) -> Result<Self, String> {
         let mut bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {api_token}")
             .parse()
             .map_err(|_| "the API token is not a valid header value".to_string())?;
         bearer.set_sensitive(true);
-        Ok(Self { dir: dir.to_path_buf(), me: me.to_string(), bearer, channels: Arc::default() })
+        Ok(Self { dir: dir.to_path_buf(), me: me.to_string(), bearer, ca, channels: Arc::default() })
     }
 
     /// The other gateways' addresses, as they last wrote them.
@@ -94,6 +97,7 @@ impl Peers {
             return Ok(channel.clone());
         }
         let endpoint = Endpoint::from_shared(address.to_string()).map_err(|e| e.to_string())?;
+        let endpoint = crate::tls::endpoint(endpoint, address, self.ca.as_deref())?;
         let endpoint = berth_proto::carry::wide(endpoint).connect_timeout(PEER_WITHIN);
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
@@ -200,6 +204,8 @@ pub const TOKEN_PARAM: &str = "berth_token";
 /// Where the proxy serves, as the URLs it hands out name it.
 #[derive(Clone, Debug)]
 pub struct Preview {
+    /// `https` when the proxy speaks TLS, else `http`.
+    pub scheme: &'static str,
     /// `host:port` of the proxy as clients reach it.
     pub authority: String,
     /// With it, ports are reached as `<port>-<sandbox>.<domain>`.
@@ -208,14 +214,14 @@ pub struct Preview {
 
 impl Preview {
     /// The proxy at `bound` (an unspecified address is reached on loopback).
-    pub fn new(bound: SocketAddr, domain: Option<String>) -> Self {
+    pub fn new(scheme: &'static str, bound: SocketAddr, domain: Option<String>) -> Self {
         let host = match bound.ip() {
             ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
             ip if ip.is_unspecified() => "[::1]".to_string(),
             ip if ip.is_ipv6() => format!("[{ip}]"),
             ip => ip.to_string(),
         };
-        Self { authority: format!("{host}:{}", bound.port()), domain }
+        Self { scheme, authority: format!("{host}:{}", bound.port()), domain }
     }
 
     /// The URL of `port` of sandbox `name`, with `token` in its query unless it is public.
@@ -224,10 +230,11 @@ impl Preview {
         match &self.domain {
             Some(domain) => {
                 let listen_port = self.authority.rsplit_once(':').map_or("", |(_, p)| p);
-                let suffix = if listen_port == "80" { String::new() } else { format!(":{listen_port}") };
-                format!("http://{port}-{name}.{domain}{suffix}/{query}")
+                let implied = matches!((self.scheme, listen_port), ("http", "80") | ("https", "443"));
+                let suffix = if implied { String::new() } else { format!(":{listen_port}") };
+                format!("{}://{port}-{name}.{domain}{suffix}/{query}", self.scheme)
             }
-            None => format!("http://{}/sandboxes/{name}/ports/{port}/{query}", self.authority),
+            None => format!("{}://{}/sandboxes/{name}/ports/{port}/{query}", self.scheme, self.authority),
         }
     }
 }
@@ -680,15 +687,22 @@ mod tests {
 
     #[test]
     fn urls_name_the_port_the_sandbox_and_the_token() {
-        let by_path = Preview::new("0.0.0.0:7422".parse().unwrap(), None);
+        let by_path = Preview::new("http", "0.0.0.0:7422".parse().unwrap(), None);
         assert_eq!(
             by_path.url("web", 8080, Some("tok")),
             "http://127.0.0.1:7422/sandboxes/web/ports/8080/?berth_token=tok"
         );
-        let by_host = Preview::new("127.0.0.1:80".parse().unwrap(), Some("preview.test".into()));
+        let by_host = Preview::new("http", "127.0.0.1:80".parse().unwrap(), Some("preview.test".into()));
         assert_eq!(by_host.url("web", 8080, None), "http://8080-web.preview.test/");
-        let on_port = Preview::new("[::1]:7422".parse().unwrap(), Some("preview.test".into()));
+        let on_port = Preview::new("http", "[::1]:7422".parse().unwrap(), Some("preview.test".into()));
         assert_eq!(on_port.url("web", 3000, Some("t")), "http://3000-web.preview.test:7422/?berth_token=t");
-        assert_eq!(Preview::new("[::]:1".parse().unwrap(), None).authority, "[::1]:1");
+        assert_eq!(Preview::new("http", "[::]:1".parse().unwrap(), None).authority, "[::1]:1");
+        // Over TLS: https, its own port left implied, and the other's spelled out.
+        let tls = Preview::new("https", "0.0.0.0:443".parse().unwrap(), Some("preview.test".into()));
+        assert_eq!(tls.url("web", 8080, None), "https://8080-web.preview.test/");
+        let tls_on_80 = Preview::new("https", "0.0.0.0:80".parse().unwrap(), Some("preview.test".into()));
+        assert_eq!(tls_on_80.url("web", 8080, None), "https://8080-web.preview.test:80/");
+        let tls_by_path = Preview::new("https", "127.0.0.1:7422".parse().unwrap(), None);
+        assert_eq!(tls_by_path.url("web", 1, None), "https://127.0.0.1:7422/sandboxes/web/ports/1/");
     }
 }

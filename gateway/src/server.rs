@@ -97,12 +97,15 @@ pub async fn run(config: Config) -> Result<(), String> {
         None => data.instance()?,
     };
     let driver = driver(&config, &data, &socket_dir, &instance, store.identity()).await?;
+    let tls = config.tls.as_ref().map(|files| crate::tls::ServerTls::load(&files.cert, &files.key)).transpose()?;
+    let acceptor = |protocols| tls.as_ref().map(|tls| tls.acceptor(protocols));
+    let scheme = if tls.is_some() { "https" } else { "http" };
     // Bound before the engine is made: the URLs it hands out name the address bound.
     let proxy = match config.proxy_listen {
         Some(at) => {
             let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--proxy-listen): {e}"))?;
             let bound = listener.local_addr().map_err(|e| e.to_string())?;
-            Some((listener, crate::ports::Preview::new(bound, config.proxy_domain.clone())))
+            Some((listener, crate::ports::Preview::new(scheme, bound, config.proxy_domain.clone())))
         }
         None => None,
     };
@@ -120,14 +123,14 @@ pub async fn run(config: Config) -> Result<(), String> {
         name: config.name.clone(),
         egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
         preview: proxy.as_ref().map(|(_, preview)| preview.clone()),
-        peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token)?),
+        peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token, config.tls_ca.clone())?),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);
 
     let listener = TcpListener::bind(config.listen).await.map_err(|e| format!("binding {}: {e}", config.listen))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    data.write_address(&config.name, address)?;
+    data.write_address(&config.name, scheme, address)?;
 
     let reconcile_settings = ReconcileSettings {
         poll_interval: config.poll_interval,
@@ -141,7 +144,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         id: config.node.as_deref().map_or_else(|| crate::node::default_id(&instance), NodeId::new),
         holder: config.name.clone(),
         offer: NodeOffer {
-            address: format!("http://{address}"),
+            address: format!("{scheme}://{address}"),
             labels: config.node_labels.clone(),
             capacity: crate::node::host_capacity(config.node_sandboxes),
         },
@@ -157,12 +160,15 @@ pub async fn run(config: Config) -> Result<(), String> {
     };
     let server = || grpc().add_routes(routes.clone());
     // Both endpoints take supervisors' ingress connections beside gRPC (`ingress::sort`).
-    let incoming = crate::ingress::sort(engine.clone(), crate::tcp::incoming(listener));
+    let incoming =
+        crate::ingress::sort(engine.clone(), crate::tcp::incoming(listener, acceptor(crate::tls::Protocols::Grpc)));
     let tcp = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())));
     let metrics = match config.metrics_listen {
         Some(at) => {
             let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--metrics-listen): {e}"))?;
-            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
+                .map_err(|e| e.to_string())?;
+            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
             info!(address = %bound, "metrics serving at /metrics");
             let auth = crate::api::auth::BearerAuth::new(&token);
             Some(tokio::spawn(crate::metrics::serve(engine.clone(), listener, auth, stopped(stop_rx.clone()))))
@@ -172,7 +178,9 @@ pub async fn run(config: Config) -> Result<(), String> {
     let http = match config.http_listen {
         Some(at) => {
             let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--http-listen): {e}"))?;
-            let bound = listener.local_addr().map_err(|e| e.to_string())?;
+            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
+                .map_err(|e| e.to_string())?;
+            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
             info!(address = %bound, "HTTP/JSON API serving at /v1");
             Some(tokio::spawn(crate::api::http::serve(
                 engine.clone(),
@@ -186,7 +194,8 @@ pub async fn run(config: Config) -> Result<(), String> {
     let preview = proxy.map(|(listener, preview)| {
         info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
-        tokio::spawn(crate::ports::serve(proxy, crate::tcp::incoming(listener), stopped(stop_rx.clone())))
+        let incoming = crate::tcp::incoming(listener, acceptor(crate::tls::Protocols::Either));
+        tokio::spawn(crate::ports::serve(proxy, incoming, stopped(stop_rx.clone())))
     });
     let incoming = crate::ingress::sort(engine.clone(), UnixListenerStream::new(unix));
     let local = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx)));

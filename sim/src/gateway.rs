@@ -67,7 +67,11 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
         egress: Arc::new(crate::egress::SimUpstream { world: world.clone() }),
         // Few enough that the snapshot workload meets the store's quota.
         limits: berth_core::validate::Limits { max_snapshots: 4, ..Default::default() },
-        preview: scenario.ports.then(|| Preview { authority: format!("{name}:{}", net::PROXY_PORT), domain: None }),
+        preview: scenario.ports.then(|| Preview {
+            scheme: "http",
+            authority: format!("{name}:{}", net::PROXY_PORT),
+            domain: None,
+        }),
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);

@@ -220,7 +220,7 @@ pub(crate) async fn serve(engine: &Engine) -> String {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming(berth_gateway::tcp::incoming(listener)),
+            .serve_with_incoming(berth_gateway::tcp::incoming(listener, None)),
     );
     address
 }

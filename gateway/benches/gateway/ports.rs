@@ -71,7 +71,11 @@ async fn preview(dir: &std::path::Path, port: u16) -> (std::net::SocketAddr, Str
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let proxy = berth_gateway::ports::Proxy::new(engine.clone(), "bench-token", None);
-    tokio::spawn(berth_gateway::ports::serve(proxy, berth_gateway::tcp::incoming(listener), std::future::pending()));
+    tokio::spawn(berth_gateway::ports::serve(
+        proxy,
+        berth_gateway::tcp::incoming(listener, None),
+        std::future::pending(),
+    ));
     let access = berth_core::port::derive_token(engine.key(), &sandbox.id, sandbox.generation, port);
     (addr, access.expose().to_string())
 }

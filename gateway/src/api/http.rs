@@ -526,7 +526,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
 /// Serves the HTTP/JSON API on `listener` until `stop`.
 pub async fn serve(
     engine: Engine,
-    listener: tokio::net::TcpListener,
+    listener: crate::tcp::Listener,
     token: String,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {

@@ -46,6 +46,10 @@ pub(super) struct Connection {
     /// The gateway's data directory, to find its address and token.
     #[arg(long, env = "BERTH_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
+    /// PEM CA certificates to check an https:// gateway's certificate against. [default: the
+    /// system's roots]
+    #[arg(long, env = "BERTH_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
 }
 
 pub(super) type Authed = InterceptedService<Channel, Bearer>;
@@ -222,6 +226,7 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
         .map_err(|_| Failed("the token is not valid ASCII".into()))?;
     let endpoint = Endpoint::from_shared(address.clone())
         .map_err(|e| Failed(format!("{address:?} (from {source}) is not a gateway address: {e}")))?;
+    let endpoint = crate::tls::endpoint(endpoint, &address, cli.ca_file.as_deref()).map_err(Failed)?;
     // Wide: `port-forward` and file transfers are bulk streams.
     let channel =
         berth_proto::carry::wide(endpoint).connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {

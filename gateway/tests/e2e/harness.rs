@@ -107,12 +107,20 @@ pub struct Gateway {
     child: Child,
     pub address: String,
     pub token: String,
+    /// The CA file its certificate is checked against, when it serves TLS.
+    pub ca: Option<PathBuf>,
 }
 
 impl Gateway {
     /// Starts a gateway on `data` with a short poll interval; waits until it serves. A gateway
     /// given `--name N` writes `N.addr` and logs to `N.log` (else `gateway.*`).
     pub async fn start(data: &DataDir, extra: &[&str]) -> Self {
+        Self::start_trusting(data, extra, None).await
+    }
+
+    /// [`Gateway::start`] for a gateway serving TLS (`--tls-cert` in `extra`), its clients
+    /// checking its certificate against the PEM file `ca`.
+    pub async fn start_trusting(data: &DataDir, extra: &[&str], ca: Option<&Path>) -> Self {
         let name = extra.iter().position(|a| *a == "--name").map_or("gateway", |i| extra[i + 1]);
         let address_file = data.path.join(format!("{name}.addr"));
         let _ = std::fs::remove_file(&address_file);
@@ -134,7 +142,8 @@ impl Gateway {
             .spawn()
             .unwrap();
         // Owned at once, so a failed start still kills and reaps it (Drop).
-        let mut gateway = Gateway { child, address: String::new(), token: String::new() };
+        let mut gateway =
+            Gateway { child, address: String::new(), token: String::new(), ca: ca.map(Path::to_path_buf) };
         // Up to 30 s: a gateway on Podman runs `criu check` as it connects, which takes seconds
         // while the suite's other gateways start beside it.
         for _ in 0..600 {
@@ -150,7 +159,15 @@ impl Gateway {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.address.clone()).unwrap().connect().await.unwrap()
+        let endpoint = Channel::from_shared(self.address.clone()).unwrap();
+        let endpoint = match &self.ca {
+            Some(ca) => {
+                let ca = tonic::transport::Certificate::from_pem(std::fs::read(ca).unwrap());
+                endpoint.tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(ca)).unwrap()
+            }
+            None => endpoint,
+        };
+        endpoint.connect().await.unwrap()
     }
 
     pub async fn sandboxes(&self) -> Sandboxes {
@@ -256,6 +273,11 @@ pub async fn refused(data: &DataDir, extra: &[&str]) -> String {
     let _ = child.kill();
     let _ = child.wait();
     panic!("the gateway neither served nor exited:\n{}", std::fs::read_to_string(&output).unwrap());
+}
+
+/// A loopback port free when asked.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 pub fn spec(command: &[&str]) -> pb::SandboxSpec {

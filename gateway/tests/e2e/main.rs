@@ -33,4 +33,5 @@ mod shutdown;
 mod snapshots;
 mod store_binding;
 mod store_labels;
+mod tls;
 mod volumes;

@@ -37,10 +37,6 @@ fn pattern(offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|i| ((offset + i) % 251) as u8).collect()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// `url` with `path` in place of its path's end (its query kept).
 fn at(url: &str, path: &str) -> String {
     match url.split_once('?') {

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -29,10 +30,12 @@ def free_port() -> int:
 
 
 class Gateway:
-    """One gateway process; `restart()` kills it (SIGKILL) and starts it again on its port."""
+    """One gateway process; `restart()` kills it (SIGKILL) and starts it again on its port.
+    `extra`: more flags for it."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, extra: Sequence[str] = ()) -> None:
         self.data_dir = data_dir
+        self.extra = list(extra)
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.port = free_port()
         #: The preview proxy's port.
@@ -48,7 +51,7 @@ class Gateway:
         self.process = subprocess.Popen(
             [str(gateway_bin()), "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
              "--poll-interval", "500ms", "--stop-grace", "5s", "--heartbeat", "1s",
-             "--proxy-listen", f"127.0.0.1:{self.proxy_port}"],
+             "--proxy-listen", f"127.0.0.1:{self.proxy_port}", *self.extra],
             stdout=subprocess.DEVNULL, stderr=log, env=env,
         )
         for _ in range(400):

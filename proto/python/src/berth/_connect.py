@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Optional, Tuple
 
+import grpc
+
 DEFAULT_NAME = "gateway"
 DEFAULT_ADDRESS = "127.0.0.1:7420"
 
@@ -32,6 +34,13 @@ def target(address: str) -> Tuple[str, bool]:
     if address.startswith("http://"):
         return address[len("http://") :].rstrip("/"), False
     return address, False
+
+
+def credentials(ca_file: Optional[os.PathLike]) -> grpc.ChannelCredentials:
+    """TLS that checks the gateway's certificate against `ca_file` (PEM), else `BERTH_CA_FILE`,
+    else the system's roots, as the CLI's `--ca-file` does."""
+    path = ca_file or os.environ.get("BERTH_CA_FILE")
+    return grpc.ssl_channel_credentials(root_certificates=Path(path).read_bytes() if path else None)
 
 
 def resolve(

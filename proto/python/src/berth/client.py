@@ -57,11 +57,14 @@ class Client:
         data_dir: Optional[os.PathLike] = None,
         name: Optional[str] = None,
         timeout: float = 30.0,
+        ca_file: Optional[os.PathLike] = None,
     ) -> None:
         address, token = _connect.resolve(address, token, data_dir, name)
         host, tls = _connect.target(address)
         self.address = address
-        self._channel = grpc.secure_channel(host, grpc.ssl_channel_credentials()) if tls else grpc.insecure_channel(host)
+        self._channel = (
+            grpc.secure_channel(host, _connect.credentials(ca_file)) if tls else grpc.insecure_channel(host)
+        )
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._timeout = timeout
         self._sandboxes = sandbox_pb2_grpc.SandboxesStub(self._channel)

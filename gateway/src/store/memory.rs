@@ -32,6 +32,8 @@ struct Tables {
     lease_expires: Timestamp,
     /// Each node with when its lease expires (`live` is worked out when read).
     nodes: BTreeMap<NodeId, (Node, Timestamp)>,
+    /// The last epoch of each deleted node: one that registers again goes on from there.
+    removed_epochs: BTreeMap<NodeId, u64>,
     /// The change log's newest entries; positions count from 1.
     log: VecDeque<Logged>,
     head: u64,
@@ -342,8 +344,9 @@ impl Store for MemoryStore {
     ) -> Result<Lease, StoreError> {
         let now = self.clock.now();
         let mut t = self.lock();
+        let last = t.removed_epochs.remove(node).unwrap_or(0);
         let (entry, expires) = t.nodes.entry(node.clone()).or_insert_with(|| {
-            let lease = Lease { holder: None, term: 0 };
+            let lease = Lease { holder: None, term: last };
             (Node { id: node.clone(), offer: offer.clone(), draining: false, lease, live: false }, now)
         });
         let lapsed = *expires <= now;
@@ -389,6 +392,7 @@ impl Store for MemoryStore {
         if node.live {
             return Ok(NodeRemoval::Live(node.lease));
         }
+        t.removed_epochs.insert(id.clone(), node.lease.term);
         t.nodes.remove(id);
         Ok(NodeRemoval::Removed)
     }

@@ -100,12 +100,21 @@ pub(crate) async fn a_node_is_deleted_only_while_its_lease_is_not_held(store: Sh
     assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::Live(held("p1", 1)));
     assert!(store.node(&n1).await.unwrap().is_some());
     // Released, or lapsed: removed at once, and gone from the listing.
+    assert!(store.drain_node(&n1, true).await.unwrap());
     store.release_node_lease(&n1, "p1").await.unwrap();
     assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::Removed);
     assert_eq!(store.node(&n1).await.unwrap(), None);
     assert_eq!(store.delete_node(&n1).await.unwrap(), NodeRemoval::NotFound);
+    assert!(!store.drain_node(&n1, true).await.unwrap(), "a deleted node is not there to drain");
     store.acquire_node_lease(&n2, "p2", &offer("n2", 4), short).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(store.delete_node(&n2).await.unwrap(), NodeRemoval::Removed);
     assert!(store.nodes().await.unwrap().is_empty());
+    // Registered again, a deleted node goes on from its last epoch, undrained: an effect sent
+    // under an epoch from before the delete never matches one granted after it.
+    let back = store.acquire_node_lease(&n1, "p3", &offer("n1", 8), short).await.unwrap();
+    assert_eq!(back, held("p3", 2));
+    let node = store.node(&n1).await.unwrap().unwrap();
+    assert_eq!((node.lease, node.draining, node.offer), (held("p3", 2), false, offer("n1", 8)));
+    assert_eq!(store.nodes().await.unwrap().len(), 1);
 }

@@ -25,7 +25,8 @@ impl PostgresStore {
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let client = self.client().await?;
         // As the reconcile lease's statement, except that a lapsed lease is granted in a new
-        // epoch even to the process that held it: the gateways may have fenced it meanwhile.
+        // epoch even to the process that held it: the gateways may have fenced it meanwhile. A
+        // deleted node (never held when deleted) comes back undrained, in its next epoch.
         let statement = client
             .prepare_cached(
                 "WITH taken AS ( \
@@ -33,6 +34,7 @@ impl PostgresStore {
                      VALUES ($1, $2, 1, now() + $3::bigint * interval '1 millisecond', FALSE, $4) \
                      ON CONFLICT (id) DO UPDATE SET \
                          epoch = CASE WHEN n.holder = $2 AND n.expires_at > now() THEN n.epoch ELSE n.epoch + 1 END, \
+                         draining = n.draining AND NOT n.removed, removed = FALSE, \
                          holder = $2, expires_at = EXCLUDED.expires_at, offer = EXCLUDED.offer \
                      WHERE n.holder IS NULL OR n.holder = $2 OR n.expires_at <= now() \
                      RETURNING holder, epoch) \
@@ -77,7 +79,11 @@ impl PostgresStore {
         let client = self.client().await?;
         // One statement: the row goes only if its lease is not held by the database's clock.
         let removed = client
-            .execute("DELETE FROM nodes WHERE id = $1 AND (holder IS NULL OR expires_at <= now())", &[&node.as_str()])
+            .execute(
+                "UPDATE nodes SET removed = TRUE, holder = NULL \
+                 WHERE id = $1 AND NOT removed AND (holder IS NULL OR expires_at <= now())",
+                &[&node.as_str()],
+            )
             .await
             .map_err(|e| self.error(&e))?;
         drop(client);
@@ -93,7 +99,7 @@ impl PostgresStore {
     pub(super) async fn drain(&self, node: &NodeId, draining: bool) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let changed = client
-            .execute("UPDATE nodes SET draining = $2 WHERE id = $1", &[&node.as_str(), &draining])
+            .execute("UPDATE nodes SET draining = $2 WHERE id = $1 AND NOT removed", &[&node.as_str(), &draining])
             .await
             .map_err(|e| self.error(&e))?;
         Ok(changed > 0)
@@ -103,10 +109,10 @@ impl PostgresStore {
         let client = self.client().await?;
         let rows = match node {
             Some(node) => {
-                let sql = format!("SELECT {COLUMNS} FROM nodes WHERE id = $1");
+                let sql = format!("SELECT {COLUMNS} FROM nodes WHERE id = $1 AND NOT removed");
                 client.query(&sql, &[&node.as_str()]).await
             }
-            None => client.query(&format!("SELECT {COLUMNS} FROM nodes ORDER BY id"), &[]).await,
+            None => client.query(&format!("SELECT {COLUMNS} FROM nodes WHERE NOT removed ORDER BY id"), &[]).await,
         }
         .map_err(|e| self.error(&e))?;
         rows.iter().map(|row| self.decode_node(row)).collect()

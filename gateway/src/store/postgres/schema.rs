@@ -137,4 +137,8 @@ CREATE TABLE nodes (
     offer      TEXT        NOT NULL
 );
 "#,
+    // As SQLite's: a deleted node's row stays, marked, its epochs going on if it comes back.
+    r#"
+ALTER TABLE nodes ADD COLUMN removed BOOLEAN NOT NULL DEFAULT FALSE;
+"#,
 ];

@@ -20,12 +20,14 @@ pub(super) fn acquire(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // In the update, bare column names are the row as it was. A lapsed lease is granted in a
     // new epoch even to the process that held it: the gateways may have fenced it meanwhile.
+    // A deleted node (never held when deleted) comes back undrained, in its next epoch.
     tx.execute(
         &format!(
             "INSERT INTO nodes (id, holder, epoch, expires_at, draining, offer) \
              VALUES (?1, ?2, 1, {NOW_MS} + ?3, 0, ?4) \
              ON CONFLICT (id) DO UPDATE SET \
                  epoch = CASE WHEN holder IS ?2 AND expires_at > {NOW_MS} THEN epoch ELSE epoch + 1 END, \
+                 draining = draining AND NOT removed, removed = 0, \
                  holder = ?2, expires_at = excluded.expires_at, offer = excluded.offer \
              WHERE holder IS NULL OR holder = ?2 OR expires_at <= {NOW_MS}"
         ),
@@ -49,7 +51,10 @@ pub(super) fn release(conn: &mut Connection, node: &NodeId, holder: &str) -> Res
 pub(super) fn delete(conn: &mut Connection, node: &NodeId) -> Result<NodeRemoval, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let removed = tx.execute(
-        &format!("DELETE FROM nodes WHERE id = ?1 AND (holder IS NULL OR expires_at <= {NOW_MS})"),
+        &format!(
+            "UPDATE nodes SET removed = 1, holder = NULL \
+             WHERE id = ?1 AND NOT removed AND (holder IS NULL OR expires_at <= {NOW_MS})"
+        ),
         params![node.as_str()],
     )?;
     let removal = if removed > 0 {
@@ -65,7 +70,8 @@ pub(super) fn delete(conn: &mut Connection, node: &NodeId) -> Result<NodeRemoval
 }
 
 pub(super) fn drain(conn: &mut Connection, node: &NodeId, draining: bool) -> Result<bool, StoreError> {
-    Ok(conn.execute("UPDATE nodes SET draining = ?2 WHERE id = ?1", params![node.as_str(), draining])? > 0)
+    let sql = "UPDATE nodes SET draining = ?2 WHERE id = ?1 AND NOT removed";
+    Ok(conn.execute(sql, params![node.as_str(), draining])? > 0)
 }
 
 /// The columns `node_of` reads, `live` by SQLite's clock.
@@ -84,12 +90,12 @@ fn decode(
 }
 
 pub(super) fn one(conn: &Connection, node: &NodeId) -> Result<Option<Node>, StoreError> {
-    let sql = format!("SELECT {} FROM nodes WHERE id = ?1", columns());
+    let sql = format!("SELECT {} FROM nodes WHERE id = ?1 AND NOT removed", columns());
     conn.query_row(&sql, params![node.as_str()], node_of).optional()?.map(decode).transpose()
 }
 
 pub(super) fn all(conn: &Connection) -> Result<Vec<Node>, StoreError> {
-    let sql = format!("SELECT {} FROM nodes ORDER BY id", columns());
+    let sql = format!("SELECT {} FROM nodes WHERE NOT removed ORDER BY id", columns());
     let mut statement = conn.prepare(&sql)?;
     let rows = statement.query_map([], node_of)?.collect::<rusqlite::Result<Vec<_>>>()?;
     rows.into_iter().map(decode).collect()

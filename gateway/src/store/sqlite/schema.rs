@@ -114,6 +114,12 @@ CREATE TABLE nodes (
     offer      TEXT    NOT NULL
 ) STRICT;
 "#,
+    // A deleted node's row stays, marked, so that its epochs go on from where they were if it
+    // registers again: an effect sent under an epoch from before the delete never matches one
+    // granted after it.
+    r#"
+ALTER TABLE nodes ADD COLUMN removed INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 // A handful of steps: the cast cannot truncate.

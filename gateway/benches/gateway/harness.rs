@@ -214,25 +214,68 @@ pub(crate) async fn latency_figures(
 }
 
 pub(crate) async fn serve(engine: &Engine) -> String {
+    serve_over(engine, None).await
+}
+
+/// [`serve`], over TLS with `tls`'s certificate if given (then the address is `https://`).
+pub(crate) async fn serve_over(engine: &Engine, tls: Option<&BenchTls>) -> String {
     let (routes, _) = berth_gateway::api::routes(engine, "bench-token-0123456789", Duration::from_secs(5)).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("http://{}", listener.local_addr().unwrap());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let address = format!("{scheme}://{}", listener.local_addr().unwrap());
+    let acceptor = tls.map(|tls| tls.server.acceptor(berth_gateway::tls::Protocols::Grpc));
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming(berth_gateway::tcp::incoming(listener, None)),
+            .serve_with_incoming(berth_gateway::tcp::incoming(listener, acceptor)),
     );
     address
 }
 
+/// A certificate for 127.0.0.1, signed by itself, as the gateway serves it and as its clients
+/// trust it (`--tls-cert`, `--ca-file`).
+pub(crate) struct BenchTls {
+    server: berth_gateway::tls::ServerTls,
+    dir: tempfile::TempDir,
+}
+
+impl BenchTls {
+    pub(crate) fn new() -> Self {
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cert.pem"), made.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("key.pem"), made.signing_key.serialize_pem()).unwrap();
+        let server =
+            berth_gateway::tls::ServerTls::load(&dir.path().join("cert.pem"), &dir.path().join("key.pem")).unwrap();
+        Self { server, dir }
+    }
+
+    fn ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("cert.pem")
+    }
+}
+
+/// How a bench client speaks to the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wire {
+    /// Nagle's algorithm off, as Berth's own clients set it.
+    Nodelay,
+    /// Nagle's algorithm left on, as many HTTP/2 stacks do.
+    Nagle,
+    /// Nodelay, over TLS.
+    Tls,
+}
+
 /// A client of the public API at `address`. Its kernel delays ACKs, as Linux does for any
 /// client: a reply the server holds back until its previous segment is acknowledged (Nagle's
-/// algorithm) then waits about 40 ms. With `nagle`, the client leaves Nagle's algorithm on for
-/// its own requests, as many HTTP/2 stacks do: a request's data frame, written after its
-/// headers, then waits for the server's ACK of the headers.
-pub(crate) async fn client(address: String, nagle: bool) -> Client {
-    let channel =
-        tonic::transport::Endpoint::from_shared(address).unwrap().tcp_nodelay(!nagle).connect().await.unwrap();
+/// algorithm) then waits about 40 ms. With [`Wire::Nagle`], the client leaves Nagle's algorithm
+/// on for its own requests: a request's data frame, written after its headers, then waits for
+/// the server's ACK of the headers. Over TLS it trusts `tls`'s certificate.
+pub(crate) async fn client(address: String, wire: Wire, tls: Option<&BenchTls>) -> Client {
+    let endpoint = tonic::transport::Endpoint::from_shared(address.clone()).unwrap().tcp_nodelay(wire != Wire::Nagle);
+    let ca = tls.map(BenchTls::ca);
+    let endpoint = berth_gateway::tls::endpoint(endpoint, &address, ca.as_deref()).unwrap();
+    let channel = endpoint.connect().await.unwrap();
     SandboxesClient::with_interceptor(channel, Auth("Bearer bench-token-0123456789".parse().unwrap()))
 }
 

@@ -31,11 +31,11 @@ pub(crate) fn gateway_cpu() -> Duration {
 }
 
 /// `clients` clients each making `calls` reads of one kind against a gateway holding
-/// [`READ_FLEET`] sandboxes, with Nagle's algorithm on in the clients or not. Rate, p50, p99,
-/// calls, the reply's size in bytes, and the gateway's CPU time per call.
+/// [`READ_FLEET`] sandboxes, speaking as `wire` says. Rate, p50, p99, calls, the reply's size
+/// in bytes, and the gateway's CPU time per call.
 pub(crate) async fn read_load(
     read: Read,
-    nagle: bool,
+    wire: Wire,
     clients: usize,
     calls: usize,
 ) -> (f64, Duration, Duration, usize, usize, Duration) {
@@ -48,8 +48,10 @@ pub(crate) async fn read_load(
         .build()
         .unwrap();
     let engine = engine(dir.path());
-    let address = gateway.spawn(async move { serve(&engine).await }).await.unwrap();
-    let mut setup = client(address.clone(), false).await;
+    let tls = Arc::new((wire == Wire::Tls).then(BenchTls::new));
+    let served = Arc::clone(&tls);
+    let address = gateway.spawn(async move { serve_over(&engine, served.as_ref().as_ref()).await }).await.unwrap();
+    let mut setup = client(address.clone(), wire, tls.as_ref().as_ref()).await;
     // Labels make a GetSandbox reply (about 280 bytes) large enough to be written in more than
     // one segment.
     let labels: BTreeMap<String, String> = (0..3).map(|i| (format!("note-{i}"), "n".repeat(50))).collect();
@@ -76,7 +78,7 @@ pub(crate) async fn read_load(
     };
     let mut connected = Vec::new();
     for _ in 0..clients {
-        connected.push(client(address.clone(), nagle).await);
+        connected.push(client(address.clone(), wire, tls.as_ref().as_ref()).await);
     }
     let cpu = gateway_cpu();
     let started = Instant::now();
@@ -115,14 +117,18 @@ pub(crate) fn reads(runtime: &tokio::runtime::Runtime, quick: bool) {
     // A second or more per row, as for the lifecycle rows.
     let reads = if quick { vec![(1, 20), (4, 20)] } else { vec![(1, 10_000), (16, 2_000)] };
     for read in [Read::Get, Read::List] {
-        for nagle in [false, true] {
+        for wire in [Wire::Nodelay, Wire::Nagle, Wire::Tls] {
             for &(clients, calls) in &reads {
-                let (rate, p50, p99, n, size, cpu) = runtime.block_on(read_load(read, nagle, clients, calls));
+                let (rate, p50, p99, n, size, cpu) = runtime.block_on(read_load(read, wire, clients, calls));
                 let rpc = match read {
                     Read::Get => "GetSandbox",
                     Read::List => "ListSandboxes",
                 };
-                let kind = if nagle { "no nodelay" } else { "nodelay" };
+                let kind = match wire {
+                    Wire::Nodelay => "nodelay",
+                    Wire::Nagle => "no nodelay",
+                    Wire::Tls => "TLS",
+                };
                 println!(
                     "{rpc:>14} {size:>8} {kind:>14} {clients:>8} {n:>10} {rate:>12.0} {:>12?} {:>12?} {:>14?}",
                     p50, p99, cpu
@@ -132,10 +138,10 @@ pub(crate) fn reads(runtime: &tokio::runtime::Runtime, quick: bool) {
                     Read::List => format!("ListSandboxes of {READ_FLEET}"),
                 };
                 // The rows of the clients that set nodelay keep the names earlier reports used.
-                let label = if nagle {
-                    format!("{what}, {clients} clients without nodelay")
-                } else {
-                    format!("{what}, {clients} clients")
+                let label = match wire {
+                    Wire::Nodelay => format!("{what}, {clients} clients"),
+                    Wire::Nagle => format!("{what}, {clients} clients without nodelay"),
+                    Wire::Tls => format!("{what}, {clients} clients over TLS"),
                 };
                 figure(&label, rate, "rpc/s");
                 figure(&format!("{label}, p50"), p50.as_secs_f64() * 1e3, "ms");

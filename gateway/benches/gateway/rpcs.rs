@@ -25,7 +25,7 @@ pub(crate) async fn rpc_load(
         let address = addresses[c % addresses.len()].clone();
         let warm = Arc::clone(&warm);
         tasks.push(tokio::spawn(async move {
-            let mut client = client(address, false).await;
+            let mut client = client(address, Wire::Nodelay, None).await;
             for i in 0..WARM_CYCLES {
                 cycle(&mut client, &format!("warm-c{c}-s{i}")).await;
             }

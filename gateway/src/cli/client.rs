@@ -28,6 +28,10 @@ use crate::data_dir::{self, DEFAULT_NAME, DataDir, address_file};
 const FIRST_WAIT: Duration = Duration::from_millis(200);
 /// The longest wait between attempts: it doubles with each attempt that fails, up to this.
 const LONGEST_WAIT: Duration = Duration::from_secs(5);
+/// How often the CLI pings the gateway over its connection, and how long it waits for the
+/// answer before it gives the connection (and the calls on it) up.
+const PING_EVERY: Duration = Duration::from_secs(5);
+const PING_WITHIN: Duration = Duration::from_secs(10);
 
 /// Where the gateway is, and the token it takes.
 #[derive(Args, Clone)]
@@ -85,8 +89,10 @@ pub(super) struct Client {
 pub(super) struct Failed(pub(super) String);
 
 impl From<Status> for Failed {
+    /// The code and message, and for a status the transport made (the gateway unreached, or
+    /// gone silent) what broke under it: "keep-alive timed out" says more than "http2 error".
     fn from(s: Status) -> Self {
-        Failed(format!("{:?}: {}", s.code(), s.message()))
+        Failed(with_causes_after(format!("{:?}: {}", s.code(), s.message()), std::error::Error::source(&s)))
     }
 }
 
@@ -200,8 +206,11 @@ fn gateway_address(cli: &Connection, data: &DataDir) -> Result<(String, String),
 
 /// An error and every cause under it: a transport error says why ("connection refused").
 fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut cause = e.source();
+    with_causes_after(e.to_string(), e.source())
+}
+
+/// `message`, then `cause` and every cause under it, each unless the text already says it.
+fn with_causes_after(mut message: String, mut cause: Option<&(dyn std::error::Error + 'static)>) -> String {
     while let Some(c) = cause {
         let text = c.to_string();
         if !message.contains(&text) {
@@ -227,14 +236,17 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
     let endpoint = Endpoint::from_shared(address.clone())
         .map_err(|e| Failed(format!("{address:?} (from {source}) is not a gateway address: {e}")))?;
     let endpoint = crate::tls::endpoint(endpoint, &address, cli.ca_file.as_deref()).map_err(Failed)?;
-    // Wide: `port-forward` and file transfers are bulk streams.
-    let channel =
-        berth_proto::carry::wide(endpoint).connect_timeout(Duration::from_secs(5)).connect().await.map_err(|e| {
-            Failed(format!(
-                "cannot reach the gateway at {address} (from {source}): {}; is it running?",
-                with_causes(&e)
-            ))
-        })?;
+    // Wide: `port-forward` and file transfers are bulk streams. No deadline on a call (an upload
+    // or a followed log may rightly take hours): HTTP/2 pings tell a live gateway from one that
+    // took the connection and never answers, which fails the call within PING_EVERY + PING_WITHIN.
+    let endpoint = berth_proto::carry::wide(endpoint)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(PING_EVERY)
+        .keep_alive_timeout(PING_WITHIN)
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await.map_err(|e| {
+        Failed(format!("cannot reach the gateway at {address} (from {source}): {}; is it running?", with_causes(&e)))
+    })?;
     let auth = Bearer(bearer);
     Ok(Client {
         connection: cli.clone(),

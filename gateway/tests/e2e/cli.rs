@@ -661,3 +661,24 @@ async fn the_cli_follows_logs_and_execs_through_a_gateway_restart() {
     tokio::io::AsyncReadExt::read_to_string(&mut logs.child.stderr.take().unwrap(), &mut stderr).await.unwrap();
     assert!(stderr.contains("lost the gateway") && stderr.contains("reconnected; reading on from offset"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_gateway_that_takes_the_connection_and_never_answers_fails_the_call_saying_why() {
+    let data = DataDir::new();
+    // A listener that accepts and never says a word, as a hung gateway does.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while let Ok((connection, _)) = silent.accept().await {
+            connections.push(connection);
+        }
+    });
+    let args = ["--gateway", &address, "--token", "abcdefghijklmnopqrstuvwx", "sandbox", "list"];
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), berth(&data, &args)).await;
+    let out = out.expect("the CLI still waits after a minute");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("keep-alive timed out"), "{stderr}");
+    held.abort();
+}

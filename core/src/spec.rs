@@ -15,6 +15,10 @@ use crate::limits::ResourceLimits;
 /// Where a sandbox's workspace is, inside it: the files its stops keep and its snapshots copy.
 pub const WORKSPACE: &str = "/workspace";
 
+/// The image of a spec that names none, whichever client sent it (the CLI, an SDK, the HTTP/JSON
+/// API): the process driver runs the command on its host and ignores the image.
+pub const DEFAULT_IMAGE: &str = "host";
+
 /// What the user asked to run. Immutable after create.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {

@@ -27,7 +27,8 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
         n.map(|n| u64::try_from(n).map_err(|_| invalid(field, format!("must be positive, got {n}")))).transpose()
     };
     Ok(SandboxSpec {
-        image: spec.image,
+        // One default for every client: what the CLI and the SDKs leave unset, the API fills.
+        image: if spec.image.is_empty() { berth_core::spec::DEFAULT_IMAGE.to_string() } else { spec.image },
         command: spec.command,
         env: spec.env,
         labels: spec.labels,

@@ -49,8 +49,9 @@ impl Wait {
 #[derive(Args)]
 pub(super) struct SpecArgs {
     /// The image to run (the process driver runs COMMAND on this host and ignores it).
-    #[arg(long, default_value = "host")]
-    image: String,
+    /// [default: the gateway's, `host`]
+    #[arg(long)]
+    image: Option<String>,
     /// An environment variable, KEY=VALUE (repeatable).
     #[arg(long = "env", short, value_parser = pair)]
     env: Vec<(String, String)>,
@@ -160,7 +161,7 @@ impl SpecArgs {
 
     pub(super) fn wire(self: Box<Self>, command: Vec<String>) -> pb::SandboxSpec {
         pb::SandboxSpec {
-            image: self.image,
+            image: self.image.unwrap_or_default(),
             command,
             env: self.env.into_iter().collect(),
             labels: self.labels.into_iter().collect(),

@@ -68,10 +68,12 @@ async fn curl_drives_the_http_json_api() {
     let (status, info) = curl.json("GET", "/v1/info", None);
     assert_eq!((status, info["store"].as_str()), (200, Some("sqlite")));
 
-    let create = r#"{"name": "web", "spec": {"image": "host", "command": ["sleep", "3600"], "labels": {"team": "a"}}}"#;
+    // No image: the gateway's default, as the CLI and the SDK get it (the README's example).
+    let create = r#"{"name": "web", "spec": {"command": ["sleep", "3600"], "labels": {"team": "a"}}}"#;
     let (status, created) = curl.json("POST", "/v1/sandboxes", Some(create));
     assert_eq!((status, created["sandbox"]["name"].as_str()), (200, Some("web")), "{created}");
     assert_eq!(created["sandbox"]["phase"], "PHASE_PROVISIONING");
+    assert_eq!(created["sandbox"]["spec"]["image"], "host", "{created}");
     let ready = curl.wait_phase("web", "PHASE_READY").await;
     let (_, listed) = curl.json("GET", "/v1/sandboxes?selector=team=a", None);
     assert_eq!(listed["sandboxes"].as_array().map(Vec::len), Some(1), "{listed}");

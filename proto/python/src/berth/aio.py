@@ -79,7 +79,7 @@ class AsyncClient:
         name: str,
         command: Sequence[str],
         *,
-        image: str = "host",
+        image: str = "",
         env: Optional[Mapping[str, str]] = None,
         labels: Optional[Mapping[str, str]] = None,
         providers: Optional[Iterable[str]] = None,

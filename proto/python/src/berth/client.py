@@ -103,7 +103,7 @@ class Client:
         name: str,
         command: Sequence[str],
         *,
-        image: str = "host",
+        image: str = "",
         env: Optional[Mapping[str, str]] = None,
         labels: Optional[Mapping[str, str]] = None,
         providers: Optional[Iterable[str]] = None,
@@ -122,7 +122,8 @@ class Client:
         wait: bool = True,
         timeout: float = 120.0,
     ) -> Sandbox:
-        """Creates a sandbox running `command` and, with `wait`, returns it once Ready. Durations
+        """Creates a sandbox running `command` and, with `wait`, returns it once Ready. `image`:
+        what a container driver runs, the gateway's default (`host`) if empty. Durations
         are in seconds; `on_expiry` (and `on_idle`, for the idle timeout if not as `on_expiry`) is
         "stop", "delete" or "pause"; `restart` "never", "on-failure" or
         "always". Limits: `cpus` in cores (0.5), `memory` in bytes (swap included), `pids` the

@@ -112,6 +112,20 @@ impl Client {
     }
 }
 
+/// Why `args` (the command line) will not do what a docker user means by it, if so: `--name`
+/// after `sandbox create` is the global flag naming the gateway, where `docker run --name` names
+/// the container. Arguments after `--` (the command's own) are the command's.
+pub fn misplaced_name(args: &[std::ffi::OsString]) -> Option<String> {
+    let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap_or("")).take_while(|a| *a != "--").collect();
+    let create = args.windows(2).position(|w| w == ["sandbox", "create"])? + 2;
+    args[create..].iter().any(|a| *a == "--name" || a.starts_with("--name=")).then(|| {
+        "--name after `sandbox create` would name the gateway (`berth --name GATEWAY ...`), not \
+         the sandbox: the sandbox's name is create's first argument, `berth sandbox create NAME -- \
+         COMMAND...`"
+            .to_string()
+    })
+}
+
 /// Runs the CLI; returns the process's exit status.
 pub async fn main(cli: Cli) -> std::process::ExitCode {
     let result = async {
@@ -121,14 +135,25 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
                 clap_complete::generate(shell, &mut command, "berth", &mut std::io::stdout());
                 return Ok(0);
             }
-            // The client's version, even when no gateway answers.
+            // The client's version, even when no gateway answers (as JSON, once it is known
+            // whether one did: the output is one document).
             Top::Version => {
-                say!("client {}", env!("CARGO_PKG_VERSION"));
+                if matches!(cli.output, Output::Table) {
+                    say!("client {}", env!("CARGO_PKG_VERSION"));
+                }
                 Top::Version
             }
             command => command,
         };
-        let mut client = connect(&cli.connection, cli.output).await?;
+        let mut client = match connect(&cli.connection, cli.output).await {
+            Ok(client) => client,
+            Err(failed) => {
+                if matches!((&command, cli.output), (Top::Version, Output::Json)) {
+                    say!("{}", json!({"client": env!("CARGO_PKG_VERSION"), "gateway": null}));
+                }
+                return Err(failed);
+            }
+        };
         match command {
             Top::Sandbox(c) => client.sandbox(c).await,
             Top::Provider(c) => client.provider(c).await.map(|()| 0),
@@ -149,6 +174,31 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
         Err(Failed(message)) => {
             eprintln!("error: {message}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> Vec<std::ffi::OsString> {
+        text.split_whitespace().map(Into::into).collect()
+    }
+
+    #[test]
+    fn a_name_flag_after_sandbox_create_is_caught_and_nowhere_else() {
+        for trap in ["berth sandbox create --name web -- sleep 1", "berth -o json sandbox create web --name=gw -- x"] {
+            let why = misplaced_name(&line(trap)).unwrap_or_else(|| panic!("not caught: {trap}"));
+            assert!(why.contains("berth sandbox create NAME"), "{why}");
+        }
+        for fine in [
+            "berth --name gw sandbox create web -- sleep 1",
+            "berth sandbox create web -- sh -c --name",
+            "berth sandbox exec web --name x",
+            "berth template create t --name x -- sleep 1",
+        ] {
+            assert_eq!(misplaced_name(&line(fine)), None, "{fine}");
         }
     }
 }

@@ -4,5 +4,10 @@ use clap::Parser;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
-    berth_gateway::cli::main(berth_gateway::cli::Cli::parse()).await
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(trap) = berth_gateway::cli::misplaced_name(&args) {
+        eprintln!("error: {trap}");
+        return std::process::ExitCode::from(2);
+    }
+    berth_gateway::cli::main(berth_gateway::cli::Cli::parse_from(args)).await
 }

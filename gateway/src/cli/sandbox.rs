@@ -104,17 +104,20 @@ pub(super) enum SandboxCmd {
         #[arg(long = "selector", short, value_parser = pair, conflicts_with = "name")]
         selector: Vec<(String, String)>,
     },
-    /// Stop a sandbox (its workspace is kept) and wait until it is Stopped.
+    /// Stop sandboxes (their workspaces are kept), each in turn, and wait until each is Stopped.
     Stop {
-        name: String,
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
         #[command(flatten)]
         version: Versioned,
         #[command(flatten)]
         wait: Wait,
     },
-    /// Start a stopped (or failed) sandbox with a new runtime identity and wait until it is Ready.
+    /// Start stopped (or failed) sandboxes with new runtime identities, each in turn, and wait
+    /// until each is Ready.
     Start {
-        name: String,
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
         #[command(flatten)]
         version: Versioned,
         #[command(flatten)]
@@ -159,9 +162,10 @@ pub(super) enum SandboxCmd {
         #[arg(long, default_value = "127.0.0.1")]
         address: std::net::IpAddr,
     },
-    /// Delete a sandbox and everything made for it, and wait until it is gone.
+    /// Delete sandboxes and everything made for them, each in turn, and wait until each is gone.
     Delete {
-        name: String,
+        #[arg(required = true, value_name = "NAME")]
+        names: Vec<String>,
         #[command(flatten)]
         version: Versioned,
         #[command(flatten)]
@@ -214,6 +218,14 @@ pub(super) enum SandboxCmd {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+}
+
+/// The lifecycle commands that take several sandboxes.
+#[derive(Clone, Copy)]
+enum Verb {
+    Stop,
+    Start,
+    Delete,
 }
 
 /// What a lifecycle command waits for.
@@ -301,6 +313,38 @@ impl Client {
         };
         spinner.finish_and_clear();
         result.unwrap_or_else(|_| Err(Failed(format!("timed out after {:?} waiting for '{name}'", wait.timeout))))
+    }
+
+    /// `verb` on each of `names` in turn, as docker's verbs do: a sandbox that fails is told on
+    /// stderr, naming it, and the rest go on; the command fails if any did.
+    async fn each(&mut self, verb: Verb, names: Vec<String>, version: Versioned, wait: &Wait) -> Result<(), Failed> {
+        if let [name] = names.as_slice() {
+            return self.one(verb, name.clone(), version.expected_version, wait).await;
+        }
+        if version.expected_version.is_some() {
+            return Err(Failed("--expected-version is one sandbox's version: give it with one NAME".into()));
+        }
+        let mut failed = Vec::new();
+        for name in &names {
+            if let Err(Failed(message)) = self.one(verb, name.clone(), None, wait).await {
+                eprintln!("error: {name}: {message}");
+                failed.push(name.as_str());
+            }
+        }
+        match failed.as_slice() {
+            [] => Ok(()),
+            failed => Err(Failed(format!("{} of {} failed: {}", failed.len(), names.len(), failed.join(", ")))),
+        }
+    }
+
+    async fn one(&mut self, verb: Verb, name: String, version: Option<u64>, wait: &Wait) -> Result<(), Failed> {
+        let request = pb::LifecycleRequest { name, expected_resource_version: version };
+        let (reply, target) = match verb {
+            Verb::Stop => (self.sandboxes.stop_sandbox(request).await?, Target::Stopped),
+            Verb::Start => (self.sandboxes.start_sandbox(request).await?, Target::Ready),
+            Verb::Delete => (self.sandboxes.delete_sandbox(request).await?, Target::Gone),
+        };
+        self.lifecycle(reply.into_inner(), target, wait).await
     }
 
     async fn lifecycle(&mut self, reply: pb::SandboxReply, target: Target, wait: &Wait) -> Result<(), Failed> {
@@ -417,16 +461,8 @@ impl Client {
                 return self.watch_fleet(selector.into_iter().collect()).await;
             }
             SandboxCmd::Watch { name: Some(name), .. } => return self.watch_one(name).await,
-            SandboxCmd::Stop { name, version, wait } => {
-                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
-                let reply = self.sandboxes.stop_sandbox(request).await?.into_inner();
-                self.lifecycle(reply, Target::Stopped, &wait).await
-            }
-            SandboxCmd::Start { name, version, wait } => {
-                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
-                let reply = self.sandboxes.start_sandbox(request).await?.into_inner();
-                self.lifecycle(reply, Target::Ready, &wait).await
-            }
+            SandboxCmd::Stop { names, version, wait } => self.each(Verb::Stop, names, version, &wait).await,
+            SandboxCmd::Start { names, version, wait } => self.each(Verb::Start, names, version, &wait).await,
             SandboxCmd::Pause { name, checkpoint, version, wait } => {
                 let request =
                     pb::PauseRequest { name, expected_resource_version: version.expected_version, checkpoint };
@@ -453,11 +489,7 @@ impl Client {
                 Ok(())
             }
             SandboxCmd::PortForward { name, ports, address } => self.port_forward(name, ports, address).await,
-            SandboxCmd::Delete { name, version, wait } => {
-                let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
-                let reply = self.sandboxes.delete_sandbox(request).await?.into_inner();
-                self.lifecycle(reply, Target::Gone, &wait).await
-            }
+            SandboxCmd::Delete { names, version, wait } => self.each(Verb::Delete, names, version, &wait).await,
         }
         .map(|()| 0)
     }

@@ -354,6 +354,13 @@ async fn the_cli_finds_its_gateway_and_says_what_happened() {
             && version.contains(&format!("gateway {v} (alpha, sqlite store, process driver)")),
         "{version}"
     );
+    // As JSON: one document, nothing before it; with no gateway, the client's alone.
+    let version = json(&berth(&data, &["-o", "json", "version"]).await);
+    assert_eq!((version["client"].as_str(), version["gateway"]["name"].as_str()), (Some(v), Some("alpha")));
+    let alone = berth(&data, &["-o", "json", "--gateway", "127.0.0.1:1", "version"]).await;
+    assert!(!alone.status.success());
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(alone, serde_json::json!({"client": v, "gateway": null}));
     let completions = ok(&berth(&data, &["completions", "bash"]).await);
     assert!(completions.contains("_berth") && completions.contains("sandbox"), "{}", &completions[..200]);
 
@@ -681,4 +688,40 @@ async fn a_gateway_that_takes_the_connection_and_never_answers_fails_the_call_sa
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("keep-alive timed out"), "{stderr}");
     held.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_several_names_and_catches_a_docker_users_name_flag() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    for name in ["a", "b", "c"] {
+        ok(&berth(&data, &["sandbox", "create", name, "--", "sleep", "3600"]).await);
+    }
+    ok(&berth(&data, &["sandbox", "stop", "a", "b"]).await);
+    let phases = |listed: serde_json::Value| -> Vec<(String, String)> {
+        let all = listed.as_array().cloned().unwrap_or_default();
+        all.iter()
+            .map(|s| (s["name"].as_str().unwrap().to_string(), s["phase"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let listed = phases(json(&berth(&data, &["-o", "json", "sandbox", "list"]).await));
+    let want = [("a", "Stopped"), ("b", "Stopped"), ("c", "Ready")].map(|(n, p)| (n.to_string(), p.to_string()));
+    assert_eq!(listed, want);
+
+    // One that fails is told, naming it; the others are still deleted; the command fails.
+    let out = berth(&data, &["sandbox", "delete", "a", "missing", "b"]).await;
+    assert!(!out.status.success());
+    let why = stderr(&out);
+    assert!(why.contains("error: missing: NotFound") && why.contains("1 of 3 failed: missing"), "{why}");
+    let listed = phases(json(&berth(&data, &["-o", "json", "sandbox", "list"]).await));
+    assert_eq!(listed, [("c".to_string(), "Ready".to_string())]);
+    let out = berth(&data, &["sandbox", "stop", "c", "c", "--expected-version", "1"]).await;
+    assert!(stderr(&out).contains("--expected-version is one sandbox's version"), "{}", stderr(&out));
+
+    // `--name` after create names the gateway: refused with the way to say it, nothing made.
+    let out = berth(&data, &["sandbox", "create", "--name", "web", "--", "sleep", "1"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("berth sandbox create NAME -- COMMAND"), "{}", stderr(&out));
+    let listed = phases(json(&berth(&data, &["-o", "json", "sandbox", "list"]).await));
+    assert_eq!(listed.len(), 1);
 }

@@ -40,6 +40,8 @@ pub(super) enum SandboxCmd {
         deadline: Option<std::time::SystemTime>,
         #[command(flatten)]
         wait: Wait,
+        #[command(flatten)]
+        settle: Settle,
         /// The command and its arguments.
         #[arg(last = true, required_unless_present = "from_snapshot")]
         command: Vec<String>,
@@ -122,6 +124,8 @@ pub(super) enum SandboxCmd {
         version: Versioned,
         #[command(flatten)]
         wait: Wait,
+        #[command(flatten)]
+        settle: Settle,
     },
     /// Freeze a Ready sandbox's processes, keeping their memory, and wait until it is Paused.
     /// Nothing restarts: the generation and identity stay. While paused no exec runs and the
@@ -220,18 +224,40 @@ pub(super) enum SandboxCmd {
     },
 }
 
+/// How long a new run is watched after Ready before it counts as started.
+#[derive(clap::Args)]
+pub(super) struct Settle {
+    /// After Ready, watch the run this much longer: a command gone by then (one that exits at
+    /// once) fails the command with its reason and exit code, rather than a Ready already over.
+    /// 0 returns at Ready.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    settle: Duration,
+}
+
+/// Why a run seen Ready did not stay up for `settle`: its policy restarted it (`now`).
+fn gone_at_once(name: &str, settle: Duration, now: &pb::Sandbox) -> Failed {
+    Failed(format!(
+        "sandbox '{name}' did not stay up: its command exited within {} of Ready and the restart \
+         policy restarted it (restart {}, generation {}); `berth sandbox logs {name}` shows its output",
+        humantime::format_duration(settle),
+        now.restart_count,
+        now.generation
+    ))
+}
+
 /// The lifecycle commands that take several sandboxes.
 #[derive(Clone, Copy)]
 enum Verb {
     Stop,
-    Start,
+    Start { settle: Duration },
     Delete,
 }
 
 /// What a lifecycle command waits for.
 #[derive(Clone, Copy)]
 enum Target {
-    Ready,
+    /// Ready, and then still up (the same generation, not failed) for this long.
+    Ready(Duration),
     Paused,
     Stopped,
     Gone,
@@ -273,7 +299,18 @@ impl Client {
                 (Err(s), Target::Gone) if s.code() == tonic::Code::NotFound => return Ok(None),
                 (Err(s), _) => return Err(s.into()),
             };
-            while let Some(event) = events.message().await? {
+            // Once Ready, it is watched to stay so: the generation that was Ready, the newest
+            // record, and until when.
+            let mut settling: Option<(u64, pb::Sandbox, tokio::time::Instant)> = None;
+            loop {
+                let next = match &settling {
+                    None => events.message().await?,
+                    Some((_, latest, until)) => match tokio::time::timeout_at(*until, events.message()).await {
+                        Ok(next) => next?,
+                        Err(_) => return Ok(Some(latest.clone())),
+                    },
+                };
+                let Some(event) = next else { break };
                 let Some(s) = event.sandbox else {
                     return match target {
                         Target::Gone => Ok(None),
@@ -282,15 +319,28 @@ impl Client {
                 };
                 spinner.set_message(format!("{name}: {}", phase_name(s.phase)));
                 let phase = pb::Phase::try_from(s.phase).unwrap_or(pb::Phase::Unspecified);
+                if let Some((_, latest, _)) = &mut settling {
+                    *latest = s.clone();
+                }
                 match (target, phase) {
-                    (Target::Ready, pb::Phase::Ready)
-                    | (Target::Paused, pb::Phase::Paused)
-                    | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
-                    // The command ran and exited 0 before it was seen Ready: done, not failed.
-                    (Target::Ready, pb::Phase::Stopped) if s.completed => return Ok(Some(s)),
-                    (Target::Ready | Target::Paused | Target::Stopped, pb::Phase::Error) => {
+                    (Target::Ready(settle), pb::Phase::Ready) => match &settling {
+                        None if settle.is_zero() => return Ok(Some(s)),
+                        None => settling = Some((s.generation, s, tokio::time::Instant::now() + settle)),
+                        Some((generation, _, _)) if s.generation == *generation => {}
+                        Some(_) => return Err(gone_at_once(name, settle, &s)),
+                    },
+                    (Target::Paused, pb::Phase::Paused) | (Target::Stopped, pb::Phase::Stopped) => return Ok(Some(s)),
+                    // The command ran and exited 0 before it was seen Ready, or within its
+                    // settling: done, not failed.
+                    (Target::Ready(_), pb::Phase::Stopped) if s.completed => return Ok(Some(s)),
+                    (Target::Ready(_) | Target::Paused | Target::Stopped, pb::Phase::Error) => {
                         let f = s.failure.unwrap_or_default();
-                        return Err(Failed(format!("sandbox '{name}' failed: {} ({})", f.reason, f.message)));
+                        let code = f.exit_code.map(|c| format!(", exit code {c}")).unwrap_or_default();
+                        return Err(Failed(format!("sandbox '{name}' failed: {}{code} ({})", f.reason, f.message)));
+                    }
+                    // Restarted by its policy while settling: the command did not stay up.
+                    (Target::Ready(settle), _) if settling.is_some() && s.restart_count > 0 => {
+                        return Err(gone_at_once(name, settle, &s));
                     }
                     // Its run ended (a completion, or a stop) before it could be frozen.
                     (Target::Paused, pb::Phase::Stopping | pb::Phase::Stopped | pb::Phase::Deleting) => {
@@ -341,7 +391,7 @@ impl Client {
         let request = pb::LifecycleRequest { name, expected_resource_version: version };
         let (reply, target) = match verb {
             Verb::Stop => (self.sandboxes.stop_sandbox(request).await?, Target::Stopped),
-            Verb::Start => (self.sandboxes.start_sandbox(request).await?, Target::Ready),
+            Verb::Start { settle } => (self.sandboxes.start_sandbox(request).await?, Target::Ready(settle)),
             Verb::Delete => (self.sandboxes.delete_sandbox(request).await?, Target::Gone),
         };
         self.lifecycle(reply.into_inner(), target, wait).await
@@ -351,7 +401,7 @@ impl Client {
         let sandbox = reply.sandbox.unwrap_or_default();
         // A start or stop that found the sandbox where it was headed changed nothing: say so.
         let already = match (target, pb::Phase::try_from(sandbox.phase)) {
-            (Target::Ready, Ok(pb::Phase::Ready)) => Some("Ready"),
+            (Target::Ready(_), Ok(pb::Phase::Ready)) => Some("Ready"),
             (Target::Stopped, Ok(pb::Phase::Stopped)) => Some("Stopped"),
             (Target::Paused, Ok(pb::Phase::Paused)) if sandbox.intent == pb::Intent::Paused as i32 => Some("Paused"),
             _ => None,
@@ -401,7 +451,7 @@ impl Client {
             SandboxCmd::Logs { name, follow, generation, offset } => {
                 return self.logs(name, generation.unwrap_or(0), offset, follow).await;
             }
-            SandboxCmd::Create { name, from_snapshot, spec, providers, deadline, wait, command } => {
+            SandboxCmd::Create { name, from_snapshot, spec, providers, deadline, wait, settle, command } => {
                 let spec = match &from_snapshot {
                     Some(_) => pb::SandboxSpec { labels: spec.labels(), ..Default::default() },
                     None => spec.wire(command),
@@ -415,7 +465,7 @@ impl Client {
                     from_snapshot: from_snapshot.unwrap_or_default(),
                 };
                 let reply = self.sandboxes.create_sandbox(request).await?.into_inner();
-                self.lifecycle(reply, Target::Ready, &wait).await
+                self.lifecycle(reply, Target::Ready(settle.settle), &wait).await
             }
             SandboxCmd::Fork { name, count, names, labels, wait } => {
                 let request = pb::ForkSandboxRequest { name, count, names, labels: labels.into_iter().collect() };
@@ -426,7 +476,7 @@ impl Client {
                 }
                 let mut ready = Vec::with_capacity(forks.len());
                 for fork in forks {
-                    if let Some(s) = self.wait(&fork.name, Target::Ready, &wait).await? {
+                    if let Some(s) = self.wait(&fork.name, Target::Ready(Duration::ZERO), &wait).await? {
                         ready.push(s);
                     }
                 }
@@ -462,7 +512,9 @@ impl Client {
             }
             SandboxCmd::Watch { name: Some(name), .. } => return self.watch_one(name).await,
             SandboxCmd::Stop { names, version, wait } => self.each(Verb::Stop, names, version, &wait).await,
-            SandboxCmd::Start { names, version, wait } => self.each(Verb::Start, names, version, &wait).await,
+            SandboxCmd::Start { names, version, wait, settle } => {
+                self.each(Verb::Start { settle: settle.settle }, names, version, &wait).await
+            }
             SandboxCmd::Pause { name, checkpoint, version, wait } => {
                 let request =
                     pb::PauseRequest { name, expected_resource_version: version.expected_version, checkpoint };
@@ -472,7 +524,8 @@ impl Client {
             SandboxCmd::Resume { name, version, wait } => {
                 let request = pb::LifecycleRequest { name, expected_resource_version: version.expected_version };
                 let reply = self.sandboxes.resume_sandbox(request).await?.into_inner();
-                self.lifecycle(reply, Target::Ready, &wait).await
+                // The run was up before the pause: nothing new to see settle.
+                self.lifecycle(reply, Target::Ready(Duration::ZERO), &wait).await
             }
             SandboxCmd::Url { name, port } => {
                 let url = self.sandboxes.get_port_url(pb::GetPortUrlRequest { name, port }).await?.into_inner();

@@ -725,3 +725,25 @@ async fn the_cli_takes_several_names_and_catches_a_docker_users_name_flag() {
     let listed = phases(json(&berth(&data, &["-o", "json", "sandbox", "list"]).await));
     assert_eq!(listed.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_command_is_gone_at_once_fails_with_its_exit_code() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let out = berth(&data, &["sandbox", "create", "f", "--", "false"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("MainProcessExited, exit code 1"), "{}", stderr(&out));
+    // Ready first, gone a moment later: caught by the settling watch, not reported Ready.
+    let out = berth(&data, &["sandbox", "create", "g", "--settle", "5s", "--", "sh", "-c", "sleep 1; exit 4"]).await;
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr(&out).contains("exit code 4"), "{}", stderr(&out));
+    // Without settling, Ready is reported as soon as it is.
+    let out = berth(&data, &["sandbox", "create", "h", "--settle", "0s", "--", "sh", "-c", "sleep 3; exit 4"]).await;
+    assert!(ok(&out).contains("Ready"));
+    // A command that completes at once is a success.
+    let out = berth(&data, &["sandbox", "create", "t", "--", "true"]).await;
+    assert!(ok(&out).contains("Completed"));
+    // A start of one gone at once fails the same way.
+    let out = berth(&data, &["sandbox", "start", "f"]).await;
+    assert!(stderr(&out).contains("exit code 1"), "{}", stderr(&out));
+}

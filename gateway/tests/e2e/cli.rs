@@ -747,3 +747,50 @@ async fn a_create_whose_command_is_gone_at_once_fails_with_its_exit_code() {
     let out = berth(&data, &["sandbox", "start", "f"]).await;
     assert!(stderr(&out).contains("exit code 1"), "{}", stderr(&out));
 }
+
+/// `berth --data-dir DATA ARGS` on a pseudo-terminal of its own, nothing ever typed: its exit
+/// status within `limit` (`None`: still running), and what it wrote.
+async fn on_terminal(data: &DataDir, args: &[&str], limit: std::time::Duration) -> (Option<i32>, String) {
+    use tokio::io::AsyncReadExt;
+    let (mut terminal, pts) = pty_process::open().unwrap();
+    terminal.resize(pty_process::Size::new(24, 80)).unwrap();
+    let mut child = pty_process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(args)
+        .kill_on_drop(true)
+        .spawn(pts)
+        .unwrap();
+    let status = tokio::time::timeout(limit, child.wait()).await.ok().map(|s| s.unwrap().code().unwrap_or(-1));
+    let mut written = vec![0; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(1), terminal.read(&mut written)).await;
+    let n = n.ok().and_then(Result::ok).unwrap_or(0);
+    (status, String::from_utf8_lossy(&written[..n]).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_exec_returns_when_its_command_ends_without_waiting_for_input() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    ok(&berth(&data, &["sandbox", "create", "box", "--", "sleep", "3600"]).await);
+    let limit = std::time::Duration::from_secs(20);
+    // A terminal nobody types into: -it, and -i.
+    for flags in [&["-i", "-t"][..], &["-i"][..]] {
+        let args = [&["sandbox", "exec"][..], flags, &["box", "--", "sh", "-c", "echo done; exit 3"]].concat();
+        let (status, written) = on_terminal(&data, &args, limit).await;
+        assert_eq!(status, Some(3), "{flags:?} still waits for input, or failed: {written}");
+        assert!(written.contains("done"), "{written}");
+    }
+    // A pipe that stays open, as `sleep 60 | berth sandbox exec -i ...`.
+    let mut child = tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(["sandbox", "exec", "-i", "box", "--", "true"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let status = tokio::time::timeout(limit, child.wait()).await;
+    assert_eq!(status.ok().map(|s| s.unwrap().code()), Some(Some(0)), "waits for its open stdin");
+}

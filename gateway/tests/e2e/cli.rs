@@ -631,6 +631,16 @@ impl Following {
 /// read on from the offset they got to: their output is whole, in order, nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_follows_logs_and_execs_through_a_gateway_restart() {
+    follows_through_a_restart(false).await;
+}
+
+/// As above, the gateway SIGKILLed mid-stream: its connections cut with no goodbye.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_follows_logs_and_execs_through_a_gateway_killed_mid_stream() {
+    follows_through_a_restart(true).await;
+}
+
+async fn follows_through_a_restart(killed: bool) {
     let data = DataDir::new();
     let mut gateway = Gateway::start(&data, &[]).await;
     let counting = |prefix: &str| format!("for i in $(seq 0 39); do echo {prefix}-$i; sleep 0.25; done");
@@ -640,9 +650,13 @@ async fn the_cli_follows_logs_and_execs_through_a_gateway_restart() {
     let mut exec = Following::spawn(&data, &["sandbox", "exec", "box", "--", "sh", "-c", &counting("exec")]);
     let (logs_first, exec_first) = (logs.first_line().await, exec.first_line().await);
 
-    gateway.sigterm();
-    let exited = gateway.exit_within(std::time::Duration::from_secs(20)).await;
-    assert!(exited.is_some_and(|s| s.success()), "{exited:?}:\n{}", data.log());
+    if killed {
+        gateway.kill9();
+    } else {
+        gateway.sigterm();
+        let exited = gateway.exit_within(std::time::Duration::from_secs(20)).await;
+        assert!(exited.is_some_and(|s| s.success()), "{exited:?}:\n{}", data.log());
+    }
     let _gateway = Gateway::start(&data, &[]).await;
 
     let (status, lines, stderr) = exec.end(exec_first).await;

@@ -112,13 +112,19 @@ pub(super) fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
             *w = (*w).max(cell.len());
         }
     }
-    let line = |cells: Vec<String>| {
-        cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
-    };
-    let mut out = vec![line(header.iter().map(|h| h.to_string()).collect())];
-    out.extend(rows.into_iter().map(line));
+    let mut out = vec![aligned(header.iter().map(|h| h.to_string()), &widths)];
+    out.extend(rows.into_iter().map(|row| aligned(row, &widths)));
     out.join("\n")
 }
+
+/// `cells`, each padded to its column's width (a longer one pushes the rest along).
+fn aligned(cells: impl IntoIterator<Item = String>, widths: &[usize]) -> String {
+    cells.into_iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ").trim_end().to_string()
+}
+
+/// A watch's columns, fixed since its rows come one at a time: wide enough for every phase,
+/// an RFC 3339 deadline, and most names.
+const WATCH_WIDTHS: [usize; 9] = [16, 12, 8, 10, 7, 10, 20, 8, 0];
 
 fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
     let reason = match &s.failure {
@@ -154,13 +160,20 @@ pub(super) fn show_time(unix_ms: Option<i64>) -> String {
 }
 
 impl Client {
+    /// The header of a watch's lines, in a table (JSON lines need none).
+    pub(super) fn print_watch_header(&self) {
+        if let Output::Table = self.output {
+            say!("{}", aligned(SANDBOX_HEADER.map(String::from), &WATCH_WIDTHS));
+        }
+    }
+
     /// One line for a change a watch saw: the sandbox after it, or its removal.
     pub(super) fn print_change(&self, name: &str, sandbox: Option<&pb::Sandbox>) {
         match (sandbox, self.output) {
             (Some(s), Output::Json) => say!("{}", sandbox_json(s)),
-            (Some(s), Output::Table) => say!("{}", sandbox_row(s).join("  ").trim_end()),
+            (Some(s), Output::Table) => say!("{}", aligned(sandbox_row(s), &WATCH_WIDTHS)),
             (None, Output::Json) => say!("{}", json!({"name": name, "removed": true})),
-            (None, Output::Table) => say!("{name}  removed"),
+            (None, Output::Table) => say!("{}", aligned([name.to_string(), "(removed)".to_string()], &WATCH_WIDTHS)),
         }
     }
 

@@ -14,6 +14,7 @@ impl Client {
         // The sandbox as last printed (its id and version): a new watch starts with it again.
         let mut shown: Option<(String, u64)> = None;
         let mut reconnect = Reconnect::new();
+        self.print_watch_header();
         loop {
             let request = pb::WatchSandboxRequest { name: name.clone() };
             let ended = match self.sandboxes.watch_sandbox(request).await {
@@ -54,6 +55,7 @@ impl Client {
         let mut shown: BTreeMap<String, (String, u64)> = BTreeMap::new();
         let mut cursor: Option<String> = None;
         let mut reconnect = Reconnect::new();
+        self.print_watch_header();
         loop {
             let opened = cursor.clone();
             let ended = match cursor.clone() {

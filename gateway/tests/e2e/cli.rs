@@ -722,6 +722,18 @@ async fn the_cli_takes_several_names_and_catches_a_docker_users_name_flag() {
     let want = [("a", "Stopped"), ("b", "Stopped"), ("c", "Ready")].map(|(n, p)| (n.to_string(), p.to_string()));
     assert_eq!(listed, want);
 
+    // A watch of one prints a header, then a line a change, in the header's columns, until it is
+    // gone.
+    let watch = tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(["sandbox", "watch", "a"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+
     // One that fails is told, naming it; the others are still deleted; the command fails.
     let out = berth(&data, &["sandbox", "delete", "a", "missing", "b"]).await;
     assert!(!out.status.success());
@@ -729,6 +741,16 @@ async fn the_cli_takes_several_names_and_catches_a_docker_users_name_flag() {
     assert!(why.contains("error: missing: NotFound") && why.contains("1 of 3 failed: missing"), "{why}");
     let listed = phases(json(&berth(&data, &["-o", "json", "sandbox", "list"]).await));
     assert_eq!(listed, [("c".to_string(), "Ready".to_string())]);
+    let watched = tokio::time::timeout(std::time::Duration::from_secs(20), watch.wait_with_output()).await;
+    let watched = String::from_utf8(watched.expect("the watch outlived its sandbox").unwrap().stdout).unwrap();
+    let lines: Vec<&str> = watched.lines().collect();
+    assert!(lines[0].starts_with("NAME") && lines.len() >= 3, "{watched}");
+    let column = lines[0].find("PHASE").unwrap();
+    assert!(
+        lines[1..].iter().all(|l| l[column..].starts_with(|c: char| c.is_ascii_alphabetic() || c == '(')),
+        "{watched}"
+    );
+    assert!(lines[1].contains("Stopped") && lines.last().unwrap().contains("(removed)"), "{watched}");
     let out = berth(&data, &["sandbox", "stop", "c", "c", "--expected-version", "1"]).await;
     assert!(stderr(&out).contains("--expected-version is one sandbox's version"), "{}", stderr(&out));
 

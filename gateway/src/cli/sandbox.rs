@@ -13,6 +13,7 @@ use tonic::Status;
 use super::Output;
 use super::client::{Client, Failed};
 use super::exec::window_size;
+use super::logs::Beginning;
 use super::ports::forward_ports;
 use super::print::{phase_name, sandbox_json};
 use super::spec::{SpecArgs, Versioned, Wait, pair, unix_millis, wire_millis};
@@ -191,8 +192,12 @@ pub(super) enum SandboxCmd {
         #[arg(long)]
         generation: Option<u64>,
         /// Start at this byte offset of the output.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, conflicts_with = "tail")]
         offset: u64,
+        /// Only the last N lines written so far (both streams together, in the order written),
+        /// then, with --follow, what comes after them.
+        #[arg(long, short = 'n', value_name = "N")]
+        tail: Option<usize>,
     },
     /// Run a command in a Ready sandbox, streaming its output; exits with its exit status
     /// (128+N if signal N killed it, 124 if it timed out).
@@ -448,8 +453,12 @@ impl Client {
                 self.print_sandboxes(&[reply.sandbox.unwrap_or_default()]);
                 Ok(())
             }
-            SandboxCmd::Logs { name, follow, generation, offset } => {
-                return self.logs(name, generation.unwrap_or(0), offset, follow).await;
+            SandboxCmd::Logs { name, follow, generation, offset, tail } => {
+                let from = match tail {
+                    Some(lines) => Beginning::Tail(lines),
+                    None => Beginning::Offset(offset),
+                };
+                return self.logs(name, generation.unwrap_or(0), from, follow).await;
             }
             SandboxCmd::Create { name, from_snapshot, spec, providers, deadline, wait, settle, command } => {
                 let spec = match &from_snapshot {

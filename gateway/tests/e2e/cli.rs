@@ -830,3 +830,32 @@ async fn an_interactive_exec_returns_when_its_command_ends_without_waiting_for_i
     let status = tokio::time::timeout(limit, child.wait()).await;
     assert_eq!(status.ok().map(|s| s.unwrap().code()), Some(Some(0)), "waits for its open stdin");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_tail_prints_the_last_lines_then_follows() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    // `after` once the test puts `go` in its workspace.
+    let main =
+        "for i in 1 2 3 4 5; do echo line-$i; done; until [ -f go ]; do sleep 0.05; done; echo after; sleep 3600";
+    let created = json(&berth(&data, &["-o", "json", "sandbox", "create", "box", "--", "sh", "-c", main]).await);
+    let printed = |out: &Output| ok(out).lines().map(str::to_string).collect::<Vec<_>>();
+    let mut tail = Vec::new();
+    for _ in 0..100 {
+        tail = printed(&berth(&data, &["sandbox", "logs", "box", "--tail", "2"]).await);
+        if tail.last().is_some_and(|l| l == "line-5") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(tail, ["line-4", "line-5"]);
+    assert_eq!(printed(&berth(&data, &["sandbox", "logs", "box", "-n", "9"]).await).len(), 5);
+    assert!(printed(&berth(&data, &["sandbox", "logs", "box", "-n", "0"]).await).is_empty());
+    // Following from the tail: the last line so far, then what comes after it.
+    let mut follow = Following::spawn(&data, &["sandbox", "logs", "-f", "-n", "1", "box"]);
+    assert_eq!(follow.first_line().await, "line-5");
+    std::fs::write(data.workspace(created["id"].as_str().unwrap()).join("go"), "").unwrap();
+    let next = tokio::time::timeout(std::time::Duration::from_secs(20), follow.lines.recv()).await;
+    assert_eq!(next.ok().flatten().as_deref(), Some("after"));
+    follow.child.kill().await.unwrap();
+}

@@ -183,6 +183,8 @@ pub enum Report {
         end: ExecEnd,
         message: String,
         output_bytes: u64,
+        /// It failed by itself while the kernel killed something in the sandbox for memory.
+        out_of_memory: bool,
     },
     /// A run of its generation started it, and that run is gone (restarted out of band): the
     /// run reporting never ran it, and never will.
@@ -209,9 +211,17 @@ pub fn report(exec: &Exec, sandbox: Option<&Sandbox>, generation: u64, report: &
             branch::hit(Branch::ReportStartedAgain);
             return exec.as_is();
         }
-        Report::Ended { end, message, output_bytes } => {
+        Report::Ended { end, message, output_bytes, out_of_memory } => {
             branch::hit(Branch::ReportEnded);
-            next.state = ExecState::Ended { end: *end, message: message.clone() };
+            // DESIGN 10: killed for memory, as a main process is, naming the sandbox's limit.
+            let message = match (*out_of_memory, sandbox) {
+                (true, Some(s)) => {
+                    format!("killed for memory: the sandbox used more than {}", s.spec.limits.memory_bound())
+                }
+                (true, None) => "killed for memory".to_string(),
+                (false, _) => message.clone(),
+            };
+            next.state = ExecState::Ended { end: *end, message };
             next.output_bytes = Some(*output_bytes);
         }
         Report::Lost { message } => {

@@ -19,6 +19,17 @@ pub struct ResourceLimits {
     pub pids: Option<u64>,
 }
 
+impl ResourceLimits {
+    /// What a run killed for memory used more than (DESIGN 10), as its failure (or an exec's
+    /// end) says it: its limit, or what the host had.
+    pub fn memory_bound(&self) -> String {
+        match self.memory_bytes {
+            Some(bytes) => format!("its memory limit of {bytes} bytes"),
+            None => "the memory the host had for it".to_string(),
+        }
+    }
+}
+
 /// The smallest CPU share a runtime schedules (a 1 ms quota per 100 ms period).
 pub const MIN_CPU_MILLIS: u64 = 10;
 pub const MAX_CPU_MILLIS: u64 = 1024 * 1000;

@@ -264,14 +264,10 @@ impl Merge<'_> {
 
     /// DESIGN 10: a run killed for memory says so, with the limit it ran into.
     fn out_of_memory(&self, exit_code: i32) -> Failure {
-        let limit = match self.next().spec.limits.memory_bytes {
-            Some(bytes) => format!("its memory limit of {bytes} bytes"),
-            None => "the memory the host had for it".to_string(),
-        };
         Failure {
             reason: FailureReason::OutOfMemory,
             exit_code: Some(exit_code),
-            message: format!("the sandbox was killed for using more than {limit}"),
+            message: format!("the sandbox was killed for using more than {}", self.next().spec.limits.memory_bound()),
         }
     }
 

@@ -80,6 +80,11 @@ fn emit_args(argv: &[String]) -> Option<(u64, Duration, i32)> {
 }
 
 impl Launcher for SimLauncher {
+    /// The simulated kernel has no cgroups and kills nothing for memory.
+    fn memory_kills(&self) -> Option<u64> {
+        None
+    }
+
     fn launch(&self, exec_id: &str, run: &pb::RunExec) -> std::io::Result<Launched> {
         let world = self.world.clone();
         world.fact(&Fact::Launched { sandbox: self.sandbox.as_str(), exec: exec_id });

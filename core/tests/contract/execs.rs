@@ -173,17 +173,31 @@ fn reports_move_an_exec_forward_only_from_its_own_generation() {
     // Another generation's session is never this exec's run (E2).
     for other in [g - 1, g + 1] {
         unchanged(exec::report(&exec, Some(&sandbox), other, &Report::Started, LATER), &exec);
-        let end = Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0 };
+        let end =
+            Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0, out_of_memory: false };
         unchanged(exec::report(&running, Some(&sandbox), other, &end, LATER), &running);
     }
     // A repeated start changes nothing.
     unchanged(exec::report(&running, Some(&sandbox), g, &Report::Started, LATER), &running);
-    let end = Report::Ended { end: ExecEnd::Exited(7), message: String::new(), output_bytes: 12 };
+    let end = Report::Ended { end: ExecEnd::Exited(7), message: String::new(), output_bytes: 12, out_of_memory: false };
     let (_, ended) = changed(exec::report(&running, Some(&sandbox), g, &end, LATER));
     assert_eq!(ended.state, ExecState::Ended { end: ExecEnd::Exited(7), message: String::new() });
     assert_eq!(ended.output_bytes, Some(12));
+    // Killed for memory: the sandbox's limit named, as a main process's failure names it.
+    let oom =
+        Report::Ended { end: ExecEnd::Signalled(9), message: String::new(), output_bytes: 3, out_of_memory: true };
+    let mut limited = sandbox.clone();
+    let mut spec = (*limited.spec).clone();
+    spec.limits.memory_bytes = Some(64 << 20);
+    limited.spec = std::sync::Arc::new(spec);
+    let (_, killed) = changed(exec::report(&running, Some(&limited), g, &oom, LATER));
+    let message = "killed for memory: the sandbox used more than its memory limit of 67108864 bytes".to_string();
+    assert_eq!(killed.state, ExecState::Ended { end: ExecEnd::Signalled(9), message });
+    let (_, killed) = changed(exec::report(&running, None, g, &oom, LATER));
+    assert_eq!(killed.state, ExecState::Ended { end: ExecEnd::Signalled(9), message: "killed for memory".into() });
     // Terminal states are final: a later report, cancel or settle changes nothing.
-    let late = Report::Ended { end: ExecEnd::Cancelled, message: String::new(), output_bytes: 99 };
+    let late =
+        Report::Ended { end: ExecEnd::Cancelled, message: String::new(), output_bytes: 99, out_of_memory: false };
     unchanged(exec::report(&ended, Some(&sandbox), g, &late, LATER), &ended);
     unchanged(exec::cancel(&ended, LATER), &ended);
     unchanged(exec::settle(&ended, None, LATER), &ended);

@@ -62,7 +62,8 @@ fn admit(store: &mut Store, id: &str, now: Timestamp) -> exec::Exec {
 /// Its run reports `exec` ended at `now`; commits what that writes.
 fn end(store: &mut Store, exec: &exec::Exec, now: Timestamp) -> Vec<Write> {
     let sandbox = record(store);
-    let report = Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0 };
+    let report =
+        Report::Ended { end: ExecEnd::Exited(0), message: String::new(), output_bytes: 0, out_of_memory: false };
     let change = exec::report(exec, Some(&sandbox), exec.generation, &report, now);
     store.commit(&change.writes).unwrap();
     change.writes

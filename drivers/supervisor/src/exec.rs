@@ -91,7 +91,13 @@ impl StartedLog for InDirectory {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Status {
     Running,
-    Ended { end: End, message: String, output_bytes: u64 },
+    /// `out_of_memory`: it failed while the kernel killed something in the sandbox for memory.
+    Ended {
+        end: End,
+        message: String,
+        output_bytes: u64,
+        out_of_memory: bool,
+    },
 }
 
 impl Status {
@@ -248,15 +254,15 @@ impl Execs {
         }
         let follower = follow_from.map(|offset| entry.output.follow(offset));
         if run.cancelled {
-            self.finish(&entry, End::Cancelled, "cancelled before it ran".into());
+            self.finish(&entry, End::Cancelled, "cancelled before it ran".into(), false);
             return follower;
         }
         if self.started.started(generation, &run.exec_id) && !berth_core::bug!(ExecRetryRunsTwice) {
-            self.finish(&entry, End::Lost, "an earlier run of this generation started it and is gone".into());
+            self.finish(&entry, End::Lost, "an earlier run of this generation started it and is gone".into(), false);
             return follower;
         }
         if let Err(e) = self.started.record(generation, &run.exec_id) {
-            self.finish(&entry, End::Lost, format!("cannot record that it started, so it never ran: {e}"));
+            self.finish(&entry, End::Lost, format!("cannot record that it started, so it never ran: {e}"), false);
             return follower;
         }
         self.changed.send_replace(());
@@ -264,10 +270,11 @@ impl Execs {
         follower
     }
 
-    fn finish(&self, entry: &Entry, end: End, message: String) {
+    fn finish(&self, entry: &Entry, end: End, message: String, out_of_memory: bool) {
         entry.output.complete();
         let output_bytes = entry.output.total();
-        *entry.status.lock().unwrap_or_else(PoisonError::into_inner) = Status::Ended { end, message, output_bytes };
+        let ended = Status::Ended { end, message, output_bytes, out_of_memory };
+        *entry.status.lock().unwrap_or_else(PoisonError::into_inner) = ended;
         self.changed.send_replace(());
     }
 
@@ -335,11 +342,12 @@ async fn copy(mut from: impl AsyncRead + Unpin, stream: Stream, output: Arc<Outp
 
 /// Runs one exec to its end.
 async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: mpsc::UnboundedReceiver<Control>) {
+    let kills_before = execs.launcher.memory_kills();
     let Launched { outputs, mut input, exit, signal } = match execs.launcher.launch(&run.exec_id, &run) {
         Ok(launched) => launched,
         Err(e) => {
             let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-            execs.finish(&entry, End::Exited(code), format!("cannot run {:?}: {e}", run.argv[0]));
+            execs.finish(&entry, End::Exited(code), format!("cannot run {:?}: {e}", run.argv[0]), false);
             return;
         }
     };
@@ -413,7 +421,12 @@ async fn drive(execs: Execs, entry: Arc<Entry>, run: pb::RunExec, mut controls: 
         (None, Ok(Exit::Signal(signal))) => (End::Signalled(signal), String::new()),
         (None, Err(e)) => (End::Exited(1), format!("cannot wait for the command: {e}")),
     };
-    execs.finish(&entry, end, message);
+    // The main command's rule (and Docker's): an exec that failed by itself while the kernel
+    // killed something in the sandbox (it shares the supervisor's cgroup) ran out of memory.
+    let failed = matches!(end, End::Signalled(_)) || matches!(end, End::Exited(code) if code != 0);
+    let out_of_memory =
+        failed && kills_before.zip(execs.launcher.memory_kills()).is_some_and(|(before, now)| now > before);
+    execs.finish(&entry, end, message, out_of_memory);
 }
 
 #[cfg(test)]

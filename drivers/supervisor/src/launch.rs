@@ -33,6 +33,9 @@ pub struct Launched {
 pub trait Launcher: Send + Sync + 'static {
     /// Starts exec `exec_id`'s command. An error is the command's: it cannot be run.
     fn launch(&self, exec_id: &str, run: &pb::RunExec) -> std::io::Result<Launched>;
+    /// How many processes the kernel has killed for memory where the commands run, if that can
+    /// be read: an exec that fails while it grows failed for memory.
+    fn memory_kills(&self) -> Option<u64>;
 }
 
 /// Where a client's stdin goes: a pipe, or the terminal of a command run with one.
@@ -83,6 +86,11 @@ pub struct Host;
 impl Launcher for Host {
     fn launch(&self, _exec_id: &str, run: &pb::RunExec) -> std::io::Result<Launched> {
         if run.tty { on_terminal(run) } else { on_pipes(run) }
+    }
+
+    /// Execs run in the supervisor's own cgroup, the sandbox's.
+    fn memory_kills(&self) -> Option<u64> {
+        crate::cgroup::oom_kills()
     }
 }
 

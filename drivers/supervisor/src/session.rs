@@ -245,7 +245,7 @@ fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, pending: &mut VecD
         told.insert(exec_id.clone(), status.rank());
         let report = match status {
             ExecStatus::Running => ToGateway::ExecStarted(pb::ExecStarted { exec_id }),
-            ExecStatus::Ended { end, message, output_bytes } => {
+            ExecStatus::Ended { end, message, output_bytes, out_of_memory } => {
                 use pb::exec_ended::End as Wire;
                 let end = match end {
                     End::Exited(code) => Wire::ExitCode(code),
@@ -254,7 +254,7 @@ fn tell_execs(execs: &Execs, told: &mut BTreeMap<String, u8>, pending: &mut VecD
                     End::Cancelled => Wire::Cancelled(true),
                     End::Lost => Wire::Lost(true),
                 };
-                ToGateway::ExecEnded(pb::ExecEnded { exec_id, end: Some(end), message, output_bytes })
+                ToGateway::ExecEnded(pb::ExecEnded { exec_id, end: Some(end), message, output_bytes, out_of_memory })
             }
         };
         pending.push_back(message(report));

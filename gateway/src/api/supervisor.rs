@@ -187,7 +187,12 @@ fn ended_report(ended: &pb::ExecEnded) -> Option<Report> {
         Wire::Cancelled(_) => ExecEnd::Cancelled,
         Wire::Lost(_) => return Some(Report::Lost { message: bounded(ended.message.clone()) }),
     };
-    Some(Report::Ended { end, message: bounded(ended.message.clone()), output_bytes: ended.output_bytes })
+    Some(Report::Ended {
+        end,
+        message: bounded(ended.message.clone()),
+        output_bytes: ended.output_bytes,
+        out_of_memory: ended.out_of_memory,
+    })
 }
 
 /// Commits an exec report. Nothing is answered; a report that cannot be committed ends the

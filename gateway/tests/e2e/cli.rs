@@ -552,6 +552,15 @@ async fn the_cli_sets_limits_and_says_when_a_run_ran_out_of_memory() {
     assert!(message.contains(&(32u64 << 20).to_string()), "{message}");
     let table = ok(&berth(&data, &["sandbox", "get", "hog"]).await);
     assert!(table.contains("OutOfMemory"), "{table}");
+
+    // An exec killed for memory says so, naming the sandbox's limit; the sandbox runs on.
+    let hog = ["sandbox", "exec", "capped", "--", "dd", "if=/dev/zero", "of=/dev/null", "bs=256M", "count=1"];
+    let out = berth(&data, &hog).await;
+    assert_eq!(out.status.code(), Some(137), "{}", stderr(&out));
+    let why = stderr(&out);
+    assert!(why.contains("killed for memory") && why.contains(&(64u64 << 20).to_string()), "{why}");
+    let capped = json(&berth(&data, &["-o", "json", "sandbox", "get", "capped"]).await);
+    assert_eq!(capped["phase"], "Ready", "{capped}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

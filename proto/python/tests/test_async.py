@@ -79,3 +79,22 @@ async def test_the_async_client_keeps_volumes_and_gives_port_urls(gateway):
         await client.delete("user")
         assert await client.delete_volume("cache") is None
         assert await client.list_volumes() == []
+
+
+async def test_the_async_client_moves_files_reads_logs_renews_and_claims(gateway, tmp_path):
+    async with AsyncClient(data_dir=gateway.data_dir) as client:
+        await client.create("box", ["sh", "-c", "echo hi; exec sleep 3600"], ttl=60)
+        await client.write_file("box", "a/b.txt", "async")
+        assert await client.read_file("box", "a/b.txt") == b"async"
+        assert "a/b.txt" in await client.download("box", "a", tmp_path)
+        assert (tmp_path / "a" / "b.txt").read_text() == "async"
+        assert b"".join([c.data async for c in client.logs("box")]) == b"hi\n"
+        assert (await client.renew("box", ttl=3600)).deadline is not None
+        with pytest.raises(berth.ExecTimeout):
+            await client.exec("box", ["sleep", "30"], timeout=1)
+        await client.create_template("warm", ["sleep", "3600"], min_ready=1)
+        claimed = await client.claim("warm", wait=60)
+        assert claimed.phase == "Ready"
+        assert [t.name for t in await client.list_templates()] == ["warm"]
+        await client.delete_template("warm")
+        await client.delete(claimed.name)

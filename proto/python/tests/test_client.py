@@ -4,6 +4,7 @@ byte for byte), volumes, preview URLs, and every refusal as its `BerthError`."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 import time
@@ -198,7 +199,9 @@ def test_execs_give_output_exit_codes_stdin_and_timeouts(client):
     assert (result.stdout, result.stderr, result.exit_code, result.state) == (b"out\n", b"err\n", 7, "Exited")
     assert client.exec("box", ["wc", "-c"], stdin=b"hello").stdout.strip() == b"5"
     assert client.exec("box", ["sh", "-c", "echo $GREETING; pwd"], env={"GREETING": "hi"}, cwd="/tmp").stdout == b"hi\n/tmp\n"
-    assert client.exec("box", ["sleep", "10"], timeout=0.5).state == "TimedOut"
+    with pytest.raises(berth.ExecTimeout) as late:
+        client.exec("box", ["sleep", "10"], timeout=0.5)
+    assert late.value.result.state == "TimedOut"
     chunks = list(client.exec_stream("box", ["sh", "-c", "echo a; sleep 0.2; echo b"]))
     assert b"".join(c.data for c in chunks) == b"a\nb\n"
     assert [c.offset for c in chunks][0] == 0
@@ -371,3 +374,71 @@ def test_a_port_url_reaches_its_run_and_never_the_next(client):
     fresh = client.port_url("web", port)
     assert fresh.generation == 2
     assert b"Directory listing" in _served(fresh.url)
+
+
+def test_files_go_in_and_out_of_the_workspace(client, tmp_path):
+    client.create("files", SLEEP)
+    client.write_file("files", "notes/a.txt", "hello")
+    assert client.read_file("files", "notes/a.txt") == b"hello"
+    assert client.exec("files", ["cat", "notes/a.txt"]).stdout == b"hello"
+    client.write_file("files", "/workspace/notes/a.txt", b"\x00over\xff")
+    assert client.read_file("files", "notes/a.txt") == b"\x00over\xff"
+    # A local directory in, under its own name; a workspace directory out, under its own.
+    local = tmp_path / "tree"
+    (local / "deep").mkdir(parents=True)
+    (local / "deep" / "b.bin").write_bytes(bytes(range(256)) * 64)
+    written = client.upload("files", local, "in")
+    assert "tree/deep/b.bin" in written, written
+    assert client.exec("files", ["wc", "-c", "in/tree/deep/b.bin"]).stdout.split()[0] == b"16384"
+    out = tmp_path / "out"
+    client.download("files", "notes", out)
+    assert (out / "notes" / "a.txt").read_bytes() == b"\x00over\xff"
+    with pytest.raises(IsADirectoryError):
+        client.read_file("files", "notes")
+    with pytest.raises(berth.NotFound):
+        client.read_file("files", "missing.txt")
+    with pytest.raises(ValueError):
+        client.write_file("files", "notes/..", "x")
+
+
+def test_logs_are_read_and_followed_to_the_runs_end(client):
+    client.create("talker", ["sh", "-c", "echo one; echo two >&2; sleep 1; echo three"], wait=False)
+    chunks = list(client.logs("talker", follow=True))
+    out = b"".join(c.data for c in chunks if c.stream == "stdout")
+    err = b"".join(c.data for c in chunks if c.stream == "stderr")
+    assert (out, err) == (b"one\nthree\n", b"two\n")
+    # From an offset: what came after it.
+    later = b"".join(c.data for c in client.logs("talker", offset=4))
+    assert later.endswith(b"three\n") and not later.startswith(b"one")
+
+
+def test_templates_keep_a_pool_that_claims_take_from(client):
+    made = client.create_template("tpl", SLEEP, min_ready=1, labels={"team": "a"})
+    assert (made.name, made.command, made.min_ready, made.labels) == ("tpl", SLEEP, 1, {"team": "a"})
+    deadline = time.time() + 60
+    while client.get_template("tpl").ready < 1:
+        assert time.time() < deadline, client.get_template("tpl")
+        time.sleep(0.1)
+    claimed = client.claim("tpl", labels={"who": "me"})
+    assert claimed.phase == "Ready" and claimed.labels["who"] == "me", claimed
+    assert claimed.name not in client.get_template("tpl").members
+    assert [t.name for t in client.list_templates()] == ["tpl"]
+    assert client.set_pool("tpl", 0).min_ready == 0
+    with pytest.raises(berth.Unavailable):
+        client.claim("tpl")
+    client.delete_template("tpl")
+    with pytest.raises(berth.NotFound):
+        client.get_template("tpl")
+    client.delete(claimed.name)
+
+
+def test_renew_moves_the_deadline_and_an_exec_past_its_timeout_raises(client):
+    box = client.create("renewed", SLEEP, ttl=60)
+    renewed = client.renew("renewed", ttl=3600)
+    assert renewed.deadline > box.deadline + dt.timedelta(minutes=50), (box.deadline, renewed.deadline)
+    with pytest.raises(berth.InvalidArgument):
+        client.renew("renewed", ttl=60, deadline=time.time() + 60)
+    with pytest.raises(berth.ExecTimeout) as late:
+        client.exec("renewed", ["sh", "-c", "echo started; sleep 30"], timeout=1)
+    assert isinstance(late.value, TimeoutError)
+    assert (late.value.stdout, late.value.timeout, late.value.result.state) == (b"started\n", 1, "TimedOut")

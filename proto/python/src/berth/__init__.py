@@ -13,6 +13,11 @@ over such a copy, and `fork` makes several from one point of a running sandbox. 
 (`create_volume`, `create(..., volumes=[Mount(...)])`) keep files beyond their sandboxes;
 `port_url` gives a URL of the gateway's preview proxy that reaches a port of a sandbox's run.
 
+Files go in and out of a sandbox's workspace with `write_file`/`read_file` (one file) and
+`upload`/`download` (a local file or directory); `logs` reads what the main process wrote;
+templates keep warm pools (`create_template`, `set_pool`) that `claim` takes from; `renew` moves
+a deadline. An exec given a `timeout` that it runs past raises `ExecTimeout` with its output.
+
 `berth.aio.AsyncClient` is the same API for asyncio. Every refused call raises a `BerthError`
 whose subclass says the gRPC status (`NotFound`, `InvalidArgument`, ...).
 """
@@ -23,6 +28,7 @@ from .errors import (
     AlreadyExists,
     BerthError,
     DeadlineExceeded,
+    ExecTimeout,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -31,7 +37,21 @@ from .errors import (
     Unavailable,
     WaitTimeout,
 )
-from .types import Change, Chunk, Exec, ExecResult, Failure, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
+from .types import (
+    Change,
+    Chunk,
+    Exec,
+    ExecResult,
+    Failure,
+    Listing,
+    Mount,
+    PortUrl,
+    Provider,
+    Sandbox,
+    Snapshot,
+    Template,
+    Volume,
+)
 
 __all__ = [
     "Aborted",
@@ -41,6 +61,7 @@ __all__ = [
     "Chunk",
     "Client",
     "DeadlineExceeded",
+    "ExecTimeout",
     "Exec",
     "ExecResult",
     "FailedPrecondition",
@@ -54,6 +75,7 @@ __all__ = [
     "Sandbox",
     "SandboxFailed",
     "Snapshot",
+    "Template",
     "Unauthenticated",
     "Unavailable",
     "Volume",

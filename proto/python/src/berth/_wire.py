@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from berth.v1 import exec_pb2 as pe
+from berth.v1 import files_pb2 as pf
+from berth.v1 import logs_pb2 as pl
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import snapshots_pb2 as ps
+from berth.v1 import templates_pb2 as pt
 from berth.v1 import volumes_pb2 as pv
 
-from .types import Change, Chunk, Exec, Failure, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume, _time
+from . import _files
+from .errors import ExecTimeout
+from .types import Change, Chunk, Exec, ExecResult, Failure, Mount, PortUrl, Provider, Sandbox, Snapshot, Template, Volume, _time
 
 PHASES = {
     pb.PHASE_PROVISIONING: "Provisioning",
@@ -174,15 +179,15 @@ def create_request(
     name: str,
     command: Sequence[str],
     *,
-    image: str,
-    env: Optional[Mapping[str, str]],
-    labels: Optional[Mapping[str, str]],
-    providers: Optional[Iterable[str]],
-    ttl: Optional[float],
-    idle_timeout: Optional[float],
-    on_expiry: Optional[str],
-    restart: Optional[str],
-    max_restarts: Optional[int],
+    image: str = "",
+    env: Optional[Mapping[str, str]] = None,
+    labels: Optional[Mapping[str, str]] = None,
+    providers: Optional[Iterable[str]] = None,
+    ttl: Optional[float] = None,
+    idle_timeout: Optional[float] = None,
+    on_expiry: Optional[str] = None,
+    restart: Optional[str] = None,
+    max_restarts: Optional[int] = None,
     cpus: Optional[float] = None,
     memory: Optional[int] = None,
     pids: Optional[int] = None,
@@ -219,6 +224,58 @@ def create_request(
     spec.volumes.extend(pb.VolumeMount(volume=m.volume, path=m.path, read_only=m.read_only) for m in volumes or [])
     spec.ports.extend(pb.PortSpec(port=port, public=True) for port in public_ports or [])
     return pb.CreateSandboxRequest(name=name, spec=spec, providers=list(providers or []))
+
+
+def template(t: pt.Template) -> Template:
+    return Template(
+        name=t.name,
+        image=t.spec.image,
+        command=list(t.spec.command),
+        labels=dict(t.spec.labels),
+        min_ready=t.pool.min_ready,
+        ready=t.pool.ready,
+        members=list(t.pool.member_names),
+        resource_version=t.resource_version,
+    )
+
+
+def renew_request(
+    name: str, ttl: Optional[float], deadline: Optional[float], expected_version: Optional[int]
+) -> pb.RenewSandboxRequest:
+    """`deadline`: Unix seconds. The gateway refuses both at once, naming the fields."""
+    return pb.RenewSandboxRequest(
+        name=name,
+        ttl_ms=_millis(ttl),
+        deadline_unix_ms=None if deadline is None else int(round(deadline * 1000)),
+        expected_resource_version=expected_version,
+    )
+
+
+def claim_request(
+    template: str, labels: Optional[Mapping[str, str]], providers: Optional[Iterable[str]], wait: Optional[float]
+) -> pt.ClaimSandboxRequest:
+    return pt.ClaimSandboxRequest(
+        template=template, labels=dict(labels or {}), providers=list(providers or []), wait_ms=_millis(wait)
+    )
+
+
+def logs_request(sandbox: str, generation: int, offset: int, follow: bool) -> pl.ReadLogsRequest:
+    return pl.ReadLogsRequest(sandbox=sandbox, generation=generation, offset=offset, follow=follow)
+
+
+def log_chunk(message: pl.LogsOutput, at: int) -> Tuple[Optional[Chunk], int]:
+    """The output a logs message carries from offset `at` on (a chunk may begin before the
+    offset a read asked for), if any, and the offset read up to after it."""
+    kind = message.WhichOneof("output")
+    if kind == "gap":
+        return None, max(at, message.gap.to)
+    if kind != "chunk":
+        return None, at
+    c = message.chunk
+    skip = max(0, at - c.offset)
+    if skip >= len(c.data):
+        return None, at
+    return Chunk(STREAMS.get(c.stream, "stdout"), c.offset + skip, bytes(c.data[skip:])), c.offset + len(c.data)
 
 
 def from_snapshot_request(
@@ -316,3 +373,23 @@ def change(e: pb.SandboxEvent) -> Change:
 
 def selector(labels: Optional[Mapping[str, str]]) -> Dict[str, str]:
     return dict(labels or {})
+
+
+def finished(collector: "Collector", sandbox: str, timeout: Optional[float]) -> ExecResult:
+    """An exec's result once its stream ended; one that ran past its `timeout` raises
+    `ExecTimeout` carrying it, as `subprocess.run` raises `TimeoutExpired`."""
+    assert collector.end is not None, "the stream ended with the exec's end"
+    result = ExecResult(collector.end, bytes(collector.stdout), bytes(collector.stderr), collector.gaps)
+    if result.state == "TimedOut":
+        raise ExecTimeout(sandbox, timeout or 0.0, result)
+    return result
+
+
+def upload_inputs(sandbox: str, directory: str, archive: bytes) -> Iterator[pf.UploadInput]:
+    yield pf.UploadInput(start=pf.UploadStart(sandbox=sandbox, path=directory))
+    for part in _files.chunks(archive):
+        yield pf.UploadInput(data=part)
+
+
+def download_data(message: pf.DownloadOutput) -> bytes:
+    return bytes(message.data) if message.WhichOneof("output") == "data" else b""

@@ -12,18 +12,22 @@ import grpc
 import grpc.aio
 
 from berth.v1 import exec_pb2 as pe
-from berth.v1 import exec_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from berth.v1 import exec_pb2_grpc
+from berth.v1 import files_pb2 as pf
+from berth.v1 import files_pb2_grpc, gateway_pb2, gateway_pb2_grpc, logs_pb2_grpc
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
 from berth.v1 import snapshots_pb2 as ps
 from berth.v1 import snapshots_pb2_grpc
+from berth.v1 import templates_pb2 as pt
+from berth.v1 import templates_pb2_grpc
 from berth.v1 import volumes_pb2 as pv
 from berth.v1 import volumes_pb2_grpc
 
-from . import _connect, _wire
+from . import _connect, _files, _wire
 from .client import EXEC_RETRIES
 from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
+from .types import Change, Chunk, Exec, ExecResult, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Template, Volume
 
 
 class AsyncClient:
@@ -54,6 +58,9 @@ class AsyncClient:
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
         self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
         self._volumes = volumes_pb2_grpc.VolumesStub(self._channel)
+        self._files = files_pb2_grpc.FilesStub(self._channel)
+        self._logs = logs_pb2_grpc.LogsStub(self._channel)
+        self._templates = templates_pb2_grpc.TemplatesStub(self._channel)
 
     async def close(self) -> None:
         await self._channel.close()
@@ -244,6 +251,57 @@ class AsyncClient:
     async def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         await self._lifecycle("delete", name, expected_version, wait, timeout)
 
+    async def renew(
+        self,
+        name: str,
+        *,
+        ttl: Optional[float] = None,
+        deadline: Optional[float] = None,
+        expected_version: Optional[int] = None,
+    ) -> Sandbox:
+        request = _wire.renew_request(name, ttl, deadline, expected_version)
+        return _wire.sandbox((await self._call(self._sandboxes.RenewSandbox, request)).sandbox)
+
+    async def create_template(self, name: str, command: Sequence[str], *, min_ready: int = 0, **spec) -> Template:
+        sandbox = _wire.create_request(name, command, **spec)
+        request = pt.CreateTemplateRequest(name=name, spec=sandbox.spec, min_ready=min_ready)
+        return _wire.template((await self._call(self._templates.CreateTemplate, request)).template)
+
+    async def get_template(self, name: str) -> Template:
+        reply = await self._call(self._templates.GetTemplate, pt.GetTemplateRequest(name=name))
+        return _wire.template(reply.template)
+
+    async def list_templates(self) -> List[Template]:
+        out: List[Template] = []
+        token = ""
+        while True:
+            request = pt.ListTemplatesRequest(page_size=500, page_token=token)
+            reply = await self._call(self._templates.ListTemplates, request)
+            out.extend(_wire.template(t) for t in reply.templates)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    async def delete_template(self, name: str, *, expected_version: Optional[int] = None) -> None:
+        request = pt.DeleteTemplateRequest(name=name, expected_resource_version=expected_version)
+        await self._call(self._templates.DeleteTemplate, request)
+
+    async def set_pool(self, template: str, min_ready: int) -> Template:
+        request = pt.SetPoolRequest(template=template, min_ready=min_ready)
+        return _wire.template((await self._call(self._templates.SetPool, request)).template)
+
+    async def claim(
+        self,
+        template: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        wait: Optional[float] = None,
+    ) -> Sandbox:
+        request = _wire.claim_request(template, labels, providers, wait)
+        reply = await self._call(self._templates.ClaimSandbox, request, timeout=self._timeout + (wait or 0))
+        return _wire.sandbox(reply.sandbox)
+
     async def create_snapshot(self, name: str, sandbox: str, *, wait: bool = True, timeout: float = 120.0) -> Snapshot:
         """As `Client.create_snapshot`: with `wait`, answered once the copy is Ready."""
         request = ps.CreateSnapshotRequest(name=name, sandbox=sandbox, no_wait=not wait)
@@ -422,8 +480,7 @@ class AsyncClient:
         collector = _wire.Collector()
         async for _ in self.exec_stream(sandbox, argv, collector=collector, **options):
             pass
-        assert collector.end is not None
-        return ExecResult(collector.end, bytes(collector.stdout), bytes(collector.stderr), collector.gaps)
+        return _wire.finished(collector, sandbox, options.get("timeout"))
 
     async def get_exec(self, sandbox: str, exec_id: str) -> Exec:
         reply = await self._call(self._execs.GetExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
@@ -432,3 +489,46 @@ class AsyncClient:
     async def cancel_exec(self, sandbox: str, exec_id: str) -> Exec:
         reply = await self._call(self._execs.CancelExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
         return _wire.exec_record(reply.exec)
+
+    async def logs(
+        self, sandbox: str, *, generation: int = 0, offset: int = 0, follow: bool = False
+    ) -> AsyncIterator[Chunk]:
+        at = offset
+        try:
+            request = _wire.logs_request(sandbox, generation, offset, follow)
+            async for message in self._logs.ReadLogs(request, metadata=self._metadata):
+                chunk, at = _wire.log_chunk(message, at)
+                if chunk is not None:
+                    yield chunk
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
+    async def write_file(self, sandbox: str, path: str, data, *, mode: int = 0o644) -> None:
+        directory, archive = _files.one_file(path, data, mode)
+        await self._upload(sandbox, directory, archive)
+
+    async def read_file(self, sandbox: str, path: str) -> bytes:
+        return _files.file_content(await self._download(sandbox, path), path)
+
+    async def upload(self, sandbox: str, local: os.PathLike, path: str = "") -> List[str]:
+        return await self._upload(sandbox, path, _files.local(local))
+
+    async def download(self, sandbox: str, path: str, local: os.PathLike) -> List[str]:
+        return _files.extract(await self._download(sandbox, path), local)
+
+    async def _upload(self, sandbox: str, directory: str, archive: bytes) -> List[str]:
+        try:
+            reply = await self._files.Upload(_wire.upload_inputs(sandbox, directory, archive), metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        return [f.path for f in reply.files]
+
+    async def _download(self, sandbox: str, path: str) -> bytes:
+        archive = bytearray()
+        try:
+            request = pf.DownloadRequest(sandbox=sandbox, path=path)
+            async for message in self._files.Download(request, metadata=self._metadata):
+                archive.extend(_wire.download_data(message))
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        return bytes(archive)

@@ -11,17 +11,35 @@ import grpc
 
 from berth.v1 import exec_pb2 as pe
 from berth.v1 import exec_pb2_grpc
+from berth.v1 import files_pb2 as pf
+from berth.v1 import files_pb2_grpc
 from berth.v1 import gateway_pb2, gateway_pb2_grpc
+from berth.v1 import logs_pb2_grpc
 from berth.v1 import sandbox_pb2 as pb
 from berth.v1 import sandbox_pb2_grpc
 from berth.v1 import snapshots_pb2 as ps
 from berth.v1 import snapshots_pb2_grpc
+from berth.v1 import templates_pb2 as pt
+from berth.v1 import templates_pb2_grpc
 from berth.v1 import volumes_pb2 as pv
 from berth.v1 import volumes_pb2_grpc
 
-from . import _connect, _wire
+from . import _connect, _files, _wire
 from .errors import BerthError, NotFound, SandboxFailed, Unavailable, WaitTimeout, from_rpc
-from .types import Change, Chunk, Exec, ExecResult, Listing, Mount, PortUrl, Provider, Sandbox, Snapshot, Volume
+from .types import (
+    Change,
+    Chunk,
+    Exec,
+    ExecResult,
+    Listing,
+    Mount,
+    PortUrl,
+    Provider,
+    Sandbox,
+    Snapshot,
+    Template,
+    Volume,
+)
 
 #: How many times an exec's stream is opened again after the gateway went away mid-stream.
 EXEC_RETRIES = 5
@@ -73,6 +91,9 @@ class Client:
         self._gateway = gateway_pb2_grpc.GatewayStub(self._channel)
         self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
         self._volumes = volumes_pb2_grpc.VolumesStub(self._channel)
+        self._files = files_pb2_grpc.FilesStub(self._channel)
+        self._logs = logs_pb2_grpc.LogsStub(self._channel)
+        self._templates = templates_pb2_grpc.TemplatesStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -290,6 +311,64 @@ class Client:
     def delete(self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0) -> None:
         self._lifecycle("delete", name, expected_version, wait, timeout)
 
+    def renew(
+        self,
+        name: str,
+        *,
+        ttl: Optional[float] = None,
+        deadline: Optional[float] = None,
+        expected_version: Optional[int] = None,
+    ) -> Sandbox:
+        """A new deadline: `ttl` seconds from now, or `deadline` (Unix seconds), or with neither
+        the spec's TTL from now."""
+        request = _wire.renew_request(name, ttl, deadline, expected_version)
+        return _wire.sandbox(self._call(self._sandboxes.RenewSandbox, request).sandbox)
+
+    # Templates and warm pools.
+
+    def create_template(self, name: str, command: Sequence[str], *, min_ready: int = 0, **spec) -> Template:
+        """A named spec (`create`'s options: image, env, labels, ttl, restart, limits...) whose
+        pool keeps `min_ready` sandboxes Ready to `claim`."""
+        sandbox = _wire.create_request(name, command, **spec)
+        request = pt.CreateTemplateRequest(name=name, spec=sandbox.spec, min_ready=min_ready)
+        return _wire.template(self._call(self._templates.CreateTemplate, request).template)
+
+    def get_template(self, name: str) -> Template:
+        return _wire.template(self._call(self._templates.GetTemplate, pt.GetTemplateRequest(name=name)).template)
+
+    def list_templates(self) -> List[Template]:
+        out: List[Template] = []
+        token = ""
+        while True:
+            reply = self._call(self._templates.ListTemplates, pt.ListTemplatesRequest(page_size=500, page_token=token))
+            out.extend(_wire.template(t) for t in reply.templates)
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
+    def delete_template(self, name: str, *, expected_version: Optional[int] = None) -> None:
+        """Deletes the template and its unclaimed pool members; claimed sandboxes stay."""
+        request = pt.DeleteTemplateRequest(name=name, expected_resource_version=expected_version)
+        self._call(self._templates.DeleteTemplate, request)
+
+    def set_pool(self, template: str, min_ready: int) -> Template:
+        request = pt.SetPoolRequest(template=template, min_ready=min_ready)
+        return _wire.template(self._call(self._templates.SetPool, request).template)
+
+    def claim(
+        self,
+        template: str,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        providers: Optional[Iterable[str]] = None,
+        wait: Optional[float] = None,
+    ) -> Sandbox:
+        """A Ready sandbox from the template's pool, never one another claim got. With none
+        Ready: `Unavailable` at once, or after waiting up to `wait` seconds for one."""
+        request = _wire.claim_request(template, labels, providers, wait)
+        deadline = self._timeout + (wait or 0)
+        return _wire.sandbox(self._call(self._templates.ClaimSandbox, request, timeout=deadline).sandbox)
+
     # Snapshots and forks.
 
     def create_snapshot(self, name: str, sandbox: str, *, wait: bool = True, timeout: float = 120.0) -> Snapshot:
@@ -502,8 +581,7 @@ class Client:
         collector = _wire.Collector()
         for _ in self.exec_stream(sandbox, argv, collector=collector, **options):
             pass
-        assert collector.end is not None
-        return ExecResult(collector.end, bytes(collector.stdout), bytes(collector.stderr), collector.gaps)
+        return _wire.finished(collector, sandbox, options.get("timeout"))
 
     def get_exec(self, sandbox: str, exec_id: str) -> Exec:
         reply = self._call(self._execs.GetExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
@@ -512,3 +590,55 @@ class Client:
     def cancel_exec(self, sandbox: str, exec_id: str) -> Exec:
         reply = self._call(self._execs.CancelExec, pe.ExecRequest(sandbox=sandbox, exec_id=exec_id))
         return _wire.exec_record(reply.exec)
+
+    # Logs.
+
+    def logs(self, sandbox: str, *, generation: int = 0, offset: int = 0, follow: bool = False) -> Iterator[Chunk]:
+        """What the sandbox's main process wrote (generation 0: the current run's), from
+        `offset`; with `follow`, on as it writes until its run ends."""
+        at = offset
+        try:
+            for message in self._logs.ReadLogs(_wire.logs_request(sandbox, generation, offset, follow), metadata=self._metadata):
+                chunk, at = _wire.log_chunk(message, at)
+                if chunk is not None:
+                    yield chunk
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+
+    # Files.
+
+    def write_file(self, sandbox: str, path: str, data, *, mode: int = 0o644) -> None:
+        """Writes `data` (bytes, or str as UTF-8) as the file `path` (relative to the workspace,
+        or under /workspace), its directories made, over a file already there."""
+        directory, archive = _files.one_file(path, data, mode)
+        self._upload(sandbox, directory, archive)
+
+    def read_file(self, sandbox: str, path: str) -> bytes:
+        """The content of the file `path` (relative to the workspace, or under /workspace)."""
+        return _files.file_content(self._download(sandbox, path), path)
+
+    def upload(self, sandbox: str, local: os.PathLike, path: str = "") -> List[str]:
+        """Copies the local file or directory `local` into the directory `path` of the workspace
+        (made if missing; "" is the workspace), under its own name; the paths written."""
+        return self._upload(sandbox, path, _files.local(local))
+
+    def download(self, sandbox: str, path: str, local: os.PathLike) -> List[str]:
+        """Copies the file or directory `path` of the workspace into the local directory `local`
+        (made if missing), under its own name; the paths written, relative to `local`."""
+        return _files.extract(self._download(sandbox, path), local)
+
+    def _upload(self, sandbox: str, directory: str, archive: bytes) -> List[str]:
+        try:
+            reply = self._files.Upload(_wire.upload_inputs(sandbox, directory, archive), metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        return [f.path for f in reply.files]
+
+    def _download(self, sandbox: str, path: str) -> bytes:
+        archive = bytearray()
+        try:
+            for message in self._files.Download(pf.DownloadRequest(sandbox=sandbox, path=path), metadata=self._metadata):
+                archive.extend(_wire.download_data(message))
+        except grpc.RpcError as e:
+            raise from_rpc(e) from None
+        return bytes(archive)

@@ -63,6 +63,18 @@ class SandboxFailed(BerthError):
         self.reason = reason
 
 
+class ExecTimeout(BerthError, TimeoutError):
+    """An exec ran past its `timeout`, and the gateway ended it. As `subprocess.TimeoutExpired`,
+    it carries what the command wrote: `stdout`, `stderr`, and the whole `result`."""
+
+    def __init__(self, sandbox: str, timeout: float, result) -> None:
+        super().__init__(grpc.StatusCode.DEADLINE_EXCEEDED, f"exec {result.exec.id} in '{sandbox}' timed out after {timeout}s")
+        self.timeout = timeout
+        self.result = result
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+
+
 class WaitTimeout(BerthError):
     """A sandbox did not reach the phase waited for in time (or a deleted snapshot did not go).
     The command goes on at the gateway."""

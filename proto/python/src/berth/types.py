@@ -208,3 +208,18 @@ class ExecResult:
     @property
     def state(self) -> str:
         return self.exec.state
+
+
+@dataclass(frozen=True)
+class Template:
+    """A named spec and its warm pool: `min_ready` kept Ready, `ready` of them now, and the
+    names of the members not yet claimed."""
+
+    name: str
+    image: str
+    command: List[str]
+    labels: Dict[str, str]
+    min_ready: int
+    ready: int
+    members: List[str]
+    resource_version: int

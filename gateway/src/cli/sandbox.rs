@@ -176,9 +176,11 @@ pub(super) enum SandboxCmd {
         #[command(flatten)]
         wait: Wait,
     },
-    /// Copy a file or directory into or out of a sandbox's workspace, like `docker cp`: one side
-    /// is `NAME:PATH` (relative to the workspace, or under /workspace), and SRC is copied into
-    /// the directory DST (made if missing), keeping its name. Works on a Stopped sandbox too.
+    /// Copy a file or directory into or out of a sandbox's workspace by `docker cp`'s rules: one
+    /// side is `NAME:PATH` (relative to the workspace, or under /workspace). Into an existing
+    /// directory SRC keeps its name; elsewhere it lands as DST (a file over a file, a new file or
+    /// directory); `SRC/.` copies a directory's contents; `-` is a tar stream on stdin (into an
+    /// existing directory) or stdout. Works on a Stopped sandbox too.
     Cp { src: String, dst: String },
     /// Print what the sandbox's command wrote, stdout to stdout and stderr to stderr: its
     /// current run's output, or an earlier generation's (kept for the newest 8, even once the

@@ -223,17 +223,18 @@ async fn the_cli_runs_commands_reads_logs_and_copies_files() {
     std::fs::write(tree.join("sub/b.sh"), "#!/bin/sh\necho beta\n").unwrap();
     std::fs::set_permissions(tree.join("sub/b.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
     std::os::unix::fs::symlink("a.txt", tree.join("link")).unwrap();
+    // Where nothing is, the tree lands as the destination (docker cp's rule).
     ok(&berth(&data, &["sandbox", "cp", tree.to_str().unwrap(), "box:/workspace/in"]).await);
-    let ran = berth(&data, &["sandbox", "exec", "box", "--", "sh", "-c", "./in/tree/sub/b.sh; cat in/tree/link"]).await;
+    let ran = berth(&data, &["sandbox", "exec", "box", "--", "sh", "-c", "./in/sub/b.sh; cat in/link"]).await;
     assert_eq!(ok(&ran), "beta\nalpha\n");
 
     ok(&berth(&data, &["sandbox", "stop", "box"]).await);
     assert_eq!(ok(&berth(&data, &["sandbox", "logs", "box", "--generation", "1"]).await), "booted\n");
     let back = local.path().join("back");
-    ok(&berth(&data, &["sandbox", "cp", "box:in/tree", back.to_str().unwrap()]).await);
-    assert_eq!(std::fs::read_to_string(back.join("tree/sub/b.sh")).unwrap(), "#!/bin/sh\necho beta\n");
-    assert_eq!(std::fs::metadata(back.join("tree/sub/b.sh")).unwrap().permissions().mode() & 0o777, 0o750);
-    assert_eq!(std::fs::read_link(back.join("tree/link")).unwrap(), std::path::Path::new("a.txt"));
+    ok(&berth(&data, &["sandbox", "cp", "box:in", back.to_str().unwrap()]).await);
+    assert_eq!(std::fs::read_to_string(back.join("sub/b.sh")).unwrap(), "#!/bin/sh\necho beta\n");
+    assert_eq!(std::fs::metadata(back.join("sub/b.sh")).unwrap().permissions().mode() & 0o777, 0o750);
+    assert_eq!(std::fs::read_link(back.join("link")).unwrap(), std::path::Path::new("a.txt"));
     let refused = berth(&data, &["sandbox", "cp", "box:../../etc/passwd", back.to_str().unwrap()]).await;
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("path"));
     ok(&berth(&data, &["sandbox", "delete", "box"]).await);
@@ -867,4 +868,86 @@ async fn logs_tail_prints_the_last_lines_then_follows() {
     let next = tokio::time::timeout(std::time::Duration::from_secs(20), follow.lines.recv()).await;
     assert_eq!(next.ok().flatten().as_deref(), Some("after"));
     follow.child.kill().await.unwrap();
+}
+
+/// `berth sandbox cp` by docker cp's rules, each way: a file as the destination or into a
+/// directory, a directory into one or as a new one, `DIR/.` for its contents, `-` for a tar
+/// stream; and the refusals docker makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cp_follows_docker_cps_rules_both_ways() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let created = json(&berth(&data, &["-o", "json", "sandbox", "create", "box", "--", "sleep", "3600"]).await);
+    let workspace = data.workspace(created["id"].as_str().unwrap());
+    let local = tempfile::tempdir().unwrap();
+    let at = |p: &str| local.path().join(p).to_str().unwrap().to_string();
+    std::fs::write(at("f.txt"), "file\n").unwrap();
+    std::fs::create_dir_all(at("dir/sub")).unwrap();
+    std::fs::write(at("dir/sub/x.txt"), "x\n").unwrap();
+    std::fs::create_dir_all(workspace.join("existing")).unwrap();
+    std::fs::write(workspace.join("old.txt"), "old\n").unwrap();
+    let cp = |from: String, to: String| {
+        let data = &data;
+        async move { berth(data, &["sandbox", "cp", &from, &to]).await }
+    };
+    let read = |p: &str| std::fs::read_to_string(workspace.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+
+    // Into the sandbox.
+    ok(&cp(at("f.txt"), "box:newname".into()).await);
+    assert_eq!(read("newname"), "file\n", "a file where nothing is lands as the destination");
+    ok(&cp(at("f.txt"), "box:existing".into()).await);
+    assert_eq!(read("existing/f.txt"), "file\n");
+    ok(&cp(at("f.txt"), "box:old.txt".into()).await);
+    assert_eq!(read("old.txt"), "file\n", "over a file");
+    assert!(stderr(&cp(at("f.txt"), "box:nodir/".into()).await).contains("no such directory"));
+    ok(&cp(at("dir"), "box:made".into()).await);
+    assert_eq!(read("made/sub/x.txt"), "x\n", "a directory where nothing is lands as the destination");
+    ok(&cp(at("dir"), "box:existing".into()).await);
+    assert_eq!(read("existing/dir/sub/x.txt"), "x\n");
+    ok(&cp(format!("{}/.", at("dir")), "box:existing".into()).await);
+    assert_eq!(read("existing/sub/x.txt"), "x\n", "DIR/. copies the contents");
+    assert!(stderr(&cp(at("dir"), "box:old.txt".into()).await).contains("onto the file"));
+
+    // Out of it.
+    ok(&cp("box:old.txt".into(), at("out.txt")).await);
+    assert_eq!(std::fs::read_to_string(at("out.txt")).unwrap(), "file\n");
+    std::fs::write(at("over.txt"), "before\n").unwrap();
+    ok(&cp("box:old.txt".into(), at("over.txt")).await);
+    assert_eq!(std::fs::read_to_string(at("over.txt")).unwrap(), "file\n", "over a local file");
+    ok(&cp("box:made".into(), at("copy")).await);
+    assert_eq!(std::fs::read_to_string(at("copy/sub/x.txt")).unwrap(), "x\n");
+    ok(&cp("box:made".into(), at("copy")).await);
+    assert_eq!(std::fs::read_to_string(at("copy/made/sub/x.txt")).unwrap(), "x\n", "into an existing directory");
+    std::fs::create_dir_all(at("flat")).unwrap();
+    ok(&cp("box:made/.".into(), at("flat")).await);
+    assert_eq!(std::fs::read_to_string(at("flat/sub/x.txt")).unwrap(), "x\n");
+
+    // `-`: a tar stream out on stdout, and in from stdin.
+    let out = cp("box:existing".into(), "-".into()).await;
+    let mut names: Vec<String> = tar::Archive::new(&out.stdout[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.contains(&"existing/dir/sub/x.txt".to_string()), "{names:?}");
+    let mut piped = tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(["sandbox", "cp", "-", "box:existing"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = piped.stdin.take().unwrap();
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(6);
+    header.set_mode(0o644);
+    archive.append_data(&mut header, "piped.txt", &b"piped\n"[..]).unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, &archive.into_inner().unwrap()).await.unwrap();
+    drop(stdin);
+    ok(&piped.wait_with_output().await.unwrap());
+    assert_eq!(read("existing/piped.txt"), "piped\n");
 }

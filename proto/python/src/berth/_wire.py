@@ -393,3 +393,8 @@ def upload_inputs(sandbox: str, directory: str, archive: bytes) -> Iterator[pf.U
 
 def download_data(message: pf.DownloadOutput) -> bytes:
     return bytes(message.data) if message.WhichOneof("output") == "data" else b""
+
+
+def page(request_type):
+    """A list call's page request, from its page token: the largest page the gateway gives."""
+    return lambda token: request_type(page_size=500, page_token=token)

@@ -77,6 +77,17 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise from_rpc(e) from None
 
+    async def _every(self, method, request, items: str, convert) -> list:
+        """As `Client._every`."""
+        out: list = []
+        token = ""
+        while True:
+            reply = await self._call(method, request(token))
+            out.extend(convert(item) for item in getattr(reply, items))
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
     async def info(self) -> Dict[str, str]:
         i = await self._call(self._gateway.GetInfo, gateway_pb2.GetInfoRequest())
         return {"version": i.version, "name": i.name, "store": i.store, "driver": i.driver}
@@ -272,15 +283,8 @@ class AsyncClient:
         return _wire.template(reply.template)
 
     async def list_templates(self) -> List[Template]:
-        out: List[Template] = []
-        token = ""
-        while True:
-            request = pt.ListTemplatesRequest(page_size=500, page_token=token)
-            reply = await self._call(self._templates.ListTemplates, request)
-            out.extend(_wire.template(t) for t in reply.templates)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        page = _wire.page(pt.ListTemplatesRequest)
+        return await self._every(self._templates.ListTemplates, page, "templates", _wire.template)
 
     async def delete_template(self, name: str, *, expected_version: Optional[int] = None) -> None:
         request = pt.DeleteTemplateRequest(name=name, expected_resource_version=expected_version)
@@ -313,15 +317,8 @@ class AsyncClient:
         return _wire.snapshot(reply.snapshot)
 
     async def list_snapshots(self) -> List[Snapshot]:
-        out: List[Snapshot] = []
-        token = ""
-        while True:
-            request = ps.ListSnapshotsRequest(page_size=500, page_token=token)
-            reply = await self._call(self._snapshots.ListSnapshots, request)
-            out.extend(_wire.snapshot(s) for s in reply.snapshots)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        page = _wire.page(ps.ListSnapshotsRequest)
+        return await self._every(self._snapshots.ListSnapshots, page, "snapshots", _wire.snapshot)
 
     async def delete_snapshot(
         self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
@@ -362,14 +359,7 @@ class AsyncClient:
 
     async def list_volumes(self) -> List[Volume]:
         """Every volume, following every page."""
-        out: List[Volume] = []
-        token = ""
-        while True:
-            reply = await self._call(self._volumes.ListVolumes, pv.ListVolumesRequest(page_size=500, page_token=token))
-            out.extend(_wire.volume(v) for v in reply.volumes)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        return await self._every(self._volumes.ListVolumes, _wire.page(pv.ListVolumesRequest), "volumes", _wire.volume)
 
     async def delete_volume(
         self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0

@@ -110,6 +110,18 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc(e) from None
 
+    def _every(self, method, request, items: str, convert) -> list:
+        """Every record a list call has, following every page: `request` makes a page's request
+        from its token, `items` names the reply's field, `convert` makes each a value."""
+        out: list = []
+        token = ""
+        while True:
+            reply = self._call(method, request(token))
+            out.extend(convert(item) for item in getattr(reply, items))
+            if not reply.next_page_token:
+                return out
+            token = reply.next_page_token
+
     # The gateway.
 
     def info(self) -> Dict[str, str]:
@@ -337,14 +349,8 @@ class Client:
         return _wire.template(self._call(self._templates.GetTemplate, pt.GetTemplateRequest(name=name)).template)
 
     def list_templates(self) -> List[Template]:
-        out: List[Template] = []
-        token = ""
-        while True:
-            reply = self._call(self._templates.ListTemplates, pt.ListTemplatesRequest(page_size=500, page_token=token))
-            out.extend(_wire.template(t) for t in reply.templates)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        page = _wire.page(pt.ListTemplatesRequest)
+        return self._every(self._templates.ListTemplates, page, "templates", _wire.template)
 
     def delete_template(self, name: str, *, expected_version: Optional[int] = None) -> None:
         """Deletes the template and its unclaimed pool members; claimed sandboxes stay."""
@@ -384,14 +390,8 @@ class Client:
 
     def list_snapshots(self) -> List[Snapshot]:
         """Every snapshot, following every page."""
-        out: List[Snapshot] = []
-        token = ""
-        while True:
-            reply = self._call(self._snapshots.ListSnapshots, ps.ListSnapshotsRequest(page_size=500, page_token=token))
-            out.extend(_wire.snapshot(s) for s in reply.snapshots)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        page = _wire.page(ps.ListSnapshotsRequest)
+        return self._every(self._snapshots.ListSnapshots, page, "snapshots", _wire.snapshot)
 
     def delete_snapshot(
         self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
@@ -439,14 +439,7 @@ class Client:
 
     def list_volumes(self) -> List[Volume]:
         """Every volume, following every page."""
-        out: List[Volume] = []
-        token = ""
-        while True:
-            reply = self._call(self._volumes.ListVolumes, pv.ListVolumesRequest(page_size=500, page_token=token))
-            out.extend(_wire.volume(v) for v in reply.volumes)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        return self._every(self._volumes.ListVolumes, _wire.page(pv.ListVolumesRequest), "volumes", _wire.volume)
 
     def delete_volume(
         self, name: str, *, expected_version: Optional[int] = None, wait: bool = True, timeout: float = 120.0
@@ -499,14 +492,8 @@ class Client:
         return _wire.provider(self._call(self._providers.GetProvider, pb.GetProviderRequest(name=name)).provider)
 
     def list_providers(self) -> List[Provider]:
-        out: List[Provider] = []
-        token = ""
-        while True:
-            reply = self._call(self._providers.ListProviders, pb.ListProvidersRequest(page_size=500, page_token=token))
-            out.extend(_wire.provider(p) for p in reply.providers)
-            if not reply.next_page_token:
-                return out
-            token = reply.next_page_token
+        page = _wire.page(pb.ListProvidersRequest)
+        return self._every(self._providers.ListProviders, page, "providers", _wire.provider)
 
     def delete_provider(self, name: str, *, expected_version: Optional[int] = None) -> None:
         self._call(self._providers.DeleteProvider, pb.DeleteProviderRequest(name=name, expected_resource_version=expected_version))

@@ -658,7 +658,10 @@ async fn follows_through_a_restart(killed: bool) {
     ok(&berth(&data, &["sandbox", "create", "box", "--", "sh", "-c", &main]).await);
     let mut logs = Following::spawn(&data, &["sandbox", "logs", "-f", "box"]);
     let mut exec = Following::spawn(&data, &["sandbox", "exec", "box", "--", "sh", "-c", &counting("exec")]);
+    let mut watch = Following::spawn(&data, &["-o", "json", "sandbox", "watch", "box"]);
     let (logs_first, exec_first) = (logs.first_line().await, exec.first_line().await);
+    let watched: serde_json::Value = serde_json::from_str(&watch.first_line().await).unwrap();
+    assert_eq!(watched["phase"], "Ready", "{watched}");
 
     if killed {
         gateway.kill9();
@@ -691,6 +694,23 @@ async fn follows_through_a_restart(killed: bool) {
     let mut stderr = String::new();
     tokio::io::AsyncReadExt::read_to_string(&mut logs.child.stderr.take().unwrap(), &mut stderr).await.unwrap();
     assert!(stderr.contains("lost the gateway") && stderr.contains("reconnected; reading on from offset"), "{stderr}");
+
+    // The watch of the sandbox rode out the restart too: it sees a stop made after it.
+    ok(&berth(&data, &["sandbox", "stop", "box"]).await);
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(std::time::Duration::from_secs(30), watch.lines.recv()).await {
+            Ok(Some(line)) => {
+                let change: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if change["phase"] == "Stopped" {
+                    break;
+                }
+                seen.push(line);
+            }
+            _ => panic!("the watch never saw the stop: {seen:?}"),
+        }
+    }
+    watch.child.kill().await.unwrap();
 }
 
 #[tokio::test]

@@ -77,11 +77,13 @@ pub const KILLED_EXIT_CODE: i32 = 137;
 /// How often the driver looks for runs that ended, to report them on its watch stream.
 const MONITOR_INTERVAL: Duration = Duration::from_millis(200);
 /// How long an older generation's run may take to stop when a newer one replaces it.
+const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// Under the driver's root: the volumes' files, one directory each.
 const VOLUMES_DIR: &str = ".volumes";
 /// Under a sandbox's directory: the links its run finds its volumes by.
 const MOUNTS_DIR: &str = "mounts";
-const REPLACE_GRACE: Duration = Duration::from_secs(5);
+/// How long a stop waits for what is left of a run's group to take its SIGKILL.
+const LEFTOVERS_DIE_WITHIN: Duration = Duration::from_secs(5);
 /// Why a process is never checkpointed: CRIU could write one, but a run restored outside a
 /// container comes back with the host's pids and files as they are then, not as they were.
 const NO_CHECKPOINTS: &str = "a run outside a container cannot be restored as it was (checkpoints need \
@@ -170,11 +172,20 @@ impl<O: Os> Inner<O> {
     /// adopted) running in the group. Once nothing of the group lives, its pid may be another
     /// run's: never signalled while that run's supervisor holds it ([`Self::kill_group`]), and
     /// once that supervisor is gone too, what is left of its group is leftovers as well.
-    fn kill_leftovers(&self, run: &RunFile) {
+    ///
+    /// It returns once nothing of the group is left: a SIGKILL is sent at once but taken when the
+    /// kernel next runs the process, which on a busy host is after the stop would have been
+    /// acknowledged. A process the kernel holds past [`LEFTOVERS_DIE_WITHIN`] (stuck in an
+    /// uninterruptible wait) is left to its SIGKILL.
+    async fn kill_leftovers(&self, sandbox: &SandboxId, run: &RunFile) {
         if berth_core::bug!(ChildLeftBehind) {
             return;
         }
         self.kill_group(run, Signal::Kill);
+        let deadline = tokio::time::Instant::now() + LEFTOVERS_DIE_WITHIN;
+        while self.os.find_group(sandbox, run.generation).is_some() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// How `run` ended. A run that died without its supervisor recording the exit gets one
@@ -249,7 +260,7 @@ impl<O: Os> Inner<O> {
         // Nothing of the group may outlive the stop, of a run stopped now or one whose
         // supervisor went before.
         if let Some(run) = run {
-            self.kill_leftovers(&run);
+            self.kill_leftovers(sandbox, &run).await;
         }
         // Nor anything an exec of it started (a supervisor that got to stop them has).
         self.os.kill_execs(sandbox);

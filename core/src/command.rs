@@ -20,7 +20,7 @@ use crate::request::{Command, Reads, Request};
 use crate::restart::{self, Restarts};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
-use crate::{provider, snapshot, template, validate, volume};
+use crate::{placement, provider, snapshot, template, validate, volume};
 
 /// Decides `request` against `reads` at gateway time `now`.
 pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
@@ -53,7 +53,7 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
         }
         Command::StartSandbox { .. } => {
             let sandbox = existing(request, reads)?;
-            start(sandbox, &reads.limits, now)
+            start(sandbox, reads, now)
         }
         Command::RenewSandbox { renewal, .. } => {
             let sandbox = existing(request, reads)?;
@@ -72,7 +72,7 @@ pub fn decide(request: &Request, reads: &Reads, now: Timestamp) -> Result<Decisi
             _ => Ok(gone()),
         },
         Command::RestartSandbox { .. } => match &reads.sandbox {
-            Some(sandbox) => Ok(restart(sandbox, now)),
+            Some(sandbox) => restart(sandbox, reads, now),
             None => Ok(gone()),
         },
         Command::DeleteSandbox { .. } => {
@@ -175,7 +175,9 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         snapshot::label(&mut spec, seed);
     }
     let mounted = volume::mounting(&mut spec, reads, now)?;
+    let placement = placement::place(&reads.nodes, &spec.limits, &spec.node_selector).map_err(|why| why.error(name))?;
     let record = Sandbox {
+        placement: Some(placement),
         egress_providers: providers.clone(),
         providers,
         deadline,
@@ -229,7 +231,7 @@ fn stopping(sandbox: &Sandbox) -> Result<Option<(Sandbox, Vec<Effect>)>, Error> 
     }
 }
 
-fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result<Decision, Error> {
+fn start(sandbox: &Sandbox, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
     // A pause under way is as good as done: a start refuses it as it refuses Paused (a resume
     // thaws it).
     if sandbox.intent == Intent::Paused {
@@ -253,7 +255,7 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
                 Renewal::SpecTtl,
                 &sandbox.spec.lifetime,
                 now,
-                limits,
+                &reads.limits,
                 "spec.lifetime.ttl_ms",
             )? {
                 Some(renewed) => Some(renewed),
@@ -263,8 +265,8 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
                 }
                 None => sandbox.deadline,
             };
+            let (mut next, effect) = new_generation(sandbox, &reads.nodes)?;
             branch::hit(Branch::StartNewGeneration);
-            let (mut next, effect) = new_generation(sandbox);
             next.deadline = deadline;
             next.expired_at = None;
             next.active_at = lifetime::clock_from(&sandbox.spec.lifetime, now);
@@ -277,15 +279,15 @@ fn start(sandbox: &Sandbox, limits: &validate::Limits, now: Timestamp) -> Result
 
 /// The scheduled restart of a policy (DESIGN 9.2), if it is still due: a new generation,
 /// written as a Start writes one.
-fn restart(sandbox: &Sandbox, now: Timestamp) -> Decision {
+fn restart(sandbox: &Sandbox, reads: &Reads, now: Timestamp) -> Result<Decision, Error> {
     if !restart::due(sandbox, now) {
         branch::hit(Branch::RestartNotDue);
-        return Decision::sandbox_as_is(sandbox);
+        return Ok(Decision::sandbox_as_is(sandbox));
     }
+    let (mut next, effect) = new_generation(sandbox, &reads.nodes)?;
     branch::hit(Branch::RestartNewGeneration);
-    let (mut next, effect) = new_generation(sandbox);
     next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
-    commit(sandbox, next, vec![], vec![effect], now)
+    Ok(commit(sandbox, next, vec![], vec![effect], now))
 }
 
 /// DESIGN 9.1: the lease holder's expiry of `deadline`, if the record still has it and it has
@@ -384,9 +386,10 @@ fn renew(sandbox: &Sandbox, renewal: Renewal, limits: &validate::Limits, now: Ti
     Ok(commit(sandbox, next, vec![], vec![], now))
 }
 
-/// The record of the next generation, and the effect that starts it: what a Start and a
-/// policy's restart both write.
-fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
+/// The record of the next generation, placed on a node, and the effect that starts it: what a
+/// Start and a policy's restart both write.
+fn new_generation(sandbox: &Sandbox, nodes: &[placement::Node]) -> Result<(Sandbox, Effect), Error> {
+    let placement = placement::place_again(sandbox, nodes).map_err(|why| why.error(&sandbox.name))?;
     // The fence never settles the new generation by itself: a run alive, or started
     // later, need not be the new generation's. A start of the old generation may still
     // be in flight somewhere, and the runtime may restart the container out of band
@@ -404,9 +407,10 @@ fn new_generation(sandbox: &Sandbox) -> (Sandbox, Effect) {
     next.run = Run::Pending;
     next.phase = Phase::Starting;
     next.intent = Intent::Running;
+    next.placement = Some(placement);
     let effect = Effect::Start { sandbox: sandbox.id.clone(), generation: next.generation };
     crate::bugs::leave_rotation_out(sandbox, &mut next);
-    (next, effect)
+    Ok((next, effect))
 }
 
 /// DESIGN 12.1: a pause of a Ready run. A repeated one re-drives the runtime, like a delete;

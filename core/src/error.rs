@@ -125,6 +125,11 @@ pub enum Error {
     #[error("{what}: at most {limit} (the gateway's {flag}); delete some first")]
     Quota { what: &'static str, limit: u64, flag: &'static str },
 
+    /// No node can run a new generation of it (DESIGN 14): each node's reason, and the class
+    /// those reasons make ([`crate::placement::Unplaced::code`]).
+    #[error("cannot place sandbox '{sandbox}': {why}")]
+    Unplaced { sandbox: String, why: String, code: Code },
+
     #[error("{kind} '{name}' is under contention: {attempts} conditional writes conflicted")]
     Contention { kind: Kind, name: String, attempts: u32 },
 }
@@ -157,6 +162,7 @@ impl Error {
             Error::Contention { .. } => Code::Unavailable,
             // Transient: the pool refills.
             Error::PoolEmpty { .. } => Code::Unavailable,
+            Error::Unplaced { code, .. } => *code,
         }
     }
 

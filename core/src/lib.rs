@@ -83,7 +83,8 @@ pub use id::{NodeId, SandboxId, SnapshotId, VolumeId};
 pub use observation::merge;
 pub use phase::{Failure, FailureReason, Hold, Phase, PhaseKind};
 pub use record::{
-    ExitFence, ExitMarker, Intent, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase, Volume, VolumePhase,
+    ExitFence, ExitMarker, Intent, Placement, Provider, Run, Sandbox, Secret, Snapshot, SnapshotPhase, Volume,
+    VolumePhase,
 };
 pub use report::{MainProcess, Observation, RuntimeSource, RuntimeState, StartReply};
 pub use request::{Command, Reads, Request};

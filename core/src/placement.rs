@@ -14,8 +14,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::error::{Code, Error};
 use crate::id::NodeId;
 use crate::limits::ResourceLimits;
+pub use crate::record::Placement;
+use crate::record::{Intent, Sandbox};
 
 /// What a node offers, or what is reserved of it. A CPU or memory capacity of 0 means the node
 /// does not count that resource: sandboxes are placed there without reserving it.
@@ -62,14 +65,6 @@ pub struct Node {
     pub placed: Capacity,
 }
 
-/// Where a sandbox's next run goes: the node, and the epoch of that node's lease, which the
-/// node checks on every effect it is sent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Placement {
-    pub node: NodeId,
-    pub epoch: u64,
-}
-
 /// Why a node cannot take a sandbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Unfit {
@@ -102,6 +97,32 @@ impl fmt::Display for Unfit {
 /// No node can take the sandbox: each node's reason, in id order (none when there is no node).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unplaced(pub Vec<(NodeId, Unfit)>);
+
+impl Unplaced {
+    /// Whether waiting may help by itself: no node is registered, or every one is fenced until
+    /// its lease is granted again (a gateway taking over a data directory's node, a node
+    /// restarting).
+    pub fn transient(&self) -> bool {
+        self.0.iter().all(|(_, why)| *why == Unfit::Lapsed)
+    }
+
+    /// Its status class: unavailable while it is [`Unplaced::transient`]; a lack of room is a
+    /// quota of the nodes'; a selector or a drain holds until an operator acts.
+    pub fn code(&self) -> Code {
+        if self.transient() {
+            Code::Unavailable
+        } else if self.0.iter().any(|(_, why)| matches!(why, Unfit::Full { .. })) {
+            Code::ResourceExhausted
+        } else {
+            Code::FailedPrecondition
+        }
+    }
+
+    /// The error a command that would make a run of `sandbox` fails with.
+    pub fn error(self, sandbox: &str) -> Error {
+        Error::Unplaced { sandbox: sandbox.to_string(), code: self.code(), why: self.to_string() }
+    }
+}
 
 impl fmt::Display for Unplaced {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -194,6 +215,59 @@ pub fn place(
             Err(Unplaced(unfit_nodes))
         }
     }
+}
+
+/// Where a new generation of `sandbox` runs. A sandbox placed before stays on its node while
+/// that node can take it (its workspace is there), without counting twice what it already
+/// reserves there; otherwise it is placed as a new one is.
+pub fn place_again(sandbox: &Sandbox, nodes: &[Node]) -> Result<Placement, Unplaced> {
+    let limits = &sandbox.spec.limits;
+    let selector = &sandbox.spec.node_selector;
+    if let Some(at) = &sandbox.placement
+        && let Some(node) = nodes.iter().find(|n| n.id == at.node)
+    {
+        let wanted = if reserves(sandbox) { Capacity::default() } else { Capacity::of(limits) };
+        if unfit(node, wanted, selector).is_none() {
+            return Ok(Placement { node: node.id.clone(), epoch: node.epoch });
+        }
+    }
+    place(nodes, limits, selector)
+}
+
+/// Places the new sandboxes of one decision (a fork's) one after another, each counted on its
+/// node before the next is placed, so that they spread as if made one by one.
+pub fn place_each<'s>(
+    nodes: &[Node],
+    sandboxes: impl IntoIterator<Item = &'s Sandbox>,
+) -> Result<Vec<Placement>, (&'s Sandbox, Unplaced)> {
+    let mut nodes = nodes.to_vec();
+    let mut placements = Vec::new();
+    for sandbox in sandboxes {
+        let placed = place(&nodes, &sandbox.spec.limits, &sandbox.spec.node_selector).map_err(|why| (sandbox, why))?;
+        if let Some(node) = nodes.iter_mut().find(|n| n.id == placed.node) {
+            node.placed = node.placed.plus(Capacity::of(&sandbox.spec.limits));
+        }
+        placements.push(placed);
+    }
+    Ok(placements)
+}
+
+/// What the sandboxes placed on each node reserve there ([`Node::placed`]).
+pub fn loads<'s>(sandboxes: impl IntoIterator<Item = &'s Sandbox>) -> BTreeMap<NodeId, Capacity> {
+    let mut loads = BTreeMap::<NodeId, Capacity>::new();
+    for sandbox in sandboxes {
+        if let Some(at) = sandbox.placement.as_ref().filter(|_| reserves(sandbox)) {
+            let load = loads.entry(at.node.clone()).or_default();
+            *load = load.plus(Capacity::of(&sandbox.spec.limits));
+        }
+    }
+    loads
+}
+
+/// Whether `sandbox` counts in what its node has placed: everything but a stopped one (a
+/// sandbox being deleted keeps its room until its record goes).
+pub fn reserves(sandbox: &Sandbox) -> bool {
+    sandbox.placement.is_some() && sandbox.intent != Intent::Stopped
 }
 
 #[cfg(test)]
@@ -318,5 +392,23 @@ mod tests {
         assert_eq!(place(&reversed, &wanted, &none()), first);
         // b: 2500 of 4000 (62.5%) beats a's 75% and c's 68.75%.
         assert_eq!(first.unwrap().node, NodeId::new("b"));
+    }
+
+    #[test]
+    fn the_sandboxes_of_one_decision_spread_as_if_made_one_by_one_or_none_is_placed() {
+        let sandbox = |name: &str| {
+            let id = crate::id::SandboxId::new(name);
+            Sandbox::new(id, name, crate::spec::SandboxSpec::default(), crate::time::Timestamp(0))
+        };
+        let forks = [sandbox("f1"), sandbox("f2"), sandbox("f3")];
+        let names = |placed: Vec<Placement>| placed.into_iter().map(|p| p.node.to_string()).collect::<Vec<_>>();
+        let empty = [node("a", cap(0, 0, 2), cap(0, 0, 0)), node("b", cap(0, 0, 2), cap(0, 0, 0))];
+        assert_eq!(names(place_each(&empty, &forks).unwrap()), ["a", "b", "a"]);
+        // Three need three slots and there are two: the one that does not fit is named.
+        let nodes = [node("a", cap(0, 0, 2), cap(0, 0, 0)), node("b", cap(0, 0, 2), cap(0, 0, 2))];
+        assert_eq!(names(place_each(&nodes, &forks[..2]).unwrap()), ["a", "a"]);
+        let (unplaced, why) = place_each(&nodes, &forks).unwrap_err();
+        assert_eq!(&*unplaced.name, "f3");
+        assert_eq!(why.to_string(), "no node can run it: a: sandboxes: 0 free, 1 asked; b: sandboxes: 0 free, 1 asked");
     }
 }

@@ -85,6 +85,8 @@ pub struct Plan<'a> {
     pub volumes: VolumeReads<'a>,
     /// Whether it reads the sandboxes that mount the volume it names.
     pub volume_users: bool,
+    /// Whether it may make a run, and so reads the nodes to place it on (DESIGN 14).
+    pub places: bool,
     /// The kind of record a client-supplied version refers to.
     pub subject: Kind,
 }
@@ -111,6 +113,7 @@ impl Command {
             fork_names: false,
             volumes: VolumeReads::None,
             volume_users: false,
+            places: false,
             subject: Kind::Sandbox,
         };
         // No catch-all arm: each command spells out its whole plan.
@@ -118,12 +121,15 @@ impl Command {
             Command::CreateSandbox { name, providers, spec, .. } => Plan {
                 name: "CreateSandbox",
                 sandbox: named("name", name),
+                places: true,
                 providers: ProviderReads::Each(providers),
                 volumes: VolumeReads::Mounted(&spec.volumes),
                 ..base
             },
             Command::StopSandbox { name } => Plan { name: "StopSandbox", sandbox: named("name", name), ..base },
-            Command::StartSandbox { name } => Plan { name: "StartSandbox", sandbox: named("name", name), ..base },
+            Command::StartSandbox { name } => {
+                Plan { name: "StartSandbox", sandbox: named("name", name), places: true, ..base }
+            }
             Command::DeleteSandbox { name } => Plan { name: "DeleteSandbox", sandbox: named("name", name), ..base },
             Command::PauseSandbox { name, .. } => Plan { name: "PauseSandbox", sandbox: named("name", name), ..base },
             Command::ResumeSandbox { name } => Plan { name: "ResumeSandbox", sandbox: named("name", name), ..base },
@@ -133,7 +139,9 @@ impl Command {
                 Plan { name: "ExpireIdle", sandbox: named("name", name), open_execs: true, ..base }
             }
             Command::TouchSandbox { name, .. } => Plan { name: "TouchSandbox", sandbox: named("name", name), ..base },
-            Command::RestartSandbox { name } => Plan { name: "RestartSandbox", sandbox: named("name", name), ..base },
+            Command::RestartSandbox { name } => {
+                Plan { name: "RestartSandbox", sandbox: named("name", name), places: true, ..base }
+            }
             Command::AttachProvider { sandbox, provider } => Plan {
                 name: "AttachProvider",
                 sandbox: named("sandbox", sandbox),
@@ -174,6 +182,7 @@ impl Command {
                 creates: named("name", name),
                 template: named("template", template),
                 members: true,
+                places: true,
                 ..base
             },
             Command::ClaimSandbox { template, providers, .. } => Plan {
@@ -202,6 +211,8 @@ impl Command {
                 name: "SnapshotTaken",
                 snapshot: named("name", name),
                 fork_names: true,
+                // A fork's sandboxes are made when its snapshot is taken.
+                places: true,
                 subject: Kind::Snapshot,
                 ..base
             },
@@ -211,6 +222,7 @@ impl Command {
             Command::CreateFromSnapshot { name, snapshot, providers, .. } => Plan {
                 name: "CreateFromSnapshot",
                 sandbox: named("name", name),
+                places: true,
                 snapshot: named("snapshot", snapshot),
                 providers: ProviderReads::Each(providers),
                 ..base

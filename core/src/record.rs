@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::allowlist::Policy;
-use crate::id::{ExecId, SandboxId, SnapshotId, VolumeId};
+use crate::id::{ExecId, NodeId, SandboxId, SnapshotId, VolumeId};
 use crate::phase::{Failure, Hold, Phase, PhaseKind};
 use crate::spec::{ExecSpec, SandboxSpec};
 use crate::time::Timestamp;
@@ -75,6 +75,14 @@ pub struct Restarts {
     pub next_at: Option<Timestamp>,
 }
 
+/// Where a sandbox's next run goes: the node, and the epoch of that node's lease, which the
+/// node checks on every effect it is sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub node: NodeId,
+    pub epoch: u64,
+}
+
 /// A sandbox record (DESIGN 3.1).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sandbox {
@@ -123,6 +131,10 @@ pub struct Sandbox {
     /// snapshot's files yet.
     #[serde(default)]
     pub seed: Option<Seed>,
+    /// The node its current generation runs on, under which epoch of that node's lease (DESIGN
+    /// 14): committed with the generation, so the write that makes a run also says where.
+    #[serde(default)]
+    pub placement: Option<Placement>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -164,6 +176,7 @@ impl Sandbox {
             restarts: Restarts::default(),
             template: None,
             seed: None,
+            placement: None,
             created_at: now,
             updated_at: now,
         }

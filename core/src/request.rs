@@ -8,6 +8,7 @@ use core::time::Duration;
 use crate::allowlist::Policy;
 use crate::id::{SandboxId, SnapshotId, VolumeId};
 use crate::phase::Hold;
+use crate::placement::Node;
 use crate::record::{Content, Provider, Sandbox, Secret, Snapshot, Template, Volume};
 use crate::spec::SandboxSpec;
 use crate::time::Timestamp;
@@ -201,6 +202,8 @@ pub struct Reads {
     pub volumes: BTreeMap<String, Volume>,
     /// For a volume's delete and removal: the sandboxes that mount it, in any phase.
     pub volume_users: Vec<Sandbox>,
+    /// For a command that may make a run: every node, as placement sees it (DESIGN 14).
+    pub nodes: Vec<Node>,
 }
 
 impl Request {

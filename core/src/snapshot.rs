@@ -308,24 +308,44 @@ pub(crate) fn taken(
                 return Ok(update(snapshot, next, |_| None, now));
             }
         };
+    let made = if crate::bug!(ForkHalfMade) { fork.sandboxes.len().div_ceil(2) } else { fork.sandboxes.len() };
+    let mut records: Vec<Sandbox> = fork
+        .sandboxes
+        .iter()
+        .take(made)
+        .map(|(id, name)| {
+            let seed = Seed { snapshot: snapshot.name.clone(), id: snapshot.id.clone(), seeded: false };
+            let mut spec = snapshot.spec.clone();
+            spec.labels.extend(fork.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            spec.labels.insert(FORK_LABEL.to_string(), snapshot.source.name.clone());
+            label(&mut spec, &seed);
+            Sandbox {
+                deadline,
+                active_at: lifetime::clock_from(&spec.lifetime, now),
+                seed: Some(seed),
+                ..Sandbox::new(id.clone(), name, spec, now)
+            }
+        })
+        .collect();
+    let placements = match crate::placement::place_each(&reads.nodes, &records) {
+        Ok(placements) => placements,
+        Err((sandbox, why)) => {
+            branch::hit(Branch::SnapshotFailed);
+            let failed = why.error(&sandbox.name);
+            let next = Snapshot {
+                phase: SnapshotPhase::Error(format!("the fork cannot make its sandboxes: {failed}")),
+                ..ready
+            };
+            return Ok(update(snapshot, next, |_| None, now));
+        }
+    };
     branch::hit(Branch::ForkMade);
     let mut decision = update(snapshot, ready, |_| None, now);
-    let made = if crate::bug!(ForkHalfMade) { fork.sandboxes.len().div_ceil(2) } else { fork.sandboxes.len() };
-    for (id, name) in fork.sandboxes.iter().take(made) {
-        let seed = Seed { snapshot: snapshot.name.clone(), id: snapshot.id.clone(), seeded: false };
-        let mut spec = snapshot.spec.clone();
-        spec.labels.extend(fork.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        spec.labels.insert(FORK_LABEL.to_string(), snapshot.source.name.clone());
-        label(&mut spec, &seed);
-        let record = Sandbox {
-            deadline,
-            active_at: lifetime::clock_from(&spec.lifetime, now),
-            seed: Some(seed),
-            ..Sandbox::new(id.clone(), name, spec, now)
-        };
-        decision.writes.push(Write::CreateSandbox(record));
-        decision.effects.push(Effect::Start { sandbox: id.clone(), generation: 1 });
+    for (record, placement) in records.iter_mut().zip(placements) {
+        record.placement = Some(placement);
+        decision.effects.push(Effect::Start { sandbox: record.id.clone(), generation: 1 });
     }
+    decision.writes.extend(records.into_iter().map(Write::CreateSandbox));
     Ok(decision)
 }
 

@@ -43,6 +43,9 @@ pub struct SandboxSpec {
     /// run is private.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortSpec>,
+    /// Labels a node must have to run it (DESIGN 14); empty: any node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// A port of a sandbox's runs the spec names.

@@ -147,7 +147,13 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     spec.labels.insert(POOL_LABEL.to_string(), template.name.clone());
     // The deadline and the idle clock start at the claim: a member waiting in the pool does
     // not age.
-    let member = Sandbox { template: Some(template.name.clone()), ..Sandbox::new(id.clone(), name, spec, now) };
+    let placement =
+        crate::placement::place(&reads.nodes, &spec.limits, &spec.node_selector).map_err(|why| why.error(name))?;
+    let member = Sandbox {
+        template: Some(template.name.clone()),
+        placement: Some(placement),
+        ..Sandbox::new(id.clone(), name, spec, now)
+    };
     let (bump, _) = update_template(template, Template { made: template.made + 1, ..template.clone() }, now);
     Ok(Decision {
         writes: vec![Write::CreateSandbox(member.clone()), bump],

@@ -270,10 +270,18 @@ pub fn spec(spec: &SandboxSpec) -> Result<(), Error> {
     for (key, value) in &spec.labels {
         user_label("spec.labels", key, value)?;
     }
+    if spec.node_selector.len() > MAX_LABELS {
+        let count = spec.node_selector.len();
+        return Err(Error::invalid("spec.node_selector", format!("at most {MAX_LABELS} labels, got {count}")));
+    }
+    for (key, value) in &spec.node_selector {
+        label_part("spec.node_selector", key, false)?;
+        label_part(&format!("spec.node_selector[{key}]"), value, true)?;
+    }
     let size = spec.image.len()
         + spec.command.iter().map(String::len).sum::<usize>()
         + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-        + spec.labels.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        + spec.labels.iter().chain(&spec.node_selector).map(|(k, v)| k.len() + v.len()).sum::<usize>();
     if size > MAX_SPEC_BYTES {
         return Err(Error::invalid("spec", format!("is {size} bytes; at most {MAX_SPEC_BYTES} are allowed")));
     }

@@ -61,6 +61,10 @@ pub struct EngineSettings {
     /// The gateways sharing the data directory, through which a run whose session is not
     /// here is reached.
     pub peers: Option<crate::ports::Peers>,
+    /// How long a command that makes a run waits for a live node while none is (DESIGN 14):
+    /// a little over the node lease's TTL, the time a gateway sharing the data directory takes
+    /// to take a lapsed lease over, or this gateway to be granted its first.
+    pub node_wait: Duration,
 }
 
 impl Default for EngineSettings {
@@ -75,9 +79,13 @@ impl Default for EngineSettings {
             egress: Arc::new(crate::egress::HostUpstream::default()),
             preview: None,
             peers: None,
+            node_wait: Duration::from_secs(20),
         }
     }
 }
+
+/// How often a command waiting for a live node reads the nodes again.
+const NODE_POLL: Duration = Duration::from_millis(250);
 
 /// A committed change to a sandbox, for watchers.
 #[derive(Clone, Debug)]
@@ -143,6 +151,29 @@ impl Engine {
                 refill: tokio::sync::Notify::new(),
                 metrics: crate::metrics::Metrics::default(),
             }),
+        }
+    }
+
+    /// The nodes as placement sees them (DESIGN 14). While none is live it re-reads for up to
+    /// [`EngineSettings::node_wait`]: a create must not fail in the moment between a gateway's
+    /// lease lapsing and the next one taking its node over, nor before this gateway's first grant.
+    async fn placement_nodes(&self) -> Result<Vec<berth_core::placement::Node>, ApiError> {
+        let polls = self.inner.settings.node_wait.as_millis() / NODE_POLL.as_millis();
+        let mut waited = 0;
+        loop {
+            let nodes = self.inner.store.nodes().await?;
+            if nodes.iter().any(|n| n.live) || waited >= polls {
+                let mut loads = self.inner.store.node_loads().await?;
+                return Ok(nodes
+                    .into_iter()
+                    .map(|n| {
+                        let placed = loads.remove(&n.id).unwrap_or_default();
+                        n.for_placement(placed)
+                    })
+                    .collect());
+            }
+            waited += 1;
+            tokio::time::sleep(NODE_POLL).await;
         }
     }
 
@@ -366,6 +397,7 @@ impl Transaction for CommandTransaction<'_> {
             (true, Some(v)) => store.sandboxes_mounting(v).await?,
             _ => Vec::new(),
         };
+        let nodes = if plan.places { engine.placement_nodes().await? } else { Vec::new() };
         let limits = engine.inner.settings.limits;
         Ok(Reads {
             sandbox,
@@ -381,6 +413,7 @@ impl Transaction for CommandTransaction<'_> {
             names_taken,
             volumes,
             volume_users,
+            nodes,
         })
     }
 
@@ -535,6 +568,11 @@ pub(crate) mod tests {
         }
         async fn nodes(&self) -> Result<Vec<crate::store::Node>, StoreError> {
             self.0.nodes().await
+        }
+        async fn node_loads(
+            &self,
+        ) -> Result<BTreeMap<berth_core::NodeId, berth_core::placement::Capacity>, StoreError> {
+            self.0.node_loads().await
         }
         async fn drain_node(&self, id: &berth_core::NodeId, draining: bool) -> Result<bool, StoreError> {
             self.0.drain_node(id, draining).await

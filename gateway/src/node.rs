@@ -53,6 +53,14 @@ impl Tenant for Agent {
     }
 }
 
+/// How long after its holder is gone a node's lease is held again, by a gateway sharing the
+/// data directory or by the holder restarted: the lease lapses within `ttl`, and the next ask
+/// comes within a third of it (every gateway asks that often); twice `ttl` leaves room for a
+/// slow store. A command that makes a run waits this long for a live node.
+pub fn takeover_within(ttl: Duration) -> Duration {
+    ttl * 2
+}
+
 /// Registers the node and keeps its lease whenever this gateway can, until `shutdown` turns
 /// true; then gives it up.
 pub async fn keep(engine: Engine, settings: NodeSettings, shutdown: watch::Receiver<bool>) {

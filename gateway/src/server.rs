@@ -124,6 +124,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         egress: Arc::new(crate::egress::HostUpstream { pins: config.egress_resolve.clone() }),
         preview: proxy.as_ref().map(|(_, preview)| preview.clone()),
         peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token, config.tls_ca.clone())?),
+        node_wait: crate::node::takeover_within(config.lease_ttl),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);

@@ -317,6 +317,9 @@ impl Store for TracingStore {
     async fn nodes(&self) -> Result<Vec<Node>, StoreError> {
         self.call(self.world.store.nodes()).await
     }
+    async fn node_loads(&self) -> Result<BTreeMap<NodeId, berth_core::placement::Capacity>, StoreError> {
+        self.call(self.world.store.node_loads()).await
+    }
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         self.call(self.world.store.drain_node(id, draining)).await
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use berth_core::Timestamp;
+use berth_core::{NodeId, Timestamp};
 use berth_core::identity::IdentityKey;
 use berth_drivers::Driver;
 use berth_drivers::container::{ContainerConfig, ContainerDriver};
@@ -16,9 +16,10 @@ use berth_gateway::clock::Clock;
 use berth_gateway::engine::execs::Execs;
 use berth_gateway::engine::{Engine, EngineSettings};
 use berth_gateway::lease::{self, LeaseSettings};
+use berth_gateway::node::NodeSettings;
 use berth_gateway::ports::{Preview, Proxy};
 use berth_gateway::reconcile::ReconcileSettings;
-use berth_gateway::store::Store;
+use berth_gateway::store::{NodeOffer, Store};
 use tokio::sync::mpsc;
 
 use crate::checker::TracingStore;
@@ -52,6 +53,8 @@ impl Clock for SimClock {
 pub const IDENTITY_KEY: [u8; 32] = [0x5a; 32];
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 pub const LEASE_TTL: Duration = Duration::from_secs(5);
+/// The node every simulated gateway is, on the runtime's one host.
+pub const NODE: &str = "sim-host";
 
 /// One boot of gateway `index`; its host runs it again after every crash. Its host name is
 /// its name in the reconcile lease, so a restarted gateway renews its own lease.
@@ -67,6 +70,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
         egress: Arc::new(crate::egress::SimUpstream { world: world.clone() }),
         // Few enough that the snapshot workload meets the store's quota.
         limits: berth_core::validate::Limits { max_snapshots: 4, ..Default::default() },
+        node_wait: berth_gateway::node::takeover_within(LEASE_TTL),
         preview: scenario.ports.then(|| Preview {
             scheme: "http",
             authority: format!("{name}:{}", net::PROXY_PORT),
@@ -107,6 +111,19 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     // loop (the lease is left to lapse, as a crash leaves it); a scripted shutdown turns `stop`.
     let (running, stop) = tokio::sync::watch::channel(false);
     crate::world::lock(&world.shutdowns).insert(index, running);
+    // The gateways share the runtime's one host, so they are one node, whose lease one of them
+    // keeps at a time, as gateways sharing a data directory do.
+    let node = NodeSettings {
+        id: NodeId::new(NODE),
+        holder: name.clone(),
+        offer: NodeOffer {
+            address: format!("http://{name}:{}", net::GATEWAY_PORT),
+            labels: Default::default(),
+            capacity: berth_core::placement::Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 10_000 },
+        },
+        ttl: LEASE_TTL,
+    };
+    tokio::spawn(berth_gateway::node::keep(engine.clone(), node, stop.clone()));
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     tokio::spawn(Execs::new(engine.clone()).settle_forever());

@@ -67,6 +67,7 @@ fn reads(sandbox: Option<Sandbox>) -> Reads {
         sandbox,
         providers: [("p1".to_string(), provider("p1", "P1_KEY")), ("p2".to_string(), provider("p2", "P2_KEY"))].into(),
         users: vec![],
+        nodes: crate::world::nodes([]),
         ..Reads::default()
     }
 }

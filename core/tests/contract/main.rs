@@ -6,6 +6,7 @@ mod execs;
 mod idle;
 mod merge_rules;
 mod model;
+mod placement;
 mod plan;
 mod pools;
 mod reports;

@@ -35,6 +35,8 @@ struct Row<'a> {
     users_of: Option<&'a str>,
     members: bool,
     open_execs: bool,
+    /// Whether it reads the nodes to place a run.
+    places: bool,
     locks: Vec<Lock>,
     subject: (Kind, &'a str),
 }
@@ -51,6 +53,7 @@ fn row<'a>(plan: &Plan<'a>) -> Row<'a> {
         providers: plan.providers_to_read(Some(&attached)),
         users_of: plan.users_of,
         members: plan.members,
+        places: plan.places,
         open_execs: plan.open_execs,
         locks: plan.locks().into_iter().collect(),
         subject: plan.subject(),
@@ -70,6 +73,7 @@ fn every_command_reads_and_holds_exactly_what_its_rule_needs() {
         users_of: None,
         members: false,
         open_execs: false,
+        places: false,
         locks: vec![sandbox("box")],
         subject: (Kind::Sandbox, subject),
     };
@@ -85,11 +89,12 @@ fn every_command_reads_and_holds_exactly_what_its_rule_needs() {
             Row {
                 providers: two.clone(),
                 locks: vec![sandbox("box"), provider("p2"), provider("p3")],
+                places: true,
                 ..sandbox_only("CreateSandbox", "box")
             },
         ),
         (Command::StopSandbox { name: "box".into() }, sandbox_only("StopSandbox", "box")),
-        (Command::StartSandbox { name: "box".into() }, sandbox_only("StartSandbox", "box")),
+        (Command::StartSandbox { name: "box".into() }, Row { places: true, ..sandbox_only("StartSandbox", "box") }),
         (Command::DeleteSandbox { name: "box".into() }, sandbox_only("DeleteSandbox", "box")),
         (Command::RenewSandbox { name: "box".into(), renewal: Renewal::SpecTtl }, sandbox_only("RenewSandbox", "box")),
         (Command::ExpireSandbox { name: "box".into(), deadline: Timestamp(5) }, sandbox_only("ExpireSandbox", "box")),
@@ -98,7 +103,7 @@ fn every_command_reads_and_holds_exactly_what_its_rule_needs() {
             Row { open_execs: true, ..sandbox_only("ExpireIdle", "box") },
         ),
         (Command::TouchSandbox { name: "box".into(), id: id.clone() }, sandbox_only("TouchSandbox", "box")),
-        (Command::RestartSandbox { name: "box".into() }, sandbox_only("RestartSandbox", "box")),
+        (Command::RestartSandbox { name: "box".into() }, Row { places: true, ..sandbox_only("RestartSandbox", "box") }),
         (
             // The sandbox's providers are read with the new one; only the new one is held.
             Command::AttachProvider { sandbox: "box".into(), provider: "p2".into() },
@@ -176,6 +181,7 @@ fn every_command_reads_and_holds_exactly_what_its_rule_needs() {
                 sandbox: None,
                 template: Some("t"),
                 members: true,
+                places: true,
                 locks: vec![sandbox("t-1"), template("t")],
                 ..sandbox_only("FillPool", "")
             },

@@ -7,12 +7,29 @@ use std::collections::{BTreeMap, VecDeque};
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::exec::{Exec, ExecId};
+use berth_core::placement::{Capacity, Node};
 use berth_core::start_gate::{self, Gate, StartRecord};
 use berth_core::{
-    Command, Conflict, Decision, Effect, Error, ExitMarker, Hold, Key, Kind, MainProcess, Observation, Outcome,
+    Command, Conflict, Decision, Effect, Error, ExitMarker, Hold, Key, Kind, MainProcess, NodeId, Observation, Outcome,
     Provider, Reads, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SandboxSpec, Snapshot, StartReply,
     Timestamp, Volume, Write, decide, merge,
 };
+
+/// The one node these tests place on: live, in epoch 1, with room for a thousand sandboxes,
+/// holding what `sandboxes` reserve.
+pub fn nodes<'s>(sandboxes: impl IntoIterator<Item = &'s Sandbox>) -> Vec<Node> {
+    let id = NodeId::new("n1");
+    let placed = berth_core::placement::loads(sandboxes).remove(&id).unwrap_or_default();
+    vec![Node {
+        id,
+        epoch: 1,
+        live: true,
+        draining: false,
+        labels: BTreeMap::new(),
+        capacity: Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 1000 },
+        placed,
+    }]
+}
 
 /// Every path a runtime report can come by.
 pub const SOURCES: [RuntimeSource; 5] = [
@@ -235,6 +252,7 @@ impl Store {
             names_taken,
             volumes,
             volume_users,
+            nodes: if plan.places { nodes(self.sandboxes.values()) } else { Vec::new() },
             ..Reads::default()
         }
     }

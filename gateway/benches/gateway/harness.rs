@@ -133,12 +133,21 @@ impl Driver for NoopDriver {
 /// Gateway `n`'s engine on `store`; gateways sharing a store share one runtime too. Each has
 /// its own seed, as each server draws one: gateways with one seed would make the same sandbox
 /// ids, and their creates would conflict.
-pub(crate) fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n: u64) -> Engine {
+/// The store's one node is registered for an hour, held by the first gateway: nothing here
+/// measures the lease.
+pub(crate) async fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n: u64) -> Engine {
+    let offer = berth_gateway::store::NodeOffer {
+        address: "http://127.0.0.1:1".into(),
+        labels: Default::default(),
+        capacity: berth_core::placement::Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 1_000_000 },
+    };
+    let node = berth_core::NodeId::new("bench");
+    store.acquire_node_lease(&node, "bench", &offer, Duration::from_secs(3600)).await.unwrap();
     Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), n)
 }
 
-pub(crate) fn engine(dir: &std::path::Path) -> Engine {
-    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default(), 0)
+pub(crate) async fn engine(dir: &std::path::Path) -> Engine {
+    engine_on(Arc::new(SqliteStore::open(&dir.join("berth.db")).unwrap()), Arc::default(), 0).await
 }
 
 pub(crate) fn bench_spec() -> SandboxSpec {
@@ -152,7 +161,7 @@ pub(crate) async fn supervised(
     dir: &std::path::Path,
     spec: SandboxSpec,
 ) -> (Engine, String, berth_supervisor::session::Gateway) {
-    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0);
+    let engine = engine_on(Arc::new(berth_gateway::store::memory::MemoryStore::new()), Arc::default(), 0).await;
     let create = Command::CreateSandbox {
         id: engine.new_sandbox_id(),
         name: "web".into(),

@@ -47,7 +47,7 @@ pub(crate) async fn read_load(
         .enable_all()
         .build()
         .unwrap();
-    let engine = engine(dir.path());
+    let engine = engine(dir.path()).await;
     let tls = Arc::new((wire == Wire::Tls).then(BenchTls::new));
     let served = Arc::clone(&tls);
     let address = gateway.spawn(async move { serve_over(&engine, served.as_ref().as_ref()).await }).await.unwrap();

@@ -17,7 +17,7 @@ pub(crate) async fn rpc_load(
     let driver = Arc::new(NoopDriver::default());
     let mut addresses = Vec::new();
     for (n, store) in (0..).zip(stores) {
-        addresses.push(serve(&engine_on(store, Arc::clone(&driver), n)).await);
+        addresses.push(serve(&engine_on(store, Arc::clone(&driver), n).await).await);
     }
     let warm = Arc::new(tokio::sync::Barrier::new(clients + 1));
     let mut tasks = Vec::new();

@@ -4,7 +4,7 @@ use super::*;
 
 pub(crate) async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(dir.path());
+    let engine = engine(dir.path()).await;
     let spec = SandboxSpec { image: "i".into(), command: vec!["true".into()], ..Default::default() };
     for i in 0..sandboxes {
         let command = Command::CreateSandbox {
@@ -32,7 +32,7 @@ pub(crate) async fn sweep_time(sandboxes: usize) -> (Duration, usize) {
 /// expiring the due ones (a stop each, through the CAS) then takes.
 pub(crate) async fn expiry_sweep_time(sandboxes: usize, due: usize) -> (Duration, Duration, usize, usize) {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(dir.path());
+    let engine = engine(dir.path()).await;
     for i in 0..sandboxes {
         let ttl = if i < due { Duration::from_millis(1) } else { Duration::from_secs(3600) };
         let spec = SandboxSpec {

@@ -70,6 +70,7 @@ pub fn spec_from_wire(spec: pb::SandboxSpec) -> Result<SandboxSpec, berth_core::
                 Ok(berth_core::spec::PortSpec { port, public: p.public })
             })
             .collect::<Result<_, berth_core::Error>>()?,
+        node_selector: spec.node_selector.into_iter().collect(),
     })
 }
 
@@ -131,6 +132,7 @@ pub fn spec_to_wire(spec: SandboxSpec) -> pb::SandboxSpec {
             .map(|m| pb::VolumeMount { volume: m.volume, path: m.path, read_only: m.read_only })
             .collect(),
         ports: spec.ports.iter().map(|p| pb::PortSpec { port: p.port.into(), public: p.public }).collect(),
+        node_selector: spec.node_selector.into_iter().collect(),
     }
 }
 
@@ -214,6 +216,8 @@ pub fn sandbox(s: Sandbox) -> pb::Sandbox {
         egress_providers,
         checkpoint: s.intent == berth_core::Intent::Paused && s.hold == berth_core::Hold::Checkpoint,
         from_snapshot: s.seed.map(|seed| seed.snapshot).unwrap_or_default(),
+        node: s.placement.as_ref().map(|p| p.node.to_string()).unwrap_or_default(),
+        node_epoch: s.placement.map_or(0, |p| p.epoch),
     }
 }
 

@@ -83,6 +83,7 @@ pub(super) fn spec_json(spec: &pb::SandboxSpec) -> serde_json::Value {
         "volumes": spec.volumes.iter().map(|m| json!({
             "volume": m.volume, "path": m.path, "read_only": m.read_only,
         })).collect::<Vec<_>>(),
+        "node_selector": spec.node_selector,
     })
 }
 
@@ -99,6 +100,7 @@ pub(super) fn sandbox_json(s: &pb::Sandbox) -> serde_json::Value {
         "restart_count": s.restart_count, "next_restart_unix_ms": s.next_restart_unix_ms,
         "template": (!s.template.is_empty()).then_some(&s.template), "pool_member": s.pool_member,
         "from_snapshot": (!s.from_snapshot.is_empty()).then_some(&s.from_snapshot), "checkpoint": s.checkpoint,
+        "node": (!s.node.is_empty()).then_some(&s.node), "node_epoch": s.node_epoch,
         "spec": spec_json(&spec),
         "created_at_unix_ms": s.created_at_unix_ms, "updated_at_unix_ms": s.updated_at_unix_ms,
     })
@@ -124,7 +126,7 @@ fn aligned(cells: impl IntoIterator<Item = String>, widths: &[usize]) -> String 
 
 /// A watch's columns, fixed since its rows come one at a time: wide enough for every phase,
 /// an RFC 3339 deadline, and most names.
-const WATCH_WIDTHS: [usize; 9] = [16, 12, 8, 10, 7, 10, 20, 8, 0];
+const WATCH_WIDTHS: [usize; 10] = [16, 12, 8, 10, 12, 7, 10, 20, 8, 0];
 
 fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
     let reason = match &s.failure {
@@ -143,6 +145,7 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
         phase_name(s.phase).to_string(),
         intent_name(s.intent).to_string(),
         s.generation.to_string(),
+        s.node.clone(),
         s.resource_version.to_string(),
         s.providers.join(","),
         show_time(s.deadline_unix_ms),
@@ -151,8 +154,8 @@ fn sandbox_row(s: &pb::Sandbox) -> Vec<String> {
     ]
 }
 
-const SANDBOX_HEADER: [&str; 9] =
-    ["NAME", "PHASE", "INTENT", "GENERATION", "VERSION", "PROVIDERS", "DEADLINE", "RESTARTS", "REASON"];
+const SANDBOX_HEADER: [&str; 10] =
+    ["NAME", "PHASE", "INTENT", "GENERATION", "NODE", "VERSION", "PROVIDERS", "DEADLINE", "RESTARTS", "REASON"];
 
 pub(super) fn show_time(unix_ms: Option<i64>) -> String {
     let Some(ms) = unix_ms.and_then(|ms| u64::try_from(ms).ok()) else { return String::new() };

@@ -76,6 +76,10 @@ pub(super) struct SpecArgs {
     /// port is reached with its URL's token (`berth sandbox url`).
     #[arg(long = "port", value_parser = port_spec)]
     ports: Vec<pb::PortSpec>,
+    /// A label its node must have, KEY=VALUE (repeatable): it runs only on nodes registered
+    /// with every one (`berth-gateway --node-label`).
+    #[arg(long = "node-selector", value_parser = pair)]
+    node_selector: Vec<(String, String)>,
 }
 
 /// `--port PORT:public`.
@@ -171,6 +175,7 @@ impl SpecArgs {
             egress: (!self.allow.is_empty()).then_some(pb::EgressPolicy { allow: self.allow }),
             volumes: self.volumes,
             ports: self.ports,
+            node_selector: self.node_selector.into_iter().collect(),
         }
     }
 }

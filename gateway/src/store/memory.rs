@@ -378,6 +378,10 @@ impl Store for MemoryStore {
         Ok(self.lock().nodes.values().map(|(node, expires)| as_of(node, *expires, now)).collect())
     }
 
+    async fn node_loads(&self) -> Result<BTreeMap<NodeId, berth_core::placement::Capacity>, StoreError> {
+        Ok(berth_core::placement::loads(self.lock().sandboxes.values()))
+    }
+
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         let mut t = self.lock();
         let found = t.nodes.get_mut(id).map(|(node, _)| node.draining = draining);

@@ -149,6 +149,46 @@ pub struct Node {
     pub live: bool,
 }
 
+impl Node {
+    /// The node as core's placement reads it, with what the sandboxes placed on it reserve.
+    pub fn for_placement(self, placed: Capacity) -> berth_core::placement::Node {
+        berth_core::placement::Node {
+            id: self.id,
+            epoch: self.lease.term,
+            live: self.live,
+            draining: self.draining,
+            labels: self.offer.labels,
+            capacity: self.offer.capacity,
+            placed,
+        }
+    }
+}
+
+/// What a sandbox reserves on its node, as the SQL stores keep it beside the record: a row
+/// for each sandbox that counts ([`berth_core::placement::reserves`]), summed by node.
+pub(crate) struct Reservation {
+    pub node: String,
+    pub cpu_millis: i64,
+    pub memory_bytes: i64,
+}
+
+impl Reservation {
+    pub(crate) fn of(s: &Sandbox) -> Result<Option<Self>, StoreError> {
+        let Some(placement) = s.placement.as_ref().filter(|_| berth_core::placement::reserves(s)) else {
+            return Ok(None);
+        };
+        let reserved = Capacity::of(&s.spec.limits);
+        let column = |v: u64| {
+            i64::try_from(v).map_err(|_| StoreError::Unavailable(format!("sandbox {}: a limit of {v} is too large", s.id)))
+        };
+        Ok(Some(Self {
+            node: placement.node.to_string(),
+            cpu_millis: column(reserved.cpu_millis)?,
+            memory_bytes: column(reserved.memory_bytes)?,
+        }))
+    }
+}
+
 /// What a node's delete found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeRemoval {
@@ -255,6 +295,8 @@ pub trait Store: Send + Sync + 'static {
     async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError>;
     /// Every node registered, in id order.
     async fn nodes(&self) -> Result<Vec<Node>, StoreError>;
+    /// What the sandboxes placed on each node reserve there ([`berth_core::placement::loads`]).
+    async fn node_loads(&self) -> Result<BTreeMap<NodeId, Capacity>, StoreError>;
     /// Marks node `id` draining (`node drain`) or not (`node undrain`); false when no such node
     /// is registered.
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError>;

@@ -118,3 +118,44 @@ pub(crate) async fn a_node_is_deleted_only_while_its_lease_is_not_held(store: Sh
     assert_eq!((node.lease, node.draining, node.offer), (held("p3", 2), false, offer("n1", 8)));
     assert_eq!(store.nodes().await.unwrap().len(), 1);
 }
+
+pub(crate) async fn what_a_node_holds_follows_every_sandbox_write(store: Shared) {
+    let placed = |id: &str, node: &str, cpu: Option<u64>| {
+        let mut s = sandbox(id, id);
+        let spec = SandboxSpec {
+            limits: berth_core::limits::ResourceLimits { cpu_millis: cpu, memory_bytes: Some(1 << 20), pids: None },
+            ..(*s.spec).clone()
+        };
+        s.spec = spec.into();
+        s.placement = Some(berth_core::Placement { node: NodeId::new(node), epoch: 2 });
+        s
+    };
+    let (a, b, c) = (placed("sb-a", "n1", Some(500)), placed("sb-b", "n1", None), placed("sb-c", "n2", Some(250)));
+    let unplaced = sandbox("sb-d", "sb-d");
+    let writes = [&a, &b, &c, &unplaced].map(|s| Write::CreateSandbox(s.clone()));
+    store.commit(&writes).await.unwrap();
+    let load = |cpu_millis, sandboxes| Capacity { cpu_millis, memory_bytes: sandboxes << 20, sandboxes };
+    let loads = |pairs: &[(&str, Capacity)]| -> BTreeMap<NodeId, Capacity> {
+        pairs.iter().map(|(n, c)| (NodeId::new(*n), *c)).collect()
+    };
+    assert_eq!(store.node_loads().await.unwrap(), loads(&[("n1", load(500, 2)), ("n2", load(250, 1))]));
+    // Stopped, it holds nothing; started again elsewhere, it holds there.
+    let (write, stopped) = update(&a);
+    let write = match write {
+        Write::UpdateSandbox { mut record, expected } => {
+            record.intent = berth_core::Intent::Stopped;
+            Write::UpdateSandbox { record, expected }
+        }
+        other => other,
+    };
+    store.commit(&[write]).await.unwrap();
+    assert_eq!(store.node_loads().await.unwrap(), loads(&[("n1", load(0, 1)), ("n2", load(250, 1))]));
+    let mut moved = bumped(&stopped);
+    moved.placement = Some(berth_core::Placement { node: NodeId::new("n2"), epoch: 5 });
+    store.commit(&[Write::UpdateSandbox { record: moved, expected: stopped.resource_version }]).await.unwrap();
+    assert_eq!(store.node_loads().await.unwrap(), loads(&[("n1", load(0, 1)), ("n2", load(750, 2))]));
+    // Removed, its share goes with it.
+    store.commit(&[Write::RemoveSandbox { id: c.id.clone(), expected: c.resource_version }]).await.unwrap();
+    store.commit(&[Write::RemoveSandbox { id: b.id.clone(), expected: b.resource_version }]).await.unwrap();
+    assert_eq!(store.node_loads().await.unwrap(), loads(&[("n2", load(500, 1))]));
+}

@@ -196,12 +196,13 @@ async fn a_database_from_before_identities_gets_one() {
     open(&path).commit(&[Write::CreateSandbox(sandbox("sb-a", "alpha"))]).await.unwrap();
     let current = user_version(&path);
     // Schema version 2 had neither identities (migration 3), execs (migration 4), templates
-    // (migration 5), a change log (migration 6), snapshots (migration 7), volumes (migration 8)
-    // nor nodes (migration 9).
+    // (migration 5), a change log (migration 6), snapshots (migration 7), volumes (migration 8),
+    // nodes (migration 9) nor placements (migration 11).
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute_batch(
         "DROP TABLE store_identity; DROP TABLE execs; DROP TABLE templates; \
          DROP TABLE sandbox_changes; DROP TABLE change_log; DROP TABLE snapshots; DROP TABLE volumes; DROP TABLE nodes; \
+         DROP TABLE sandbox_placements; \
          DELETE FROM sqlite_sequence",
     )
     .unwrap();

@@ -590,6 +590,10 @@ impl Store for PostgresStore {
         self.read_nodes(None).await
     }
 
+    async fn node_loads(&self) -> Result<BTreeMap<NodeId, berth_core::placement::Capacity>, StoreError> {
+        self.read_loads().await
+    }
+
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         self.drain(id, draining).await
     }

@@ -1,9 +1,11 @@
 //! Nodes and their leases in PostgreSQL (DESIGN 14): one row a node, its lease beside its offer,
 //! every lease decided by the database's clock.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use berth_core::NodeId;
+use berth_core::placement::Capacity;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -116,6 +118,25 @@ impl PostgresStore {
         }
         .map_err(|e| self.error(&e))?;
         rows.iter().map(|row| self.decode_node(row)).collect()
+    }
+
+    /// What the sandboxes placed on each node reserve there.
+    pub(super) async fn read_loads(&self) -> Result<BTreeMap<NodeId, Capacity>, StoreError> {
+        let client = self.client().await?;
+        let sql = "SELECT node, COUNT(*), SUM(cpu_millis)::BIGINT, SUM(memory_bytes)::BIGINT \
+                   FROM sandbox_placements GROUP BY node";
+        let rows = client.query(sql, &[]).await.map_err(|e| self.error(&e))?;
+        let get = |e: tokio_postgres::Error| self.error(&e);
+        let count = |v: i64| u64::try_from(v).unwrap_or(0);
+        rows.iter()
+            .map(|row| {
+                let node: String = row.try_get(0).map_err(get)?;
+                let (sandboxes, cpu, memory): (i64, i64, i64) =
+                    (row.try_get(1).map_err(get)?, row.try_get(2).map_err(get)?, row.try_get(3).map_err(get)?);
+                let load = Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) };
+                Ok((NodeId::new(node), load))
+            })
+            .collect()
     }
 
     fn decode_node(&self, row: &Row) -> Result<Node, StoreError> {

@@ -141,4 +141,14 @@ CREATE TABLE nodes (
     r#"
 ALTER TABLE nodes ADD COLUMN removed BOOLEAN NOT NULL DEFAULT FALSE;
 "#,
+    // As SQLite's: what each sandbox that counts reserves on its node, summed by node.
+    r#"
+CREATE TABLE sandbox_placements (
+    sandbox_id   TEXT   NOT NULL PRIMARY KEY REFERENCES sandboxes (id) ON DELETE CASCADE,
+    node         TEXT   COLLATE "C" NOT NULL,
+    cpu_millis   BIGINT NOT NULL,
+    memory_bytes BIGINT NOT NULL
+);
+CREATE INDEX sandbox_placements_by_node ON sandbox_placements (node, cpu_millis, memory_bytes);
+"#,
 ];

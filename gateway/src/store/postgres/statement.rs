@@ -9,7 +9,7 @@ use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Volume, Write};
 use tokio_postgres::types::ToSql;
 
-use crate::store::StoreError;
+use crate::store::{Reservation, StoreError};
 use crate::store::codec::{Record, encode, from_sql_version, to_sql_version};
 
 use super::{NAME_TAKEN, VERSION_DIFFERS};
@@ -189,7 +189,7 @@ pub(super) fn apply(write: &Write) -> Result<Statement, StoreError> {
     });
     static UPDATE_SANDBOX: LazyLock<String> = LazyLock::new(|| {
         indexed(
-            "UPDATE sandboxes SET name = $2, version = $3, record = $4, indexed = $8 WHERE id = $1 AND version = $9",
+            "UPDATE sandboxes SET name = $2, version = $3, record = $4, indexed = $8 WHERE id = $1 AND version = $12",
         )
     });
     // The index tables' rows go with the sandbox's (their foreign keys cascade).
@@ -255,8 +255,9 @@ pub(super) fn log_entry(removed: bool) -> String {
 
 /// The statement of a sandbox write that keeps it: `change`, a conditional write of its row
 /// (`$1` its id) logged in the change log, with the index tables brought in line with the
-/// record (`$5`, `$6` and `$7` its providers, label keys and label values, `$8` their
-/// `index_key`; rows that stay are left alone). It fails when it changes no row, which undoes
+/// record (`$5`, `$6` and `$7` its providers, label keys and label values, `$9`, `$10` and
+/// `$11` its [`Reservation`]'s node (null: none), CPU and memory, `$8` their `index_key`; rows
+/// that stay are left alone). It fails when it changes no row, which undoes
 /// all of it.
 pub(super) fn indexed(change: &str) -> String {
     format!(
@@ -270,7 +271,13 @@ pub(super) fn indexed(change: &str) -> String {
          labels_made AS (INSERT INTO sandbox_labels (sandbox_id, key, value) \
              SELECT id, k, v FROM changed, UNNEST($6::TEXT[], $7::TEXT[]) AS l (k, v) \
              ON CONFLICT (sandbox_id, key) DO UPDATE SET value = EXCLUDED.value \
-             WHERE sandbox_labels.value <> EXCLUDED.value) \
+             WHERE sandbox_labels.value <> EXCLUDED.value), \
+         placement_gone AS (DELETE FROM sandbox_placements \
+             WHERE sandbox_id = (SELECT id FROM changed) AND $9::TEXT IS NULL), \
+         placement_made AS (INSERT INTO sandbox_placements (sandbox_id, node, cpu_millis, memory_bytes) \
+             SELECT id, $9::TEXT, $10::BIGINT, $11::BIGINT FROM changed WHERE $9::TEXT IS NOT NULL \
+             ON CONFLICT (sandbox_id) DO UPDATE SET node = EXCLUDED.node, cpu_millis = EXCLUDED.cpu_millis, \
+             memory_bytes = EXCLUDED.memory_bytes) \
          SELECT berth_expect_rows(count(*)) FROM entry",
         log_entry(false)
     )
@@ -288,8 +295,17 @@ pub(super) fn sandbox_row(s: &Sandbox, expected: Option<u64>) -> Result<Vec<Arg>
     let providers: Vec<String> = s.providers.iter().cloned().collect();
     let keys: Vec<String> = s.spec.labels.keys().cloned().collect();
     let values: Vec<String> = s.spec.labels.values().cloned().collect();
+    let reservation = Reservation::of(s)?;
     let mut row = sandbox_columns(s)?;
-    row.extend::<[Arg; 4]>([Box::new(providers), Box::new(keys), Box::new(values), Box::new(index_key(s)?)]);
+    row.extend::<[Arg; 7]>([
+        Box::new(providers),
+        Box::new(keys),
+        Box::new(values),
+        Box::new(index_key(s)?),
+        Box::new(reservation.as_ref().map(|r| r.node.clone())),
+        Box::new(reservation.as_ref().map_or(0, |r| r.cpu_millis)),
+        Box::new(reservation.as_ref().map_or(0, |r| r.memory_bytes)),
+    ]);
     with_expected(row, expected)
 }
 
@@ -303,10 +319,11 @@ pub(super) fn sandbox_columns(s: &Sandbox) -> Result<Vec<Arg>, StoreError> {
     ])
 }
 
-/// What the index tables hold for sandbox `s`: its providers and labels, in a canonical text
-/// (both sets are ordered).
+/// What the index tables hold for sandbox `s`: its providers, labels and reservation, in a
+/// canonical text (both sets are ordered).
 pub(super) fn index_key(s: &Sandbox) -> Result<String, StoreError> {
-    serde_json::to_string(&(&*s.providers, &s.spec.labels))
+    let reserved = Reservation::of(s)?.map(|r| (r.node, r.cpu_millis, r.memory_bytes));
+    serde_json::to_string(&(&*s.providers, &s.spec.labels, reserved))
         .map_err(|e| StoreError::Unavailable(format!("sandbox {}: cannot encode its index key: {e}", s.id)))
 }
 

@@ -595,6 +595,10 @@ impl Store for SqliteStore {
         self.read(|conn, _| nodes::all(conn)).await
     }
 
+    async fn node_loads(&self) -> Result<BTreeMap<NodeId, berth_core::placement::Capacity>, StoreError> {
+        self.read(|conn, _| nodes::loads(conn)).await
+    }
+
     async fn drain_node(&self, id: &NodeId, draining: bool) -> Result<bool, StoreError> {
         let id = id.clone();
         self.alone(move |conn| nodes::drain(conn, &id, draining)).await

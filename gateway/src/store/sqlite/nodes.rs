@@ -1,8 +1,10 @@
 //! Nodes and their leases in SQLite (DESIGN 14): one row a node, its lease beside its offer.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use berth_core::NodeId;
+use berth_core::placement::Capacity;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::NOW_MS;
@@ -99,4 +101,17 @@ pub(super) fn all(conn: &Connection) -> Result<Vec<Node>, StoreError> {
     let mut statement = conn.prepare(&sql)?;
     let rows = statement.query_map([], node_of)?.collect::<rusqlite::Result<Vec<_>>>()?;
     rows.into_iter().map(decode).collect()
+}
+
+/// What the sandboxes placed on each node reserve there.
+pub(super) fn loads(conn: &Connection) -> Result<BTreeMap<NodeId, Capacity>, StoreError> {
+    let mut select = conn.prepare_cached(
+        "SELECT node, COUNT(*), SUM(cpu_millis), SUM(memory_bytes) FROM sandbox_placements GROUP BY node",
+    )?;
+    let rows = select.query_map([], |row| {
+        let (node, sandboxes, cpu, memory): (String, i64, i64, i64) = (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+        let count = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok((NodeId::new(node), Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) }))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

@@ -120,6 +120,17 @@ CREATE TABLE nodes (
     r#"
 ALTER TABLE nodes ADD COLUMN removed INTEGER NOT NULL DEFAULT 0;
 "#,
+    // What each sandbox placed on a node reserves there (`placement::reserves`): a row per
+    // sandbox that counts, summed by node when a run is placed.
+    r#"
+CREATE TABLE sandbox_placements (
+    sandbox_id   TEXT    NOT NULL PRIMARY KEY REFERENCES sandboxes (id) ON DELETE CASCADE,
+    node         TEXT    NOT NULL,
+    cpu_millis   INTEGER NOT NULL,
+    memory_bytes INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX sandbox_placements_by_node ON sandbox_placements (node, cpu_millis, memory_bytes);
+"#,
 ];
 
 // A handful of steps: the cast cannot truncate.

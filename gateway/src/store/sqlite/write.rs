@@ -250,6 +250,13 @@ pub(super) fn index(tx: &Connection, s: &Sandbox) -> Result<(), StoreError> {
     for (key, value) in &s.spec.labels {
         insert.execute([id, key, value])?;
     }
+    tx.prepare_cached("DELETE FROM sandbox_placements WHERE sandbox_id = ?1")?.execute([id])?;
+    if let Some(r) = super::super::Reservation::of(s)? {
+        tx.prepare_cached(
+            "INSERT INTO sandbox_placements (sandbox_id, node, cpu_millis, memory_bytes) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(rusqlite::params![id, r.node, r.cpu_millis, r.memory_bytes])?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,181 @@
+//! DESIGN 14: where a command that makes a run places it, committed in the write that makes
+//! it. Exact outcomes for given nodes.
+
+use std::collections::BTreeMap;
+
+use berth_core::placement::{Capacity, Node};
+use berth_core::restart::{RestartMode, RestartPolicy, Restarts};
+use berth_core::{
+    Code, Command, Error, Failure, FailureReason, Intent, NodeId, Phase, Placement, Reads, Request, Run, Sandbox,
+    SandboxId, SandboxSpec, Timestamp, Write, decide,
+};
+
+use crate::world::spec;
+
+const NOW: Timestamp = Timestamp::from_unix_millis(1_800_000_000_000);
+
+fn node(id: &str, epoch: u64, placed: u64) -> Node {
+    Node {
+        id: NodeId::new(id),
+        epoch,
+        live: true,
+        draining: false,
+        labels: BTreeMap::new(),
+        capacity: Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 10 },
+        placed: Capacity { sandboxes: placed, ..Capacity::default() },
+    }
+}
+
+fn lapsed(mut n: Node) -> Node {
+    n.live = false;
+    n
+}
+
+fn at(node: &str, epoch: u64) -> Option<Placement> {
+    Some(Placement { node: NodeId::new(node), epoch })
+}
+
+fn create(spec: SandboxSpec, nodes: Vec<Node>) -> Result<berth_core::Decision, Error> {
+    let command = Command::CreateSandbox {
+        id: SandboxId::new("sb-1"),
+        name: "box".into(),
+        spec,
+        providers: [].into(),
+        deadline: None,
+    };
+    decide(&Request::new(command, None), &Reads { nodes, ..Reads::default() }, NOW)
+}
+
+fn made(decision: &berth_core::Decision) -> &Sandbox {
+    match &decision.writes[0] {
+        Write::CreateSandbox(s) | Write::UpdateSandbox { record: s, .. } => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A sandbox of generation 2 placed on `node` under `epoch`, ended as `phase` says.
+fn placed(node: &str, epoch: u64, phase: Phase, intent: Intent) -> Sandbox {
+    Sandbox {
+        phase,
+        intent,
+        generation: 2,
+        run: Run::Pending,
+        placement: at(node, epoch),
+        ..Sandbox::new(SandboxId::new("sb-1"), "box", spec(), Timestamp::from_unix_millis(1))
+    }
+}
+
+fn on(sandbox: Sandbox, command: Command, nodes: Vec<Node>) -> Result<berth_core::Decision, Error> {
+    decide(&Request::new(command, None), &Reads { sandbox: Some(sandbox), nodes, ..Reads::default() }, NOW)
+}
+
+fn start() -> Command {
+    Command::StartSandbox { name: "box".into() }
+}
+
+#[test]
+fn a_create_is_placed_under_the_chosen_nodes_epoch_in_the_write_that_makes_it() {
+    let decision = create(spec(), vec![node("a", 3, 1), node("b", 5, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("b", 5));
+    assert_eq!(decision.writes.len(), 1);
+    // A selector narrows the nodes to those with its labels, however full.
+    let mut east = node("a", 3, 6);
+    east.labels.insert("zone".into(), "east".into());
+    let selective = SandboxSpec { node_selector: [("zone".to_string(), "east".to_string())].into(), ..spec() };
+    let decision = create(selective, vec![east, node("b", 5, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("a", 3));
+}
+
+#[test]
+fn a_create_no_node_takes_writes_nothing_and_says_each_nodes_reason_in_its_class() {
+    let refused = |nodes: Vec<Node>, spec: SandboxSpec| create(spec, nodes).expect_err("no node takes it");
+    let none = refused(vec![], spec());
+    assert_eq!(none.to_string(), "cannot place sandbox 'box': no node is registered");
+    assert_eq!(none.code(), Code::Unavailable);
+    // Fenced only: a gateway taking the lease over, a node restarting; waiting helps.
+    let fenced = refused(vec![lapsed(node("a", 3, 0))], spec());
+    assert_eq!(fenced.to_string(), "cannot place sandbox 'box': no node can run it: a: its lease has lapsed");
+    assert_eq!(fenced.code(), Code::Unavailable);
+    let full = refused(vec![lapsed(node("a", 3, 0)), node("b", 1, 10)], spec());
+    assert_eq!(full.code(), Code::ResourceExhausted);
+    assert!(full.to_string().ends_with("b: sandboxes: 0 free, 1 asked"), "{full}");
+    let mut draining = node("a", 3, 0);
+    draining.draining = true;
+    assert_eq!(refused(vec![draining], spec()).code(), Code::FailedPrecondition);
+    let selective = SandboxSpec { node_selector: [("gpu".to_string(), "yes".to_string())].into(), ..spec() };
+    let unselected = refused(vec![node("a", 3, 0)], selective);
+    assert_eq!(unselected.to_string(), "cannot place sandbox 'box': no node can run it: a: it has no label gpu=yes");
+    assert_eq!(unselected.code(), Code::FailedPrecondition);
+}
+
+#[test]
+fn a_node_selector_is_held_to_the_rules_of_labels_and_names_its_field() {
+    let bad = SandboxSpec { node_selector: [("Bad Key".to_string(), "x".to_string())].into(), ..spec() };
+    match create(bad, vec![node("a", 1, 0)]) {
+        Err(Error::Invalid { field, .. }) => assert_eq!(field, "spec.node_selector"),
+        other => panic!("{other:?}"),
+    }
+    let bad = SandboxSpec { node_selector: [("zone".to_string(), "a b".to_string())].into(), ..spec() };
+    match create(bad, vec![node("a", 1, 0)]) {
+        Err(Error::Invalid { field, .. }) => assert_eq!(field, "spec.node_selector[zone]"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_start_stays_on_its_node_under_that_nodes_current_epoch_and_moves_only_when_it_cannot() {
+    let stopped = || placed("a", 2, Phase::Stopped, Intent::Stopped);
+    // a holds more than b, but the workspace is on a: the new generation stays there.
+    let decision = on(stopped(), start(), vec![node("a", 4, 5), node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("a", 4));
+    assert_eq!(made(&decision).generation, 3);
+    // Its node fenced, draining or full: placed as a new sandbox is.
+    let decision = on(stopped(), start(), vec![lapsed(node("a", 4, 0)), node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("b", 1));
+    let mut draining = node("a", 4, 0);
+    draining.draining = true;
+    let decision = on(stopped(), start(), vec![draining, node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("b", 1));
+    let decision = on(stopped(), start(), vec![node("a", 4, 10), node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("b", 1));
+    // Nowhere to go: refused, nothing written, the record still where it was.
+    let refused = on(stopped(), start(), vec![lapsed(node("a", 4, 0))]).unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable);
+}
+
+#[test]
+fn a_restart_on_a_full_node_it_already_counts_on_stays_and_off_a_fenced_one_moves() {
+    let failed =
+        Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "x".into() });
+    let crashed = || Sandbox {
+        spec: SandboxSpec {
+            restart: RestartPolicy { mode: RestartMode::Always, ..RestartPolicy::default() },
+            ..spec()
+        }
+        .into(),
+        restarts: Restarts { count: 0, next_at: Some(NOW) },
+        ..placed("a", 2, failed.clone(), Intent::Running)
+    };
+    let restart = || Command::RestartSandbox { name: "box".into() };
+    // a is full, but its count includes this sandbox (its intent is still Running).
+    let decision = on(crashed(), restart(), vec![node("a", 2, 10), node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("a", 2));
+    let decision = on(crashed(), restart(), vec![lapsed(node("a", 2, 10)), node("b", 1, 0)]).unwrap();
+    assert_eq!(made(&decision).placement, at("b", 1));
+    // None live: the restart waits (it stays due, and the lease holder tries again).
+    assert_eq!(on(crashed(), restart(), vec![lapsed(node("a", 2, 10))]).unwrap_err().code(), Code::Unavailable);
+}
+
+#[test]
+fn what_a_node_holds_counts_every_placed_sandbox_but_a_stopped_one() {
+    let sandboxes = [
+        placed("a", 1, Phase::Ready, Intent::Running),
+        placed("a", 1, Phase::Stopped, Intent::Stopped),
+        placed("a", 1, Phase::Paused, Intent::Paused),
+        placed("b", 1, Phase::Deleting, Intent::Deleted),
+        Sandbox { placement: None, ..placed("a", 1, Phase::Ready, Intent::Running) },
+    ];
+    let loads = berth_core::placement::loads(&sandboxes);
+    let count = |n: &str| loads.get(&NodeId::new(n)).map(|c| c.sandboxes);
+    assert_eq!((count("a"), count("b"), count("c")), (Some(2), Some(1), None));
+}

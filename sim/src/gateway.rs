@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use berth_core::{NodeId, Timestamp};
 use berth_core::identity::IdentityKey;
+use berth_core::{NodeId, Timestamp};
 use berth_drivers::Driver;
 use berth_drivers::container::{ContainerConfig, ContainerDriver};
 use berth_drivers::process::{ProcessConfig, ProcessDriver};

@@ -179,7 +179,8 @@ impl Reservation {
         };
         let reserved = Capacity::of(&s.spec.limits);
         let column = |v: u64| {
-            i64::try_from(v).map_err(|_| StoreError::Unavailable(format!("sandbox {}: a limit of {v} is too large", s.id)))
+            i64::try_from(v)
+                .map_err(|_| StoreError::Unavailable(format!("sandbox {}: a limit of {v} is too large", s.id)))
         };
         Ok(Some(Self {
             node: placement.node.to_string(),

@@ -133,7 +133,8 @@ impl PostgresStore {
                 let node: String = row.try_get(0).map_err(get)?;
                 let (sandboxes, cpu, memory): (i64, i64, i64) =
                     (row.try_get(1).map_err(get)?, row.try_get(2).map_err(get)?, row.try_get(3).map_err(get)?);
-                let load = Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) };
+                let load =
+                    Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) };
                 Ok((NodeId::new(node), load))
             })
             .collect()

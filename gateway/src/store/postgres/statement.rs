@@ -9,8 +9,8 @@ use berth_core::template::Template;
 use berth_core::{Conflict, Key, Provider, Sandbox, SandboxId, Snapshot, Volume, Write};
 use tokio_postgres::types::ToSql;
 
-use crate::store::{Reservation, StoreError};
 use crate::store::codec::{Record, encode, from_sql_version, to_sql_version};
+use crate::store::{Reservation, StoreError};
 
 use super::{NAME_TAKEN, VERSION_DIFFERS};
 

@@ -109,9 +109,13 @@ pub(super) fn loads(conn: &Connection) -> Result<BTreeMap<NodeId, Capacity>, Sto
         "SELECT node, COUNT(*), SUM(cpu_millis), SUM(memory_bytes) FROM sandbox_placements GROUP BY node",
     )?;
     let rows = select.query_map([], |row| {
-        let (node, sandboxes, cpu, memory): (String, i64, i64, i64) = (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+        let (node, sandboxes, cpu, memory): (String, i64, i64, i64) =
+            (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
         let count = |v: i64| u64::try_from(v).unwrap_or(0);
-        Ok((NodeId::new(node), Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) }))
+        Ok((
+            NodeId::new(node),
+            Capacity { cpu_millis: count(cpu), memory_bytes: count(memory), sandboxes: count(sandboxes) },
+        ))
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }

@@ -103,6 +103,44 @@ async fn a_gateway_registers_its_host_as_a_node_with_what_it_offers_and_drains_i
     assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("'n1'"));
 }
 
+#[tokio::test]
+async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_a_drained_or_unselected_one_takes_none() {
+    let data = DataDir::new();
+    let gateway = Gateway::start(&data, &["--node", "n1", "--node-label", "zone=a"]).await;
+    let mut client = nodes(&gateway).await;
+    let out =
+        berth(&data, &["-o", "json", "sandbox", "create", "one", "--node-selector", "zone=a", "--", "sleep", "3600"])
+            .await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let epoch = nodes_until(&mut client, |n| n.iter().any(|n| n.live)).await[0].epoch;
+    assert_eq!((shown["node"].as_str(), shown["node_epoch"].as_u64()), (Some("n1"), Some(epoch)), "{shown}");
+    assert_eq!(shown["spec"]["node_selector"]["zone"], "a", "{shown}");
+    let table = berth(&data, &["sandbox", "list"]).await;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    let (header, row) = (table.lines().next().unwrap(), table.lines().nth(1).unwrap());
+    assert!(header.contains(" NODE ") && row.split_whitespace().any(|cell| cell == "n1"), "{table}");
+
+    // Drained, it takes nothing new: the create fails naming the node and why, writing nothing.
+    drain(&mut client, "n1", true).await.unwrap();
+    let refused = berth(&data, &["sandbox", "create", "two", "--no-wait", "--", "sleep", "3600"]).await;
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && why.contains("cannot place sandbox 'two'"), "{why}");
+    assert!(why.contains("n1: it is draining"), "{why}");
+    assert!(!berth(&data, &["sandbox", "get", "two"]).await.status.success(), "nothing was written");
+    // What runs stays where it is.
+    let kept = berth(&data, &["-o", "json", "sandbox", "get", "one"]).await;
+    let kept: serde_json::Value = serde_json::from_slice(&kept.stdout).unwrap();
+    assert_eq!((kept["phase"].as_str(), kept["node"].as_str()), (Some("Ready"), Some("n1")), "{kept}");
+    drain(&mut client, "n1", false).await.unwrap();
+    let unselected = ["sandbox", "create", "two", "--no-wait", "--node-selector", "zone=b", "--", "sleep", "3600"];
+    let refused = berth(&data, &unselected).await;
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && why.contains("n1: it has no label zone=b"), "{why}");
+    let out = berth(&data, &["sandbox", "create", "two", "--", "sleep", "3600"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_its_holder_dies() {
     let _server = POSTGRES_SERVER.read().await;

@@ -161,20 +161,26 @@ impl Engine {
         let polls = self.inner.settings.node_wait.as_millis() / NODE_POLL.as_millis();
         let mut waited = 0;
         loop {
-            let nodes = self.inner.store.nodes().await?;
+            let nodes = self.nodes_as_placed().await?;
             if nodes.iter().any(|n| n.live) || waited >= polls {
-                let mut loads = self.inner.store.node_loads().await?;
-                return Ok(nodes
-                    .into_iter()
-                    .map(|n| {
-                        let placed = loads.remove(&n.id).unwrap_or_default();
-                        n.for_placement(placed)
-                    })
-                    .collect());
+                return Ok(nodes);
             }
             waited += 1;
             tokio::time::sleep(NODE_POLL).await;
         }
+    }
+
+    /// Every registered node with what the sandboxes placed on it reserve.
+    async fn nodes_as_placed(&self) -> Result<Vec<berth_core::placement::Node>, crate::store::StoreError> {
+        let nodes = self.inner.store.nodes().await?;
+        let mut loads = self.inner.store.node_loads().await?;
+        Ok(nodes
+            .into_iter()
+            .map(|n| {
+                let placed = loads.remove(&n.id).unwrap_or_default();
+                n.for_placement(placed)
+            })
+            .collect())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -218,7 +224,7 @@ impl Engine {
                 Err(e) => tracing::warn!(volume = %volume.id, error = %e, "measuring a volume for the metrics"),
             }
         }
-        let nodes = self.inner.store.nodes().await?;
+        let nodes = self.nodes_as_placed().await?;
         Ok(self.inner.metrics.render(&phases, open, &volumes, bytes, &nodes))
     }
 

@@ -103,6 +103,8 @@ pub struct Metrics {
     nodes_live: Family<NodeLabel, Gauge>,
     nodes_draining: Family<NodeLabel, Gauge>,
     nodes_capacity: Family<CapacityLabel, Gauge>,
+    nodes_placed: Family<CapacityLabel, Gauge>,
+    nodes_free: Family<CapacityLabel, Gauge>,
     execs_admitted: Counter,
     execs_ended: Family<StateLabel, Counter>,
     execs_open: Gauge,
@@ -137,6 +139,8 @@ impl Default for Metrics {
             nodes_live: Family::default(),
             nodes_draining: Family::default(),
             nodes_capacity: Family::default(),
+            nodes_placed: Family::default(),
+            nodes_free: Family::default(),
             execs_admitted: Counter::default(),
             execs_ended: Family::default(),
             execs_open: Gauge::default(),
@@ -196,6 +200,16 @@ impl Default for Metrics {
             "node_capacity",
             "What the node offers, by node and resource: cpu_millis, memory_bytes, sandboxes (read at each scrape)",
             m.nodes_capacity.clone(),
+        );
+        registry.register(
+            "node_placed",
+            "What the sandboxes placed on the node and not stopped reserve, by node and resource (read at each scrape)",
+            m.nodes_placed.clone(),
+        );
+        registry.register(
+            "node_free",
+            "What placement may still give the node, by node and resource it counts (read at each scrape)",
+            m.nodes_free.clone(),
         );
         registry.register(
             "lease_term",
@@ -399,24 +413,32 @@ impl Metrics {
         open_execs: usize,
         volumes: &[berth_core::Volume],
         volume_bytes: u64,
-        nodes: &[crate::store::Node],
+        nodes: &[berth_core::placement::Node],
     ) -> String {
         // A node no longer registered drops out of the exposition.
         self.nodes_live.clear();
         self.nodes_draining.clear();
         self.nodes_capacity.clear();
+        self.nodes_placed.clear();
+        self.nodes_free.clear();
         for node in nodes {
             let label = NodeLabel { node: node.id.to_string() };
             self.nodes_live.get_or_create(&label).set(i64::from(node.live));
             self.nodes_draining.get_or_create(&label).set(i64::from(node.draining));
-            let capacity = node.offer.capacity;
-            for (resource, value) in [
-                ("cpu_millis", capacity.cpu_millis),
-                ("memory_bytes", capacity.memory_bytes),
-                ("sandboxes", capacity.sandboxes),
+            let (capacity, placed) = (node.capacity, node.placed);
+            for (resource, offered, reserved) in [
+                ("cpu_millis", capacity.cpu_millis, placed.cpu_millis),
+                ("memory_bytes", capacity.memory_bytes, placed.memory_bytes),
+                ("sandboxes", capacity.sandboxes, placed.sandboxes),
             ] {
                 let label = CapacityLabel { node: node.id.to_string(), resource };
-                self.nodes_capacity.get_or_create(&label).set(i64::try_from(value).unwrap_or(i64::MAX));
+                let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                self.nodes_capacity.get_or_create(&label).set(gauge(offered));
+                self.nodes_placed.get_or_create(&label).set(gauge(reserved));
+                // A resource the node does not count (offered as 0) has nothing to run out of.
+                if offered > 0 || resource == "sandboxes" {
+                    self.nodes_free.get_or_create(&label).set(gauge(offered.saturating_sub(reserved)));
+                }
             }
         }
         self.volume_bytes.set(i64::try_from(volume_bytes).unwrap_or(i64::MAX));
@@ -496,16 +518,14 @@ mod tests {
             volume("b", berth_core::VolumePhase::Ready),
             volume("c", berth_core::VolumePhase::Deleting),
         ];
-        let node = |id: &str, live: bool, draining: bool| crate::store::Node {
+        let node = |id: &str, live: bool, draining: bool| berth_core::placement::Node {
             id: berth_core::NodeId::new(id),
-            offer: crate::store::NodeOffer {
-                address: "http://127.0.0.1:7420".into(),
-                labels: BTreeMap::new(),
-                capacity: berth_core::placement::Capacity { cpu_millis: 2000, memory_bytes: 1 << 30, sandboxes: 40 },
-            },
-            draining,
-            lease: crate::store::Lease { holder: live.then(|| "gateway".to_string()), term: 3 },
+            epoch: 3,
             live,
+            draining,
+            labels: BTreeMap::new(),
+            capacity: berth_core::placement::Capacity { cpu_millis: 2000, memory_bytes: 0, sandboxes: 40 },
+            placed: berth_core::placement::Capacity { cpu_millis: 500, memory_bytes: 1 << 20, sandboxes: 3 },
         };
         // A node registered at one scrape and gone at the next drops out.
         let text = m.render(&BTreeMap::new(), 0, &[], 0, &[node("gone", true, false)]);
@@ -513,12 +533,18 @@ mod tests {
         let nodes = [node("n1", true, false), node("n2", false, true)];
         let text = m.render(&BTreeMap::new(), 0, &volumes, 4096, &nodes);
         assert!(!text.contains("gone"), "{text}");
+        // Memory is not counted on these nodes: nothing is free of it to say.
+        assert!(!text.contains("berth_node_free{node=\"n1\",resource=\"memory_bytes\"}"), "{text}");
         for line in [
             "berth_node_live{node=\"n1\"} 1",
             "berth_node_live{node=\"n2\"} 0",
             "berth_node_draining{node=\"n2\"} 1",
             "berth_node_capacity{node=\"n1\",resource=\"sandboxes\"} 40",
             "berth_node_capacity{node=\"n1\",resource=\"cpu_millis\"} 2000",
+            "berth_node_placed{node=\"n1\",resource=\"sandboxes\"} 3",
+            "berth_node_placed{node=\"n1\",resource=\"memory_bytes\"} 1048576",
+            "berth_node_free{node=\"n1\",resource=\"sandboxes\"} 37",
+            "berth_node_free{node=\"n1\",resource=\"cpu_millis\"} 1500",
             "berth_proxied_requests_total{code=\"502\"} 2",
             "berth_proxied_requests_total{code=\"410\"} 1",
             "berth_proxied_bytes_total 1025",

@@ -8,6 +8,8 @@ use tonic::{Request, Response, Status};
 use super::public::core_invalid;
 use crate::engine::Engine;
 use crate::error::ApiError;
+use berth_core::placement::Capacity;
+
 use crate::store::{Node, NodeRemoval};
 
 pub struct NodeApi {
@@ -22,7 +24,11 @@ impl NodeApi {
     /// Node `id` as it stands, or NOT_FOUND naming it.
     async fn node(&self, id: &str) -> Result<Response<pb::NodeReply>, Status> {
         match self.engine.store().node(&node_id(id)?).await.map_err(ApiError::from)? {
-            Some(node) => Ok(Response::new(pb::NodeReply { node: Some(shown(node)) })),
+            Some(node) => {
+                let loads = self.engine.store().node_loads().await.map_err(ApiError::from)?;
+                let placed = loads.get(&node.id).copied().unwrap_or_default();
+                Ok(Response::new(pb::NodeReply { node: Some(shown(node, placed)) }))
+            }
             None => Err(not_found(id)),
         }
     }
@@ -46,17 +52,18 @@ fn not_found(id: &str) -> Status {
     Status::not_found(format!("node '{id}' is not registered"))
 }
 
-fn shown(node: Node) -> pb::Node {
-    let capacity = node.offer.capacity;
+fn shown(node: Node, placed: Capacity) -> pb::Node {
+    let wire = |c: Capacity| pb::NodeCapacity {
+        cpu_millis: c.cpu_millis,
+        memory_bytes: c.memory_bytes,
+        sandboxes: c.sandboxes,
+    };
     pb::Node {
         id: node.id.to_string(),
         address: node.offer.address,
         labels: node.offer.labels,
-        capacity: Some(pb::NodeCapacity {
-            cpu_millis: capacity.cpu_millis,
-            memory_bytes: capacity.memory_bytes,
-            sandboxes: capacity.sandboxes,
-        }),
+        capacity: Some(wire(node.offer.capacity)),
+        placed: Some(wire(placed)),
         draining: node.draining,
         epoch: node.lease.term,
         holder: node.lease.holder.unwrap_or_default(),
@@ -72,6 +79,11 @@ impl Nodes for NodeApi {
 
     async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesReply>, Status> {
         let nodes = self.engine.store().nodes().await.map_err(ApiError::from)?;
+        let loads = self.engine.store().node_loads().await.map_err(ApiError::from)?;
+        let shown = |n: Node| {
+            let placed = loads.get(&n.id).copied().unwrap_or_default();
+            shown(n, placed)
+        };
         Ok(Response::new(pb::ListNodesReply { nodes: nodes.into_iter().map(shown).collect() }))
     }
 
@@ -95,6 +107,10 @@ impl Nodes for NodeApi {
                 "node '{id}' is live: {} holds its lease (epoch {}) and would register it again; stop it first",
                 lease.holder.as_deref().unwrap_or("a process"),
                 lease.term
+            ))),
+            NodeRemoval::Holding(sandboxes) => Err(Status::failed_precondition(format!(
+                "node '{id}' holds {sandboxes} sandbox(es) that are not stopped: stop or delete them first \
+                 (a start places a stopped one anew)"
             ))),
         }
     }

@@ -10,7 +10,8 @@ use super::print::table;
 
 #[derive(Subcommand)]
 pub(super) enum NodeCmd {
-    /// List every registered node: whether its lease is held (LIVE), its epoch, what it offers.
+    /// List every registered node: whether its lease is held (LIVE), its epoch, and what of each
+    /// resource it offers its sandboxes reserve (placed/offered).
     List,
     /// Show one node.
     Get { id: String },
@@ -23,20 +24,21 @@ pub(super) enum NodeCmd {
     Delete { id: String },
 }
 
+fn capacity_json(c: Option<pb::NodeCapacity>) -> serde_json::Value {
+    let c = c.unwrap_or_default();
+    json!({"cpu_millis": c.cpu_millis, "memory_bytes": c.memory_bytes, "sandboxes": c.sandboxes})
+}
+
 fn node_json(n: &pb::Node) -> serde_json::Value {
-    let capacity = n.capacity.unwrap_or_default();
     json!({
         "id": n.id, "address": n.address, "labels": n.labels, "live": n.live, "draining": n.draining,
         "epoch": n.epoch, "holder": n.holder,
-        "capacity": {
-            "cpu_millis": capacity.cpu_millis, "memory_bytes": capacity.memory_bytes,
-            "sandboxes": capacity.sandboxes,
-        },
+        "capacity": capacity_json(n.capacity), "placed": capacity_json(n.placed),
     })
 }
 
 fn row(n: &pb::Node) -> Vec<String> {
-    let capacity = n.capacity.unwrap_or_default();
+    let (capacity, placed) = (n.capacity.unwrap_or_default(), n.placed.unwrap_or_default());
     let state = match (n.live, n.draining) {
         (true, false) => "Live",
         (true, true) => "Live, draining",
@@ -49,12 +51,16 @@ fn row(n: &pb::Node) -> Vec<String> {
         state.to_string(),
         n.epoch.to_string(),
         n.holder.clone(),
-        format!("{:.1}", capacity.cpu_millis as f64 / 1000.0),
-        format!("{:.1}", capacity.memory_bytes as f64 / f64::from(1u32 << 30)),
-        capacity.sandboxes.to_string(),
+        format!("{:.1}/{:.1}", placed.cpu_millis as f64 / 1000.0, capacity.cpu_millis as f64 / 1000.0),
+        format!("{:.1}/{:.1}", gib(placed.memory_bytes), gib(capacity.memory_bytes)),
+        format!("{}/{}", placed.sandboxes, capacity.sandboxes),
         labels.join(","),
         n.address.clone(),
     ]
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }
 
 impl Client {

@@ -396,6 +396,10 @@ impl Store for MemoryStore {
         if node.live {
             return Ok(NodeRemoval::Live(node.lease));
         }
+        let holding = berth_core::placement::loads(t.sandboxes.values()).get(id).map_or(0, |load| load.sandboxes);
+        if holding > 0 {
+            return Ok(NodeRemoval::Holding(holding));
+        }
         t.removed_epochs.insert(id.clone(), node.lease.term);
         t.nodes.remove(id);
         Ok(NodeRemoval::Removed)

@@ -197,6 +197,9 @@ pub enum NodeRemoval {
     NotFound,
     /// Its lease is held: a live node registers again at its next renewal, so it stays.
     Live(Lease),
+    /// Sandboxes that are not stopped are placed on it (this many): they would be left on a
+    /// node nobody may name, so it stays until they are stopped, deleted or moved.
+    Holding(u64),
 }
 
 #[async_trait]

@@ -1,7 +1,7 @@
 //! Nodes (DESIGN 14): a gateway registers the host it runs on as a node, under a lease one
 //! process holds at a time; gateways sharing a data directory are one node, whose lease moves,
-//! in a new epoch, when its holder dies. Drain and undrain; delete, refused while live; the
-//! CLI's listing.
+//! in a new epoch, when its holder dies. Placement on the node; drain and undrain; delete,
+//! refused while live or holding sandboxes; the CLI's listing.
 
 use std::time::{Duration, Instant};
 
@@ -104,9 +104,9 @@ async fn a_gateway_registers_its_host_as_a_node_with_what_it_offers_and_drains_i
 }
 
 #[tokio::test]
-async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_a_drained_or_unselected_one_takes_none() {
+async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_holds_it_there_against_a_delete() {
     let data = DataDir::new();
-    let gateway = Gateway::start(&data, &["--node", "n1", "--node-label", "zone=a"]).await;
+    let mut gateway = Gateway::start(&data, &["--node", "n1", "--node-label", "zone=a"]).await;
     let mut client = nodes(&gateway).await;
     let out =
         berth(&data, &["-o", "json", "sandbox", "create", "one", "--node-selector", "zone=a", "--", "sleep", "3600"])
@@ -138,6 +138,21 @@ async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_a_drained_or_unselected
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && why.contains("n1: it has no label zone=b"), "{why}");
     let out = berth(&data, &["sandbox", "create", "two", "--", "sleep", "3600"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let node = berth(&data, &["-o", "json", "node", "get", "n1"]).await;
+    let node: serde_json::Value = serde_json::from_slice(&node.stdout).unwrap();
+    assert_eq!(node["placed"]["sandboxes"], 2, "{node}");
+
+    // Its gateway gone (the lease given up), the node still holds what runs there: its delete
+    // is refused, naming how many, until they are stopped.
+    gateway.terminate();
+    let _gateway = Gateway::start(&data, &["--node", "n2"]).await;
+    let refused = berth(&data, &["node", "delete", "n1"]).await;
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && why.contains("node 'n1' holds 2 sandbox(es)"), "{why}");
+    let out = berth(&data, &["sandbox", "stop", "one", "two"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = berth(&data, &["node", "delete", "n1"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -104,7 +104,7 @@ conformance!(
     nodes_are_listed_in_id_order_and_drain_across_renewals,
     processes_racing_for_a_node_agree_on_one_holder,
     a_node_is_deleted_only_while_its_lease_is_not_held,
-    what_a_node_holds_follows_every_sandbox_write,
+    what_a_node_holds_follows_every_sandbox_write_and_keeps_it_from_deletion,
     execs_are_created_once_and_written_by_version,
     exec_pages_and_open_execs,
     an_exec_admission_never_commits_after_a_sandbox_write_it_did_not_see,

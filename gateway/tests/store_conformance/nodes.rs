@@ -119,7 +119,7 @@ pub(crate) async fn a_node_is_deleted_only_while_its_lease_is_not_held(store: Sh
     assert_eq!(store.nodes().await.unwrap().len(), 1);
 }
 
-pub(crate) async fn what_a_node_holds_follows_every_sandbox_write(store: Shared) {
+pub(crate) async fn what_a_node_holds_follows_every_sandbox_write_and_keeps_it_from_deletion(store: Shared) {
     let placed = |id: &str, node: &str, cpu: Option<u64>| {
         let mut s = sandbox(id, id);
         let spec = SandboxSpec {
@@ -152,10 +152,18 @@ pub(crate) async fn what_a_node_holds_follows_every_sandbox_write(store: Shared)
     assert_eq!(store.node_loads().await.unwrap(), loads(&[("n1", load(0, 1)), ("n2", load(250, 1))]));
     let mut moved = bumped(&stopped);
     moved.placement = Some(berth_core::Placement { node: NodeId::new("n2"), epoch: 5 });
-    store.commit(&[Write::UpdateSandbox { record: moved, expected: stopped.resource_version }]).await.unwrap();
+    store.commit(&[Write::UpdateSandbox { record: moved.clone(), expected: stopped.resource_version }]).await.unwrap();
     assert_eq!(store.node_loads().await.unwrap(), loads(&[("n1", load(0, 1)), ("n2", load(750, 2))]));
     // Removed, its share goes with it.
     store.commit(&[Write::RemoveSandbox { id: c.id.clone(), expected: c.resource_version }]).await.unwrap();
     store.commit(&[Write::RemoveSandbox { id: b.id.clone(), expected: b.resource_version }]).await.unwrap();
     assert_eq!(store.node_loads().await.unwrap(), loads(&[("n2", load(500, 1))]));
+    // A node holding a sandbox that is not stopped stays, its lease given up or not, until the
+    // sandbox goes; a stopped one (b, removed, was) does not hold it.
+    let n2 = NodeId::new("n2");
+    store.acquire_node_lease(&n2, "p2", &offer("n2", 4), Duration::from_secs(60)).await.unwrap();
+    store.release_node_lease(&n2, "p2").await.unwrap();
+    assert_eq!(store.delete_node(&n2).await.unwrap(), NodeRemoval::Holding(1));
+    store.commit(&[Write::RemoveSandbox { id: moved.id.clone(), expected: moved.resource_version }]).await.unwrap();
+    assert_eq!(store.delete_node(&n2).await.unwrap(), NodeRemoval::Removed);
 }

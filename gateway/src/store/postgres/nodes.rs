@@ -79,11 +79,13 @@ impl PostgresStore {
 
     pub(super) async fn delete(&self, node: &NodeId) -> Result<NodeRemoval, StoreError> {
         let client = self.client().await?;
-        // One statement: the row goes only if its lease is not held by the database's clock.
+        // One statement: the row goes only if its lease is not held by the database's clock and
+        // no sandbox that counts is placed on it.
         let removed = client
             .execute(
                 "UPDATE nodes SET removed = TRUE, holder = NULL \
-                 WHERE id = $1 AND NOT removed AND (holder IS NULL OR expires_at <= now())",
+                 WHERE id = $1 AND NOT removed AND (holder IS NULL OR expires_at <= now()) \
+                 AND NOT EXISTS (SELECT 1 FROM sandbox_placements WHERE node = $1)",
                 &[&node.as_str()],
             )
             .await
@@ -93,7 +95,8 @@ impl PostgresStore {
             return Ok(NodeRemoval::Removed);
         }
         Ok(match self.read_nodes(Some(node)).await?.pop() {
-            Some(live) => NodeRemoval::Live(live.lease),
+            Some(found) if found.live => NodeRemoval::Live(found.lease),
+            Some(_) => NodeRemoval::Holding(self.read_loads().await?.get(node).map_or(0, |load| load.sandboxes)),
             None => NodeRemoval::NotFound,
         })
     }

@@ -55,7 +55,8 @@ pub(super) fn delete(conn: &mut Connection, node: &NodeId) -> Result<NodeRemoval
     let removed = tx.execute(
         &format!(
             "UPDATE nodes SET removed = 1, holder = NULL \
-             WHERE id = ?1 AND NOT removed AND (holder IS NULL OR expires_at <= {NOW_MS})"
+             WHERE id = ?1 AND NOT removed AND (holder IS NULL OR expires_at <= {NOW_MS}) \
+             AND NOT EXISTS (SELECT 1 FROM sandbox_placements WHERE node = ?1)"
         ),
         params![node.as_str()],
     )?;
@@ -63,7 +64,15 @@ pub(super) fn delete(conn: &mut Connection, node: &NodeId) -> Result<NodeRemoval
         NodeRemoval::Removed
     } else {
         match one(&tx, node)? {
-            Some(live) => NodeRemoval::Live(live.lease),
+            Some(found) if found.live => NodeRemoval::Live(found.lease),
+            Some(_) => {
+                let holding: i64 = tx.query_row(
+                    "SELECT COUNT(*) FROM sandbox_placements WHERE node = ?1",
+                    params![node.as_str()],
+                    |row| row.get(0),
+                )?;
+                NodeRemoval::Holding(u64::try_from(holding).unwrap_or(0))
+            }
             None => NodeRemoval::NotFound,
         }
     };

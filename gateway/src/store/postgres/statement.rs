@@ -322,8 +322,11 @@ pub(super) fn sandbox_columns(s: &Sandbox) -> Result<Vec<Arg>, StoreError> {
 /// What the index tables hold for sandbox `s`: its providers, labels and reservation, in a
 /// canonical text (both sets are ordered).
 pub(super) fn index_key(s: &Sandbox) -> Result<String, StoreError> {
-    let reserved = Reservation::of(s)?.map(|r| (r.node, r.cpu_millis, r.memory_bytes));
-    serde_json::to_string(&(&*s.providers, &s.spec.labels, reserved))
+    // A sandbox reserving nothing keeps the key rows had before reservations were kept.
+    match Reservation::of(s)? {
+        None => serde_json::to_string(&(&*s.providers, &s.spec.labels)),
+        Some(r) => serde_json::to_string(&(&*s.providers, &s.spec.labels, (r.node, r.cpu_millis, r.memory_bytes))),
+    }
         .map_err(|e| StoreError::Unavailable(format!("sandbox {}: cannot encode its index key: {e}", s.id)))
 }
 

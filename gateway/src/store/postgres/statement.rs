@@ -327,7 +327,7 @@ pub(super) fn index_key(s: &Sandbox) -> Result<String, StoreError> {
         None => serde_json::to_string(&(&*s.providers, &s.spec.labels)),
         Some(r) => serde_json::to_string(&(&*s.providers, &s.spec.labels, (r.node, r.cpu_millis, r.memory_bytes))),
     }
-        .map_err(|e| StoreError::Unavailable(format!("sandbox {}: cannot encode its index key: {e}", s.id)))
+    .map_err(|e| StoreError::Unavailable(format!("sandbox {}: cannot encode its index key: {e}", s.id)))
 }
 
 /// A lone update of a sandbox that leaves its index tables alone: it applies only if the row's

@@ -102,6 +102,10 @@ pub struct Flags {
     /// [default: off]
     #[arg(long, env = "BERTH_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// Address of E2B's sandbox API (DESIGN 15): point the `e2b` SDKs' `E2B_API_URL` here,
+    /// with Berth's API token as their API key. [default: off]
+    #[arg(long, env = "BERTH_E2B_LISTEN")]
+    pub e2b_listen: Option<SocketAddr>,
     /// Address of the preview proxy: HTTP to the ports of sandboxes' runs, at
     /// `/sandboxes/<sandbox>/ports/<port>/` (and `<port>-<sandbox>.<domain>` with
     /// --proxy-domain). [default: off]
@@ -227,6 +231,7 @@ struct File {
     listen: Option<SocketAddr>,
     metrics_listen: Option<SocketAddr>,
     http_listen: Option<SocketAddr>,
+    e2b_listen: Option<SocketAddr>,
     proxy_listen: Option<SocketAddr>,
     proxy_domain: Option<String>,
     tls_cert: Option<PathBuf>,
@@ -268,6 +273,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
     pub http_listen: Option<SocketAddr>,
+    pub e2b_listen: Option<SocketAddr>,
     pub proxy_listen: Option<SocketAddr>,
     pub proxy_domain: Option<String>,
     /// The certificate chain and key every TCP listener serves TLS with.
@@ -313,6 +319,7 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("metrics_listen", &self.metrics_listen)
             .field("http_listen", &self.http_listen)
+            .field("e2b_listen", &self.e2b_listen)
             .field("proxy_listen", &self.proxy_listen)
             .field("proxy_domain", &self.proxy_domain)
             .field("tls", &self.tls)
@@ -461,6 +468,7 @@ impl Config {
             listen: flags.listen.or(file.listen).unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7420))),
             metrics_listen: flags.metrics_listen.or(file.metrics_listen),
             http_listen: flags.http_listen.or(file.http_listen),
+            e2b_listen: flags.e2b_listen.or(file.e2b_listen),
             proxy_listen: flags.proxy_listen.or(file.proxy_listen),
             proxy_domain: match flags.proxy_domain {
                 Some(domain) => Some(domain),

@@ -192,6 +192,22 @@ pub async fn run(config: Config) -> Result<(), String> {
         }
         None => None,
     };
+    let e2b = match config.e2b_listen {
+        Some(at) => {
+            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--e2b-listen): {e}"))?;
+            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
+                .map_err(|e| e.to_string())?;
+            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
+            info!(address = %bound, "E2B's sandbox API serving");
+            Some(tokio::spawn(crate::api::e2b::serve(
+                engine.clone(),
+                listener,
+                token.clone(),
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
     let preview = proxy.map(|(listener, preview)| {
         info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
@@ -233,7 +249,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let connections = async {
         let _ = tcp.await;
         let _ = local.await;
-        for task in [metrics, http].into_iter().flatten() {
+        for task in [metrics, http, e2b].into_iter().flatten() {
             let _ = task.await;
         }
         if let Some(task) = preview {

@@ -56,7 +56,7 @@ struct Api {
 type Shared = State<Arc<Api>>;
 
 /// The HTTP status Google's APIs give a gRPC code.
-fn http_status(code: Code) -> StatusCode {
+pub(super) fn http_status(code: Code) -> StatusCode {
     match code {
         Code::Ok => StatusCode::OK,
         Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod convert;
+pub mod e2b;
 pub mod exec;
 pub mod files;
 pub mod http;

@@ -57,9 +57,11 @@ class Gateway:
 @pytest.fixture
 def gateway(tmp_path, monkeypatch):
     g = Gateway(tmp_path / "data")
-    for name in ("E2B_DOMAIN", "E2B_DEBUG", "E2B_SANDBOX_URL", "E2B_ACCESS_TOKEN"):
+    for name in ("E2B_DOMAIN", "E2B_DEBUG", "E2B_ACCESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("E2B_API_URL", g.url)
+    # The in-sandbox API is served on the same listener, each sandbox named by a header.
+    monkeypatch.setenv("E2B_SANDBOX_URL", g.url)
     monkeypatch.setenv("E2B_API_KEY", g.token)
     yield g
     from e2b import Sandbox

@@ -53,8 +53,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a create, a pause or a resume waits for what it asked.
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
+mod envd;
+
 struct E2b {
     engine: Engine,
+    execs: super::exec::ExecApi,
     token: Arc<str>,
 }
 
@@ -107,14 +110,20 @@ struct NewSandbox {
     rest: BTreeMap<String, Value>,
 }
 
-/// What E2B's API says of a sandbox just made or connected to.
+/// What E2B's API says of a sandbox just made or connected to: with the access token of its
+/// current run's in-sandbox API.
 fn sandbox_body(engine: &Engine, s: &Sandbox) -> Value {
     json!({
         "templateID": template_of(s),
         "sandboxID": &*s.name,
         "clientID": engine.settings().name,
         "envdVersion": ENVD_VERSION,
+        "envdAccessToken": access_token(engine, s),
     })
+}
+
+fn access_token(engine: &Engine, s: &Sandbox) -> String {
+    berth_core::port::derive_token(engine.key(), &s.id, s.generation, envd::ENVD_PORT).expose().to_string()
 }
 
 fn template_of(s: &Sandbox) -> String {
@@ -386,6 +395,7 @@ async fn get_one(State(e2b): Shared, Path(id): Path<String>) -> Response {
         Ok(s) => {
             let state = state(&s).unwrap_or("running");
             let mut body = listed(&e2b.engine, &s, state);
+            body["envdAccessToken"] = json!(access_token(&e2b.engine, &s));
             body["lifecycle"] = json!({
                 "autoResume": false,
                 "onTimeout": if s.spec.lifetime.on_expiry == OnExpiry::Pause { "pause" } else { "kill" },
@@ -481,7 +491,10 @@ async fn not_served(request: HttpRequest) -> Response {
 }
 
 pub fn router(engine: &Engine, token: &str) -> Router {
-    let e2b = Arc::new(E2b { engine: engine.clone(), token: token.into() });
+    let activity = crate::engine::activity::Activity::new(engine.clone());
+    let execs = crate::engine::execs::Execs::new(engine.clone());
+    let execs = super::exec::ExecApi::new(execs, activity, engine.shutdown().clone());
+    let e2b = Arc::new(E2b { engine: engine.clone(), execs, token: token.into() });
     Router::new()
         .route("/v2/sandboxes", post(create).get(list))
         .route("/v2/sandboxes/{id}/connect", post(connect))
@@ -490,7 +503,13 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/sandboxes/{id}/pause", post(pause))
         .fallback(not_served)
         .route_layer(middleware::from_fn_with_state(e2b.clone(), authorized))
+        // The in-sandbox API: each call proves it may reach the sandbox with its access token.
         .route("/health", get(health))
+        .route("/process.Process/Start", post(envd::start))
+        .route("/process.Process/Connect", post(envd::connect))
+        .route("/process.Process/List", post(envd::list))
+        .route("/process.Process/StreamInput", post(envd::stream_input))
+        .route("/process.Process/{method}", post(envd::send))
         .with_state(e2b)
 }
 

@@ -50,6 +50,10 @@ impl ExecApi {
     pub fn new(execs: Execs, activity: Activity, shutdown: Shutdown) -> Self {
         Self { execs, activity, shutdown }
     }
+
+    pub(crate) fn execs(&self) -> &Execs {
+        &self.execs
+    }
 }
 
 fn exec_id(id: &str) -> Result<ExecId, Status> {
@@ -192,11 +196,9 @@ async fn follow(
 
 /// Passes the client's stdin, window sizes and signals to the exec's run until the client's
 /// side closes, or the gateway shuts down: a request side held open would keep the call, and
-/// with it the shutdown, waiting after the output's stream ended. A session this stream has not
-/// used yet is told of the exec first, so input never reaches a run before the exec does.
+/// with it the shutdown, waiting after the output's stream ended.
 async fn forward_input(api: ExecApi, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
-    let mut told: Option<std::sync::Arc<crate::sessions::Session>> = None;
-    let exec_id = exec.id.to_string();
+    let mut told = None;
     loop {
         let message = tokio::select! {
             biased;
@@ -205,30 +207,38 @@ async fn forward_input(api: ExecApi, exec: Exec, mut inbound: Streaming<pb::Exec
         };
         let Ok(Some(message)) = message else { return };
         let Some(input) = message.input else { continue };
-        let m = match input {
-            Input::Stdin(data) => {
-                ToSupervisor::ExecStdin(pb::ExecStdin { exec_id: exec_id.clone(), data, close: false })
-            }
-            Input::CloseStdin(_) => {
-                ToSupervisor::ExecStdin(pb::ExecStdin { exec_id: exec_id.clone(), data: Vec::new(), close: true })
-            }
-            Input::Resize(window) => {
-                ToSupervisor::ExecResize(pb::ExecResize { exec_id: exec_id.clone(), window: Some(window) })
-            }
-            Input::Signal(signal) => ToSupervisor::ExecSignal(pb::ExecSignal { exec_id: exec_id.clone(), signal }),
-            // A second start is a client bug; the exec it named runs already.
-            Input::Start(_) => continue,
-        };
-        let Some(session) = api.execs.sessions().get(&exec.sandbox, exec.generation) else { continue };
-        if told.as_ref().is_none_or(|t| !std::sync::Arc::ptr_eq(t, &session)) {
-            // Unreadable now: the run is told with the next input (or knows it already).
-            if let Ok(run) = api.execs.exec_run(&exec).await {
-                session.send(ToSupervisor::RunExec(run)).await;
-                told = Some(session.clone());
-            }
-        }
-        session.send(m).await;
+        deliver(&api, &exec, input, &mut told).await;
     }
+}
+
+/// Hands one input of a client's to `exec`'s run. A session not `told` of the exec yet is told
+/// first, so input never reaches a run before the exec does. False when no session of the run
+/// is here (its run is served through another gateway, reconnecting, or over).
+pub(crate) async fn deliver(
+    api: &ExecApi,
+    exec: &Exec,
+    input: Input,
+    told: &mut Option<std::sync::Arc<crate::sessions::Session>>,
+) -> bool {
+    let exec_id = exec.id.to_string();
+    let m = match input {
+        Input::Stdin(data) => ToSupervisor::ExecStdin(pb::ExecStdin { exec_id, data, close: false }),
+        Input::CloseStdin(_) => ToSupervisor::ExecStdin(pb::ExecStdin { exec_id, data: Vec::new(), close: true }),
+        Input::Resize(window) => ToSupervisor::ExecResize(pb::ExecResize { exec_id, window: Some(window) }),
+        Input::Signal(signal) => ToSupervisor::ExecSignal(pb::ExecSignal { exec_id, signal }),
+        // A second start is a client bug; the exec it named runs already.
+        Input::Start(_) => return true,
+    };
+    let Some(session) = api.execs.sessions().get(&exec.sandbox, exec.generation) else { return false };
+    if told.as_ref().is_none_or(|t| !std::sync::Arc::ptr_eq(t, &session)) {
+        // Unreadable now: the run is told with the next input (or knows it already).
+        if let Ok(run) = api.execs.exec_run(exec).await {
+            session.send(ToSupervisor::RunExec(run)).await;
+            *told = Some(session.clone());
+        }
+    }
+    session.send(m).await;
+    true
 }
 
 /// Admits the exec `start` asks for (or finds it, for a retry of its id) and streams its output

@@ -166,48 +166,25 @@ pub async fn run(config: Config) -> Result<(), String> {
     let tcp = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())));
     let metrics = match config.metrics_listen {
         Some(at) => {
-            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--metrics-listen): {e}"))?;
-            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
-                .map_err(|e| e.to_string())?;
-            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
+            let (listener, bound) =
+                http1_listener(at, "--metrics-listen", acceptor(crate::tls::Protocols::Http1)).await?;
             info!(address = %bound, "metrics serving at /metrics");
             let auth = crate::api::auth::BearerAuth::new(&token);
             Some(tokio::spawn(crate::metrics::serve(engine.clone(), listener, auth, stopped(stop_rx.clone()))))
         }
         None => None,
     };
-    let http = match config.http_listen {
-        Some(at) => {
-            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--http-listen): {e}"))?;
-            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
-                .map_err(|e| e.to_string())?;
-            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
-            info!(address = %bound, "HTTP/JSON API serving at /v1");
-            Some(tokio::spawn(crate::api::http::serve(
-                engine.clone(),
-                listener,
-                token.clone(),
-                stopped(stop_rx.clone()),
-            )))
-        }
-        None => None,
-    };
-    let e2b = match config.e2b_listen {
-        Some(at) => {
-            let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} (--e2b-listen): {e}"))?;
-            let listener = crate::tcp::Listener::new(listener, acceptor(crate::tls::Protocols::Http1))
-                .map_err(|e| e.to_string())?;
-            let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
-            info!(address = %bound, "E2B's sandbox API serving");
-            Some(tokio::spawn(crate::api::e2b::serve(
-                engine.clone(),
-                listener,
-                token.clone(),
-                stopped(stop_rx.clone()),
-            )))
-        }
-        None => None,
-    };
+    let http1 = || acceptor(crate::tls::Protocols::Http1);
+    let http = serve_http1(config.http_listen, "--http-listen", http1(), stopped(stop_rx.clone()), |bound| {
+        info!(address = %bound, "HTTP/JSON API serving at /v1");
+        crate::api::http::router(&engine, &token)
+    })
+    .await?;
+    let e2b = serve_http1(config.e2b_listen, "--e2b-listen", http1(), stopped(stop_rx.clone()), |bound| {
+        info!(address = %bound, "E2B's sandbox API serving");
+        crate::api::e2b::router(&engine, &token)
+    })
+    .await?;
     let preview = proxy.map(|(listener, preview)| {
         info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
@@ -341,4 +318,32 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// A listener for an HTTP/1.1 service at `at` (the setting `flag`), with TLS when the gateway
+/// serves it, and the address it bound.
+async fn http1_listener(
+    at: std::net::SocketAddr,
+    flag: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<(crate::tcp::Listener, std::net::SocketAddr), String> {
+    let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} ({flag}): {e}"))?;
+    let listener = crate::tcp::Listener::new(listener, tls).map_err(|e| e.to_string())?;
+    let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
+    Ok((listener, bound))
+}
+
+/// Serves the router `made` for the address it bound over HTTP/1.1 at `at` (the setting
+/// `flag`), if set, until `stop`.
+async fn serve_http1(
+    at: Option<std::net::SocketAddr>,
+    flag: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+    made: impl FnOnce(std::net::SocketAddr) -> axum::Router,
+) -> Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+    let Some(at) = at else { return Ok(None) };
+    let (listener, bound) = http1_listener(at, flag, tls).await?;
+    let router = made(bound);
+    Ok(Some(tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(stop).into_future())))
 }

@@ -512,13 +512,3 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/process.Process/{method}", post(envd::send))
         .with_state(e2b)
 }
-
-/// Serves E2B's API on `listener` until `stop`.
-pub async fn serve(
-    engine: Engine,
-    listener: crate::tcp::Listener,
-    token: String,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(&engine, &token)).with_graceful_shutdown(stop).await
-}

@@ -523,16 +523,6 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .with_state(api)
 }
 
-/// Serves the HTTP/JSON API on `listener` until `stop`.
-pub async fn serve(
-    engine: Engine,
-    listener: crate::tcp::Listener,
-    token: String,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(&engine, &token)).with_graceful_shutdown(stop).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -523,3 +523,83 @@ pub(super) async fn stream_input(State(e2b): State<Arc<E2b>>, headers: HeaderMap
     };
     streamed(futures_util::stream::iter(frames))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(chunks: Vec<Vec<u8>>) -> Vec<Result<Value, &'static str>> {
+        let chunks = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        let body = Body::from_stream(chunks);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(messages(body).map(|m| m.map_err(|e| e.code)).collect())
+    }
+
+    #[test]
+    fn request_messages_are_read_across_any_split_and_end_at_the_end_flag() {
+        let one = envelope(0, &json!({"start": {"process": {"pid": 7}}}));
+        let two = envelope(0, &json!({"data": {"input": {"stdin": "YQ=="}}}));
+        let mut all =
+            [one.to_vec(), two.to_vec(), end_of_stream(None).to_vec(), envelope(0, &json!({})).to_vec()].concat();
+        // Split everywhere, one byte at a time: the same two messages, and nothing after the end.
+        let bytes: Vec<Vec<u8>> = all.iter().map(|b| vec![*b]).collect();
+        let expected =
+            vec![Ok(json!({"start": {"process": {"pid": 7}}})), Ok(json!({"data": {"input": {"stdin": "YQ=="}}}))];
+        assert_eq!(frames(bytes), expected);
+        assert_eq!(frames(vec![all.clone()]), expected);
+        // Cut inside a message: said so, not taken as a message.
+        all.truncate(one.len() + 3);
+        assert_eq!(frames(vec![all]), vec![Ok(json!({"start": {"process": {"pid": 7}}})), Err("invalid_argument")]);
+        // A length past the bound is refused before it is buffered.
+        assert_eq!(frames(vec![vec![0, 0xff, 0xff, 0xff, 0xff]]), vec![Err("resource_exhausted")]);
+        assert_eq!(frames(vec![[vec![0, 0, 0, 0, 1], b"{".to_vec()].concat()]), vec![Err("invalid_argument")]);
+    }
+
+    #[test]
+    fn an_envelope_is_its_flags_a_big_endian_length_and_the_json() {
+        let framed = envelope(0, &json!({"a": 1}));
+        assert_eq!(&framed[..], b"\x00\x00\x00\x00\x07{\"a\":1}");
+        assert_eq!(&end_of_stream(None)[..], b"\x02\x00\x00\x00\x02{}");
+        let failed = end_of_stream(Some(connect_error("not_found", "gone")));
+        assert_eq!(failed[0], 2);
+        let body: Value = serde_json::from_slice(&failed[5..]).unwrap();
+        assert_eq!(body, json!({"error": {"code": "not_found", "message": "gone"}}));
+    }
+
+    #[test]
+    fn an_exec_ends_as_e2b_says_a_process_ended() {
+        let exec = |state: pb::ExecState, exit_code, signal| pb::Exec {
+            state: state.into(),
+            exit_code,
+            signal,
+            message: "its run was lost".into(),
+            ..pb::Exec::default()
+        };
+        let end = |e: &pb::Exec| end_event(e)["event"]["end"].clone();
+        assert_eq!(
+            end(&exec(pb::ExecState::Exited, Some(3), None)),
+            json!({"exitCode": 3, "exited": true, "status": "exit status 3"})
+        );
+        assert_eq!(
+            end(&exec(pb::ExecState::Signalled, None, Some(9))),
+            json!({"exitCode": -1, "exited": false, "status": "signal: 9"})
+        );
+        let lost = end(&exec(pb::ExecState::Lost, None, None));
+        assert_eq!((lost["exitCode"].as_i64(), lost["error"].as_str()), (Some(-1), Some("Lost: its run was lost")));
+    }
+
+    #[test]
+    fn only_the_sandboxs_own_user_is_taken() {
+        let with = |auth: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(a) = auth {
+                headers.insert(header::AUTHORIZATION, a.parse().unwrap());
+            }
+            check_user(&headers).map_err(|e| e.message)
+        };
+        assert!(with(None).is_ok());
+        assert!(with(Some(&format!("Basic {}", BASE64.encode("user:")))).is_ok());
+        let root = with(Some(&format!("Basic {}", BASE64.encode("root:")))).unwrap_err();
+        assert!(root.contains("\"root\" is not supported"), "{root}");
+    }
+}

@@ -19,6 +19,16 @@ use crate::record::{Intent, Sandbox};
 
 const TOKEN_PREFIX: &str = "berthp1";
 const MAC_DOMAIN: &[u8] = b"berth port access v1\0";
+const API_MAC_DOMAIN: &[u8] = b"berth sandbox api access v1\0";
+
+/// What an access token opens: a port through the preview proxy, or the in-sandbox API (E2B's
+/// envd, DESIGN 15). Each has its own MAC domain: a preview URL's token, made to be shared,
+/// never runs a command, and no public port opens the in-sandbox API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Door {
+    Port(u16),
+    SandboxApi,
+}
 
 /// A port's access token. Its `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq)]
@@ -43,22 +53,36 @@ impl fmt::Display for PortToken {
     }
 }
 
-fn mac(key: &IdentityKey, sandbox: &SandboxId, generation: u64, port: u16) -> Hmac<Sha256> {
+fn mac(key: &IdentityKey, sandbox: &SandboxId, generation: u64, door: Door) -> Hmac<Sha256> {
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(MAC_DOMAIN);
+    mac.update(match door {
+        Door::Port(_) => MAC_DOMAIN,
+        Door::SandboxApi => API_MAC_DOMAIN,
+    });
     mac.update(sandbox.as_str().as_bytes());
     mac.update(b"\0");
     mac.update(&generation.to_be_bytes());
-    mac.update(&port.to_be_bytes());
+    if let Door::Port(port) = door {
+        mac.update(&port.to_be_bytes());
+    }
     mac
+}
+
+fn token(key: &IdentityKey, sandbox: &SandboxId, generation: u64, door: Door) -> PortToken {
+    let tag = hex::encode(mac(key, sandbox, generation, door).finalize().into_bytes());
+    PortToken(format!("{TOKEN_PREFIX}.{generation}.{tag}"))
 }
 
 /// The access token of `port` of `sandbox`'s run `generation`. The request names the sandbox
 /// and the port; the token names only the generation, so a stale one can be told from a wrong
 /// one.
 pub fn derive_token(key: &IdentityKey, sandbox: &SandboxId, generation: u64, port: u16) -> PortToken {
-    let tag = hex::encode(mac(key, sandbox, generation, port).finalize().into_bytes());
-    PortToken(format!("{TOKEN_PREFIX}.{generation}.{tag}"))
+    token(key, sandbox, generation, Door::Port(port))
+}
+
+/// The access token of `sandbox`'s in-sandbox API for its run `generation`.
+pub fn derive_api_token(key: &IdentityKey, sandbox: &SandboxId, generation: u64) -> PortToken {
+    token(key, sandbox, generation, Door::SandboxApi)
 }
 
 /// How a request to a port says who it is.
@@ -105,8 +129,23 @@ pub fn is_public(sandbox: &Sandbox, port: u16) -> bool {
 /// credential is judged before the phase: a stale token learns it is stale whatever the
 /// sandbox does now.
 pub fn admit(key: &IdentityKey, sandbox: Option<&Sandbox>, port: u16, credential: Credential) -> Result<u64, Refusal> {
+    admit_through(key, sandbox, Door::Port(port), credential)
+}
+
+/// Which generation's run a call to the in-sandbox API carrying `token` reaches, or why none:
+/// as for a private port, with the in-sandbox API's own token.
+pub fn admit_api(key: &IdentityKey, sandbox: Option<&Sandbox>, token: Option<&str>) -> Result<u64, Refusal> {
+    admit_through(key, sandbox, Door::SandboxApi, token.map_or(Credential::None, Credential::PortToken))
+}
+
+fn admit_through(
+    key: &IdentityKey,
+    sandbox: Option<&Sandbox>,
+    door: Door,
+    credential: Credential,
+) -> Result<u64, Refusal> {
     let Some(sandbox) = sandbox.filter(|s| s.intent != Intent::Deleted) else { return Err(Refusal::NotFound) };
-    if !is_public(sandbox, port) {
+    if !matches!(door, Door::Port(port) if is_public(sandbox, port)) {
         match credential {
             Credential::ApiToken => {}
             Credential::None => {
@@ -114,7 +153,7 @@ pub fn admit(key: &IdentityKey, sandbox: Option<&Sandbox>, port: u16, credential
             }
             Credential::PortToken(token) => {
                 let (issued, tag) = parse(token).ok_or(Refusal::Unauthorized("the access token is malformed"))?;
-                mac(key, &sandbox.id, issued, port)
+                mac(key, &sandbox.id, issued, door)
                     .verify_slice(&tag)
                     .map_err(|_| Refusal::Unauthorized("the access token is not this port's"))?;
                 if issued != sandbox.generation && !crate::bug!(PortTokenOutlivesRun) {
@@ -250,5 +289,33 @@ mod tests {
         let t = token(1, 80);
         assert_eq!(format!("{t:?} {t}"), "PortToken(<redacted>) <redacted>");
         assert!(t.expose().starts_with("berthp1.1."));
+    }
+
+    #[test]
+    fn the_in_sandbox_api_takes_its_own_token_and_no_port_opens_it() {
+        let mut ready = sandbox(3, Intent::Running, Phase::Ready);
+        // Even a public port of E2B's envd number opens nothing of the in-sandbox API.
+        ready.spec = std::sync::Arc::new(SandboxSpec {
+            ports: vec![PortSpec { port: 49983, public: true }],
+            ..(*ready.spec).clone()
+        });
+        let api = derive_api_token(&key(1), &ready.id, 3);
+        assert_eq!(admit_api(&key(1), Some(&ready), Some(api.expose())), Ok(3));
+        let port = token(3, 49983);
+        assert_eq!(
+            admit_api(&key(1), Some(&ready), Some(port.expose())),
+            Err(Refusal::Unauthorized("the access token is not this port's")),
+            "a preview URL's token runs no command"
+        );
+        assert!(matches!(admit_api(&key(1), Some(&ready), None), Err(Refusal::Unauthorized(_))));
+        let private = sandbox(3, Intent::Running, Phase::Ready);
+        let as_port = Credential::PortToken(api.expose());
+        assert_eq!(admit(&key(1), Some(&private), 81, as_port).unwrap_err().http_status(), 401, "no port takes it");
+        // Its generation's only, as a port's.
+        let restarted = sandbox(4, Intent::Running, Phase::Ready);
+        assert_eq!(
+            admit_api(&key(1), Some(&restarted), Some(api.expose())),
+            Err(Refusal::Gone { issued: 3, current: 4 })
+        );
     }
 }

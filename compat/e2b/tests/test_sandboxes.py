@@ -46,8 +46,12 @@ def test_set_timeout_renews_the_lifetime_from_now(gateway):
 
 def test_a_paused_sandbox_is_listed_paused_and_a_connect_resumes_it(gateway):
     sandbox = Sandbox.create(timeout=300)
+    assert sandbox.is_running() is True
     assert sandbox.pause() is True
     assert sandbox.get_info().state == SandboxState.PAUSED
+    assert sandbox.is_running() is False
+    # Kept while paused, as E2B keeps a paused sandbox: its timeout no longer ends it.
+    assert (sandbox.get_info().end_at - sandbox.get_info().started_at).total_seconds() > 86_400
     assert [s.sandbox_id for s in listed(state=[SandboxState.PAUSED])] == [sandbox.sandbox_id]
     # Paused already: E2B answers 409, which the SDK takes as False.
     assert sandbox.pause() is False
@@ -56,7 +60,9 @@ def test_a_paused_sandbox_is_listed_paused_and_a_connect_resumes_it(gateway):
     info = resumed.get_info()
     assert info.state == SandboxState.RUNNING
     assert (info.end_at - info.started_at).total_seconds() >= 590
+    assert resumed.commands.run("echo back").stdout == "back\n"
     resumed.kill()
+    assert resumed.is_running() is False
 
 
 def test_a_sandbox_that_auto_pauses_says_so(gateway):

@@ -123,7 +123,7 @@ fn sandbox_body(engine: &Engine, s: &Sandbox) -> Value {
 }
 
 fn access_token(engine: &Engine, s: &Sandbox) -> String {
-    berth_core::port::derive_token(engine.key(), &s.id, s.generation, envd::ENVD_PORT).expose().to_string()
+    berth_core::port::derive_api_token(engine.key(), &s.id, s.generation).expose().to_string()
 }
 
 fn template_of(s: &Sandbox) -> String {
@@ -189,7 +189,7 @@ async fn record(engine: &Engine, id: &str) -> Result<Sandbox, Refusal> {
 async fn execute(engine: &Engine, command: Command) -> Result<Sandbox, Refusal> {
     match engine.execute(&CoreRequest::new(command, None)).await {
         Ok(Outcome::Sandbox(s)) => Ok(*s),
-        Ok(other) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("a sandbox command returned {other:?}"))),
+        Ok(_) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "a sandbox command returned no sandbox")),
         Err(e) => Err(from_api(e)),
     }
 }
@@ -263,7 +263,15 @@ fn unsupported(rest: &BTreeMap<String, Value>) -> Result<(), Refusal> {
 async fn create(State(e2b): Shared, bytes: Bytes) -> Response {
     match create_sandbox(&e2b.engine, bytes).await {
         Ok(body) => (StatusCode::CREATED, axum::Json(body)).into_response(),
-        Err(refusal) => refusal.into_response(),
+        Err(refusal) => {
+            // The SDKs post a create again after a 5xx unless told not to: one that failed
+            // after its sandbox was made would make a second.
+            let mut response = refusal.into_response();
+            if response.status().is_server_error() {
+                response.headers_mut().insert("should-retry", HeaderValue::from_static("false"));
+            }
+            response
+        }
     }
 }
 
@@ -280,9 +288,10 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
     let lifetime = Lifetime { ttl: Some(ttl), on_expiry, ..Lifetime::default() };
     let made = match template {
         Some(t) if t.min_ready > 0 => {
-            if !new.env_vars.is_empty() {
+            if !new.env_vars.is_empty() || new.auto_pause == Some(true) {
                 let why = format!(
-                    "template '{template_name}' keeps a warm pool, whose sandboxes run already: envVars cannot be set"
+                    "template '{template_name}' keeps a warm pool, whose sandboxes run already: envVars and an \
+                     on-timeout pause cannot be set"
                 );
                 return Err(error(StatusCode::BAD_REQUEST, why));
             }
@@ -293,7 +302,11 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
             };
             let claimed = execute(engine, claim).await?;
             let renew = Command::RenewSandbox { name: claimed.name.to_string(), renewal: Renewal::Ttl(ttl) };
-            execute(engine, renew).await?
+            if let Err(refusal) = execute(engine, renew).await {
+                let _ = execute(engine, Command::DeleteSandbox { name: claimed.name.to_string() }).await;
+                return Err(refusal);
+            }
+            claimed
         }
         found => {
             let spec = match found {
@@ -320,14 +333,20 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
             execute(engine, command).await?
         }
     };
-    match ready(engine, &made.name).await {
-        Ok(s) => Ok(sandbox_body(engine, &s)),
-        Err(why) => {
-            // E2B has no half-made sandbox: one that did not start is deleted, and the reason
-            // is the create's.
-            let _ = execute(engine, Command::DeleteSandbox { name: made.name.to_string() }).await;
-            Err(error(StatusCode::INTERNAL_SERVER_ERROR, why))
+    // E2B has no half-made sandbox: one that did not start is deleted, and the reason is the
+    // create's. On a task of its own, so that a client gone meanwhile leaves nothing either.
+    let waiting = engine.clone();
+    let waited = tokio::spawn(async move {
+        let ready = ready(&waiting, &made.name).await;
+        if ready.is_err() {
+            let _ = execute(&waiting, Command::DeleteSandbox { name: made.name.to_string() }).await;
         }
+        ready
+    });
+    match waited.await {
+        Ok(Ok(s)) => Ok(sandbox_body(engine, &s)),
+        Ok(Err(why)) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, why)),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("waiting for the sandbox: {e}"))),
     }
 }
 
@@ -406,9 +425,17 @@ async fn get_one(State(e2b): Shared, Path(id): Path<String>) -> Response {
     }
 }
 
+/// `DELETE /sandboxes/{id}`: whatever its phase (E2B has no word for a stopped or failed one,
+/// and lists it nowhere, but a kill still ends it).
 async fn kill(State(e2b): Shared, Path(id): Path<String>) -> Response {
-    if let Err(refusal) = record(&e2b.engine, &id).await {
-        return refusal.into_response();
+    let found = match berth_core::validate::dns_label("sandboxID", &id) {
+        Ok(()) => e2b.engine.store().sandbox_by_name(&id).await.map_err(|e| from_api(e.into())),
+        Err(_) => Ok(None),
+    };
+    match found {
+        Ok(Some(s)) if s.intent != berth_core::Intent::Deleted => {}
+        Ok(_) => return error(StatusCode::NOT_FOUND, format!("sandbox {id:?} not found")).into_response(),
+        Err(refusal) => return refusal.into_response(),
     }
     match execute(&e2b.engine, Command::DeleteSandbox { name: id }).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
@@ -442,6 +469,9 @@ async fn pause(State(e2b): Shared, Path(id): Path<String>) -> Response {
             return Err(error(StatusCode::CONFLICT, format!("sandbox {id:?} is paused already")));
         }
         execute(&e2b.engine, Command::PauseSandbox { name: id.clone(), hold: Hold::Freezer }).await?;
+        // A paused sandbox is kept, as E2B keeps it: for the longest lifetime the gateway gives.
+        let kept = Renewal::Ttl(e2b.engine.settings().limits.max_ttl);
+        execute(&e2b.engine, Command::RenewSandbox { name: id.clone(), renewal: kept }).await?;
         reached(&e2b.engine, &id, berth_proto::v1::Phase::Paused)
             .await
             .map_err(|why| error(StatusCode::INTERNAL_SERVER_ERROR, why))
@@ -479,10 +509,6 @@ async fn connect(State(e2b): Shared, Path(id): Path<String>, bytes: Bytes) -> Re
     }
 }
 
-async fn health() -> StatusCode {
-    StatusCode::NO_CONTENT
-}
-
 /// Every other path: what E2B's API or its in-sandbox daemon serves and Berth does not.
 async fn not_served(request: HttpRequest) -> Response {
     let path = request.uri().path().to_string();
@@ -504,7 +530,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .fallback(not_served)
         .route_layer(middleware::from_fn_with_state(e2b.clone(), authorized))
         // The in-sandbox API: each call proves it may reach the sandbox with its access token.
-        .route("/health", get(health))
+        .route("/health", get(envd::health))
         .route("/process.Process/Start", post(envd::start))
         .route("/process.Process/Connect", post(envd::connect))
         .route("/process.Process/List", post(envd::list))

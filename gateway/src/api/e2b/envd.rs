@@ -9,8 +9,9 @@
 //!   byte; `SendInput`, `StreamInput`, `CloseStdin`, `SendSignal` and `Update` (a terminal's
 //!   size) reach its run through this gateway's session of it;
 //! - the sandbox is named by the `E2b-Sandbox-Id` header, and the caller proves it may reach it
-//!   with `X-Access-Token`: the access token of the sandbox's port 49983 (E2B's envd port,
-//!   DESIGN 13.1's per-generation token), which a create or a connect returns;
+//!   with `X-Access-Token`: the in-sandbox API's access token of the sandbox's current run
+//!   (`port::derive_api_token`: per generation like a port's, in a MAC domain of its own, so no
+//!   preview URL's token and no public port opens it), which a create or a connect returns;
 //! - a command's timeout (`connect-timeout-ms`) is the exec's: it is killed, and the stream
 //!   ends `deadline_exceeded`.
 //!
@@ -26,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use berth_core::exec::{Exec, ExecId};
-use berth_core::port::{Credential, Refusal as PortRefusal};
+use berth_core::port::Refusal as PortRefusal;
 use berth_core::{PhaseKind, Sandbox};
 use berth_proto::v1 as pb;
 use berth_proto::v1::exec_input::Input;
@@ -40,8 +41,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::E2b;
 use crate::api::exec::{self, ExecApi};
 
-/// E2B's envd port: a sandbox's access token for its process API is this port's.
-pub const ENVD_PORT: u16 = 49983;
 /// How often an idle stream says it is alive (the SDKs ask for every 50 s).
 const KEEPALIVE: Duration = Duration::from_secs(30);
 /// The largest request message read.
@@ -177,8 +176,7 @@ async fn sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Sandbox, ConnectError
         ConnectError::from_status(&status)
     })?;
     let token = headers.get("x-access-token").and_then(|v| v.to_str().ok());
-    let credential = token.map_or(Credential::None, Credential::PortToken);
-    match berth_core::port::admit(e2b.engine.key(), record.as_ref(), ENVD_PORT, credential) {
+    match berth_core::port::admit_api(e2b.engine.key(), record.as_ref(), token) {
         Ok(_) => record.ok_or_else(|| connect_error("not_found", format!("sandbox {name} was not found"))),
         // The SDKs take "was not found" for a sandbox that is not running.
         Err(PortRefusal::NotFound) => Err(connect_error("unavailable", format!("sandbox {name} was not found"))),
@@ -211,8 +209,10 @@ fn check_user(headers: &HeaderMap) -> Result<(), ConnectError> {
     ))
 }
 
+/// The pid of an exec made for a process (its id spelled exactly as `exec_id` spells it).
 fn pid_of(id: &ExecId) -> Option<u32> {
-    id.as_str().strip_prefix("e2b-")?.parse().ok()
+    let pid = id.as_str().strip_prefix("e2b-")?.parse().ok()?;
+    (exec_id(pid) == *id).then_some(pid)
 }
 
 fn exec_id(pid: u32) -> ExecId {
@@ -238,17 +238,23 @@ fn selected(message: &Value, field: &str) -> Result<u32, ConnectError> {
 /// The exec of process `pid` of the sandbox, or `not_found`.
 async fn process(api: &ExecApi, sandbox: &Sandbox, pid: u32) -> Result<Exec, ConnectError> {
     match api.execs().get(&sandbox.id, &exec_id(pid)).await {
-        Ok(Some(exec)) => Ok(exec),
-        Ok(None) => Err(connect_error("not_found", format!("process with pid {pid} not found"))),
+        // One of an earlier run is over: no process of this one.
+        Ok(Some(exec)) if exec.generation == sandbox.generation => Ok(exec),
+        Ok(_) => Err(connect_error("not_found", format!("process with pid {pid} not found"))),
         Err(e) => Err(ConnectError::from_status(&e.into())),
     }
 }
 
+/// Bytes as the Connect JSON codec writes them: base64, padded or not, standard or URL-safe.
 fn bytes_field(value: &Value) -> Result<Vec<u8>, ConnectError> {
-    let text = value.as_str().unwrap_or_default();
-    BASE64
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let lenient = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let standard = GeneralPurpose::new(&base64::alphabet::STANDARD, lenient);
+    let url_safe = GeneralPurpose::new(&base64::alphabet::URL_SAFE, lenient);
+    let text = value.as_str().ok_or_else(|| connect_error("invalid_argument", "input is not a base64 string"))?;
+    standard
         .decode(text)
-        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim_end_matches('=')))
+        .or_else(|_| url_safe.decode(text))
         .map_err(|_| connect_error("invalid_argument", "input is not base64"))
 }
 
@@ -371,6 +377,16 @@ fn window(pty: &Value) -> Option<pb::WindowSize> {
     Some(pb::WindowSize { rows: dimension("rows"), cols: dimension("cols") })
 }
 
+/// `GET /health`: 204 while the sandbox named runs; else 502 saying why, which the SDKs take
+/// for a sandbox that is not running (`is_running()`, and their probe after a failed call).
+pub(super) async fn health(State(e2b): State<Arc<E2b>>, headers: HeaderMap) -> Response {
+    match sandbox(&e2b, &headers).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) if e.code == "unauthenticated" || e.code == "invalid_argument" => e.into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, axum::Json(json!({"message": e.message}))).into_response(),
+    }
+}
+
 pub(super) async fn start(State(e2b): State<Arc<E2b>>, headers: HeaderMap, body: Body) -> Response {
     match start_process(&e2b, &headers, body).await {
         Ok(response) => response,
@@ -390,7 +406,7 @@ async fn start_process(e2b: &E2b, headers: &HeaderMap, body: Body) -> Result<Res
     if request.get("tag").is_some_and(|t| !t.is_null()) {
         return Err(connect_error("invalid_argument", "Berth selects processes by pid: a tag is not supported"));
     }
-    let env = config["envs"]
+    let env: std::collections::BTreeMap<String, String> = config["envs"]
         .as_object()
         .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
         .unwrap_or_default();
@@ -398,28 +414,39 @@ async fn start_process(e2b: &E2b, headers: &HeaderMap, body: Body) -> Result<Res
     let mut argv = vec![cmd.to_string()];
     argv.extend(strings(&config["args"]));
     let api = &e2b.execs;
-    // A pid not in use in the sandbox: drawn until one is free (a clash is rare).
-    let pid = loop {
+    // A pid not in use in the sandbox: drawn again on a clash (rare), whether the check below
+    // or the admission finds it.
+    loop {
         let pid = u32::try_from(e2b.engine.random() % 2_000_000_000).unwrap_or(1) + 1000;
         match api.execs().get(&sandbox.id, &exec_id(pid)).await {
-            Ok(None) => break pid,
+            Ok(None) => {}
             Ok(Some(_)) => continue,
             Err(e) => return Err(ConnectError::from_status(&e.into())),
         }
-    };
-    let start = pb::ExecStart {
-        sandbox: sandbox.name.to_string(),
-        argv,
-        env,
-        cwd: config["cwd"].as_str().unwrap_or_default().to_string(),
-        tty: pty.is_some(),
-        stdin: pty.is_some() || request["stdin"].as_bool().unwrap_or(false),
-        timeout_ms: timeout_ms(headers),
-        exec_id: exec_id(pid).to_string(),
-        window: pty.and_then(window),
-    };
-    let (_, output) = exec::start_exec(api, start).await.map_err(|s| ConnectError::from_status(&s))?;
-    Ok(event_stream(pid, output))
+        let start = pb::ExecStart {
+            sandbox: sandbox.name.to_string(),
+            argv: argv.clone(),
+            env: env.clone(),
+            cwd: config["cwd"].as_str().unwrap_or_default().to_string(),
+            tty: pty.is_some(),
+            stdin: pty.is_some() || request["stdin"].as_bool().unwrap_or(false),
+            timeout_ms: timeout_ms(headers),
+            exec_id: exec_id(pid).to_string(),
+            window: pty.and_then(window),
+        };
+        let (admitted, output) = match exec::start_exec(api, start).await {
+            Ok(started) => started,
+            Err(status) if status.code() == tonic::Code::AlreadyExists => continue,
+            Err(status) => return Err(ConnectError::from_status(&status)),
+        };
+        // The token opened one run: a restart between its check and the admission gives a
+        // command to another, which it does not open.
+        if admitted.sandbox != sandbox.id || admitted.generation != sandbox.generation {
+            let _ = api.execs().cancel(&sandbox.name, &admitted.id).await;
+            return Err(connect_error("unauthenticated", "the sandbox was restarted: connect to it again"));
+        }
+        return Ok(event_stream(pid, output));
+    }
 }
 
 pub(super) async fn connect(State(e2b): State<Arc<E2b>>, headers: HeaderMap, body: Body) -> Response {
@@ -494,7 +521,19 @@ pub(super) async fn send(
             }
         };
         let exec = process(&e2b.execs, &sandbox, pid).await?;
-        deliver(&e2b.execs, &exec, input).await?;
+        let signal = matches!(input, Input::Signal(_));
+        match deliver(&e2b.execs, &exec, input).await {
+            // The run is reached through another gateway: a kill is committed in the store
+            // instead, which its run carries out.
+            Err(e) if signal && e.code == "unavailable" => {
+                e2b.execs
+                    .execs()
+                    .cancel(&sandbox.name, &exec.id)
+                    .await
+                    .map_err(|e| ConnectError::from_status(&e.into()))?;
+            }
+            delivered => delivered?,
+        }
         Ok::<_, ConnectError>(unary(json!({})))
     };
     sent.await.unwrap_or_else(IntoResponse::into_response)
@@ -509,10 +548,20 @@ pub(super) async fn stream_input(State(e2b): State<Arc<E2b>>, headers: HeaderMap
         let first = messages.next().await.unwrap_or_else(|| Err(connect_error("invalid_argument", "no start")))?;
         let pid = selected(&first["start"], "process")?;
         let exec = process(&e2b.execs, &sandbox, pid).await?;
-        while let Some(message) = messages.next().await {
+        let mut told = None;
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = e2b.engine.shutdown().begun() => {
+                    return Err(connect_error("unavailable", "the gateway is shutting down"));
+                }
+                message = messages.next() => message,
+            };
+            let Some(message) = message else { break };
             let message = message?;
-            if let Some(data) = message.get("data") {
-                deliver(&e2b.execs, &exec, input_of(&data["input"])?).await?;
+            let Some(data) = message.get("data") else { continue };
+            if !exec::deliver(&e2b.execs, &exec, input_of(&data["input"])?, &mut told).await {
+                return Err(connect_error("unavailable", "the process's run is not served through this gateway now"));
             }
         }
         Ok::<_, ConnectError>(())

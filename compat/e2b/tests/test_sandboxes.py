@@ -4,6 +4,8 @@ serve, answered with the SDK's own exception types."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
@@ -65,10 +67,19 @@ def test_a_paused_sandbox_is_listed_paused_and_a_connect_resumes_it(gateway):
     assert resumed.is_running() is False
 
 
-def test_a_sandbox_that_auto_pauses_says_so(gateway):
-    sandbox = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"})
+def test_a_sandbox_paused_at_its_timeout_is_resumed_by_a_connect(gateway):
+    sandbox = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
     assert sandbox.get_info().lifecycle["on_timeout"] == "pause"
-    sandbox.kill()
+    deadline = time.monotonic() + 30
+    while sandbox.get_info().state != SandboxState.PAUSED:
+        assert time.monotonic() < deadline, "not paused at its timeout"
+        time.sleep(0.2)
+    # Past its deadline: the connect renews it (E2B's default, 300 s) before it resumes it.
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    info = resumed.get_info()
+    assert info.state == SandboxState.RUNNING
+    assert info.end_at.timestamp() - time.time() > 250
+    resumed.kill()
 
 
 def test_bad_input_and_what_berth_does_not_serve_raise_the_sdks_own_errors(gateway, monkeypatch):

@@ -494,12 +494,15 @@ async fn connect(State(e2b): Shared, Path(id): Path<String>, bytes: Bytes) -> Re
     let result = async {
         let Connect { timeout } = parse(&bytes)?;
         let s = record(engine, &id).await?;
-        if s.intent == berth_core::Intent::Paused {
-            execute(engine, Command::ResumeSandbox { name: id.clone() }).await?;
+        let paused = s.intent == berth_core::Intent::Paused;
+        // Renewed first: a sandbox paused at its timeout is past its deadline, which a resume
+        // refuses. A resumed one runs for the timeout asked, or E2B's default.
+        if paused || timeout.is_some() {
+            let renewal = Renewal::Ttl(ttl(timeout)?);
+            execute(engine, Command::RenewSandbox { name: id.clone(), renewal }).await?;
         }
-        if let Some(secs) = timeout {
-            execute(engine, Command::RenewSandbox { name: id.clone(), renewal: Renewal::Ttl(ttl(Some(secs))?) })
-                .await?;
+        if paused {
+            execute(engine, Command::ResumeSandbox { name: id.clone() }).await?;
         }
         ready(engine, &id).await.map_err(|why| error(StatusCode::INTERNAL_SERVER_ERROR, why))
     };

@@ -550,5 +550,7 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
+pub mod entries;
+
 #[cfg(test)]
 mod tests;

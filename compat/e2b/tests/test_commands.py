@@ -81,3 +81,16 @@ def test_the_in_sandbox_api_takes_only_the_sandboxs_access_token(gateway, sandbo
         sandbox.commands.run("true", user="root")
     assert "user" in str(refused.value)
     assert not isinstance(refused.value, AuthenticationException)
+
+
+def test_a_pty_session_takes_input_is_resized_and_ends_with_its_shell(sandbox):
+    from e2b import PtySize
+
+    terminal = sandbox.pty.create(PtySize(rows=24, cols=80))
+    sandbox.pty.resize(terminal.pid, PtySize(rows=40, cols=120))
+    sandbox.pty.send_stdin(terminal.pid, b"stty size; echo pty-$((40+2)); exit 7\n")
+    seen = bytearray()
+    with pytest.raises(CommandExitException) as ended:
+        terminal.wait(on_pty=seen.extend)
+    assert ended.value.exit_code == 7
+    assert b"40 120" in seen and b"pty-42" in seen, bytes(seen)

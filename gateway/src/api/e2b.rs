@@ -54,6 +54,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
 mod envd;
+mod fs;
 
 struct E2b {
     engine: Engine,
@@ -539,5 +540,8 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/process.Process/List", post(envd::list))
         .route("/process.Process/StreamInput", post(envd::stream_input))
         .route("/process.Process/{method}", post(envd::send))
+        .route("/filesystem.Filesystem/{method}", post(fs::call))
+        // The upload is bounded as it is spooled (`--max-upload-bytes`), not by axum's default.
+        .route("/files", get(fs::download).post(fs::upload).layer(axum::extract::DefaultBodyLimit::disable()))
         .with_state(e2b)
 }

@@ -48,16 +48,16 @@ const MAX_MESSAGE: usize = 4 << 20;
 
 /// A Connect error: its code, as Connect names it, and the message.
 pub(super) struct ConnectError {
-    code: &'static str,
-    message: String,
+    pub(super) code: &'static str,
+    pub(super) message: String,
 }
 
-fn connect_error(code: &'static str, message: impl Into<String>) -> ConnectError {
+pub(super) fn connect_error(code: &'static str, message: impl Into<String>) -> ConnectError {
     ConnectError { code, message: message.into() }
 }
 
 impl ConnectError {
-    fn from_status(status: &tonic::Status) -> Self {
+    pub(super) fn from_status(status: &tonic::Status) -> Self {
         use tonic::Code;
         let code = match status.code() {
             Code::InvalidArgument | Code::OutOfRange => "invalid_argument",
@@ -101,7 +101,7 @@ impl IntoResponse for ConnectError {
     }
 }
 
-fn unary(message: Value) -> Response {
+pub(super) fn unary(message: Value) -> Response {
     axum::Json(message).into_response()
 }
 
@@ -160,13 +160,13 @@ fn messages(body: Body) -> impl Stream<Item = Result<Value, ConnectError>> + Sen
 }
 
 /// A unary call's message (its body is the JSON, as is).
-fn unary_message(bytes: &Bytes) -> Result<Value, ConnectError> {
+pub(super) fn unary_message(bytes: &Bytes) -> Result<Value, ConnectError> {
     let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { bytes };
     serde_json::from_slice(bytes).map_err(|e| connect_error("invalid_argument", format!("invalid JSON message: {e}")))
 }
 
 /// The sandbox the call names, once its access token opens it, and Ready.
-async fn sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Sandbox, ConnectError> {
+pub(super) async fn sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Sandbox, ConnectError> {
     let name = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
     if berth_core::validate::dns_label("E2b-Sandbox-Id", name).is_err() {
         return Err(connect_error("invalid_argument", format!("no sandbox named by E2b-Sandbox-Id: {name:?}")));

@@ -26,6 +26,7 @@ macro_rules! say {
 }
 
 mod client;
+mod e2b;
 mod exec;
 mod files;
 mod logs;
@@ -84,6 +85,9 @@ enum Top {
     /// Inspect and drain nodes: the hosts that run sandboxes.
     #[command(subcommand)]
     Node(nodes::NodeCmd),
+    /// Point E2B's SDKs at this gateway (its --e2b-listen).
+    #[command(subcommand)]
+    E2b(e2b::E2bCmd),
     /// Print this client's version and the gateway's.
     Version,
     /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
@@ -163,6 +167,7 @@ pub async fn main(cli: Cli) -> std::process::ExitCode {
             Top::Snapshot(c) => client.snapshot(c).await.map(|()| 0),
             Top::Volume(c) => client.volume(c).await.map(|()| 0),
             Top::Node(c) => client.node(c).await.map(|()| 0),
+            Top::E2b(c) => client.e2b(c).await.map(|()| 0),
             Top::Version => client.version().await.map(|()| 0),
             // Answered above, before connecting.
             Top::Completions { .. } => Ok(0),

@@ -65,6 +65,8 @@ pub struct EngineSettings {
     /// a little over the node lease's TTL, the time a gateway sharing the data directory takes
     /// to take a lapsed lease over, or this gateway to be granted its first.
     pub node_wait: Duration,
+    /// Where it serves E2B's API, if it does (`--e2b-listen`), as a URL.
+    pub e2b_url: Option<String>,
 }
 
 impl Default for EngineSettings {
@@ -80,6 +82,7 @@ impl Default for EngineSettings {
             preview: None,
             peers: None,
             node_wait: Duration::from_secs(20),
+            e2b_url: None,
         }
     }
 }

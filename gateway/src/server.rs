@@ -100,6 +100,8 @@ pub async fn run(config: Config) -> Result<(), String> {
     let tls = config.tls.as_ref().map(|files| crate::tls::ServerTls::load(&files.cert, &files.key)).transpose()?;
     let acceptor = |protocols| tls.as_ref().map(|tls| tls.acceptor(protocols));
     let scheme = if tls.is_some() { "https" } else { "http" };
+    // Bound before the engine is made: `GetInfo` tells where (for `berth e2b env`).
+    let e2b = bound(config.e2b_listen, "--e2b-listen", acceptor(crate::tls::Protocols::Http1)).await?;
     // Bound before the engine is made: the URLs it hands out name the address bound.
     let proxy = match config.proxy_listen {
         Some(at) => {
@@ -125,6 +127,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         preview: proxy.as_ref().map(|(_, preview)| preview.clone()),
         peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token, config.tls_ca.clone())?),
         node_wait: crate::node::takeover_within(config.lease_ttl),
+        e2b_url: e2b.as_ref().map(|(_, at)| format!("{scheme}://{at}")),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);
@@ -164,27 +167,21 @@ pub async fn run(config: Config) -> Result<(), String> {
     let incoming =
         crate::ingress::sort(engine.clone(), crate::tcp::incoming(listener, acceptor(crate::tls::Protocols::Grpc)));
     let tcp = tokio::spawn(server().serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())));
-    let metrics = match config.metrics_listen {
-        Some(at) => {
-            let (listener, bound) =
-                http1_listener(at, "--metrics-listen", acceptor(crate::tls::Protocols::Http1)).await?;
-            info!(address = %bound, "metrics serving at /metrics");
-            let auth = crate::api::auth::BearerAuth::new(&token);
-            Some(tokio::spawn(crate::metrics::serve(engine.clone(), listener, auth, stopped(stop_rx.clone()))))
-        }
-        None => None,
-    };
-    let http1 = || acceptor(crate::tls::Protocols::Http1);
-    let http = serve_http1(config.http_listen, "--http-listen", http1(), stopped(stop_rx.clone()), |bound| {
-        info!(address = %bound, "HTTP/JSON API serving at /v1");
+    let metrics = bound(config.metrics_listen, "--metrics-listen", acceptor(crate::tls::Protocols::Http1)).await?;
+    let metrics = metrics.map(|(listener, at)| {
+        info!(address = %at, "metrics serving at /metrics");
+        let auth = crate::api::auth::BearerAuth::new(&token);
+        tokio::spawn(crate::metrics::serve(engine.clone(), listener, auth, stopped(stop_rx.clone())))
+    });
+    let http = bound(config.http_listen, "--http-listen", acceptor(crate::tls::Protocols::Http1)).await?;
+    let http = serve_http1(http, stopped(stop_rx.clone()), |at| {
+        info!(address = %at, "HTTP/JSON API serving at /v1");
         crate::api::http::router(&engine, &token)
-    })
-    .await?;
-    let e2b = serve_http1(config.e2b_listen, "--e2b-listen", http1(), stopped(stop_rx.clone()), |bound| {
-        info!(address = %bound, "E2B's sandbox API serving");
+    });
+    let e2b = serve_http1(e2b, stopped(stop_rx.clone()), |at| {
+        info!(address = %at, "E2B's sandbox API serving");
         crate::api::e2b::router(&engine, &token)
-    })
-    .await?;
+    });
     let preview = proxy.map(|(listener, preview)| {
         info!(address = %preview.authority, domain = ?preview.domain, "preview proxy serving at /sandboxes/<sandbox>/ports/<port>/");
         let proxy = crate::ports::Proxy::new(engine.clone(), &token, preview.domain);
@@ -320,30 +317,27 @@ async fn shutdown_signal() {
     }
 }
 
-/// A listener for an HTTP/1.1 service at `at` (the setting `flag`), with TLS when the gateway
-/// serves it, and the address it bound.
-async fn http1_listener(
-    at: std::net::SocketAddr,
-    flag: &str,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) -> Result<(crate::tcp::Listener, std::net::SocketAddr), String> {
-    let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} ({flag}): {e}"))?;
-    let listener = crate::tcp::Listener::new(listener, tls).map_err(|e| e.to_string())?;
-    let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
-    Ok((listener, bound))
-}
-
-/// Serves the router `made` for the address it bound over HTTP/1.1 at `at` (the setting
-/// `flag`), if set, until `stop`.
-async fn serve_http1(
+/// A listener for an HTTP/1.1 service at `at` (the setting `flag`), if set, with TLS when the
+/// gateway serves it, and the address it bound.
+async fn bound(
     at: Option<std::net::SocketAddr>,
     flag: &str,
     tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<Option<(crate::tcp::Listener, std::net::SocketAddr)>, String> {
+    let Some(at) = at else { return Ok(None) };
+    let listener = TcpListener::bind(at).await.map_err(|e| format!("binding {at} ({flag}): {e}"))?;
+    let listener = crate::tcp::Listener::new(listener, tls).map_err(|e| e.to_string())?;
+    let bound = axum::serve::Listener::local_addr(&listener).map_err(|e| e.to_string())?;
+    Ok(Some((listener, bound)))
+}
+
+/// Serves the router `made` for the address bound over HTTP/1.1, if one is, until `stop`.
+fn serve_http1(
+    bound: Option<(crate::tcp::Listener, std::net::SocketAddr)>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
     made: impl FnOnce(std::net::SocketAddr) -> axum::Router,
-) -> Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
-    let Some(at) = at else { return Ok(None) };
-    let (listener, bound) = http1_listener(at, flag, tls).await?;
-    let router = made(bound);
-    Ok(Some(tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(stop).into_future())))
+) -> Option<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let (listener, at) = bound?;
+    let router = made(at);
+    Some(tokio::spawn(axum::serve(listener, router).with_graceful_shutdown(stop).into_future()))
 }

@@ -5,6 +5,7 @@ API token). `BERTH_GATEWAY_BIN` names the binary; by default the repository's de
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,6 +48,13 @@ class Gateway:
             raise RuntimeError("the gateway did not start")
         self.token = (data_dir / "api-token").read_text().strip()
         self.url = f"http://127.0.0.1:{self.e2b_port}"
+        self.berth = binary.with_name("berth")
+
+    def exports(self) -> dict[str, str]:
+        """What `berth e2b env` prints, as a user's shell would take it."""
+        out = subprocess.run([str(self.berth), "--data-dir", str(self.data_dir), "e2b", "env"],
+                             check=True, capture_output=True, text=True).stdout
+        return dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in out.splitlines())
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -59,10 +67,11 @@ def gateway(tmp_path, monkeypatch):
     g = Gateway(tmp_path / "data")
     for name in ("E2B_DOMAIN", "E2B_DEBUG", "E2B_ACCESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("E2B_API_URL", g.url)
-    # The in-sandbox API is served on the same listener, each sandbox named by a header.
-    monkeypatch.setenv("E2B_SANDBOX_URL", g.url)
-    monkeypatch.setenv("E2B_API_KEY", g.token)
+    # Pointed at the gateway the way the README says: `eval "$(berth e2b env)"`.
+    exports = g.exports()
+    assert exports == {"E2B_API_URL": g.url, "E2B_SANDBOX_URL": g.url, "E2B_API_KEY": g.token}
+    for name, value in exports.items():
+        monkeypatch.setenv(name, value)
     yield g
     from e2b import Sandbox
 

@@ -95,3 +95,24 @@ def test_bad_input_and_what_berth_does_not_serve_raise_the_sdks_own_errors(gatew
     monkeypatch.setenv("E2B_API_KEY", "not-the-token")
     with pytest.raises(AuthenticationException):
         Sandbox.create()
+
+
+def test_a_sandbox_ends_at_its_timeout(gateway):
+    sandbox = Sandbox.create(timeout=2)
+    deadline = time.monotonic() + 30
+    while listed():
+        assert time.monotonic() < deadline, "still there after its timeout"
+        time.sleep(0.2)
+    assert Sandbox.kill(sandbox.sandbox_id) is False
+
+
+def test_a_pause_and_a_connect_keep_files_and_running_processes(gateway):
+    sandbox = Sandbox.create(timeout=300)
+    sandbox.files.write("kept.txt", "still here")
+    handle = sandbox.commands.run("sleep 600", background=True)
+    assert sandbox.pause() is True
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert resumed.files.read("kept.txt") == "still here"
+    assert handle.pid in [p.pid for p in resumed.commands.list()]
+    assert resumed.commands.kill(handle.pid) is True
+    resumed.kill()

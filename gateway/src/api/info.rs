@@ -25,6 +25,7 @@ impl Gateway for GatewayApi {
             name: self.engine.settings().name.clone(),
             store: self.engine.store().kind().to_string(),
             driver: self.engine.driver().name().to_string(),
+            e2b_url: self.engine.settings().e2b_url.clone().unwrap_or_default(),
         }))
     }
 }

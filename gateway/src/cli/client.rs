@@ -83,6 +83,8 @@ pub(super) struct Client {
     pub(super) nodes: NodesClient<Authed>,
     pub(super) gateway: GatewayClient<Authed>,
     pub(super) output: Output,
+    /// The API token it presents, for what hands it on (`berth e2b env`).
+    pub(super) token: String,
 }
 
 /// A failure, printed as `error: ...`.
@@ -261,5 +263,6 @@ pub(super) async fn connect(cli: &Connection, output: Output) -> Result<Client, 
         nodes: NodesClient::with_interceptor(channel.clone(), auth.clone()),
         gateway: GatewayClient::with_interceptor(channel, auth),
         output,
+        token,
     })
 }

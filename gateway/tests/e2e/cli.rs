@@ -971,3 +971,12 @@ async fn cp_follows_docker_cps_rules_both_ways() {
     ok(&piped.wait_with_output().await.unwrap());
     assert_eq!(read("existing/piped.txt"), "piped\n");
 }
+
+#[tokio::test]
+async fn e2b_env_says_when_the_gateway_does_not_serve_e2bs_api() {
+    let data = DataDir::new();
+    let _gateway = Gateway::start(&data, &[]).await;
+    let out = berth(&data, &["e2b", "env"]).await;
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && why.contains("does not serve E2B's API: start it with --e2b-listen"), "{why}");
+}

@@ -55,10 +55,12 @@ const READY_WITHIN: Duration = Duration::from_secs(120);
 
 mod envd;
 mod fs;
+mod snapshots;
 
 struct E2b {
     engine: Engine,
     execs: super::exec::ExecApi,
+    snapshots: crate::api::snapshots::SnapshotApi,
     token: Arc<str>,
 }
 
@@ -326,7 +328,10 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
                     lifetime,
                     ..SandboxSpec::default()
                 },
-                None => return Err(error(StatusCode::NOT_FOUND, format!("template '{template_name}' not found"))),
+                None => {
+                    let (metadata, env) = (new.metadata, &new.env_vars);
+                    return create_from_snapshot(engine, &template_name, metadata, env, ttl, new.auto_pause).await;
+                }
             };
             let id = engine.new_sandbox_id();
             let name = id.to_string();
@@ -334,8 +339,13 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
             execute(engine, command).await?
         }
     };
-    // E2B has no half-made sandbox: one that did not start is deleted, and the reason is the
-    // create's. On a task of its own, so that a client gone meanwhile leaves nothing either.
+    answered_ready(engine, made).await
+}
+
+/// A sandbox just made, answered once Ready. E2B has no half-made sandbox: one that did not
+/// start is deleted, and the reason is the create's. On a task of its own, so that a client
+/// gone meanwhile leaves nothing either.
+async fn answered_ready(engine: &Engine, made: Sandbox) -> Result<Value, Refusal> {
     let waiting = engine.clone();
     let waited = tokio::spawn(async move {
         let ready = ready(&waiting, &made.name).await;
@@ -349,6 +359,46 @@ async fn create_sandbox(engine: &Engine, bytes: Bytes) -> Result<Value, Refusal>
         Ok(Err(why)) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, why)),
         Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, format!("waiting for the sandbox: {e}"))),
     }
+}
+
+/// A create naming a snapshot (`Sandbox.create(snapshot_id)`): its spec and files, this
+/// create's metadata and timeout. A snapshot's spec is its own: envs and an on-timeout pause
+/// are refused.
+async fn create_from_snapshot(
+    engine: &Engine,
+    snapshot: &str,
+    metadata: BTreeMap<String, String>,
+    env: &BTreeMap<String, String>,
+    ttl: Duration,
+    auto_pause: Option<bool>,
+) -> Result<Value, Refusal> {
+    let found = match berth_core::validate::dns_label("templateID", snapshot) {
+        Ok(()) => engine.store().snapshot(snapshot).await.map_err(|e| from_api(e.into()))?,
+        Err(_) => None,
+    };
+    if found.is_none() {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!("template '{snapshot}' not found (nor a snapshot of that name)"),
+        ));
+    }
+    if !env.is_empty() || auto_pause == Some(true) {
+        let why = format!(
+            "a sandbox made from snapshot '{snapshot}' has its spec: envVars and an on-timeout pause cannot be set"
+        );
+        return Err(error(StatusCode::BAD_REQUEST, why));
+    }
+    let id = engine.new_sandbox_id();
+    let command = Command::CreateFromSnapshot {
+        name: id.to_string(),
+        id,
+        snapshot: snapshot.to_string(),
+        labels: metadata,
+        providers: Default::default(),
+        deadline: Some(engine.now().plus(ttl)),
+    };
+    let made = execute(engine, command).await?;
+    answered_ready(engine, made).await
 }
 
 /// `GET /v2/sandboxes?metadata=&state=&limit=&nextToken=`.
@@ -524,13 +574,17 @@ pub fn router(engine: &Engine, token: &str) -> Router {
     let activity = crate::engine::activity::Activity::new(engine.clone());
     let execs = crate::engine::execs::Execs::new(engine.clone());
     let execs = super::exec::ExecApi::new(execs, activity, engine.shutdown().clone());
-    let e2b = Arc::new(E2b { engine: engine.clone(), execs, token: token.into() });
+    let snapshots = crate::api::snapshots::SnapshotApi::new(engine.clone());
+    let e2b = Arc::new(E2b { engine: engine.clone(), execs, snapshots, token: token.into() });
     Router::new()
         .route("/v2/sandboxes", post(create).get(list))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/snapshots", get(snapshots::list))
         .fallback(not_served)
         .route_layer(middleware::from_fn_with_state(e2b.clone(), authorized))
         // The in-sandbox API: each call proves it may reach the sandbox with its access token.

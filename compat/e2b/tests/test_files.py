@@ -5,6 +5,7 @@ the workspace refused naming them."""
 from __future__ import annotations
 
 import pytest
+import httpx
 from e2b import FileType, Sandbox
 from e2b.exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
 
@@ -55,3 +56,13 @@ def test_paths_outside_the_workspace_are_refused_naming_them(sandbox):
         sandbox.files.list("/etc")
     with pytest.raises(Exception, match="user"):
         sandbox.files.read("a.txt", user="root")
+
+
+def test_files_take_only_the_sandboxs_access_token_and_a_sandbox_gone_is_not_running(gateway, sandbox):
+    url, headers = f"{gateway.url}/files", {"E2b-Sandbox-Id": sandbox.sandbox_id}
+    assert httpx.get(url, params={"path": "a.txt"}, headers={**headers, "X-Access-Token": "x"}).status_code == 401
+    assert httpx.get(url, params={"path": "a.txt"}, headers=headers).status_code == 401
+    sandbox.files.write("a.txt", "x")
+    Sandbox.kill(sandbox.sandbox_id)
+    with pytest.raises(SandboxException, match="not running|not found"):
+        sandbox.files.read("a.txt")

@@ -31,22 +31,34 @@ struct Place {
     path: PathBuf,
 }
 
-async fn place(e2b: &E2b, headers: &HeaderMap, field: &str, path: &str) -> Result<Place, FilesError> {
-    let name =
-        sandbox(e2b, headers).await.map_err(|e| FilesError::Invalid { field: "sandbox".into(), reason: e.message })?;
+/// Why a call reaches no file: the sandbox refused it (as the in-sandbox API says), or the
+/// path did.
+enum Refused {
+    Sandbox(ConnectError),
+    Files(FilesError),
+}
+
+impl From<FilesError> for Refused {
+    fn from(e: FilesError) -> Self {
+        Refused::Files(e)
+    }
+}
+
+async fn place(e2b: &E2b, headers: &HeaderMap, field: &str, path: &str) -> Result<Place, Refused> {
+    let sandbox = sandbox(e2b, headers).await.map_err(Refused::Sandbox)?;
     let path = workspace_path(field, path)?;
     let files = crate::engine::files::Files::new(e2b.engine.clone());
-    let workspace = files.workspace(&name.name).await.map_err(|e| FilesError::Io(e.to_string()))?;
+    let workspace =
+        files.workspace(&sandbox.name).await.map_err(|e| Refused::Sandbox(ConnectError::from_status(&e.into())))?;
     Ok(Place { workspace, path })
 }
 
-/// The sandbox and the path, for an RPC; a refusal of the sandbox as Connect says it.
+/// The sandbox and the path, for an RPC; every refusal as Connect says it.
 async fn rpc_place(e2b: &E2b, headers: &HeaderMap, field: &str, path: &str) -> Result<Place, ConnectError> {
-    let sandbox = sandbox(e2b, headers).await?;
-    let path = workspace_path(field, path).map_err(rpc_error)?;
-    let files = crate::engine::files::Files::new(e2b.engine.clone());
-    let workspace = files.workspace(&sandbox.name).await.map_err(|e| ConnectError::from_status(&e.into()))?;
-    Ok(Place { workspace, path })
+    place(e2b, headers, field, path).await.map_err(|refused| match refused {
+        Refused::Sandbox(e) => e,
+        Refused::Files(e) => rpc_error(e),
+    })
 }
 
 fn rpc_error(e: FilesError) -> ConnectError {
@@ -174,15 +186,26 @@ pub(super) async fn call(
     answered.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// An error of `/files`, as envd's HTTP API answers it: the status and `{"message"}`.
-fn files_error(e: FilesError) -> Response {
-    let status = match e {
-        FilesError::Invalid { .. } => StatusCode::BAD_REQUEST,
-        FilesError::NotFound(_) => StatusCode::NOT_FOUND,
-        FilesError::TooLarge(_) => StatusCode::INSUFFICIENT_STORAGE,
-        FilesError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+/// An error of `/files`, as envd's HTTP API answers it: the status and `{"message"}`. A sandbox
+/// that does not run is 502, which the SDKs take for one that is not running.
+fn files_error(refused: Refused) -> Response {
+    let (status, message) = match refused {
+        Refused::Files(e) => (
+            match e {
+                FilesError::Invalid { .. } => StatusCode::BAD_REQUEST,
+                FilesError::NotFound(_) => StatusCode::NOT_FOUND,
+                FilesError::TooLarge(_) => StatusCode::INSUFFICIENT_STORAGE,
+                FilesError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            e.to_string(),
+        ),
+        Refused::Sandbox(e) => match e.code {
+            "unauthenticated" => (StatusCode::UNAUTHORIZED, e.message),
+            "invalid_argument" => (StatusCode::BAD_REQUEST, e.message),
+            _ => (StatusCode::BAD_GATEWAY, e.message),
+        },
     };
-    (status, axum::Json(json!({"message": e.to_string()}))).into_response()
+    (status, axum::Json(json!({"message": message}))).into_response()
 }
 
 #[derive(Deserialize)]
@@ -210,7 +233,7 @@ pub(super) async fn download(State(e2b): State<Arc<E2b>>, headers: HeaderMap, Qu
         q.check_user()?;
         let Place { workspace, path } = place(&e2b, &headers, "path", q.path.as_deref().unwrap_or_default()).await?;
         let max = e2b.engine.settings().files.max_bytes;
-        blocking(move || entries::read(&workspace, &path, max)).await
+        Ok::<_, Refused>(blocking(move || entries::read(&workspace, &path, max)).await?)
     };
     match read.await {
         Ok(content) => ([(header::CONTENT_TYPE, "application/octet-stream")], content).into_response(),
@@ -232,7 +255,7 @@ pub(super) async fn upload(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("multipart/form-data"));
     let written = if let Err(e) = q.check_user() {
-        Err(e)
+        Err(e.into())
     } else if multipart {
         write_parts(&e2b, &headers, q.path, request).await
     } else {
@@ -256,16 +279,16 @@ pub(super) async fn upload(
     }
 }
 
-async fn write_one(e2b: &E2b, headers: &HeaderMap, path: &str, body: Body) -> Result<Entry, FilesError> {
+async fn write_one(e2b: &E2b, headers: &HeaderMap, path: &str, body: Body) -> Result<Entry, Refused> {
     if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v != "identity") {
-        return Err(FilesError::Invalid {
+        return Err(Refused::Files(FilesError::Invalid {
             field: "Content-Encoding".into(),
             reason: "Berth takes an upload uncompressed (no gzip=True)".into(),
-        });
+        }));
     }
     let place = place(e2b, headers, "path", path).await?;
     let spooled = spool(body.into_data_stream(), e2b.engine.settings().files.max_bytes).await?;
-    write_spooled(place, spooled).await
+    Ok(write_spooled(place, spooled).await?)
 }
 
 /// An upload's bytes, in a file aside: the write itself blocks, and the body does not.
@@ -305,8 +328,8 @@ async fn write_parts(
     headers: &HeaderMap,
     path: Option<String>,
     request: HttpRequest,
-) -> Result<Vec<Entry>, FilesError> {
-    let invalid = |reason: String| FilesError::Invalid { field: "multipart".into(), reason };
+) -> Result<Vec<Entry>, Refused> {
+    let invalid = |reason: String| Refused::Files(FilesError::Invalid { field: "multipart".into(), reason });
     let mut parts = Multipart::from_request(request, &()).await.map_err(|e| invalid(e.body_text()))?;
     let mut written = Vec::new();
     while let Some(part) = parts.next_field().await.map_err(|e| invalid(e.body_text()))? {

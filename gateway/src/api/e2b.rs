@@ -84,7 +84,11 @@ fn error(status: StatusCode, message: impl Into<String>) -> Refusal {
 }
 
 fn from_api(e: ApiError) -> Refusal {
-    let status = Status::from(e);
+    from_status(&Status::from(e))
+}
+
+/// A gRPC service's refusal, as E2B's API answers it.
+fn from_status(status: &Status) -> Refusal {
     error(super::http::http_status(status.code()), status.message())
 }
 

@@ -15,11 +15,7 @@ use berth_proto::v1::snapshots_server::Snapshots as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{E2b, Refusal, error, parse, ready, record, sandbox_body};
-
-fn from_status(status: &tonic::Status) -> Refusal {
-    error(crate::api::http::http_status(status.code()), status.message())
-}
+use super::{E2b, Refusal, error, from_status, parse, ready, record, sandbox_body};
 
 #[derive(Deserialize, Default)]
 struct NewSnapshot {

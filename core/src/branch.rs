@@ -85,6 +85,16 @@ branches! {
     DeletingConfirmed => "observation: a delete confirmed ends the record",
     DeletingAbsentRedrive => "observation: absent while deleting re-drives the delete",
     DeletingIgnored => "observation: other report while deleting is ignored",
+    /// A sandbox being deleted whose node was fenced: its run went with the node.
+    DeletingFenced => "observation: a deleting sandbox's node is fenced",
+    /// A fence of a node the sandbox is not placed on (or placed on again since, in a newer epoch).
+    FenceElsewhere => "observation: a fence of another node or epoch is ignored",
+    /// A stop of a run on a fenced node: nothing of it runs again for the store.
+    FencedStop => "observation: a stopping sandbox's node is fenced",
+    /// A run on a fenced node is lost: the sandbox fails, its restart policy decides.
+    FencedRunLost => "observation: a running sandbox's node is fenced",
+    /// A fence of a sandbox that has no run: nothing to lose.
+    FencedNothingRuns => "observation: a fenced node's sandbox that runs nothing",
     StoppedOlderGeneration => "observation: stop reply of an older generation",
     StoppedPastStopping => "observation: stop reply past Stopping is a runtime report",
     OlderGenerationIgnored => "observation: start reply or exit report of an older generation",

@@ -16,6 +16,8 @@
 //! keeps only what the store still places on it ([`on_return`]) before it acts on anything.
 
 use crate::id::NodeId;
+use crate::phase::PhaseKind;
+use crate::record::Sandbox;
 
 /// Where the store says a sandbox's current generation runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +54,12 @@ pub fn on_return(me: &NodeId, epoch: u64, generation: u64, placed: Option<&Place
         },
         _ => Held::Stop,
     }
+}
+
+/// Whether a fence of its node changes `sandbox`: it has a run under way, or a stop or a delete
+/// its node was to carry out. A stopped or failed one has nothing there to lose.
+pub fn touches(sandbox: &Sandbox) -> bool {
+    !matches!(sandbox.phase.kind(), PhaseKind::Stopped | PhaseKind::Error)
 }
 
 /// Whether a node whose lease is `lease` (`None`: not held now) carries out an effect sent for

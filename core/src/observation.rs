@@ -85,7 +85,7 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
         Observation::Started { .. } => true,
         // Refused by `authenticate` before.
         Observation::SupervisorConnected { .. } => false,
-        Observation::Deleted | Observation::MainProcessExited { .. } => false,
+        Observation::Deleted | Observation::MainProcessExited { .. } | Observation::NodeFenced { .. } => false,
     };
     branch::hit(if exists { Branch::OrphanDelete } else { Branch::OrphanNothing });
     let effects = if exists { vec![Effect::Delete { sandbox: id.clone() }] } else { vec![] };
@@ -129,6 +129,12 @@ impl Merge<'_> {
         match observation {
             Observation::Deleted => {
                 branch::hit(Branch::DeletingConfirmed);
+                self.remove = true;
+            }
+            // The node removes what it still holds when it comes back, as it does any run the
+            // store no longer places on it.
+            Observation::NodeFenced { node, epoch } if self.placed_on(node, *epoch) => {
+                branch::hit(Branch::DeletingFenced);
                 self.remove = true;
             }
             // The resource is gone but only the driver's delete also removes what was made for
@@ -185,6 +191,37 @@ impl Merge<'_> {
             Observation::Started { .. } | Observation::MainProcessExited { .. } | Observation::Deleted => {
                 branch::hit(Branch::OlderGenerationIgnored);
             }
+            Observation::NodeFenced { node, epoch } => self.fenced(node, *epoch),
+        }
+    }
+
+    /// Whether the sandbox's run is placed on `node` under `epoch` or an earlier one.
+    fn placed_on(&self, node: &crate::id::NodeId, epoch: u64) -> bool {
+        self.before.placement.as_ref().is_some_and(|at| at.node == *node && at.epoch <= epoch)
+    }
+
+    /// DESIGN 14: the run on a fenced node is lost to the store. A stop of it is done (the node
+    /// stops it, if it ever comes back, before it acts); a run meant to go on fails as a missing
+    /// resource would, and its restart policy may place a new generation elsewhere.
+    fn fenced(&mut self, node: &crate::id::NodeId, epoch: u64) {
+        if !self.placed_on(node, epoch) {
+            branch::hit(Branch::FenceElsewhere);
+            return;
+        }
+        if !crate::fencing::touches(self.next()) {
+            branch::hit(Branch::FencedNothingRuns);
+            return;
+        }
+        if self.next().is(PhaseKind::Stopping) {
+            branch::hit(Branch::FencedStop);
+            self.edit().phase = Phase::Stopped;
+        } else {
+            branch::hit(Branch::FencedRunLost);
+            self.edit().fail(Failure {
+                reason: FailureReason::ComputeResourceMissing,
+                exit_code: None,
+                message: format!("node {node}'s lease lapsed (epoch {epoch}): the run placed there is lost"),
+            });
         }
     }
 

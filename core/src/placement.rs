@@ -264,6 +264,13 @@ pub fn loads<'s>(sandboxes: impl IntoIterator<Item = &'s Sandbox>) -> BTreeMap<N
     loads
 }
 
+/// Whether node `node` runs `sandbox`'s runs: the one it is placed on. A sandbox placed nowhere
+/// (recorded before nodes were) runs where its record was made, a single host: every node
+/// takes it for its own, which is that host's one node.
+pub fn runs_on(sandbox: &Sandbox, node: &NodeId) -> bool {
+    sandbox.placement.as_ref().is_none_or(|at| at.node == *node)
+}
+
 /// Whether `sandbox` counts in what its node has placed: everything but a stopped one (a
 /// sandbox being deleted keeps its room until its record goes).
 pub fn reserves(sandbox: &Sandbox) -> bool {
@@ -410,5 +417,16 @@ mod tests {
         let (unplaced, why) = place_each(&nodes, &forks).unwrap_err();
         assert_eq!(&*unplaced.name, "f3");
         assert_eq!(why.to_string(), "no node can run it: a: sandboxes: 0 free, 1 asked; b: sandboxes: 0 free, 1 asked");
+    }
+
+    #[test]
+    fn a_sandbox_runs_on_the_node_it_is_placed_on_and_an_unplaced_one_on_any() {
+        let id = crate::id::SandboxId::new("s");
+        let mut sandbox = Sandbox::new(id, "s", crate::spec::SandboxSpec::default(), crate::time::Timestamp(0));
+        let (a, b) = (NodeId::new("a"), NodeId::new("b"));
+        assert!(runs_on(&sandbox, &a) && runs_on(&sandbox, &b));
+        sandbox.placement = Some(Placement { node: a.clone(), epoch: 4 });
+        assert!(runs_on(&sandbox, &a));
+        assert!(!runs_on(&sandbox, &b));
     }
 }

@@ -1,6 +1,7 @@
 //! What runs report of a sandbox: the runtime, the driver's replies to effects and the
 //! supervisors. Plain data, merged into the record by [`crate::observation`] alone.
 
+use crate::id::NodeId;
 use crate::phase::Hold;
 use crate::record::ExitMarker;
 use crate::time::Timestamp;
@@ -85,6 +86,10 @@ pub enum Observation {
     /// A supervisor of `generation` reported its main process's exit: with `out_of_memory`,
     /// killed by the kernel for using more memory than the run's limit.
     MainProcessExited { generation: u64, exit_code: i32, out_of_memory: bool },
+    /// The store fenced `node` (DESIGN 14): its lease, last granted in `epoch`, lapsed and no
+    /// process of it took it again. A run placed there under that epoch or an earlier one is
+    /// lost to the store, whatever the node still does with it.
+    NodeFenced { node: NodeId, epoch: u64 },
 }
 
 impl Observation {
@@ -105,6 +110,7 @@ impl Observation {
             Observation::Deleted => "driver delete reply",
             Observation::SupervisorConnected { .. } => "supervisor connect",
             Observation::MainProcessExited { .. } => "supervisor exit report",
+            Observation::NodeFenced { .. } => "node fence",
         }
     }
 }

@@ -19,7 +19,7 @@ use berth_core::identity::IdentityKey;
 use berth_core::plan::Lock;
 use berth_core::snapshot::SNAPSHOT_LABEL;
 use berth_core::template::POOL_LABEL;
-use berth_core::{Decision, Kind, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge};
+use berth_core::{Decision, Kind, NodeId, Observation, Outcome, Reads, Request, Sandbox, SandboxId, decide, merge};
 use berth_drivers::Driver;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -63,10 +63,14 @@ pub struct EngineSettings {
     pub peers: Option<crate::ports::Peers>,
     /// How long a command that makes a run waits for a live node while none is (DESIGN 14):
     /// a little over the node lease's TTL, the time a gateway sharing the data directory takes
-    /// to take a lapsed lease over, or this gateway to be granted its first.
+    /// to take a lapsed lease over, or this gateway to be granted its first. A node lapsed this
+    /// long is fenced ([`crate::fencing`]).
     pub node_wait: Duration,
     /// Where it serves E2B's API, if it does (`--e2b-listen`), as a URL.
     pub e2b_url: Option<String>,
+    /// The node whose runtime this gateway's driver is (DESIGN 14): it carries out the effects
+    /// of the sandboxes placed there, and only those.
+    pub node: NodeId,
 }
 
 impl Default for EngineSettings {
@@ -83,6 +87,7 @@ impl Default for EngineSettings {
             peers: None,
             node_wait: Duration::from_secs(20),
             e2b_url: None,
+            node: NodeId::new("local"),
         }
     }
 }
@@ -229,6 +234,12 @@ impl Engine {
         }
         let nodes = self.nodes_as_placed().await?;
         Ok(self.inner.metrics.render(&phases, open, &volumes, bytes, &nodes))
+    }
+
+    /// Whether this gateway's node runs `sandbox` (DESIGN 14): its driver carries out the
+    /// sandbox's effects and its runtime's reports of the sandbox are merged.
+    pub fn runs_here(&self, sandbox: &Sandbox) -> bool {
+        berth_core::placement::runs_on(sandbox, &self.inner.settings.node)
     }
 
     pub fn settings(&self) -> &EngineSettings {

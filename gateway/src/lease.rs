@@ -1,6 +1,6 @@
 //! The reconcile lease: several gateways may serve one store, and every one of them serves both
-//! APIs, but only the lease's holder runs start-up recovery, the watch loop and the poll sweep
-//! (DESIGN 3.6). The lease lives in the store, with a time-to-live on the store's clock; its
+//! APIs, but only the lease's holder runs the store-wide loops, the timers, pools and fencing
+//! (DESIGN 3.6, 9, 14); each node's runtime is reconciled by its node lease's holder ([`crate::node`]). The lease lives in the store, with a time-to-live on the store's clock; its
 //! holder renews it, another gateway takes it over once it lapses, and a gateway shutting down
 //! gives it up.
 //!
@@ -26,7 +26,7 @@ use berth_core::lease::{next_ask, reliable, relied_until};
 use crate::engine::Engine;
 use crate::reconcile::{self, ReconcileSettings};
 use crate::store::{Lease, StoreError};
-use crate::{pools, timers};
+use crate::{fencing, pools, timers};
 
 #[derive(Clone, Debug)]
 pub struct LeaseSettings {
@@ -37,42 +37,38 @@ pub struct LeaseSettings {
 }
 
 /// The reconcile loops this gateway runs while it holds the lease.
-struct Tenure {
+/// What a holder of a lease runs while it holds it: stopped when the lease ends.
+pub(crate) struct Tenure {
     term: u64,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Tenure {
-    fn begin(engine: &Engine, settings: &ReconcileSettings, term: u64) -> Self {
-        let (timers_feed, timers_records) = tokio::sync::mpsc::channel(1);
-        let (pools_feed, pools_records) = tokio::sync::mpsc::channel(1);
-        let feeds = vec![timers_feed, pools_feed];
-        let recovery = {
-            let engine = engine.clone();
-            let page_size = settings.page_size;
-            let feeds = feeds.clone();
-            tokio::spawn(async move {
-                match reconcile::recover(&engine, page_size, &feeds).await {
-                    Ok(redriven) => info!(redriven, "recovery re-drove the unfinished transitions"),
-                    Err(e) => warn!(error = %e, "recovery could not read the records; the poll sweep re-drives them"),
-                }
-            })
-        };
-        let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
-        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone(), feeds));
-        let timers = tokio::spawn(timers::timers_loop(engine.clone(), timers_records));
-        let pools = tokio::spawn(pools::pools_loop(engine.clone(), pools_records));
-        Self { term, tasks: vec![recovery, watch, poll, timers, pools] }
+    pub(crate) fn new(term: u64, tasks: Vec<JoinHandle<()>>) -> Self {
+        Self { term, tasks }
     }
 
-    fn end(self) {
+    /// The reconcile lease's: the timers, pools and fencing, fed every record by one reader.
+    fn store_wide(engine: &Engine, settings: &ReconcileSettings, term: u64) -> Self {
+        let (timers_feed, timers_records) = tokio::sync::mpsc::channel(1);
+        let (pools_feed, pools_records) = tokio::sync::mpsc::channel(1);
+        let (fencing_feed, fencing_records) = tokio::sync::mpsc::channel(1);
+        let feeds = vec![timers_feed, pools_feed, fencing_feed];
+        let feed = tokio::spawn(reconcile::feed_loop(engine.clone(), settings.clone(), feeds));
+        let timers = tokio::spawn(timers::timers_loop(engine.clone(), timers_records));
+        let pools = tokio::spawn(pools::pools_loop(engine.clone(), pools_records));
+        let grace = engine.settings().node_wait;
+        let fencing = tokio::spawn(fencing::fencing_loop(engine.clone(), fencing_records, grace));
+        Self::new(term, vec![feed, timers, pools, fencing])
+    }
+
+    pub(crate) fn end(self) {
         for task in self.tasks {
             task.abort();
         }
     }
 }
 
-/// A request for a lease, under way.
 pub(crate) type Asking = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Lease, StoreError>> + Send>>;
 
 /// What a lease is kept for: how it is asked for and given up, and what runs while it is held.
@@ -114,13 +110,13 @@ impl Tenant for Reconciler {
         self.engine.store().release_lease(&self.holder).await
     }
     fn begin(&mut self, term: u64) {
-        info!(holder = self.holder, term, "recovery and the reconcile loops start");
-        self.tenure = Some(Tenure::begin(&self.engine, &self.settings, term));
+        info!(holder = self.holder, term, "the timers and pools start");
+        self.tenure = Some(Tenure::store_wide(&self.engine, &self.settings, term));
         self.engine.metrics().lease(true, term);
     }
     fn end(&mut self) {
         if let Some(t) = self.tenure.take() {
-            info!(holder = self.holder, term = t.term, "reconcile stops here");
+            info!(holder = self.holder, term = t.term, "the timers and pools stop here");
             t.end();
         }
         self.engine.metrics().lease(false, 0);

@@ -8,6 +8,7 @@ pub mod data_dir;
 pub mod egress;
 pub mod engine;
 pub mod error;
+pub mod fencing;
 pub mod ingress;
 pub mod lease;
 pub mod metrics;

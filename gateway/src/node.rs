@@ -10,8 +10,11 @@ use berth_core::NodeId;
 use berth_core::placement::Capacity;
 use tokio::sync::watch;
 
+use tracing::{info, warn};
+
 use crate::engine::Engine;
-use crate::lease::{self, Asking, Tenant};
+use crate::lease::{self, Asking, Tenant, Tenure};
+use crate::reconcile::{self, ReconcileSettings};
 use crate::store::{NodeOffer, StoreError};
 
 #[derive(Clone, Debug)]
@@ -24,10 +27,13 @@ pub struct NodeSettings {
     pub ttl: Duration,
 }
 
-/// The node's lease keeper: what it holds shows in the metrics.
+/// The node's lease keeper: while it holds the lease it reconciles the node's runtime, and
+/// what it holds shows in the metrics.
 struct Agent {
     engine: Engine,
     settings: NodeSettings,
+    reconcile: ReconcileSettings,
+    tenure: Option<Tenure>,
 }
 
 #[async_trait]
@@ -46,9 +52,28 @@ impl Tenant for Agent {
         self.engine.store().release_node_lease(&self.settings.id, &self.settings.holder).await
     }
     fn begin(&mut self, epoch: u64) {
+        info!(node = %self.settings.id, epoch, "recovery and the node's reconcile loops start");
+        let (engine, settings) = (&self.engine, &self.reconcile);
+        let recovery = {
+            let (engine, page_size) = (engine.clone(), settings.page_size);
+            tokio::spawn(async move {
+                match reconcile::recover(&engine, page_size).await {
+                    Ok(redriven) => info!(redriven, "recovery re-drove the unfinished transitions"),
+                    Err(e) => warn!(error = %e, "recovery could not read the records; the poll sweep re-drives them"),
+                }
+            })
+        };
+        let watch = tokio::spawn(reconcile::watch_loop(engine.clone(), settings.clone()));
+        let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
+        let follow = tokio::spawn(reconcile::follow_loop(engine.clone()));
+        self.tenure = Some(Tenure::new(epoch, vec![recovery, watch, poll, follow]));
         self.engine.metrics().node_lease(Some(epoch));
     }
     fn end(&mut self) {
+        if let Some(tenure) = self.tenure.take() {
+            info!(node = %self.settings.id, "the node's reconcile loops stop here");
+            tenure.end();
+        }
         self.engine.metrics().node_lease(None);
     }
 }
@@ -61,11 +86,16 @@ pub fn takeover_within(ttl: Duration) -> Duration {
     ttl * 2
 }
 
-/// Registers the node and keeps its lease whenever this gateway can, until `shutdown` turns
-/// true; then gives it up.
-pub async fn keep(engine: Engine, settings: NodeSettings, shutdown: watch::Receiver<bool>) {
+/// Registers the node and keeps its lease whenever this gateway can, reconciling its runtime
+/// while it does, until `shutdown` turns true; then gives it up.
+pub async fn keep(
+    engine: Engine,
+    settings: NodeSettings,
+    reconcile: ReconcileSettings,
+    shutdown: watch::Receiver<bool>,
+) {
     let (holder, ttl) = (settings.holder.clone(), settings.ttl);
-    lease::keep(Agent { engine, settings }, &holder, ttl, shutdown).await;
+    lease::keep(Agent { engine, settings, reconcile, tenure: None }, &holder, ttl, shutdown).await;
 }
 
 /// The node a data directory is when no `--node` names it: its instance name, made a DNS label

@@ -1,6 +1,6 @@
 //! Warm pools (DESIGN 9.4), kept by the reconcile lease holder.
 //!
-//! After every sweep (from the records it read), and at once when a claim through this gateway
+//! After every read of the records (`reconcile::feed_loop`), and at once when a claim through this gateway
 //! took a member or found none, each template's pool is brought back to its size: members that
 //! failed with no restart coming, and members of templates that are gone, are deleted (each
 //! delete conditional on the member's version, so one claimed or restarted meanwhile is left
@@ -26,7 +26,7 @@ pub struct Refill {
     pub deleted: usize,
 }
 
-/// The lease holder's pool loop: refills after every batch of `records` a sweep read, and
+/// The lease holder's pool loop: refills after every batch of `records` it reads, and
 /// whenever a claim here asks, until its tenure ends (the task is aborted).
 pub async fn pools_loop(engine: Engine, mut records: mpsc::Receiver<Vec<Sandbox>>) {
     let mut last: Vec<Sandbox> = Vec::new();
@@ -48,7 +48,7 @@ pub async fn pools_loop(engine: Engine, mut records: mpsc::Receiver<Vec<Sandbox>
     }
 }
 
-/// Brings every template's pool back to its size. `records` are the sandboxes a sweep read
+/// Brings every template's pool back to its size. `records` are the sandboxes the holder read
 /// (perhaps a while ago): they say which members to replace; what to make is decided afresh.
 pub async fn refill(engine: &Engine, records: &[Sandbox]) -> Result<Refill, ApiError> {
     let templates = all_templates(engine).await?;

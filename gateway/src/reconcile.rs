@@ -1,19 +1,26 @@
 //! Reconcile (DESIGN 3.6): what the runtime shows, merged into the records, continuously.
 //!
-//! - Recovery at start-up re-drives every unconfirmed transition with its committed generation.
+//! A node reconciles its own runtime, under its node's lease (DESIGN 14): only the sandboxes
+//! placed on it are its to drive, and a run of its runtime the store places elsewhere is removed.
+//!
+//! - Recovery, when the node's lease is taken, re-drives every unconfirmed transition with its
+//!   committed generation.
 //! - The watch loop consumes the driver's event stream, its initial sync merged like any other
 //!   observation, and reconnects with jittered backoff when it ends.
-//! - The poll loop sweeps everything on an interval: every record (paged, no cap) and
-//!   everything the runtime lists (paged), re-driving transitions that waited too long.
-//! - Both go over the snapshots too ([`snapshots`]).
+//! - The poll loop sweeps on an interval: every record (paged, no cap) and everything the
+//!   runtime lists (paged), re-driving transitions that waited too long.
+//! - The follow loop carries out what other gateways decided, from the store's change log.
+//! - Recovery and sweeps go over the snapshots and volumes too ([`snapshots`]).
+//!
+//! The store-wide work (timers, pools) is the reconcile lease holder's, fed by [`feed_loop`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use berth_core::snapshot::{self, SNAPSHOT_LABEL};
 use berth_core::{
-    Command, Observation, Request, RuntimeSource, RuntimeState, SandboxId, SnapshotId, VolumeId, VolumePhase, recovery,
-    volume,
+    Command, Observation, Request, RuntimeSource, RuntimeState, Sandbox, SandboxId, SnapshotId, VolumeId, VolumePhase,
+    recovery, volume,
 };
 use berth_drivers::WatchEvent;
 use futures_util::StreamExt;
@@ -54,16 +61,14 @@ pub struct SweepStats {
     pub redriven: usize,
 }
 
-/// Re-drives every unconfirmed transition, once, at gateway start-up, and feeds every record
-/// to `feeds`.
-pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) -> Result<usize, ApiError> {
+/// Re-drives every unconfirmed transition of the sandboxes this node runs, once, when it takes
+/// its node's lease.
+pub async fn recover(engine: &Engine, page_size: usize) -> Result<usize, ApiError> {
     let mut redriven = 0;
     let mut page = PageRequest { after: None, limit: page_size };
-    let mut records = Vec::new();
     loop {
         let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
-        records.extend(batch.items.iter().cloned());
-        for sandbox in &batch.items {
+        for sandbox in batch.items.iter().filter(|s| engine.runs_here(s)) {
             if let Some(effect) = recovery::unfinished(sandbox) {
                 info!(sandbox = %sandbox.name, id = %sandbox.id, generation = sandbox.generation, phase = %sandbox.phase, ?effect, "recovery re-drives an unfinished transition");
                 engine.dispatch(&[effect]);
@@ -72,12 +77,7 @@ pub async fn recover(engine: &Engine, page_size: usize, feeds: &[RecordFeed]) ->
         }
         match batch.next {
             Some(next) => page.after = Some(next),
-            None => {
-                for feed in feeds {
-                    let _ = feed.send(records.clone()).await;
-                }
-                return Ok(redriven + snapshots_or_warn(engine, None).await);
-            }
+            None => return Ok(redriven + snapshots_or_warn(engine, None).await),
         }
     }
 }
@@ -188,8 +188,9 @@ pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
                         }
                     };
                     let observation = Observation::Runtime { source, state, as_of_version: None };
-                    if let Err(e) = engine.observe(&sandbox, &observation, None).await {
-                        warn!(sandbox = %sandbox, error = %e, "cannot merge a watch event");
+                    match engine.store().sandbox(&sandbox).await {
+                        Ok(record) => report(&engine, &sandbox, &observation, record).await,
+                        Err(e) => warn!(sandbox = %sandbox, error = %e, "cannot read the record of a watch event"),
                     }
                 }
                 debug!("the runtime's event stream ended; reopening");
@@ -203,16 +204,32 @@ pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
     }
 }
 
-/// Where a sweep hands every record it read: the lease holder's timers and pools, which work
-/// from them rather than reading every record again.
+/// Where the lease holder's record reads go: its timers and pools, which work from them rather
+/// than reading every record again.
 pub type RecordFeed = tokio::sync::mpsc::Sender<Vec<berth_core::Sandbox>>;
 
-/// Sweeps forever, every `poll_interval`, feeding what each read to `feeds`.
-pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, feeds: Vec<RecordFeed>) {
+/// Under the reconcile lease: reads every record at once, then every `poll_interval`, and
+/// hands them to `feeds` (a loop still busy with the last read gets the next one).
+pub async fn feed_loop(engine: Engine, settings: ReconcileSettings, feeds: Vec<RecordFeed>) {
+    loop {
+        match engine.store().all_sandboxes(&BTreeMap::new()).await {
+            Ok(records) => {
+                for feed in &feeds {
+                    let _ = feed.try_send(records.clone());
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot read the records for the timers and pools; the next read retries"),
+        }
+        tokio::time::sleep(settings.poll_interval).await;
+    }
+}
+
+/// Under the node's lease, sweeps this node's runtime forever, every `poll_interval`.
+pub async fn poll_loop(engine: Engine, settings: ReconcileSettings) {
     loop {
         tokio::time::sleep(settings.poll_interval).await;
         let began = tokio::time::Instant::now();
-        match sweep_feeding(&engine, &settings, &feeds).await {
+        match sweep(&engine, &settings).await {
             Ok(stats) => {
                 engine.metrics().swept(began.elapsed());
                 debug!(?stats, "reconcile sweep");
@@ -222,24 +239,86 @@ pub async fn poll_loop(engine: Engine, settings: ReconcileSettings, feeds: Vec<R
     }
 }
 
-/// One sweep: records first (their versions fence what the runtime then says of absence),
-/// then everything the runtime lists, then absence for what it did not list.
-pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
-    sweep_feeding(engine, settings, &[]).await
+/// How often a node reads the store's change log for what other gateways decided about the
+/// sandboxes it runs.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+/// Change log entries read at a time.
+const FOLLOW_BATCH: usize = 256;
+
+/// Under the node's lease: carries out what any gateway decided about the sandboxes this node
+/// runs, as the store's change log shows it (a decision made here was dispatched already, and
+/// is not queued twice). A stretch of the log trimmed before it was read is left to the sweep.
+pub async fn follow_loop(engine: Engine) {
+    let mut at = loop {
+        match engine.store().changes(0, 0).await {
+            Ok(log) => break log.head,
+            Err(e) => debug!(error = %e, "cannot read the change log; reading it again"),
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    };
+    loop {
+        let full = match engine.store().changes(at, FOLLOW_BATCH).await {
+            Ok(log) if at < log.trimmed_through => {
+                at = log.head;
+                false
+            }
+            Ok(log) => {
+                let full = log.entries.len() == FOLLOW_BATCH;
+                for entry in log.entries {
+                    at = entry.seq;
+                    if !entry.removed
+                        && engine.runs_here(&entry.sandbox)
+                        && let Some(effect) = recovery::unfinished(&entry.sandbox)
+                    {
+                        engine.dispatch(&[effect]);
+                    }
+                }
+                full
+            }
+            Err(e) => {
+                debug!(error = %e, "cannot read the change log; reading it again");
+                false
+            }
+        };
+        if !full {
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+    }
 }
 
-async fn sweep_feeding(
-    engine: &Engine,
-    settings: &ReconcileSettings,
-    feeds: &[RecordFeed],
-) -> Result<SweepStats, ApiError> {
+/// Merges what this node's runtime reports of sandbox `id` (its record `record` as read, `None`
+/// to read it under the lock), unless the store places the sandbox on another node: the run
+/// here is then one the store no longer places here (its node fenced and the sandbox placed
+/// anew), and it is removed, not merged (DESIGN 14, N1).
+async fn report(engine: &Engine, id: &SandboxId, observation: &Observation, record: Option<Sandbox>) {
+    if let Some(elsewhere) = record.as_ref().filter(|r| !engine.runs_here(r)) {
+        info!(sandbox = %elsewhere.name, id = %id, node = ?elsewhere.placement, "removing a run the store places on another node");
+        if let Err(e) = engine.driver().delete(id, engine.settings().stop_grace).await {
+            warn!(sandbox = %id, error = %e, "cannot remove a run placed elsewhere; the next sweep tries again");
+        }
+        return;
+    }
+    if let Err(e) = engine.observe(id, observation, record).await {
+        warn!(sandbox = %id, error = %e, "cannot merge what the runtime reports");
+    }
+}
+
+/// One sweep of this node's runtime: the records of the sandboxes it runs first (their
+/// versions fence what the runtime then says of absence), then everything the runtime lists,
+/// then absence for what it did not list.
+pub async fn sweep(engine: &Engine, settings: &ReconcileSettings) -> Result<SweepStats, ApiError> {
     let mut stats = SweepStats::default();
     let now = engine.now();
     let mut records = BTreeMap::new();
+    let mut elsewhere = BTreeMap::new();
     let mut page = PageRequest { after: None, limit: settings.page_size };
     loop {
         let batch = engine.store().list_sandboxes(&page, &BTreeMap::new()).await?;
         for sandbox in batch.items {
+            if !engine.runs_here(&sandbox) {
+                elsewhere.insert(sandbox.id.clone(), sandbox);
+                continue;
+            }
             if let Some(effect) = recovery::due(&sandbox, now, settings.redrive_after) {
                 engine.dispatch(&[effect]);
                 stats.redriven += 1;
@@ -252,10 +331,6 @@ async fn sweep_feeding(
         }
     }
     stats.records = records.len();
-    // A loop still busy with the last batch gets the next one.
-    for feed in feeds {
-        let _ = feed.try_send(records.values().cloned().collect());
-    }
 
     let mut listed = BTreeSet::new();
     let mut after: Option<SandboxId> = None;
@@ -266,10 +341,8 @@ async fn sweep_feeding(
         }
         for (id, state) in batch.items {
             let observation = Observation::Runtime { source: RuntimeSource::PollList, state, as_of_version: None };
-            let known = records.get(&id).cloned();
-            if let Err(e) = engine.observe(&id, &observation, known).await {
-                warn!(sandbox = %id, error = %e, "cannot merge a polled state");
-            }
+            let known = records.get(&id).or_else(|| elsewhere.get(&id)).cloned();
+            report(engine, &id, &observation, known).await;
             listed.insert(id);
             stats.runtime += 1;
         }

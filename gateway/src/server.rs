@@ -113,6 +113,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     };
     let files =
         berth_drivers::files::Limits { max_bytes: config.max_upload_bytes, ..berth_drivers::files::Limits::default() };
+    let node_id = config.node.as_deref().map_or_else(|| crate::node::default_id(&instance), NodeId::new);
     let settings = EngineSettings {
         stop_grace: config.stop_grace,
         files,
@@ -128,6 +129,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         peers: Some(crate::ports::Peers::new(data.path(), &config.name, &token, config.tls_ca.clone())?),
         node_wait: crate::node::takeover_within(config.lease_ttl),
         e2b_url: e2b.as_ref().map(|(_, at)| format!("{scheme}://{at}")),
+        node: node_id.clone(),
         ..EngineSettings::default()
     };
     let engine = Engine::new(store, driver, key, settings, seed()?);
@@ -143,9 +145,9 @@ pub async fn run(config: Config) -> Result<(), String> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let lease = LeaseSettings { holder: config.name.clone(), ttl: config.lease_ttl };
-    let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop_rx.clone()));
+    let leading = tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings.clone(), stop_rx.clone()));
     let node = NodeSettings {
-        id: config.node.as_deref().map_or_else(|| crate::node::default_id(&instance), NodeId::new),
+        id: node_id,
         holder: config.name.clone(),
         offer: NodeOffer {
             address: format!("{scheme}://{address}"),
@@ -155,7 +157,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         ttl: config.lease_ttl,
     };
     info!(node = %node.id, capacity = ?node.offer.capacity, labels = ?node.offer.labels, "registering this host as a node");
-    let noding = tokio::spawn(crate::node::keep(engine.clone(), node, stop_rx.clone()));
+    let noding = tokio::spawn(crate::node::keep(engine.clone(), node, reconcile_settings, stop_rx.clone()));
     tokio::spawn(crate::engine::execs::Execs::new(engine.clone()).settle_forever());
 
     let (routes, health) = crate::api::routes(&engine, &token, config.heartbeat).await;

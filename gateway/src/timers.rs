@@ -1,8 +1,8 @@
 //! The timed rules (DESIGN 9.1, 9.2), carried out by the reconcile lease holder: deadlines' and
 //! idle timeouts' expiries and policies' restarts, each at the time berth-core says it falls due.
 //!
-//! The holder keeps a schedule of every record's next timer: built afresh from every record the
-//! recovery pass and each reconcile sweep read (so what other gateways wrote is picked up within
+//! The holder keeps a schedule of every record's next timer: built afresh from every record it
+//! reads each poll interval (`reconcile::feed_loop`; so what other gateways wrote is picked up within
 //! a poll interval, and no record is read twice for it), and kept current in between by the
 //! changes this gateway commits. At a timer's time it runs the command the timer names, decided
 //! afresh on the stored record on the store's clock, so a timer gone stale (a renew, a user's
@@ -123,8 +123,7 @@ impl Schedule {
 /// How long the loop sleeps with nothing scheduled before it looks again.
 const IDLE: Duration = Duration::from_secs(3600);
 
-/// The lease holder's timer loop: schedules from every batch of `records` the recovery pass and
-/// the sweeps read, until its tenure ends (the task is aborted).
+/// The lease holder's timer loop: schedules from every batch of `records` it reads, until its tenure ends (the task is aborted).
 pub async fn timers_loop(engine: Engine, mut records: mpsc::Receiver<Vec<Sandbox>>) {
     let mut changes = engine.subscribe();
     let mut schedule = Schedule::default();

@@ -15,6 +15,7 @@ use berth_gateway::store::{
     Changes, CommitError, Lease, Listing, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store, StoreError,
 };
 
+use crate::invariants::l1_one_holder::{RECONCILE_LEASE, node_lease};
 use crate::invariants::{
     Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s2_volumes_kept, s3_pause,
 };
@@ -284,7 +285,7 @@ impl Store for TracingStore {
         if let Ok(lease) = &lease
             && lease.held_by(holder)
         {
-            self.world.lease_granted(holder, lease.term);
+            self.world.lease_granted(RECONCILE_LEASE, holder, lease.term);
         }
         self.reply_late().await;
         self.stall(true).await;
@@ -293,8 +294,8 @@ impl Store for TracingStore {
     async fn release_lease(&self, holder: &str) -> Result<(), StoreError> {
         self.latency(true).await;
         let released = self.world.store.release_lease(holder).await;
-        if released.is_ok() && self.world.lease_holder().as_deref() == Some(holder) {
-            self.world.lease_released(holder);
+        if released.is_ok() && self.world.lease_holder(RECONCILE_LEASE).as_deref() == Some(holder) {
+            self.world.lease_released(RECONCILE_LEASE, holder);
         }
         self.stall(true).await;
         released
@@ -306,10 +307,26 @@ impl Store for TracingStore {
         offer: &NodeOffer,
         ttl: std::time::Duration,
     ) -> Result<Lease, StoreError> {
-        self.call(self.world.store.acquire_node_lease(node, holder, offer, ttl)).await
+        self.latency(true).await;
+        let lease = self.world.store.acquire_node_lease(node, holder, offer, ttl).await;
+        if let Ok(lease) = &lease
+            && lease.held_by(holder)
+        {
+            self.world.lease_granted(&node_lease(node.as_str()), holder, lease.term);
+        }
+        self.reply_late().await;
+        self.stall(true).await;
+        lease
     }
     async fn release_node_lease(&self, node: &NodeId, holder: &str) -> Result<(), StoreError> {
-        self.call(self.world.store.release_node_lease(node, holder)).await
+        self.latency(true).await;
+        let released = self.world.store.release_node_lease(node, holder).await;
+        let lease = node_lease(node.as_str());
+        if released.is_ok() && self.world.lease_holder(&lease).as_deref() == Some(holder) {
+            self.world.lease_released(&lease, holder);
+        }
+        self.stall(true).await;
+        released
     }
     async fn node(&self, id: &NodeId) -> Result<Option<Node>, StoreError> {
         self.call(self.world.store.node(id)).await

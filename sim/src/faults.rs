@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::gateway::LEASE_TTL;
+use crate::gateway::{LEASE_TTL, NODE};
+use crate::invariants::l1_one_holder::node_lease;
 use crate::net::gateway_host;
 use crate::run::client_host;
 use crate::scenario::{Draw, Faults, Stream};
@@ -137,12 +138,15 @@ impl Injector {
     }
 
     /// The gateway a fault hits, among `candidates`: with one gateway, that one; with several,
-    /// the lease holder three times in four, otherwise any.
+    /// the holder of the node's lease (the one reconciling its runtime) three times in four,
+    /// otherwise any.
     fn target(&mut self, world: &World, candidates: &[usize]) -> Option<usize> {
         if self.gateways == 1 {
             return candidates.first().copied();
         }
-        let holder = world.lease_holder().and_then(|h| candidates.iter().copied().find(|&g| gateway_host(g) == h));
+        let holder = world
+            .lease_holder(&node_lease(NODE))
+            .and_then(|h| candidates.iter().copied().find(|&g| gateway_host(g) == h));
         match holder {
             Some(holder) if self.draw.chance(0.75) => Some(holder),
             _ if candidates.is_empty() => None,

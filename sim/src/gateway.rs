@@ -76,6 +76,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
             authority: format!("{name}:{}", net::PROXY_PORT),
             domain: None,
         }),
+        node: NodeId::new(NODE),
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -123,7 +124,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
         },
         ttl: LEASE_TTL,
     };
-    tokio::spawn(berth_gateway::node::keep(engine.clone(), node, stop.clone()));
+    tokio::spawn(berth_gateway::node::keep(engine.clone(), node, reconcile_settings.clone(), stop.clone()));
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };
     tokio::spawn(lease::lead(engine.clone(), lease, reconcile_settings, stop));
     tokio::spawn(Execs::new(engine.clone()).settle_forever());

@@ -26,7 +26,8 @@ pub enum Kind {
     StoreReplyLate,
     // Gateways.
     Boot,
-    /// The store granted the reconcile lease to the event's actor (a take-over), at `term`.
+    /// The store granted a lease (the reconcile lease, or the node's) to the event's actor (a
+    /// take-over), at `term`.
     Lease {
         term: u64,
     },

@@ -134,7 +134,8 @@ pub struct World {
     pub store_draw: Mutex<crate::scenario::Draw>,
     /// The reconcile lease's last holder and term as the store granted them (`None`: released
     /// or never held), for the faults aimed at the holder.
-    lease: Mutex<(Option<String>, u64)>,
+    /// Each lease's last holder as the store granted it (`None` once released), and its term.
+    leases: Mutex<BTreeMap<String, (Option<String>, u64)>>,
     last_stamp: Mutex<u64>,
     /// Per gateway: until when its store connection is stalled (simulated time), for every
     /// call and for the lease's calls only.
@@ -163,7 +164,7 @@ impl World {
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
             store_draw: Mutex::new(crate::scenario::Draw::new(scenario.seed, crate::scenario::Stream::Store)),
-            lease: Mutex::default(),
+            leases: Mutex::default(),
             last_stamp: Mutex::default(),
             stalls: Mutex::new(vec![Stall::default(); scenario.gateways]),
             shutdowns: Mutex::default(),
@@ -257,35 +258,37 @@ impl World {
         lock(&self.stalls)[gateway]
     }
 
-    /// The gateway the store last granted the reconcile lease to, if it has not released it.
-    pub fn lease_holder(&self) -> Option<String> {
-        lock(&self.lease).0.clone()
+    /// The gateway the store last granted `lease` to, if it has not released it.
+    pub fn lease_holder(&self, lease: &str) -> Option<String> {
+        lock(&self.leases).get(lease).and_then(|held| held.0.clone())
     }
 
-    /// The store released `holder`'s lease.
-    pub fn lease_released(&self, holder: &str) {
+    /// The store released `holder`'s `lease`.
+    pub fn lease_released(&self, lease: &str, holder: &str) {
         let t = self.stamp();
         let term = {
-            let mut lease = lock(&self.lease);
-            lease.0 = None;
-            lease.1
+            let mut leases = lock(&self.leases);
+            let held = leases.entry(lease.to_string()).or_default();
+            held.0 = None;
+            held.1
         };
-        self.fact(&Fact::Lease { t, holder, term, released: true });
+        self.fact(&Fact::Lease { t, lease, holder, term, released: true });
     }
 
-    /// The store granted the lease (a take-over or a renewal) to `holder` in `term`.
-    pub fn lease_granted(&self, holder: &str, term: u64) {
+    /// The store granted `lease` (a take-over or a renewal) to `holder` in `term`.
+    pub fn lease_granted(&self, lease: &str, holder: &str, term: u64) {
         let t = self.stamp();
         let took_over = {
-            let mut lease = lock(&self.lease);
-            let took_over = (lease.0.as_deref(), lease.1) != (Some(holder), term);
-            *lease = (Some(holder.to_string()), term);
+            let mut leases = lock(&self.leases);
+            let held = leases.entry(lease.to_string()).or_default();
+            let took_over = (held.0.as_deref(), held.1) != (Some(holder), term);
+            *held = (Some(holder.to_string()), term);
             took_over
         };
         if took_over {
-            self.event(holder, Kind::Lease { term }, format!("holds the reconcile lease, term {term}"));
+            self.event(holder, Kind::Lease { term }, format!("holds {lease}, term {term}"));
         }
-        self.fact(&Fact::Lease { t, holder, term, released: false });
+        self.fact(&Fact::Lease { t, lease, holder, term, released: false });
     }
 
     /// A gateway runs reconcile (a watch or a poll of the runtime): `what` it did.

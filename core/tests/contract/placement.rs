@@ -1,13 +1,13 @@
 //! DESIGN 14: where a command that makes a run places it, committed in the write that makes
-//! it. Exact outcomes for given nodes.
+//! it, and what a fence of its node does to it. Exact outcomes for given nodes.
 
 use std::collections::BTreeMap;
 
 use berth_core::placement::{Capacity, Node};
 use berth_core::restart::{RestartMode, RestartPolicy, Restarts};
 use berth_core::{
-    Code, Command, Error, Failure, FailureReason, Intent, NodeId, Phase, Placement, Reads, Request, Run, Sandbox,
-    SandboxId, SandboxSpec, Timestamp, Write, decide,
+    Code, Command, Error, Failure, FailureReason, Intent, NodeId, Observation, Phase, PhaseKind, Placement, Reads,
+    Request, Run, Sandbox, SandboxId, SandboxSpec, Timestamp, Write, decide, merge,
 };
 
 use crate::world::spec;
@@ -178,4 +178,48 @@ fn what_a_node_holds_counts_every_placed_sandbox_but_a_stopped_one() {
     let loads = berth_core::placement::loads(&sandboxes);
     let count = |n: &str| loads.get(&NodeId::new(n)).map(|c| c.sandboxes);
     assert_eq!((count("a"), count("b"), count("c")), (Some(2), Some(1), None));
+}
+
+/// A fence of node `node` up to `epoch`, merged into `sandbox` as it stands.
+fn fence(sandbox: &Sandbox, node: &str, epoch: u64) -> berth_core::Decision {
+    let fenced = Observation::NodeFenced { node: NodeId::new(node), epoch };
+    merge(Some(sandbox), &sandbox.id, &fenced, NOW).unwrap()
+}
+
+#[test]
+fn a_fenced_nodes_runs_are_lost_its_stops_done_and_its_deletes_ended_and_nothing_else_is_touched() {
+    let running = Sandbox {
+        run: Run::Started { at: Some(Timestamp::from_unix_millis(5)) },
+        ..placed("a", 3, Phase::Ready, Intent::Running)
+    };
+    // Placed there under the fenced epoch or an earlier one: the run is lost, and the failure
+    // says where it went; nothing is sent to the node.
+    for epoch in [3, 4] {
+        let decision = fence(&running, "a", epoch);
+        let after = made(&decision);
+        assert_eq!(after.phase.kind(), PhaseKind::Error, "{decision:?}");
+        let Phase::Error(Failure { reason, message, .. }) = &after.phase else { unreachable!() };
+        assert_eq!(*reason, FailureReason::ComputeResourceMissing);
+        assert_eq!(message, &format!("node a's lease lapsed (epoch {epoch}): the run placed there is lost"));
+        assert_eq!((after.generation, after.intent), (2, Intent::Running), "the restart policy decides what next");
+        assert!(decision.effects.is_empty(), "{decision:?}");
+    }
+    // A start not yet confirmed is lost too: the node may have made the run before it was cut off.
+    let starting = placed("a", 3, Phase::Starting, Intent::Running);
+    assert_eq!(made(&fence(&starting, "a", 3)).phase.kind(), PhaseKind::Error);
+    // Another node's fence, or an epoch before the one the sandbox is placed under, says nothing of it.
+    for (node, epoch) in [("b", 9), ("a", 2)] {
+        let decision = fence(&running, node, epoch);
+        assert!(decision.writes.is_empty() && decision.effects.is_empty(), "{decision:?}");
+    }
+    // A stop under way is done; a sandbox that runs nothing is left as it is.
+    let stopping = placed("a", 3, Phase::Stopping, Intent::Stopped);
+    assert_eq!(made(&fence(&stopping, "a", 3)).phase, Phase::Stopped);
+    let stopped = placed("a", 3, Phase::Stopped, Intent::Stopped);
+    assert!(fence(&stopped, "a", 3).writes.is_empty());
+    // A delete under way ends: the record goes, the node removes what it holds if it comes back.
+    let deleting = placed("a", 3, Phase::Deleting, Intent::Stopped);
+    let decision = fence(&deleting, "a", 3);
+    assert!(matches!(decision.writes[..], [Write::RemoveSandbox { .. }]), "{decision:?}");
+    assert!(decision.effects.is_empty(), "{decision:?}");
 }

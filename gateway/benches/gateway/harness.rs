@@ -143,7 +143,8 @@ pub(crate) async fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n:
     };
     let node = berth_core::NodeId::new("bench");
     store.acquire_node_lease(&node, "bench", &offer, Duration::from_secs(3600)).await.unwrap();
-    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), EngineSettings::default(), n)
+    let settings = EngineSettings { node, ..EngineSettings::default() };
+    Engine::new(store, driver, IdentityKey::from_bytes([7; 32]), settings, n)
 }
 
 pub(crate) async fn engine(dir: &std::path::Path) -> Engine {

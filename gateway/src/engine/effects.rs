@@ -19,15 +19,17 @@ use tracing::{debug, warn};
 use super::{Engine, lock};
 use crate::error::ApiError;
 
-/// A sandbox's effects waiting for its worker.
+/// A sandbox's effects waiting for its worker, and the one it is carrying out.
 #[derive(Default)]
 pub(super) struct Queue {
     pending: VecDeque<Effect>,
+    running: Option<Effect>,
 }
 
 impl Engine {
-    /// Queues effects behind those of the same sandbox; an identical one already queued is
-    /// not queued twice.
+    /// Queues effects behind those of the same sandbox; an identical one already queued, or
+    /// being carried out, is not queued again (the change log brings this gateway's own
+    /// decisions back to it).
     pub fn dispatch(&self, effects: &[Effect]) {
         for effect in effects {
             let id = effect.subject();
@@ -35,7 +37,7 @@ impl Engine {
                 let mut queues = lock(&self.inner.queues);
                 let idle = !queues.contains_key(&id);
                 let queue = queues.entry(id.clone()).or_default();
-                if !queue.pending.contains(effect) {
+                if !queue.pending.contains(effect) && queue.running.as_ref() != Some(effect) {
                     queue.pending.push_back(effect.clone());
                 }
                 idle
@@ -56,7 +58,8 @@ impl Engine {
             let effect = {
                 let mut queues = lock(&self.inner.queues);
                 let Some(queue) = queues.get_mut(&id) else { return };
-                match queue.pending.pop_front() {
+                queue.running = queue.pending.pop_front();
+                match queue.running.clone() {
                     Some(effect) => effect,
                     None => {
                         queues.remove(&id);
@@ -202,6 +205,12 @@ impl Engine {
             };
             if !recovery::still_wanted(record.as_ref(), effect) {
                 debug!(sandbox = %id, ?effect, "effect superseded");
+                return;
+            }
+            // Decided here for a sandbox another node runs: that node follows the store's
+            // changes and carries it out (`reconcile::follow_loop`).
+            if let Some(elsewhere) = record.as_ref().filter(|r| !self.runs_here(r)) {
+                debug!(sandbox = %id, ?effect, node = ?elsewhere.placement, "effect left to the sandbox's node");
                 return;
             }
             match self.call_driver(effect, record.as_ref()).await {

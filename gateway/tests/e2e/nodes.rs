@@ -144,9 +144,12 @@ async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_holds_it_there_against_
     assert_eq!(node["placed"]["sandboxes"], 2, "{node}");
 
     // Its gateway gone (the lease given up), the node still holds what runs there: its delete
-    // is refused, naming how many, until they are stopped.
+    // is refused, naming how many, until they are stopped. No process runs n1 any more, so the
+    // stops complete once n1 is fenced (twice the lease's TTL after n2's gateway first sees it
+    // lapsed), and n2, whose runtime is the same data directory's, removes the runs the store
+    // no longer places on it.
     gateway.terminate();
-    let _gateway = Gateway::start(&data, &["--node", "n2"]).await;
+    let _gateway = Gateway::start(&data, &["--node", "n2", "--lease-ttl", "2s"]).await;
     let refused = berth(&data, &["node", "delete", "n1"]).await;
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && why.contains("node 'n1' holds 2 sandbox(es)"), "{why}");
@@ -154,6 +157,17 @@ async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_holds_it_there_against_
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = berth(&data, &["node", "delete", "n1"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["one", "two"] {
+        let sandbox = berth(&data, &["-o", "json", "sandbox", "get", name]).await;
+        let sandbox: serde_json::Value = serde_json::from_slice(&sandbox.stdout).unwrap();
+        assert_eq!(sandbox["phase"], "Stopped", "{sandbox}");
+        let kept = data.path.join("sandboxes").join(sandbox["id"].as_str().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while kept.exists() {
+            assert!(Instant::now() < deadline, "{name}'s run on the fenced node is still there: {}", kept.display());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,4 +198,124 @@ async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_i
     let listed = nodes_until(&mut client, |n| n.iter().any(|n| n.live && n.epoch == 2)).await;
     assert_eq!(listed[0].holder, ["g1", "g2"][other], "{listed:?}");
     assert!(started.elapsed() < Duration::from_secs(10), "taken over after {:?}", started.elapsed());
+}
+
+/// Two hosts' worth: gateways with data directories of their own (each its own runtime, so each
+/// its own node) sharing one PostgreSQL database and one API token.
+async fn two_nodes(test: &str) -> Option<([DataDir; 2], [Gateway; 2])> {
+    let url = pg::fresh_schema(test).await?;
+    let data = [DataDir::new(), DataDir::new()];
+    let flags = |node: &'static str, host: &'static str| {
+        ["--store", &url, "--name", node, "--node", node, "--node-label", host, "--lease-ttl", "2s"].map(str::to_string)
+    };
+    let first = flags("n1", "host=one");
+    let first = Gateway::start(&data[0], &first.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    std::fs::copy(data[0].path.join("api-token"), data[1].path.join("api-token")).unwrap();
+    let second = flags("n2", "host=two");
+    let second = Gateway::start(&data[1], &second.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let mut client = nodes(&first).await;
+    nodes_until(&mut client, |n| n.iter().filter(|n| n.live).count() == 2).await;
+    Some((data, [first, second]))
+}
+
+/// The process driver's directory of a sandbox in a data directory: there while its node has it.
+fn kept_in(data: &DataDir, sandbox: &pb::Sandbox) -> bool {
+    data.path.join("sandboxes").join(&sandbox.id).exists()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() {
+    let _server = POSTGRES_SERVER.read().await;
+    let Some((data, gateways)) = two_nodes("two_nodes").await else { return };
+    let mut through_one = gateways[0].sandboxes().await;
+    let mut through_two = gateways[1].sandboxes().await;
+
+    // Decided through n1's gateway, placed on n2: n2's runtime runs it, n1's never holds it.
+    let spec = |host: &str| pb::SandboxSpec {
+        command: vec!["sleep".into(), "3600".into()],
+        node_selector: [("host".to_string(), host.to_string())].into(),
+        ..Default::default()
+    };
+    let create = |name: &str, host: &str| pb::CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(spec(host)),
+        ..Default::default()
+    };
+    through_one.create_sandbox(create("far", "two")).await.unwrap();
+    let (far, _) = wait_phase(&mut through_one, "far", pb::Phase::Ready).await;
+    assert_eq!((far.node.as_str(), far.generation), ("n2", 1), "{far:?}");
+    assert!(kept_in(&data[1], &far) && !kept_in(&data[0], &far));
+    through_two.create_sandbox(create("near", "one")).await.unwrap();
+    let (near, _) = wait_phase(&mut through_two, "near", pb::Phase::Ready).await;
+    assert_eq!(near.node, "n1", "{near:?}");
+    assert!(kept_in(&data[0], &near) && !kept_in(&data[1], &near));
+
+    // Several sweeps of both runtimes later, neither sandbox was taken for absent by the node
+    // that does not run it: each still Ready in its first generation.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (sandboxes, name) in [(&mut through_one, "far"), (&mut through_two, "near")] {
+        let s = get(sandboxes, name).await.unwrap();
+        assert_eq!((phase(&s), s.generation), (pb::Phase::Ready, 1), "{s:?}");
+    }
+
+    // Stop, start and delete through the gateway of the node that does not run it.
+    lifecycle(&mut through_one, "stop", "far").await.unwrap();
+    wait_phase(&mut through_one, "far", pb::Phase::Stopped).await;
+    lifecycle(&mut through_one, "start", "far").await.unwrap();
+    let (far, _) = wait_phase(&mut through_one, "far", pb::Phase::Ready).await;
+    assert_eq!((far.node.as_str(), far.generation), ("n2", 2), "{far:?}");
+    lifecycle(&mut through_one, "delete", "far").await.unwrap();
+    wait_gone(&mut through_one, "far").await;
+    lifecycle(&mut through_two, "delete", "near").await.unwrap();
+    wait_gone(&mut through_two, "near").await;
+    for (data, sandbox) in [(&data[1], &far), (&data[0], &near)] {
+        assert!(!kept_in(data, sandbox), "{} left on its node", sandbox.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_restartable_sandboxes_come_back_on_another_and_its_others_fail_saying_why() {
+    let _server = POSTGRES_SERVER.read().await;
+    let Some((data, [first, mut second])) = two_nodes("node_death").await else { return };
+    let mut client = nodes(&first).await;
+    let mut sandboxes = first.sandboxes().await;
+    let policy = pb::RestartPolicy {
+        mode: pb::RestartMode::Always as i32,
+        max_restarts: None,
+        backoff_ms: Some(100),
+        max_backoff_ms: Some(1_000),
+    };
+    // Both on n2 (n1 drained meanwhile), one that restarts and one that does not.
+    drain(&mut client, "n1", true).await.unwrap();
+    for (name, restart) in [("phoenix", Some(policy)), ("mortal", None)] {
+        let spec = pb::SandboxSpec { command: vec!["sleep".into(), "3600".into()], restart, ..Default::default() };
+        let request = pb::CreateSandboxRequest { name: name.into(), spec: Some(spec), ..Default::default() };
+        sandboxes.create_sandbox(request).await.unwrap();
+        let (made, _) = wait_phase(&mut sandboxes, name, pb::Phase::Ready).await;
+        assert_eq!((made.node.as_str(), made.generation), ("n2", 1), "{made:?}");
+    }
+    drain(&mut client, "n1", false).await.unwrap();
+
+    // n2 dies without giving its lease up: once it lapses (2 s) and stays lapsed (twice that),
+    // n1's gateway fences it. The sandbox that restarts comes back Ready on n1 in its next
+    // generation; the other fails, saying its node's lease lapsed.
+    second.kill9();
+    let died = Instant::now();
+    let (phoenix, _) = wait_for(&mut sandboxes, "phoenix", Duration::from_secs(30), |s| {
+        s.is_some_and(|s| phase(s) == pb::Phase::Ready && s.generation == 2)
+    })
+    .await;
+    let phoenix = phoenix.unwrap();
+    assert_eq!(phoenix.node, "n1", "{phoenix:?}");
+    assert!(kept_in(&data[0], &phoenix), "its new run is n1's");
+    eprintln!("a dead node's sandbox was Ready elsewhere {:?} after the death", died.elapsed());
+    let mortal = get(&mut sandboxes, "mortal").await.unwrap();
+    assert_eq!(phase(&mortal), pb::Phase::Error, "{mortal:?}");
+    let failure = mortal.failure.unwrap();
+    assert_eq!(failure.reason, "ComputeResourceMissing");
+    assert!(failure.message.contains("node n2's lease lapsed"), "{failure:?}");
+    // Started again by its user, it is placed on the live node.
+    lifecycle(&mut sandboxes, "start", "mortal").await.unwrap();
+    let (mortal, _) = wait_phase(&mut sandboxes, "mortal", pb::Phase::Ready).await;
+    assert_eq!((mortal.node.as_str(), mortal.generation), ("n1", 2), "{mortal:?}");
 }

@@ -1,11 +1,22 @@
-//! L1 (several gateways on one store): one gateway reconciles at a time. Checked on the store's
-//! side at each grant of the reconcile lease (terms never go back, a term has one holder, a new
-//! holder only once the last one's lapsed or was released), and on the gateway's side at each
-//! poll and watch of the runtime (only by the holder, within its time-to-live).
+//! L1 (several gateways on one store): one gateway holds each lease at a time, and one
+//! reconciles a node's runtime at a time. Checked on the store's side at each grant of the
+//! reconcile lease and of the node's (terms never go back, a term has one holder, a new holder
+//! only once the last one's lapsed or was released), and on the gateway's side at each poll and
+//! watch of the runtime (only by the node lease's holder, within its time-to-live).
+
+use std::collections::BTreeMap;
 
 use super::{Checker, Fact, Found, Invariant};
-use crate::gateway::LEASE_TTL;
+use crate::gateway::{LEASE_TTL, NODE};
 use crate::world::micros;
+
+/// The name the reconcile lease goes by in the facts.
+pub const RECONCILE_LEASE: &str = "the reconcile lease";
+
+/// The name node `node`'s lease goes by in the facts.
+pub fn node_lease(node: &str) -> String {
+    format!("node {node}'s lease")
+}
 
 /// What the store did with the reconcile lease: a grant (a take-over or a renewal) to
 /// `holder`, or a release (`None`).
@@ -16,27 +27,29 @@ pub struct Grant {
     pub term: u64,
 }
 
-/// L1's evidence: the store's last grant or release of the lease.
+/// L1's evidence: the store's last grant or release of each lease.
 #[derive(Default)]
 pub struct Lease {
-    last: Option<Grant>,
+    last: BTreeMap<String, Grant>,
 }
 
 impl Checker for Lease {
     fn on(&mut self, fact: &Fact<'_>, found: &mut Found) {
         match *fact {
-            Fact::Lease { t, holder, term, released } => {
+            Fact::Lease { t, lease, holder, term, released } => {
                 if released {
-                    self.last = Some(Grant { t, holder: None, term });
+                    self.last.insert(lease.to_string(), Grant { t, holder: None, term });
                     return;
                 }
-                let last = self.last.replace(Grant { t, holder: Some(holder.to_string()), term });
+                let last = self.last.insert(lease.to_string(), Grant { t, holder: Some(holder.to_string()), term });
                 if !renews(last.as_ref(), holder, term) {
-                    found.extend(takeover_problem(last.as_ref(), holder, term, t).map(|p| (Invariant::L1, p)));
+                    let problem = takeover_problem(last.as_ref(), holder, term, t);
+                    found.extend(problem.map(|p| (Invariant::L1, format!("{lease}: {p}"))));
                 }
             }
             Fact::Reconciling { t, gateway, what } => {
-                found.extend(reconciling_problem(self.last.as_ref(), gateway, what, t).map(|p| (Invariant::L1, p)));
+                let last = self.last.get(&node_lease(NODE));
+                found.extend(reconciling_problem(last, gateway, what, t).map(|p| (Invariant::L1, p)));
             }
             _ => {}
         }
@@ -109,7 +122,8 @@ mod tests {
 
     #[test]
     fn the_checker_keeps_the_last_grant_and_judges_each_takeover_and_reconcile_by_it() {
-        let lease = |t, holder, term, released| Fact::Lease { t, holder, term, released };
+        let node = node_lease(NODE);
+        let lease = |t, holder, term, released| Fact::Lease { t, lease: &node, holder, term, released };
         let reconciling = |t, gateway| Fact::Reconciling { t, gateway, what: "list" };
         let found = crate::invariants::feed(
             &mut Lease::default(),
@@ -128,7 +142,7 @@ mod tests {
             found,
             [
                 "L1: gateway0 ran reconcile (list) but no gateway ever held the lease",
-                "L1: gateway1 took the lease in term 2 while Some(\"gateway0\")'s term 1, renewed at 10 us, had not lapsed",
+                "L1: node sim-host's lease: gateway1 took the lease in term 2 while Some(\"gateway0\")'s term 1, renewed at 10 us, had not lapsed",
                 "L1: gateway0 ran reconcile (list) but the lease is Some(\"gateway1\")'s (term 3) since 50 us",
             ]
         );

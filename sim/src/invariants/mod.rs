@@ -121,9 +121,9 @@ pub enum Fact<'a> {
     /// What the egress proxy did with a run's request: opened a connection (as the upstream saw
     /// it arrive) or refused it (as the run heard).
     Egress { opened: bool, request: &'a n1_egress::Request<'a> },
-    /// The store granted the reconcile lease to `holder` in `term` at `t` (a take-over or a
-    /// renewal), or released it (`released`).
-    Lease { t: u64, holder: &'a str, term: u64, released: bool },
+    /// The store granted `lease` (the reconcile lease, or a node's) to `holder` in `term` at
+    /// `t` (a take-over or a renewal), or released it (`released`).
+    Lease { t: u64, lease: &'a str, holder: &'a str, term: u64, released: bool },
     /// Gateway `gateway` ran reconcile at `t` (`what`: a poll or a watch of the runtime).
     Reconciling { t: u64, gateway: &'a str, what: &'a str },
     /// A run launched exec `exec` of `sandbox` (as the supervisor's launcher did it).

@@ -17,6 +17,7 @@ pub mod pools;
 pub mod ports;
 pub mod reconcile;
 mod record_locks;
+pub mod routing;
 pub mod server;
 pub mod sessions;
 pub mod store;

@@ -81,6 +81,11 @@ impl Peers {
         Ok(Self { dir: dir.to_path_buf(), me: me.to_string(), bearer, ca, channels: Arc::default() })
     }
 
+    /// `Bearer <API token>`, for a call to another gateway.
+    pub(crate) fn bearer(&self) -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+        self.bearer.clone()
+    }
+
     /// The other gateways' addresses, as they last wrote them.
     fn addresses(&self) -> Vec<String> {
         let data = DataDir::at(self.dir.clone());
@@ -91,7 +96,8 @@ impl Peers {
             .collect()
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, String> {
+    /// A channel to the gateway at `address`, made once and kept.
+    pub(crate) fn channel(&self, address: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
@@ -140,7 +146,13 @@ pub async fn connect(
     let Some(peers) = engine.settings().peers.as_ref().filter(|_| !here_only) else {
         return Err(Unreached::NotConnected(unconnected(name)));
     };
-    for address in peers.addresses() {
+    // A run on another node is reached through that node's gateway alone; one on this node,
+    // through whichever gateway sharing the data directory holds its session.
+    let addresses = match node_elsewhere(engine, sandbox).await {
+        Some(address) => vec![address],
+        None => peers.addresses(),
+    };
+    for address in addresses {
         match tokio::time::timeout(PEER_WITHIN, peers.through(&address, name, port)).await {
             Ok(Ok(connection)) => return Ok(Box::new(connection)),
             Ok(Err(status)) if decided(&status) => {
@@ -151,6 +163,15 @@ pub async fn connect(
         }
     }
     Err(Unreached::NotConnected(unconnected(name)))
+}
+
+/// The address of the gateway of the live node that runs `sandbox`, when that is not this
+/// gateway's node (DESIGN 14).
+async fn node_elsewhere(engine: &Engine, sandbox: &SandboxId) -> Option<String> {
+    let record = engine.store().sandbox(sandbox).await.ok()??;
+    let placed = record.placement.clone().filter(|_| !engine.runs_here(&record))?;
+    let node = engine.store().node(&placed.node).await.ok()??;
+    node.live.then_some(node.offer.address)
 }
 
 /// The metadata entry of a port-forward's refusal that says which `Unreached` it is, for a

@@ -1,5 +1,5 @@
 //! Lifecycle RPCs: create-stop-start-stop-delete cycles on SQLite, then on PostgreSQL with one
-//! gateway and with three, and the reconcile lease's takeover after its holder is killed.
+//! gateway and with three, and the node lease's takeover after its holder is killed.
 
 use super::*;
 
@@ -41,8 +41,8 @@ pub(crate) async fn rpc_load(
     latency_figures(tasks, Instant::now()).await
 }
 
-/// Seconds from SIGKILL of the lease holder (one of two gateway processes on PostgreSQL) to the
-/// other's first reconcile sweep.
+/// Seconds from SIGKILL of the node lease's holder (one of two gateway processes on PostgreSQL
+/// sharing a data directory, so one node) to the other's first reconcile sweep.
 pub(crate) async fn takeover(url: &str) -> Duration {
     const TTL: &str = "2s";
     let data = tempfile::tempdir().unwrap();
@@ -60,7 +60,8 @@ pub(crate) async fn takeover(url: &str) -> Duration {
             (name, child)
         })
         .collect();
-    let took = "took the reconcile lease";
+    // The node's lease: its holder reconciles the node's runtime.
+    let took = "took node ";
     let deadline = Instant::now() + Duration::from_secs(60);
     let holder = loop {
         assert!(Instant::now() < deadline, "no gateway took the lease:\n{}\n{}", log("a"), log("b"));
@@ -143,7 +144,7 @@ pub(crate) fn postgres(runtime: &tokio::runtime::Runtime, quick: bool) {
                 takeover(&url).await
             });
             println!("lease holder killed -> another gateway's first sweep: {took:?} (lease time-to-live 2s)");
-            figure("lease takeover to first sweep, ttl 2s", took.as_secs_f64() * 1e3, "ms");
+            figure("node lease takeover to first sweep, ttl 2s", took.as_secs_f64() * 1e3, "ms");
         }
     }
     println!();

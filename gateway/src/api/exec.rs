@@ -16,6 +16,7 @@ use berth_drivers::logs::Read;
 use berth_proto::v1 as pb;
 use berth_proto::v1::exec_input::Input;
 use berth_proto::v1::exec_output::Output;
+use berth_proto::v1::execs_client::ExecsClient;
 use berth_proto::v1::execs_server;
 use berth_proto::v1::gateway_message::Message as ToSupervisor;
 use futures_util::Stream;
@@ -28,6 +29,7 @@ use crate::engine::activity::Activity;
 use crate::engine::execs::Execs;
 use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
+use crate::routing::{self, Route};
 use crate::sessions::{OutputEvent, READ_WINDOW};
 
 /// The most one read of an exec's output on disk takes.
@@ -260,11 +262,19 @@ impl execs_server::Execs for ExecApi {
     type AttachExecStream = OutputStream;
 
     async fn exec(&self, request: Request<Streaming<pb::ExecInput>>) -> Result<Response<Self::ExecStream>, Status> {
-        let mut inbound = request.into_inner();
+        let (metadata, _, mut inbound) = request.into_parts();
         let start = match inbound.message().await? {
             Some(pb::ExecInput { input: Some(Input::Start(start)) }) => start,
             _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
         };
+        let engine = self.execs.engine();
+        if let Route::Node(channel) = routing::route(engine, &metadata, &start.sandbox).await? {
+            let first = pb::ExecInput { input: Some(Input::Start(start)) };
+            let rest = tokio_stream::StreamExt::map_while(inbound, Result::ok);
+            let outbound = tokio_stream::StreamExt::chain(tokio_stream::iter([first]), rest);
+            let reply = ExecsClient::new(channel).exec(routing::carried(engine, outbound)).await?;
+            return Ok(Response::new(Box::pin(reply.into_inner())));
+        }
         let (admitted, output) = start_exec(self, start).await?;
         tokio::spawn(forward_input(self.clone(), admitted, inbound));
         Ok(Response::new(output))
@@ -293,6 +303,11 @@ impl execs_server::Execs for ExecApi {
         &self,
         request: Request<pb::AttachExecRequest>,
     ) -> Result<Response<Self::AttachExecStream>, Status> {
+        let engine = self.execs.engine();
+        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let reply = ExecsClient::new(channel).attach_exec(routing::carried(engine, request.into_inner())).await?;
+            return Ok(Response::new(Box::pin(reply.into_inner())));
+        }
         let request = request.into_inner();
         let (_, exec) = self.execs.find(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         let active = self.activity.keep_active(&request.sandbox).await?;

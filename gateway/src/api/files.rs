@@ -7,6 +7,7 @@ use std::pin::Pin;
 
 use berth_drivers::files::{self, FileSum, FilesError, Kind};
 use berth_proto::v1 as pb;
+use berth_proto::v1::files_client::FilesClient;
 use berth_proto::v1::files_server;
 use berth_proto::v1::upload_input::Input;
 use futures_util::Stream;
@@ -15,7 +16,41 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::engine::Engine;
 use crate::engine::files::Files;
+use crate::routing::{self, Route};
+
+/// Carries an upload to the gateway of the node that runs its sandbox (`channel`). A client's
+/// stream that breaks off must not reach the node as one that ended: the carried call is then
+/// dropped, which resets it, and the node writes nothing, as it would for its own client.
+async fn carry_upload(
+    engine: &Engine,
+    channel: tonic::transport::Channel,
+    start: pb::UploadStart,
+    inputs: Streaming<pb::UploadInput>,
+) -> Result<Response<pb::UploadReply>, Status> {
+    let (broken, broke) = tokio::sync::oneshot::channel();
+    let rest = futures_util::stream::unfold((inputs, Some(broken)), |(mut inputs, mut broken)| async move {
+        match inputs.message().await {
+            Ok(Some(input)) => Some((input, (inputs, broken))),
+            Ok(None) => None,
+            Err(status) => {
+                if let Some(broken) = broken.take() {
+                    let _ = broken.send(status);
+                }
+                futures_util::future::pending().await
+            }
+        }
+    });
+    let first = tokio_stream::iter([pb::UploadInput { input: Some(Input::Start(start)) }]);
+    let outbound = tokio_stream::StreamExt::chain(first, rest);
+    let mut client = FilesClient::new(channel);
+    let carried = client.upload(routing::carried(engine, outbound));
+    tokio::select! {
+        reply = carried => reply,
+        Ok(status) = broke => Err(status),
+    }
+}
 
 /// How much of a download one message carries.
 const CHUNK: usize = 256 * 1024;
@@ -101,10 +136,14 @@ impl files_server::Files for FilesApi {
     type DownloadStream = DownloadStream;
 
     async fn upload(&self, request: Request<Streaming<pb::UploadInput>>) -> Result<Response<pb::UploadReply>, Status> {
-        let mut inputs = request.into_inner();
+        let (metadata, _, mut inputs) = request.into_parts();
         let Some(pb::UploadInput { input: Some(Input::Start(start)) }) = inputs.message().await? else {
             return Err(Status::invalid_argument("the first message of an upload must be `start`"));
         };
+        let engine = self.files.engine();
+        if let Route::Node(channel) = routing::route(engine, &metadata, &start.sandbox).await? {
+            return carry_upload(engine, channel, start, inputs).await;
+        }
         let into = path("path", &start.path)?;
         let workspace = self.files.workspace(&start.sandbox).await?;
         let limits = self.files.limits();
@@ -136,6 +175,11 @@ impl files_server::Files for FilesApi {
     }
 
     async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<DownloadStream>, Status> {
+        let engine = self.files.engine();
+        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let reply = FilesClient::new(channel).download(routing::carried(engine, request.into_inner())).await?;
+            return Ok(Response::new(Box::pin(reply.into_inner())));
+        }
         let request = request.into_inner();
         let from = path("path", &request.path)?;
         let workspace = self.files.workspace(&request.sandbox).await?;

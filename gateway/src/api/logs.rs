@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use berth_drivers::logs::{self, Read};
 use berth_proto::v1 as pb;
+use berth_proto::v1::logs_client::LogsClient;
 use berth_proto::v1::logs_output::Output;
 use berth_proto::v1::logs_server;
 use futures_util::Stream;
@@ -19,6 +20,7 @@ use crate::engine::activity::Activity;
 use crate::engine::logs::{Logs, LogsOf};
 use crate::engine::shutdown::Shutdown;
 use crate::error::ApiError;
+use crate::routing::{self, Route};
 
 /// How often a follower looks for more output while the run goes on.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
@@ -130,6 +132,11 @@ impl logs_server::Logs for LogsApi {
     type ReadLogsStream = LogsStream;
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogsStream>, Status> {
+        let engine = self.logs.engine();
+        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let reply = LogsClient::new(channel).read_logs(routing::carried(engine, request.into_inner())).await?;
+            return Ok(Response::new(Box::pin(reply.into_inner())));
+        }
         let request = request.into_inner();
         let of = self.logs.of(&request.sandbox, request.generation).await?;
         // A follow is activity for the idle timeout; a one-off read is not.

@@ -55,6 +55,10 @@ impl Execs {
         Self { engine }
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// What a supervisor is told to run `exec` with: its environment by the drivers' rule, from
     /// the sandbox as stored now and the providers attached now.
     pub async fn exec_run(&self, exec: &Exec) -> Result<pb::RunExec, ApiError> {

@@ -20,6 +20,10 @@ impl Files {
         Self { engine }
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// The workspace of the sandbox named `name`.
     pub async fn workspace(&self, name: &str) -> Result<PathBuf, ApiError> {
         let sandbox = self.engine.sandbox_named(name).await?;

@@ -26,6 +26,10 @@ impl Logs {
         Self { engine }
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// The logs of `generation` (0: the current one) of the sandbox named `name`, as its record
     /// stands now.
     pub async fn of(&self, name: &str, generation: u64) -> Result<LogsOf, ApiError> {

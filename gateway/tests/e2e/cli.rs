@@ -17,6 +17,27 @@ pub(crate) async fn berth(data: &DataDir, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// [`berth`], with `stdin` written to its standard input and then closed.
+pub(crate) async fn berth_with_stdin(data: &DataDir, args: &[&str], stdin: &[u8]) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(bin("berth"))
+        .arg("--data-dir")
+        .arg(&data.path)
+        .args(args)
+        .env_remove("BERTH_GATEWAY")
+        .env_remove("BERTH_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).await.unwrap();
+    drop(input);
+    child.wait_with_output().await.unwrap()
+}
+
 fn ok(out: &Output) -> String {
     assert!(
         out.status.success(),

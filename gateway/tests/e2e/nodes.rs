@@ -9,7 +9,7 @@ use berth_proto::v1 as pb;
 use berth_proto::v1::nodes_client::NodesClient;
 use tonic::Code;
 
-use crate::cli::berth;
+use crate::cli::{berth, berth_with_stdin};
 use crate::harness::*;
 use crate::pg;
 
@@ -232,7 +232,7 @@ async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() 
 
     // Decided through n1's gateway, placed on n2: n2's runtime runs it, n1's never holds it.
     let spec = |host: &str| pb::SandboxSpec {
-        command: vec!["sleep".into(), "3600".into()],
+        command: ["sh", "-c", "echo far started; sleep 3600"].map(String::from).to_vec(),
         node_selector: [("host".to_string(), host.to_string())].into(),
         ..Default::default()
     };
@@ -249,6 +249,36 @@ async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() 
     let (near, _) = wait_phase(&mut through_two, "near", pb::Phase::Ready).await;
     assert_eq!(near.node, "n1", "{near:?}");
     assert!(kept_in(&data[0], &near) && !kept_in(&data[1], &near));
+
+    // Exec (with stdin and an exit code), an attach, logs and files of the sandbox on n2, through
+    // n1's gateway: carried to n2's and relayed.
+    let ran = berth_with_stdin(
+        &data[0],
+        &["sandbox", "exec", "-i", "far", "--", "sh", "-c", "cat; echo out; exit 3"],
+        b"in\n",
+    )
+    .await;
+    assert_eq!(ran.status.code(), Some(3), "{}", String::from_utf8_lossy(&ran.stderr));
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "in\nout\n");
+    let ran =
+        berth(&data[0], &["sandbox", "exec", "--id", "job-1", "far", "--", "sh", "-c", "echo to-logs >&2; echo again"])
+            .await;
+    assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+    let attached = berth(&data[0], &["exec", "attach", "far", "job-1", "--offset", "0"]).await;
+    assert_eq!(String::from_utf8_lossy(&attached.stdout), "again\n", "{}", String::from_utf8_lossy(&attached.stderr));
+    let logs = berth(&data[0], &["sandbox", "logs", "far"]).await;
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("far started"), "{}", String::from_utf8_lossy(&logs.stderr));
+    let files = tempfile::tempdir().unwrap();
+    let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(files.path().join("blob"), &payload).unwrap();
+    let into = berth(&data[0], &["sandbox", "cp", files.path().join("blob").to_str().unwrap(), "far:blob"]).await;
+    assert!(into.status.success(), "{}", String::from_utf8_lossy(&into.stderr));
+    let back = files.path().join("back");
+    let out = berth(&data[0], &["sandbox", "cp", "far:blob", back.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(&back).unwrap() == payload, "the bytes came back changed");
+    let on_n2 = berth(&data[1], &["sandbox", "exec", "far", "--", "wc", "-c", "blob"]).await;
+    assert_eq!(String::from_utf8_lossy(&on_n2.stdout).trim(), "3000000 blob", "written on n2's host");
 
     // Several sweeps of both runtimes later, neither sandbox was taken for absent by the node
     // that does not run it: each still Ready in its first generation.

@@ -201,17 +201,21 @@ async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_i
 }
 
 /// Two hosts' worth: gateways with data directories of their own (each its own runtime, so each
-/// its own node) sharing one PostgreSQL database and one API token.
-async fn two_nodes(test: &str) -> Option<([DataDir; 2], [Gateway; 2])> {
+/// its own node: n1 labelled host=one, n2 host=two) sharing one PostgreSQL database and one API
+/// token, each also given its `extra` flags.
+pub(crate) async fn two_nodes(test: &str, extra: [&[&str]; 2]) -> Option<([DataDir; 2], [Gateway; 2])> {
     let url = pg::fresh_schema(test).await?;
     let data = [DataDir::new(), DataDir::new()];
-    let flags = |node: &'static str, host: &'static str| {
-        ["--store", &url, "--name", node, "--node", node, "--node-label", host, "--lease-ttl", "2s"].map(str::to_string)
+    let flags = |node: &'static str, host: &'static str, extra: &[&str]| {
+        let mut flags =
+            vec!["--store", &url, "--name", node, "--node", node, "--node-label", host, "--lease-ttl", "2s"];
+        flags.extend(extra.iter().copied());
+        flags.into_iter().map(str::to_string).collect::<Vec<_>>()
     };
-    let first = flags("n1", "host=one");
+    let first = flags("n1", "host=one", extra[0]);
     let first = Gateway::start(&data[0], &first.iter().map(String::as_str).collect::<Vec<_>>()).await;
     std::fs::copy(data[0].path.join("api-token"), data[1].path.join("api-token")).unwrap();
-    let second = flags("n2", "host=two");
+    let second = flags("n2", "host=two", extra[1]);
     let second = Gateway::start(&data[1], &second.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let mut client = nodes(&first).await;
     nodes_until(&mut client, |n| n.iter().filter(|n| n.live).count() == 2).await;
@@ -226,7 +230,7 @@ fn kept_in(data: &DataDir, sandbox: &pb::Sandbox) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() {
     let _server = POSTGRES_SERVER.read().await;
-    let Some((data, gateways)) = two_nodes("two_nodes").await else { return };
+    let Some((data, gateways)) = two_nodes("two_nodes", [&[], &[]]).await else { return };
     let mut through_one = gateways[0].sandboxes().await;
     let mut through_two = gateways[1].sandboxes().await;
 
@@ -306,7 +310,7 @@ async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_nodes_restartable_sandboxes_come_back_on_another_and_its_others_fail_saying_why() {
     let _server = POSTGRES_SERVER.read().await;
-    let Some((data, [first, mut second])) = two_nodes("node_death").await else { return };
+    let Some((data, [first, mut second])) = two_nodes("node_death", [&[], &[]]).await else { return };
     let mut client = nodes(&first).await;
     let mut sandboxes = first.sandboxes().await;
     let policy = pb::RestartPolicy {

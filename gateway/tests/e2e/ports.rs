@@ -419,6 +419,37 @@ async fn any_gateway_reaches_the_run_wherever_its_session_is() {
     wait_gone(&mut sandboxes, "web").await;
 }
 
+/// DESIGN 14: a run on another node is reached through any gateway's proxy and port-forward,
+/// carried to its node's gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_another_node_is_reached_through_this_gateway() {
+    if port_server().is_none() {
+        return;
+    }
+    let _server = crate::harness::POSTGRES_SERVER.read().await;
+    let proxy = format!("127.0.0.1:{}", free_port());
+    let extra: [&[&str]; 2] = [&["--proxy-listen", &proxy], &[]];
+    let Some((_data, [n1, n2])) = crate::nodes::two_nodes("ports_two_nodes", extra).await else { return };
+    let (http, echo) = (free_port(), free_port());
+    let script =
+        format!("while [ ! -x ./port-server ]; do sleep 0.1; done; exec ./port-server --http {http} --tcp {echo}");
+    let mut sandboxes = n1.sandboxes().await;
+    let spec = pb::SandboxSpec {
+        node_selector: [("host".to_string(), "two".to_string())].into(),
+        ..spec(&["sh", "-c", &script])
+    };
+    let request = pb::CreateSandboxRequest { name: "far".into(), spec: Some(spec), ..Default::default() };
+    sandboxes.create_sandbox(request).await.unwrap();
+    let (far, _) = wait_phase(&mut sandboxes, "far", pb::Phase::Ready).await;
+    assert_eq!(far.node, "n2");
+    put_server(&mut files(&n1).await, "far").await;
+    let got = port_url(&mut sandboxes, "far", http).await.unwrap();
+    let hello = serving(&at(&got.url, "/hello")).await;
+    assert_eq!(hello.text(), format!("hello from port {http}, host localhost:{http}\n"));
+    forward_echoes(&n1, "far", echo).await;
+    drop(n2);
+}
+
 /// With `--proxy-domain`, the URL names the port and sandbox in its host, and the proxy routes
 /// by the Host header (the client's DNS would send `*.domain` to the proxy; here the request
 /// goes to the proxy's address with that Host); the path form still works beside it.

@@ -84,8 +84,10 @@ pub(crate) trait Tenant: Send {
     async fn release(&self) -> Result<(), StoreError>;
     /// A tenure begins: the lease is this holder's in `term`.
     fn begin(&mut self, term: u64);
-    /// The tenure ends: the lease lapsed unrenewed, went to another holder, or is given up.
-    fn end(&mut self);
+    /// The tenure ends: `lapsed` when the lease ran out unrenewed (the store may be out of reach
+    /// and the lease may soon be granted to another), not when it went to another holder, was
+    /// granted too late to rely on, or is given up.
+    fn end(&mut self, lapsed: bool);
 }
 
 /// The reconcile lease's tenant: recovery and the reconcile loops, while it is held.
@@ -114,7 +116,7 @@ impl Tenant for Reconciler {
         self.tenure = Some(Tenure::store_wide(&self.engine, &self.settings, term));
         self.engine.metrics().lease(true, term);
     }
-    fn end(&mut self) {
+    fn end(&mut self, _lapsed: bool) {
         if let Some(t) = self.tenure.take() {
             info!(holder = self.holder, term = t.term, "the timers and pools stop here");
             t.end();
@@ -158,7 +160,7 @@ pub(crate) async fn keep(mut tenant: impl Tenant, holder: &str, ttl: Duration, m
                     _ = tokio::time::sleep_until(until.unwrap_or_else(Instant::now)), if until.is_some() => {
                         if let Some((term, _)) = tenure.take() {
                             warn!(holder, term, "{what} lapsed unrenewed");
-                            tenant.end();
+                            tenant.end(true);
                         }
                     }
                     reply = &mut acquire => break Some(reply),
@@ -173,7 +175,7 @@ pub(crate) async fn keep(mut tenant: impl Tenant, holder: &str, ttl: Duration, m
                 Some((term, held_until)) if *term == lease.term => *held_until = until,
                 _ => {
                     if tenure.take().is_some() {
-                        tenant.end();
+                        tenant.end(false);
                     }
                     info!(holder, term = lease.term, "took {what}");
                     tenure = Some((lease.term, until));
@@ -183,14 +185,14 @@ pub(crate) async fn keep(mut tenant: impl Tenant, holder: &str, ttl: Duration, m
             Ok(lease) if lease.held_by(holder) => {
                 // Granted, but the answer came too late to rely on: ask again.
                 if tenure.take().is_some() {
-                    tenant.end();
+                    tenant.end(false);
                 }
                 warn!(holder, term = lease.term, "the store granted {what} too late to rely on");
             }
             Ok(lease) => {
                 if let Some((term, _)) = tenure.take() {
                     warn!(holder, term, now_held_by = ?lease.holder, "lost {what}");
-                    tenant.end();
+                    tenant.end(false);
                 } else if last_seen != lease.holder {
                     info!(holder, held_by = ?lease.holder, term = lease.term, "another process holds {what}");
                 }
@@ -213,7 +215,7 @@ pub(crate) async fn keep(mut tenant: impl Tenant, holder: &str, ttl: Duration, m
         }
     }
     if tenure.take().is_some() {
-        tenant.end();
+        tenant.end(false);
         match tenant.release().await {
             Ok(()) => info!(holder, "released {what}"),
             Err(e) => warn!(holder, error = %e, "cannot release {what}; it lapses by itself"),

@@ -1,8 +1,12 @@
 //! This gateway as a node (DESIGN 14): the host it runs sandboxes on, registered in the store
 //! with what it offers, under a lease that one process holds at a time. Gateways sharing a
 //! data directory share its runtime, so they are one node: one of them holds the lease, and
-//! another takes it over, in a new epoch, once the holder's lapses or is given up.
+//! another takes it over, in a new epoch, once the holder's lapses or is given up. The holder
+//! reconciles the node's runtime; when its lease lapses unrenewed while other nodes are live,
+//! it stops every run it holds, before the store can fence the node ([`crate::fencing`]).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,6 +38,9 @@ struct Agent {
     settings: NodeSettings,
     reconcile: ReconcileSettings,
     tenure: Option<Tenure>,
+    /// Whether another node was live at this node's last renewal: only then can the store place
+    /// this node's sandboxes elsewhere, so only then does a lapse stop its runs.
+    others_live: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -42,10 +49,14 @@ impl Tenant for Agent {
         format!("node {}'s lease", self.settings.id)
     }
     fn ask(&self) -> Asking {
-        let (store, settings) = (self.engine.store().clone(), self.settings.clone());
+        let (store, settings, others) = (self.engine.store().clone(), self.settings.clone(), self.others_live.clone());
         Box::pin(async move {
             let NodeSettings { id, holder, offer, ttl } = &settings;
-            store.acquire_node_lease(id, holder, offer, *ttl).await
+            let lease = store.acquire_node_lease(id, holder, offer, *ttl).await?;
+            if let Ok(nodes) = store.nodes().await {
+                others.store(nodes.iter().any(|n| n.live && n.id != *id), Ordering::Relaxed);
+            }
+            Ok(lease)
         })
     }
     async fn release(&self) -> Result<(), StoreError> {
@@ -69,12 +80,16 @@ impl Tenant for Agent {
         self.tenure = Some(Tenure::new(epoch, vec![recovery, watch, poll, follow]));
         self.engine.metrics().node_lease(Some(epoch));
     }
-    fn end(&mut self) {
+    fn end(&mut self, lapsed: bool) {
         if let Some(tenure) = self.tenure.take() {
             info!(node = %self.settings.id, "the node's reconcile loops stop here");
             tenure.end();
         }
         self.engine.metrics().node_lease(None);
+        if lapsed && self.others_live.load(Ordering::Relaxed) {
+            warn!(node = %self.settings.id, "the node's lease lapsed unrenewed while other nodes are live: stopping every run it holds before the store fences it");
+            tokio::spawn(stop_every_run(self.engine.clone()));
+        }
     }
 }
 
@@ -95,7 +110,34 @@ pub async fn keep(
     shutdown: watch::Receiver<bool>,
 ) {
     let (holder, ttl) = (settings.holder.clone(), settings.ttl);
-    lease::keep(Agent { engine, settings, reconcile, tenure: None }, &holder, ttl, shutdown).await;
+    let agent = Agent { engine, settings, reconcile, tenure: None, others_live: Arc::default() };
+    lease::keep(agent, &holder, ttl, shutdown).await;
+}
+
+/// The node's side of fencing (DESIGN 14): its lease lapsed, so the store may fence it and place
+/// its sandboxes elsewhere; it stops every run its runtime holds (whatever their generation),
+/// keeping their workspaces. When it is granted its lease again its sweep merges what it finds,
+/// and removes what the store placed elsewhere meanwhile.
+async fn stop_every_run(engine: Engine) {
+    let grace = engine.settings().stop_grace;
+    let mut after = None;
+    loop {
+        let page = match engine.driver().list(after.as_ref(), 500).await {
+            Ok(page) => page,
+            Err(e) => {
+                return warn!(error = %e, "cannot list the runtime to stop its runs; the next sweep removes what is placed elsewhere");
+            }
+        };
+        for (id, _) in &page.items {
+            if let Err(e) = engine.driver().stop(id, u64::MAX, grace).await {
+                warn!(sandbox = %id, error = %e, "cannot stop a run of a lapsed node");
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return,
+        }
+    }
 }
 
 /// The node a data directory is when no `--node` names it: its instance name, made a DNS label

@@ -205,10 +205,15 @@ async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_i
 /// token, each also given its `extra` flags.
 pub(crate) async fn two_nodes(test: &str, extra: [&[&str]; 2]) -> Option<([DataDir; 2], [Gateway; 2])> {
     let url = pg::fresh_schema(test).await?;
+    Some(two_nodes_on([&url, &url], extra).await)
+}
+
+/// [`two_nodes`], each reaching the database at its own URL of it.
+async fn two_nodes_on(urls: [&str; 2], extra: [&[&str]; 2]) -> ([DataDir; 2], [Gateway; 2]) {
     let data = [DataDir::new(), DataDir::new()];
     let flags = |node: &'static str, host: &'static str, extra: &[&str]| {
-        let mut flags =
-            vec!["--store", &url, "--name", node, "--node", node, "--node-label", host, "--lease-ttl", "2s"];
+        let url = urls[usize::from(node == "n2")];
+        let mut flags = vec!["--store", url, "--name", node, "--node", node, "--node-label", host, "--lease-ttl", "2s"];
         flags.extend(extra.iter().copied());
         flags.into_iter().map(str::to_string).collect::<Vec<_>>()
     };
@@ -219,7 +224,7 @@ pub(crate) async fn two_nodes(test: &str, extra: [&[&str]; 2]) -> Option<([DataD
     let second = Gateway::start(&data[1], &second.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let mut client = nodes(&first).await;
     nodes_until(&mut client, |n| n.iter().filter(|n| n.live).count() == 2).await;
-    Some((data, [first, second]))
+    (data, [first, second])
 }
 
 /// The process driver's directory of a sandbox in a data directory: there while its node has it.
@@ -352,4 +357,111 @@ async fn a_dead_nodes_restartable_sandboxes_come_back_on_another_and_its_others_
     lifecycle(&mut sandboxes, "start", "mortal").await.unwrap();
     let (mortal, _) = wait_phase(&mut sandboxes, "mortal", pb::Phase::Ready).await;
     assert_eq!((mortal.node.as_str(), mortal.generation), ("n1", 2), "{mortal:?}");
+}
+
+/// A TCP relay to the database that a test cuts (every connection dropped, new ones refused)
+/// and heals: one node's link to the store, on loopback.
+struct Link {
+    at: std::net::SocketAddr,
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+impl Link {
+    async fn to(server: &str) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (up, _) = tokio::sync::watch::channel(true);
+        let (at, server, state) = (listener.local_addr().unwrap(), server.to_string(), up.subscribe());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let mut state = state.clone();
+                if !*state.borrow_and_update() {
+                    continue;
+                }
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&server).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = state.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Self { at, up }
+    }
+
+    fn set(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
+
+/// Whether process `pid` is alive (not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_from_the_store_stops_its_runs_and_after_the_heal_holds_only_what_is_placed_on_it() {
+    let _server = POSTGRES_SERVER.read().await;
+    let Some(url) = pg::fresh_schema("node_cut").await else { return };
+    let (user, rest) = url.split_once('@').unwrap();
+    let (authority, path) = rest.split_once('/').unwrap();
+    let link = Link::to(authority).await;
+    let cut_url = format!("{user}@{}/{path}", link.at);
+    let (data, [first, _second]) = two_nodes_on([&url, &cut_url], [&[], &[]]).await;
+    let mut sandboxes = first.sandboxes().await;
+    let policy = pb::RestartPolicy {
+        mode: pb::RestartMode::Always as i32,
+        max_restarts: None,
+        backoff_ms: Some(100),
+        max_backoff_ms: Some(1_000),
+    };
+    let spec = pb::SandboxSpec {
+        command: ["sh", "-c", "echo $$ > main.pid; exec sleep 3600"].map(String::from).to_vec(),
+        restart: Some(policy),
+        ..Default::default()
+    };
+    // On n2 (n1 drained meanwhile), free to move.
+    let mut client = nodes(&first).await;
+    drain(&mut client, "n1", true).await.unwrap();
+    let request = pb::CreateSandboxRequest { name: "cut".into(), spec: Some(spec), ..Default::default() };
+    sandboxes.create_sandbox(request).await.unwrap();
+    let (made, _) = wait_phase(&mut sandboxes, "cut", pb::Phase::Ready).await;
+    assert_eq!(made.node, "n2");
+    drain(&mut client, "n1", false).await.unwrap();
+    let pid_file = data[1].path.join("sandboxes").join(&made.id).join("workspace").join("main.pid");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no {}", pid_file.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(alive(pid));
+
+    // Cut: n2's lease lapses unrenewed (n1 is live), so n2 stops its run before the store fences
+    // it; the store fences n2 and the policy places the next generation on n1. Never two runs.
+    link.set(false);
+    let (moved, _) = wait_for(&mut sandboxes, "cut", Duration::from_secs(30), |s| {
+        s.is_some_and(|s| phase(s) == pb::Phase::Ready && s.generation == 2)
+    })
+    .await;
+    assert_eq!(moved.unwrap().node, "n1");
+    assert!(!alive(pid), "the cut node's run of generation 1 still runs beside generation 2 on n1");
+    let log = data[1].log_of("n2");
+    assert!(log.contains("stopping every run it holds"), "{log}");
+
+    // Healed: n2 is granted its lease again, and removes what the store placed elsewhere.
+    link.set(true);
+    let kept = data[1].path.join("sandboxes").join(&made.id);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kept.exists() {
+        assert!(Instant::now() < deadline, "n2 kept the run placed on n1: {}", kept.display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = get(&mut sandboxes, "cut").await.unwrap();
+    assert_eq!((phase(&again), again.generation, again.node.as_str()), (pb::Phase::Ready, 2, "n1"), "{again:?}");
 }

@@ -50,39 +50,39 @@ fn egress_requests_are_opened_and_refused_and_each_is_judged() {
 fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
     for bug in Bug::ALL {
         let (seed, invariant) = match bug {
-            Bug::PollBypassesFence => (2, Invariant::I1),
-            Bug::EventBypassesFence => (0, Invariant::I1),
-            Bug::DeleteWithoutRetry => (16, Invariant::I3),
+            Bug::PollBypassesFence => (3, Invariant::I1),
+            Bug::EventBypassesFence => (1, Invariant::I1),
+            Bug::DeleteWithoutRetry => (55, Invariant::I3),
             Bug::RotationOutsideStart => (0, Invariant::C1),
             Bug::EffectWithoutRecheck => (1, Invariant::D1),
             Bug::RecordAfterStart => (0, Invariant::D1),
-            Bug::FenceFromRecordedExit => (0, Invariant::I1),
+            Bug::FenceFromRecordedExit => (23, Invariant::I1),
             Bug::SweepSkipsLastPage => (0, Invariant::I1),
-            Bug::TenureFromAnswer => (243, Invariant::L1),
-            Bug::ExecRetryRunsTwice => (0, Invariant::E1),
+            Bug::TenureFromAnswer => (48, Invariant::L1),
+            Bug::ExecRetryRunsTwice => (4, Invariant::E1),
             // Caught first as the second launch of the exec it let into the next run.
             Bug::ExecNotFenced => (1, Invariant::E1),
-            Bug::ExpiryIgnoresRenew => (1, Invariant::T1),
-            // The claim written over the winner revives a member being deleted: C1 sees it first.
-            Bug::ClaimWithoutCas => (1, Invariant::C1),
-            Bug::IdleIgnoresExecs => (3, Invariant::T1),
+            Bug::ExpiryIgnoresRenew => (5, Invariant::T1),
+            // The claim written over the winner: one member claimed twice (P1).
+            Bug::ClaimWithoutCas => (1, Invariant::P1),
+            Bug::IdleIgnoresExecs => (5, Invariant::T1),
             Bug::EgressFromAttach => (0, Invariant::N1),
             Bug::SignalsSupervisorOnly => (1, Invariant::D1),
             Bug::ChildLeftBehind => (1, Invariant::D1),
             Bug::ClaimUnready => (0, Invariant::P1),
-            Bug::ExecWhileStarting => (0, Invariant::X1),
+            Bug::ExecWhileStarting => (3, Invariant::X1),
             Bug::RestartPastMaximum => (1, Invariant::R1),
-            Bug::ExecWhilePausing => (0, Invariant::S3),
+            Bug::ExecWhilePausing => (3, Invariant::S3),
             // The run ends under the pause, and the record stays Paused.
-            Bug::PauseOutlivesRun => (25, Invariant::I2),
+            Bug::PauseOutlivesRun => (4, Invariant::I2),
             // A pause the runtime never carried out needs a failed call or a crash at the
             // right moment.
-            Bug::PauseConfirmedBlind => (24, Invariant::S3),
+            Bug::PauseConfirmedBlind => (4, Invariant::S3),
             // A create from a snapshot, its delete right after, before the copy's first start.
-            Bug::SnapshotDeletedUnderSeed => (0, Invariant::S2),
+            Bug::SnapshotDeletedUnderSeed => (10, Invariant::S2),
             Bug::ForkHalfMade => (0, Invariant::S4),
             // The restored run, taken for a restart out of band, fails as if it had ended.
-            Bug::RestoreForgetsStart => (0, Invariant::I1),
+            Bug::RestoreForgetsStart => (3, Invariant::I1),
             // A sandbox's delete, then its volume's at once: the files go under the run.
             Bug::VolumeRemovedUnderRun => (1, Invariant::S2),
             // A URL asked for, a stop and a start, then the old URL: the new run answers it.

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cli;
+mod cluster;
 mod conformance;
 mod contention;
 mod crash;

@@ -22,7 +22,7 @@ use crate::files::{FilesService, files, upload};
 use crate::harness::*;
 
 /// The statically linked port-server (`ci/build-static-supervisor` makes it).
-fn port_server() -> Option<PathBuf> {
+pub(crate) fn port_server() -> Option<PathBuf> {
     let found = std::env::var_os("BERTH_TEST_PORT_SERVER").map(PathBuf::from).filter(|p| p.exists());
     let required = std::env::var("BERTH_REQUIRE_RUNTIMES").is_ok_and(|v| v == "1");
     assert!(found.is_some() || !required, "BERTH_TEST_PORT_SERVER must name the static port-server under ci/test");
@@ -136,7 +136,7 @@ async fn port_url(sandboxes: &mut Sandboxes, name: &str, port: u16) -> Result<pb
     Ok(sandboxes.get_port_url(request).await?.into_inner())
 }
 
-async fn put_server(files: &mut FilesService, sandbox: &str) {
+pub(crate) async fn put_server(files: &mut FilesService, sandbox: &str) {
     let binary = std::fs::read(port_server().expect("checked")).unwrap();
     let mut builder = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -364,14 +364,13 @@ async fn a_preview_url_reaches_the_current_run_only_on_podman() {
 }
 
 /// A port-forward stream through `gateway` to `port` of `name`: one line echoed.
-async fn forward_echoes(gateway: &Gateway, name: &str, port: u16) {
+pub(crate) async fn forward_echoes(sandboxes: &mut Sandboxes, name: &str, port: u16) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let start = pb::PortForwardStart { name: name.into(), port: port.into(), here_only: false };
     tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Start(start)) }).await.unwrap();
     tx.send(pb::PortForwardInput { input: Some(pb::port_forward_input::Input::Data(b"across\n".to_vec())) })
         .await
         .unwrap();
-    let mut sandboxes = gateway.sandboxes().await;
     let mut down = sandboxes.port_forward(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
     let mut echoed = Vec::new();
     while echoed.len() < 7 {
@@ -411,7 +410,7 @@ async fn any_gateway_reaches_the_run_wherever_its_session_is() {
         let hello = serving(&at(&got.url, "/hello")).await;
         assert_eq!(hello.text(), format!("hello from port {http}, host localhost:{http}\n"));
         websocket_echoes(&got.url).await;
-        forward_echoes(gateway, "web", echo).await;
+        forward_echoes(&mut gateway.sandboxes().await, "web", echo).await;
     }
     let log = format!("{}{}", data.log_of("g1"), data.log_of("g2"));
     assert!(!log.contains("ERROR"), "{log}");
@@ -446,7 +445,7 @@ async fn a_run_on_another_node_is_reached_through_this_gateway() {
     let got = port_url(&mut sandboxes, "far", http).await.unwrap();
     let hello = serving(&at(&got.url, "/hello")).await;
     assert_eq!(hello.text(), format!("hello from port {http}, host localhost:{http}\n"));
-    forward_echoes(&n1, "far", echo).await;
+    forward_echoes(&mut sandboxes, "far", echo).await;
     drop(n2);
 }
 

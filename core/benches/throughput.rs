@@ -116,7 +116,7 @@ fn decisions() -> Vec<(Request, Reads)> {
 }
 
 /// A sandbox to place: its limits and node selector.
-type Wanted = (ResourceLimits, BTreeMap<String, String>);
+type Wanted = (ResourceLimits, BTreeMap<String, String>, berth_core::SandboxId);
 
 /// A hundred nodes (a few lapsed, a few draining, two zones, loads of every kind), and a
 /// thousand sandboxes to place on them.
@@ -144,7 +144,7 @@ fn placements() -> (Vec<Node>, Vec<Wanted>) {
                 0 => BTreeMap::from([("zone".to_string(), "east".to_string())]),
                 _ => BTreeMap::new(),
             };
-            (limits, selector)
+            (limits, selector, berth_core::SandboxId::new(format!("sb-{i:04x}")))
         })
         .collect();
     (nodes, sandboxes)
@@ -175,8 +175,8 @@ fn throughput(c: &mut Criterion) {
     group.throughput(Throughput::Elements(sandboxes.len() as u64));
     group.bench_function("placements over 100 nodes", |b| {
         b.iter(|| {
-            for (limits, selector) in &sandboxes {
-                black_box(place(&nodes, limits, selector).ok());
+            for (limits, selector, id) in &sandboxes {
+                black_box(place(&nodes, limits, selector, id).ok());
             }
         })
     });

@@ -175,7 +175,8 @@ fn create_sandbox(request: &Request, reads: &Reads, created: Created<'_>, now: T
         snapshot::label(&mut spec, seed);
     }
     let mounted = volume::mounting(&mut spec, reads, now)?;
-    let placement = placement::place(&reads.nodes, &spec.limits, &spec.node_selector).map_err(|why| why.error(name))?;
+    let placement =
+        placement::place(&reads.nodes, &spec.limits, &spec.node_selector, id).map_err(|why| why.error(name))?;
     let record = Sandbox {
         placement: Some(placement),
         egress_providers: providers.clone(),

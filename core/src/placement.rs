@@ -7,15 +7,17 @@
 //! once cannot both place it: one write wins, the other decides again over what it reads next.
 //!
 //! Spread by default: of the nodes that can take the sandbox, the one whose fullest resource
-//! would be least full after it, then the one with fewest sandboxes, then the lowest id. Only
-//! integers are compared (fractions by cross-multiplication), so every gateway and every
-//! simulated run picks the same node from the same inputs.
+//! would be least full after it, then the one with fewest sandboxes, then the one the sandbox's
+//! own id ranks first ([`rank`]: rendezvous hashing), so that sandboxes placed at once from one
+//! view of the loads (creates racing, each unaware of the others) spread over the tied nodes
+//! rather than all taking one. Only integers are compared (fractions by cross-multiplication),
+//! so every gateway and every simulated run picks the same node from the same inputs.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::error::{Code, Error};
-use crate::id::NodeId;
+use crate::id::{NodeId, SandboxId};
 use crate::limits::ResourceLimits;
 pub use crate::record::Placement;
 use crate::record::{Intent, Sandbox};
@@ -186,6 +188,7 @@ pub fn place(
     nodes: &[Node],
     limits: &ResourceLimits,
     selector: &BTreeMap<String, String>,
+    sandbox: &SandboxId,
 ) -> Result<Placement, Unplaced> {
     let wanted = Capacity::of(limits);
     let mut unfit_nodes = Vec::new();
@@ -199,9 +202,8 @@ pub fn place(
         let better = match best {
             None => true,
             Some((current, current_share)) => {
-                less(share, current_share)
-                    || (!less(current_share, share)
-                        && (node.placed.sandboxes, &node.id) < (current.placed.sandboxes, &current.id))
+                let key = |n: &Node| (n.placed.sandboxes, std::cmp::Reverse(rank(sandbox, &n.id)), n.id.clone());
+                less(share, current_share) || (!less(current_share, share) && key(node) < key(current))
             }
         };
         if better {
@@ -215,6 +217,20 @@ pub fn place(
             Err(Unplaced(unfit_nodes))
         }
     }
+}
+
+/// How highly `sandbox` ranks `node` among nodes otherwise equal: a hash of the two (FNV-1a,
+/// then a 64-bit finalizer so that ids differing in one character rank independently). Every
+/// sandbox ranks the nodes in its own order, so sandboxes spread evenly over tied nodes, and a
+/// node's arrival or departure changes only the choices that involved it.
+fn rank(sandbox: &SandboxId, node: &NodeId) -> u64 {
+    let bytes = sandbox.as_str().bytes().chain([0xff]).chain(node.as_str().bytes());
+    let mut h = bytes.fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// Where a new generation of `sandbox` runs. A sandbox placed before stays on its node while
@@ -231,7 +247,7 @@ pub fn place_again(sandbox: &Sandbox, nodes: &[Node]) -> Result<Placement, Unpla
             return Ok(Placement { node: node.id.clone(), epoch: node.epoch });
         }
     }
-    place(nodes, limits, selector)
+    place(nodes, limits, selector, &sandbox.id)
 }
 
 /// Places the new sandboxes of one decision (a fork's) one after another, each counted on its
@@ -243,7 +259,8 @@ pub fn place_each<'s>(
     let mut nodes = nodes.to_vec();
     let mut placements = Vec::new();
     for sandbox in sandboxes {
-        let placed = place(&nodes, &sandbox.spec.limits, &sandbox.spec.node_selector).map_err(|why| (sandbox, why))?;
+        let placed = place(&nodes, &sandbox.spec.limits, &sandbox.spec.node_selector, &sandbox.id)
+            .map_err(|why| (sandbox, why))?;
         if let Some(node) = nodes.iter_mut().find(|n| n.id == placed.node) {
             node.placed = node.placed.plus(Capacity::of(&sandbox.spec.limits));
         }
@@ -299,6 +316,10 @@ mod tests {
         BTreeMap::new()
     }
 
+    fn sb() -> SandboxId {
+        SandboxId::new("sb-1")
+    }
+
     #[test]
     fn the_node_least_full_after_the_sandbox_takes_it_with_that_nodes_epoch() {
         let mut a = node("a", cap(4000, 8 * GIB, 100), cap(3000, GIB, 3));
@@ -307,28 +328,39 @@ mod tests {
         b.epoch = 9;
         let c = node("c", cap(4000, 8 * GIB, 100), cap(2000, 2 * GIB, 3));
         // After a 1-core, 1 GiB sandbox: a is 100% of its CPU, b 87.5% of its memory, c 75%.
-        let placed = place(&[a.clone(), b.clone(), c], &limits(Some(1000), Some(GIB)), &none());
+        let placed = place(&[a.clone(), b.clone(), c], &limits(Some(1000), Some(GIB)), &none(), &sb());
         assert_eq!(placed, Ok(Placement { node: NodeId::new("c"), epoch: 7 }));
-        let placed = place(&[a, b], &limits(Some(1000), Some(GIB)), &none());
+        let placed = place(&[a, b], &limits(Some(1000), Some(GIB)), &none(), &sb());
         assert_eq!(placed, Ok(Placement { node: NodeId::new("b"), epoch: 9 }));
     }
 
     #[test]
-    fn sandboxes_without_limits_spread_by_count_and_ties_go_to_the_lowest_id() {
+    fn sandboxes_without_limits_spread_by_count_and_ties_go_to_the_node_the_sandbox_ranks_first() {
         let nodes = |placed: [u64; 3]| -> Vec<Node> {
             ["n2", "n1", "n3"].iter().zip(placed).map(|(id, n)| node(id, cap(0, 0, 10), cap(0, 0, n))).collect()
         };
         let unlimited = ResourceLimits::default();
-        assert_eq!(place(&nodes([0, 0, 0]), &unlimited, &none()).unwrap().node, NodeId::new("n1"));
-        assert_eq!(place(&nodes([0, 1, 0]), &unlimited, &none()).unwrap().node, NodeId::new("n2"));
-        assert_eq!(place(&nodes([1, 1, 0]), &unlimited, &none()).unwrap().node, NodeId::new("n3"));
-        // Thirty sandboxes onto three equal nodes: ten each.
+        let to = |placed, id: &str| place(&nodes(placed), &unlimited, &none(), &SandboxId::new(id)).unwrap().node;
+        // Tied: each sandbox's own ranking decides, the same from every gateway.
+        let tied: Vec<NodeId> = ["sb-1", "sb-2", "sb-3", "sb-4"].iter().map(|id| to([0, 0, 0], id)).collect();
+        assert_eq!(tied, ["n2", "n3", "n3", "n1"].map(NodeId::new));
+        // Otherwise fewest sandboxes first.
+        assert_eq!(to([0, 1, 0], "sb-1"), NodeId::new("n2"));
+        assert_eq!(to([1, 1, 0], "sb-1"), NodeId::new("n3"));
+        // Thirty sandboxes onto three equal nodes, one after another: ten each.
         let mut three = nodes([0, 0, 0]);
-        for _ in 0..30 {
-            let to = place(&three, &unlimited, &none()).unwrap().node;
+        for i in 0..30 {
+            let to = place(&three, &unlimited, &none(), &SandboxId::new(format!("sb-{i}"))).unwrap().node;
             three.iter_mut().find(|n| n.id == to).unwrap().placed.sandboxes += 1;
         }
         assert!(three.iter().all(|n| n.placed.sandboxes == 10), "{three:?}");
+        // Three hundred placed at once from one view of the loads (creates racing): spread too.
+        let mut counts = BTreeMap::<NodeId, u32>::new();
+        for i in 0..300 {
+            let to = place(&nodes([0, 0, 0]), &unlimited, &none(), &SandboxId::new(format!("sb-{i:x}0"))).unwrap();
+            *counts.entry(to.node).or_default() += 1;
+        }
+        assert!(counts.len() == 3 && counts.values().all(|n| (70..=130).contains(n)), "{counts:?}");
     }
 
     #[test]
@@ -336,7 +368,7 @@ mod tests {
         // Both at half their memory after the sandbox; b holds fewer sandboxes.
         let a = node("a", cap(0, 4 * GIB, 100), cap(0, GIB, 4));
         let b = node("b", cap(0, 4 * GIB, 100), cap(0, GIB, 2));
-        assert_eq!(place(&[a, b], &limits(None, Some(GIB)), &none()).unwrap().node, NodeId::new("b"));
+        assert_eq!(place(&[a, b], &limits(None, Some(GIB)), &none(), &sb()).unwrap().node, NodeId::new("b"));
     }
 
     #[test]
@@ -357,7 +389,7 @@ mod tests {
             n.labels.insert("zone".into(), "east".into());
         }
         nodes[0].labels.insert("zone".into(), "east".into());
-        let unplaced = place(&nodes, &limits(None, Some(2 * GIB)), &selector).unwrap_err();
+        let unplaced = place(&nodes, &limits(None, Some(2 * GIB)), &selector, &sb()).unwrap_err();
         let id = NodeId::new;
         assert_eq!(
             unplaced,
@@ -375,14 +407,17 @@ mod tests {
              c-other: it has no label zone=east; d-memory: memory_bytes: 1073741824 free, 2147483648 asked; \
              e-slots: sandboxes: 0 free, 1 asked"
         );
-        assert_eq!(place(&[], &ResourceLimits::default(), &none()).unwrap_err().to_string(), "no node is registered");
+        assert_eq!(
+            place(&[], &ResourceLimits::default(), &none(), &sb()).unwrap_err().to_string(),
+            "no node is registered"
+        );
     }
 
     #[test]
     fn a_resource_a_node_does_not_count_is_not_reserved() {
         // No CPU capacity given: a 64-core limit fits, and the node's fullness is its memory.
         let a = node("a", cap(0, 4 * GIB, 10), cap(0, 0, 0));
-        assert_eq!(place(&[a], &limits(Some(64_000), Some(GIB)), &none()).unwrap().node, NodeId::new("a"));
+        assert_eq!(place(&[a], &limits(Some(64_000), Some(GIB)), &none(), &sb()).unwrap().node, NodeId::new("a"));
     }
 
     #[test]
@@ -393,10 +428,10 @@ mod tests {
             node("c", cap(8000, 0, 10), cap(5000, 0, 1)),
         ];
         let wanted = limits(Some(500), None);
-        let first = place(&nodes, &wanted, &none());
+        let first = place(&nodes, &wanted, &none(), &sb());
         let mut reversed = nodes.clone();
         reversed.reverse();
-        assert_eq!(place(&reversed, &wanted, &none()), first);
+        assert_eq!(place(&reversed, &wanted, &none(), &sb()), first);
         // b: 2500 of 4000 (62.5%) beats a's 75% and c's 68.75%.
         assert_eq!(first.unwrap().node, NodeId::new("b"));
     }
@@ -410,7 +445,7 @@ mod tests {
         let forks = [sandbox("f1"), sandbox("f2"), sandbox("f3")];
         let names = |placed: Vec<Placement>| placed.into_iter().map(|p| p.node.to_string()).collect::<Vec<_>>();
         let empty = [node("a", cap(0, 0, 2), cap(0, 0, 0)), node("b", cap(0, 0, 2), cap(0, 0, 0))];
-        assert_eq!(names(place_each(&empty, &forks).unwrap()), ["a", "b", "a"]);
+        assert_eq!(names(place_each(&empty, &forks).unwrap()), ["b", "a", "a"]);
         // Three need three slots and there are two: the one that does not fit is named.
         let nodes = [node("a", cap(0, 0, 2), cap(0, 0, 0)), node("b", cap(0, 0, 2), cap(0, 0, 2))];
         assert_eq!(names(place_each(&nodes, &forks[..2]).unwrap()), ["a", "a"]);

@@ -148,7 +148,7 @@ pub(crate) fn fill(reads: &Reads, id: &SandboxId, name: &str, now: Timestamp) ->
     // The deadline and the idle clock start at the claim: a member waiting in the pool does
     // not age.
     let placement =
-        crate::placement::place(&reads.nodes, &spec.limits, &spec.node_selector).map_err(|why| why.error(name))?;
+        crate::placement::place(&reads.nodes, &spec.limits, &spec.node_selector, id).map_err(|why| why.error(name))?;
     let member = Sandbox {
         template: Some(template.name.clone()),
         placement: Some(placement),

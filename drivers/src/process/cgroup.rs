@@ -1,6 +1,8 @@
 //! The process driver's limits (DESIGN 10), on this host's cgroups.
 //!
-//! A sandbox with limits gets a cgroup `berth/<sandbox id>` holding them: on cgroup v1 one per
+//! A sandbox with limits gets a cgroup `berth/<scope>-<sandbox id>` holding them (the scope
+//! names the driver, so two process drivers on one machine, two nodes of a test rig, never
+//! touch each other's runs of one sandbox): on cgroup v1 one per
 //! controller a limit needs (`cpu`, `memory`, `pids`), on v2 one in the unified hierarchy. They
 //! are made before each start, joined by the supervisor before its command runs, and removed
 //! with the sandbox, after whatever is left in them is killed. Making a cgroup needs a writable
@@ -43,8 +45,9 @@ enum Hierarchy {
     Unusable(String),
 }
 
+/// This host's cgroups, as one process driver names its sandboxes' in them (its scope, if any).
 #[derive(Debug)]
-pub struct Cgroups(Hierarchy);
+pub struct Cgroups(Hierarchy, String);
 
 fn io_error(context: String, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{context}: {e}"))
@@ -59,11 +62,21 @@ fn make_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 impl Cgroups {
-    /// This host's, as the mount table shows them; `berth/` is made under each usable one.
-    pub fn detect() -> Self {
-        match Process::myself().and_then(|me| me.mountinfo()) {
-            Ok(mounts) => Self::on(&mounts),
-            Err(e) => Self(Hierarchy::Unusable(format!("the mount table is unreadable: {e}"))),
+    /// This host's, as the mount table shows them; `berth/` is made under each usable one. The
+    /// sandboxes' cgroups are named in `scope`.
+    pub fn detect(scope: &str) -> Self {
+        let hierarchy = match Process::myself().and_then(|me| me.mountinfo()) {
+            Ok(mounts) => Self::on(&mounts).0,
+            Err(e) => Hierarchy::Unusable(format!("the mount table is unreadable: {e}")),
+        };
+        Self(hierarchy, scope.to_string())
+    }
+
+    /// The name of `sandbox`'s cgroups under `berth/`.
+    fn leaf(&self, sandbox: &SandboxId) -> String {
+        match self.1.as_str() {
+            "" => sandbox.to_string(),
+            scope => format!("{scope}-{sandbox}"),
         }
     }
 
@@ -77,13 +90,13 @@ impl Cgroups {
         };
         if CONTROLLERS.iter().chain([&("freezer", "")]).any(|(controller, _)| v1(controller).is_some()) {
             let controllers = CONTROLLERS.iter().map(|(controller, _)| (*controller, usable(controller))).collect();
-            return Self(Hierarchy::V1 { controllers, freezer: usable("freezer") });
+            return Self(Hierarchy::V1 { controllers, freezer: usable("freezer") }, String::new());
         }
         match mounts.iter().find(|m| m.fs_type == "cgroup2" && m.root == "/") {
-            None => Self(Hierarchy::Unusable("no cgroup file system is mounted".into())),
+            None => Self(Hierarchy::Unusable("no cgroup file system is mounted".into()), String::new()),
             Some(m) => match delegate(&m.mount_point) {
-                Ok(controllers) => Self(Hierarchy::V2 { root: m.mount_point.clone(), controllers }),
-                Err(e) => Self(Hierarchy::Unusable(e.to_string())),
+                Ok(controllers) => Self(Hierarchy::V2 { root: m.mount_point.clone(), controllers }, String::new()),
+                Err(e) => Self(Hierarchy::Unusable(e.to_string()), String::new()),
             },
         }
     }
@@ -114,10 +127,10 @@ impl Cgroups {
                 .map(|(controller, root)| (*controller, root))
                 .chain([("freezer", freezer)])
                 .filter_map(|(controller, root)| {
-                    Some((controller, root.as_ref().ok()?.join(PARENT).join(sandbox.as_str())))
+                    Some((controller, root.as_ref().ok()?.join(PARENT).join(self.leaf(sandbox))))
                 })
                 .collect(),
-            Hierarchy::V2 { root, .. } => vec![("", root.join(PARENT).join(sandbox.as_str()))],
+            Hierarchy::V2 { root, .. } => vec![("", root.join(PARENT).join(self.leaf(sandbox)))],
             Hierarchy::Unusable(_) => Vec::new(),
         }
     }
@@ -203,8 +216,8 @@ impl Cgroups {
     /// The sandbox's freezer directory, or why this host gives it none.
     fn freezer(&self, sandbox: &SandboxId) -> Result<PathBuf, String> {
         let dir = match &self.0 {
-            Hierarchy::V1 { freezer, .. } => freezer.clone()?.join(PARENT).join(sandbox.as_str()),
-            Hierarchy::V2 { root, .. } => root.join(PARENT).join(sandbox.as_str()),
+            Hierarchy::V1 { freezer, .. } => freezer.clone()?.join(PARENT).join(self.leaf(sandbox)),
+            Hierarchy::V2 { root, .. } => root.join(PARENT).join(self.leaf(sandbox)),
             Hierarchy::Unusable(why) => return Err(why.clone()),
         };
         match dir.is_dir() {

@@ -81,7 +81,7 @@ const REPLACE_GRACE: Duration = Duration::from_secs(5);
 /// Under the driver's root: the volumes' files, one directory each.
 const VOLUMES_DIR: &str = ".volumes";
 /// Under a sandbox's directory: the links its run finds its volumes by.
-const MOUNTS_DIR: &str = "mounts";
+pub(super) const MOUNTS_DIR: &str = "mounts";
 /// How long a stop waits for what is left of a run's group to take its SIGKILL.
 const LEFTOVERS_DIE_WITHIN: Duration = Duration::from_secs(5);
 /// Why a process is never checkpointed: CRIU could write one, but a run restored outside a
@@ -115,7 +115,7 @@ struct Inner<O> {
 impl ProcessDriver {
     /// The driver on this machine.
     pub fn new(config: ProcessConfig) -> Result<Self, DriverError> {
-        Self::over(HostOs::new(), config)
+        Self::over(HostOs::at(&config.root), config)
     }
 }
 

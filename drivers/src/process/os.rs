@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -116,21 +116,37 @@ pub trait Os: Send + Sync + 'static {
     fn no_freezer(&self) -> Option<String>;
 }
 
-/// The machine the gateway runs on.
+/// The machine the gateway runs on, as one process driver sees it: the processes and cgroups of
+/// its own runs. Two process drivers on one machine (two nodes of a test rig, one sandbox moved
+/// from one to the other) never signal, freeze or remove each other's.
 pub struct HostOs {
     cgroups: Cgroups,
+    /// Where the driver keeps its sandboxes: a run's processes carry `BERTH_MOUNTS` beneath it.
+    root: PathBuf,
 }
 
 impl HostOs {
-    /// This machine, with the cgroups it lets the gateway make (found once).
-    pub fn new() -> Self {
-        Self { cgroups: Cgroups::detect() }
+    /// This machine, for the process driver keeping its sandboxes in `root`, with the cgroups it
+    /// lets the gateway make (found once), named in a scope of `root`'s own.
+    pub fn at(root: &Path) -> Self {
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(root.as_os_str().as_encoded_bytes());
+        Self { cgroups: Cgroups::detect(&hex::encode(&digest[..4])), root: root.to_path_buf() }
     }
-}
 
-impl Default for HostOs {
-    fn default() -> Self {
-        Self::new()
+    /// The processes of this driver's runs of `sandbox` that pass `also`: those naming the
+    /// sandbox whose `BERTH_MOUNTS` is beneath this driver's root (one started before runs
+    /// carried it is taken for this driver's: there was one process driver per machine then).
+    fn processes(&self, sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = (i32, i32)> {
+        let name = format!("{}=", crate::env::MOUNTS_VAR);
+        let ours = format!("{name}{}", self.root.join(sandbox.as_str()).join(super::MOUNTS_DIR).display());
+        processes(sandbox, move |vars| {
+            let theirs = vars.iter().find(|v| v.starts_with(name.as_bytes()));
+            theirs.is_none_or(|v| *v == ours.as_bytes()) && also(vars)
+        })
+    }
+
+    fn group_leaders(&self, sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = i32> {
+        self.processes(sandbox, also).filter_map(|(pid, pgid)| (pid == pgid).then_some(pid))
     }
 }
 
@@ -200,7 +216,7 @@ impl Os for HostOs {
 
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
         let generation_var = format!("BERTH_GENERATION={generation}");
-        let pid = group_leaders(sandbox, |vars| vars.contains(&generation_var.as_bytes())).next()?;
+        let pid = self.group_leaders(sandbox, |vars| vars.contains(&generation_var.as_bytes())).next()?;
         let stat = self.stat(pid)?;
         stat.live.then_some((pid, stat.kernel_start))
     }
@@ -209,12 +225,12 @@ impl Os for HostOs {
         let generation_var = format!("BERTH_GENERATION={generation}");
         let ours = nix::unistd::getpgrp().as_raw();
         let leader_lives = |pgid: i32| self.stat(pgid).is_some_and(|stat| stat.live);
-        let mut members = processes(sandbox, |vars| vars.contains(&generation_var.as_bytes()));
+        let mut members = self.processes(sandbox, |vars| vars.contains(&generation_var.as_bytes()));
         members.find_map(|(_, pgid)| (pgid > 1 && pgid != ours && !leader_lives(pgid)).then_some(pgid))
     }
 
     fn kill_execs(&self, sandbox: &SandboxId) {
-        for pid in group_leaders(sandbox, |vars| !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="))) {
+        for pid in self.group_leaders(sandbox, |vars| !vars.iter().any(|v| v.starts_with(b"BERTH_GENERATION="))) {
             let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
@@ -246,12 +262,6 @@ impl Os for HostOs {
     fn no_freezer(&self) -> Option<String> {
         self.cgroups.no_freezer()
     }
-}
-
-/// The live process-group leaders whose environment names `sandbox` and passes `also`, in pid
-/// order.
-fn group_leaders(sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = i32> {
-    processes(sandbox, also).filter_map(|(pid, pgid)| (pid == pgid).then_some(pid))
 }
 
 /// The live processes whose environment names `sandbox` and passes `also`, in pid order: each

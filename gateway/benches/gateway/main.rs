@@ -2,15 +2,16 @@
 //! concurrent clients (real gRPC over loopback TCP, the SQLite store on disk, a no-op driver);
 //! 64 clients again on PostgreSQL, with one gateway and with three sharing the database (when
 //! `BERTH_TEST_POSTGRES_URL` names one: `ci/bench` starts it); the time from killing the
-//! reconcile lease's holder (real gateway processes) to another gateway's first reconcile
+//! node lease's holder (real gateway processes) to another gateway's first reconcile
 //! sweep; the time of one reconcile sweep over 1,000 and 10,000 sandboxes; and reads
 //! (GetSandbox, ListSandboxes of 16) whose replies the server writes in several segments, to
 //! clients that delay their ACKs, as Linux does, with Nagle's algorithm off in the client and
 //! on; and connections through the egress proxy (the supervisor's listener code, the gateway's
 //! proxy over its Unix socket) beside direct ones to a local server: the time to a first byte,
 //! a round trip on an open connection, and bulk throughput; and HTTP requests through the
-//! preview proxy beside direct ones to a local server: latency and throughput. It asserts
-//! nothing.
+//! preview proxy beside direct ones to a local server: latency and throughput; and, with
+//! several nodes, creates to Ready across three beside one and a node's death to its sandboxes
+//! Ready elsewhere. It asserts nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,7 @@ mod pg;
 
 mod egress;
 mod harness;
+mod nodes;
 mod ports;
 mod reads;
 mod rpcs;
@@ -43,6 +45,7 @@ mod sweeps;
 
 use egress::*;
 use harness::*;
+use nodes::*;
 use ports::*;
 use reads::*;
 use rpcs::*;
@@ -59,7 +62,7 @@ fn main() {
     let quick = !std::env::args().any(|a| a == "--bench")
         || std::env::var_os("BERTH_BENCH_QUICK").is_some_and(|v| !v.is_empty());
     // `cargo bench --bench gateway -- reads` runs only the sections named (lifecycle, postgres,
-    // reads, sweeps); none named, all of them.
+    // reads, sweeps, egress, ports, nodes); none named, all of them.
     let named: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let wants = |section: &str| named.is_empty() || named.iter().any(|n| n == section);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -80,5 +83,8 @@ fn main() {
     }
     if wants("ports") {
         ports(&runtime, quick);
+    }
+    if wants("nodes") {
+        nodes(&runtime, quick);
     }
 }

@@ -133,7 +133,7 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
             "echo started s{i}; (while [ ! -x ./port-server ]; do sleep 0.2; done; exec ./port-server --tcp 7000) & exec sleep {}",
             sleeper(i)
         );
-        let spec = pb::SandboxSpec { restart: Some(restart.clone()), ..spec(&["sh", "-c", &script]) };
+        let spec = pb::SandboxSpec { restart: Some(restart), ..spec(&["sh", "-c", &script]) };
         let request = pb::CreateSandboxRequest { name: format!("s{i}"), spec: Some(spec), ..Default::default() };
         sandboxes.create_sandbox(request).await.unwrap();
     }
@@ -193,6 +193,7 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
     // the store placed elsewhere. Exactly one run of every sandbox is left on the machine.
     let on_n2: BTreeMap<String, u64> =
         listed.iter().filter(|s| s.node == "n2").map(|s| (s.name.clone(), s.generation)).collect();
+    let before_cut: BTreeMap<String, u64> = listed.iter().map(|s| (s.name.clone(), s.generation)).collect();
     rig.rig("cut-node", 2);
     let (_, took) = until(&mut sandboxes, Duration::from_secs(60), |listed| {
         listed.iter().all(|s| s.node == "n3" && on_n2.get(&s.name).is_none_or(|g| s.generation == g + 1))
@@ -208,6 +209,13 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
         }
         assert!(Instant::now() < deadline, "runs per sandbox after the heal: {runs:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And the heal cost nothing that ran elsewhere: no sandbox went past the generation the cut
+    // gave it.
+    let (listed, _) = until(&mut sandboxes, Duration::from_secs(10), |_| true).await;
+    for s in &listed {
+        let moved = u64::from(on_n2.contains_key(&s.name));
+        assert_eq!(s.generation, before_cut[&s.name] + moved, "{} after the heal: {s:?}", s.name);
     }
 }
 

@@ -463,5 +463,7 @@ async fn a_node_cut_off_from_the_store_stops_its_runs_and_after_the_heal_holds_o
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let again = get(&mut sandboxes, "cut").await.unwrap();
-    assert_eq!((phase(&again), again.generation, again.node.as_str()), (pb::Phase::Ready, 2, "n1"), "{again:?}");
+    let logs = || format!("n1:\n{}\nn2:\n{}", data[0].log_of("n1"), data[1].log_of("n2"));
+    let got = (phase(&again), again.generation, again.node.as_str());
+    assert_eq!(got, (pb::Phase::Ready, 2, "n1"), "{again:?}\n{}", logs());
 }

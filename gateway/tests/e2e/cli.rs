@@ -4,28 +4,21 @@ use std::process::Output;
 
 use crate::harness::*;
 
+/// The CLI on `data`'s gateway, with what its environment could choose instead removed.
+fn cli(data: &DataDir, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(bin("berth"));
+    command.arg("--data-dir").arg(&data.path).args(args).env_remove("BERTH_GATEWAY").env_remove("BERTH_TOKEN");
+    command
+}
+
 pub(crate) async fn berth(data: &DataDir, args: &[&str]) -> Output {
-    tokio::process::Command::new(bin("berth"))
-        .arg("--data-dir")
-        .arg(&data.path)
-        .args(args)
-        .env("CLI_SECRET", "from-the-environment")
-        .env_remove("BERTH_GATEWAY")
-        .env_remove("BERTH_TOKEN")
-        .output()
-        .await
-        .unwrap()
+    cli(data, args).env("CLI_SECRET", "from-the-environment").output().await.unwrap()
 }
 
 /// [`berth`], with `stdin` written to its standard input and then closed.
 pub(crate) async fn berth_with_stdin(data: &DataDir, args: &[&str], stdin: &[u8]) -> Output {
     use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(bin("berth"))
-        .arg("--data-dir")
-        .arg(&data.path)
-        .args(args)
-        .env_remove("BERTH_GATEWAY")
-        .env_remove("BERTH_TOKEN")
+    let mut child = cli(data, args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -617,12 +610,7 @@ struct Following {
 impl Following {
     fn spawn(data: &DataDir, args: &[&str]) -> Self {
         use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new(bin("berth"))
-            .arg("--data-dir")
-            .arg(&data.path)
-            .args(args)
-            .env_remove("BERTH_GATEWAY")
-            .env_remove("BERTH_TOKEN")
+        let mut child = cli(data, args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)

@@ -120,12 +120,7 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
     let Some(rig) = Rig::found() else { return };
     assert_eq!(rig.nodes, 3, "ci/cluster up 3");
     let mut sandboxes = rig.sandboxes().await;
-    let restart = pb::RestartPolicy {
-        mode: pb::RestartMode::Always as i32,
-        max_restarts: None,
-        backoff_ms: Some(100),
-        max_backoff_ms: Some(1_000),
-    };
+    let restart = crate::lifetimes::always(100);
     let with_server = port_server().is_some();
     for i in 0..SANDBOXES {
         // A port server once the test puts one in the workspace (on a few of them).

@@ -30,7 +30,7 @@ fn idle(timeout: Duration, on_expiry: pb::OnExpiry) -> pb::Lifetime {
     }
 }
 
-fn always(backoff_ms: i64) -> pb::RestartPolicy {
+pub(crate) fn always(backoff_ms: i64) -> pb::RestartPolicy {
     pb::RestartPolicy {
         mode: pb::RestartMode::Always as i32,
         max_restarts: None,

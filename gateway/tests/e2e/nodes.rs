@@ -318,12 +318,7 @@ async fn a_dead_nodes_restartable_sandboxes_come_back_on_another_and_its_others_
     let Some((data, [first, mut second])) = two_nodes("node_death", [&[], &[]]).await else { return };
     let mut client = nodes(&first).await;
     let mut sandboxes = first.sandboxes().await;
-    let policy = pb::RestartPolicy {
-        mode: pb::RestartMode::Always as i32,
-        max_restarts: None,
-        backoff_ms: Some(100),
-        max_backoff_ms: Some(1_000),
-    };
+    let policy = crate::lifetimes::always(100);
     // Both on n2 (n1 drained meanwhile), one that restarts and one that does not.
     drain(&mut client, "n1", true).await.unwrap();
     for (name, restart) in [("phoenix", Some(policy)), ("mortal", None)] {
@@ -412,12 +407,7 @@ async fn a_node_cut_off_from_the_store_stops_its_runs_and_after_the_heal_holds_o
     let cut_url = format!("{user}@{}/{path}", link.at);
     let (data, [first, _second]) = two_nodes_on([&url, &cut_url], [&[], &[]]).await;
     let mut sandboxes = first.sandboxes().await;
-    let policy = pb::RestartPolicy {
-        mode: pb::RestartMode::Always as i32,
-        max_restarts: None,
-        backoff_ms: Some(100),
-        max_backoff_ms: Some(1_000),
-    };
+    let policy = crate::lifetimes::always(100);
     let spec = pb::SandboxSpec {
         command: ["sh", "-c", "echo $$ > main.pid; exec sleep 3600"].map(String::from).to_vec(),
         restart: Some(policy),

@@ -12,7 +12,8 @@
 //! - The follow loop carries out what other gateways decided, from the store's change log.
 //! - Recovery and sweeps go over the snapshots and volumes too ([`snapshots`]).
 //!
-//! The store-wide work (timers, pools) is the reconcile lease holder's, fed by [`feed_loop`].
+//! The store-wide work (timers, pools, fencing) is the reconcile lease holder's, fed by
+//! [`feed_loop`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -204,8 +205,8 @@ pub async fn watch_loop(engine: Engine, settings: ReconcileSettings) {
     }
 }
 
-/// Where the lease holder's record reads go: its timers and pools, which work from them rather
-/// than reading every record again.
+/// Where the lease holder's record reads go: its timers, pools and fencing, which work from them
+/// rather than reading every record again.
 pub type RecordFeed = tokio::sync::mpsc::Sender<Vec<berth_core::Sandbox>>;
 
 /// Under the reconcile lease: reads every record at once, then every `poll_interval`, and

@@ -21,8 +21,34 @@ pub enum Route {
     /// Here: this gateway's node runs it, or it is not found (which this gateway says), or the
     /// call was carried here already.
     Here,
-    /// A gateway of the node that runs it, reached through this channel.
-    Node(Channel),
+    /// A gateway of the node that runs it.
+    Node(Carrier),
+}
+
+/// The way to the gateway of the node that runs a sandbox.
+pub struct Carrier {
+    pub channel: Channel,
+    node: berth_core::NodeId,
+    sandbox: String,
+}
+
+impl Carrier {
+    /// A carried call's failure as the client sees it: no answer from the node's gateway (not
+    /// reached, its certificate refused: the status carries its cause, which an answer never
+    /// does) or its UNAVAILABLE is UNAVAILABLE naming the sandbox's node; any other answer is
+    /// the node's own word and passes unchanged.
+    pub fn unreached(&self, status: Status) -> Status {
+        let unanswered = std::error::Error::source(&status).is_some();
+        if !unanswered && status.code() != tonic::Code::Unavailable {
+            return status;
+        }
+        Status::unavailable(format!(
+            "sandbox '{}' runs on node '{}', not reachable: {}",
+            self.sandbox,
+            self.node,
+            status.message()
+        ))
+    }
 }
 
 /// Where a call bearing `metadata` about sandbox `name` is served. A sandbox placed on a node
@@ -44,7 +70,10 @@ pub async fn route(engine: &Engine, metadata: &MetadataMap, name: &str) -> Resul
         Some(_) => return Err(unreachable("whose lease has lapsed: try again once it is back or fenced")),
         None => return Err(unreachable("which is not registered")),
     };
-    peers.channel(&node.offer.address).map(Route::Node).map_err(|e| unreachable(&format!("not reachable: {e}")))
+    match peers.channel(&node.offer.address) {
+        Ok(channel) => Ok(Route::Node(Carrier { channel, node: placed.node, sandbox: name.to_string() })),
+        Err(e) => Err(unreachable(&format!("not reachable: {e}"))),
+    }
 }
 
 /// `message` as the call carried to another node's gateway: with this gateway's credentials

@@ -268,11 +268,12 @@ impl execs_server::Execs for ExecApi {
             _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
         };
         let engine = self.execs.engine();
-        if let Route::Node(channel) = routing::route(engine, &metadata, &start.sandbox).await? {
+        if let Route::Node(node) = routing::route(engine, &metadata, &start.sandbox).await? {
             let first = pb::ExecInput { input: Some(Input::Start(start)) };
             let rest = tokio_stream::StreamExt::map_while(inbound, Result::ok);
             let outbound = tokio_stream::StreamExt::chain(tokio_stream::iter([first]), rest);
-            let reply = ExecsClient::new(channel).exec(routing::carried(engine, outbound)).await?;
+            let carried = routing::carried(engine, outbound);
+            let reply = ExecsClient::new(node.channel.clone()).exec(carried).await.map_err(|s| node.unreached(s))?;
             return Ok(Response::new(Box::pin(reply.into_inner())));
         }
         let (admitted, output) = start_exec(self, start).await?;
@@ -304,8 +305,10 @@ impl execs_server::Execs for ExecApi {
         request: Request<pb::AttachExecRequest>,
     ) -> Result<Response<Self::AttachExecStream>, Status> {
         let engine = self.execs.engine();
-        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
-            let reply = ExecsClient::new(channel).attach_exec(routing::carried(engine, request.into_inner())).await?;
+        if let Route::Node(node) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let carried = routing::carried(engine, request.into_inner());
+            let reply =
+                ExecsClient::new(node.channel.clone()).attach_exec(carried).await.map_err(|s| node.unreached(s))?;
             return Ok(Response::new(Box::pin(reply.into_inner())));
         }
         let request = request.into_inner();

@@ -20,12 +20,12 @@ use crate::engine::Engine;
 use crate::engine::files::Files;
 use crate::routing::{self, Route};
 
-/// Carries an upload to the gateway of the node that runs its sandbox (`channel`). A client's
+/// Carries an upload to the gateway of the node that runs its sandbox. A client's
 /// stream that breaks off must not reach the node as one that ended: the carried call is then
 /// dropped, which resets it, and the node writes nothing, as it would for its own client.
 async fn carry_upload(
     engine: &Engine,
-    channel: tonic::transport::Channel,
+    node: &routing::Carrier,
     start: pb::UploadStart,
     inputs: Streaming<pb::UploadInput>,
 ) -> Result<Response<pb::UploadReply>, Status> {
@@ -44,7 +44,7 @@ async fn carry_upload(
     });
     let first = tokio_stream::iter([pb::UploadInput { input: Some(Input::Start(start)) }]);
     let outbound = tokio_stream::StreamExt::chain(first, rest);
-    let mut client = FilesClient::new(channel);
+    let mut client = FilesClient::new(node.channel.clone());
     let carried = client.upload(routing::carried(engine, outbound));
     tokio::select! {
         reply = carried => reply,
@@ -141,8 +141,8 @@ impl files_server::Files for FilesApi {
             return Err(Status::invalid_argument("the first message of an upload must be `start`"));
         };
         let engine = self.files.engine();
-        if let Route::Node(channel) = routing::route(engine, &metadata, &start.sandbox).await? {
-            return carry_upload(engine, channel, start, inputs).await;
+        if let Route::Node(node) = routing::route(engine, &metadata, &start.sandbox).await? {
+            return carry_upload(engine, &node, start, inputs).await.map_err(|s| node.unreached(s));
         }
         let into = path("path", &start.path)?;
         let workspace = self.files.workspace(&start.sandbox).await?;
@@ -176,8 +176,10 @@ impl files_server::Files for FilesApi {
 
     async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<DownloadStream>, Status> {
         let engine = self.files.engine();
-        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
-            let reply = FilesClient::new(channel).download(routing::carried(engine, request.into_inner())).await?;
+        if let Route::Node(node) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let carried = routing::carried(engine, request.into_inner());
+            let reply =
+                FilesClient::new(node.channel.clone()).download(carried).await.map_err(|s| node.unreached(s))?;
             return Ok(Response::new(Box::pin(reply.into_inner())));
         }
         let request = request.into_inner();

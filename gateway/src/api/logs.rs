@@ -133,8 +133,10 @@ impl logs_server::Logs for LogsApi {
 
     async fn read_logs(&self, request: Request<pb::ReadLogsRequest>) -> Result<Response<LogsStream>, Status> {
         let engine = self.logs.engine();
-        if let Route::Node(channel) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
-            let reply = LogsClient::new(channel).read_logs(routing::carried(engine, request.into_inner())).await?;
+        if let Route::Node(node) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let carried = routing::carried(engine, request.into_inner());
+            let reply =
+                LogsClient::new(node.channel.clone()).read_logs(carried).await.map_err(|s| node.unreached(s))?;
             return Ok(Response::new(Box::pin(reply.into_inner())));
         }
         let request = request.into_inner();

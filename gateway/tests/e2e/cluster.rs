@@ -1,7 +1,8 @@
 //! Many hosts for real (DESIGN 14, issue 41's first acceptance point), on the rig `ci/cluster up 3`
 //! makes: three nodes, each a gateway on the process driver in a network namespace of its own,
-//! and a gateway on the host whose clients this test is. Run by `ci/cluster test`, which starts
-//! the rig and exports where it is (`BERTH_GATEWAY`, `BERTH_TOKEN`, `BERTH_CLUSTER_NODES`); a
+//! and a gateway on the host whose clients this test is, all speaking TLS under the rig's CA. Run by `ci/cluster test`, which starts
+//! the rig and exports where it is (`BERTH_GATEWAY`, `BERTH_TOKEN`, `BERTH_CA_FILE`,
+//! `BERTH_CLUSTER_NODES`); a
 //! plain `cargo test` without it skips, saying so.
 
 use std::collections::BTreeMap;
@@ -21,6 +22,8 @@ const SANDBOXES: usize = 30;
 struct Rig {
     address: String,
     token: String,
+    /// The rig's CA: every gateway of it serves TLS only.
+    ca: std::path::PathBuf,
     nodes: usize,
 }
 
@@ -33,11 +36,21 @@ impl Rig {
             eprintln!("skipping the multi-host rig's test: no rig (ci/cluster test runs it)");
             return None;
         };
-        Some(Self { address: env("BERTH_GATEWAY")?, token: env("BERTH_TOKEN")?, nodes: nodes.parse().ok()? })
+        let (address, token, ca) = (env("BERTH_GATEWAY")?, env("BERTH_TOKEN")?, env("BERTH_CA_FILE")?.into());
+        Some(Self { address, token, ca, nodes: nodes.parse().ok()? })
+    }
+
+    /// A channel to the host's gateway, trusting the rig's CA, or (`ca` none) trusting nothing.
+    async fn channel_trusting(&self, ca: Option<&std::path::Path>) -> Result<Channel, tonic::transport::Error> {
+        let mut tls = tonic::transport::ClientTlsConfig::new();
+        if let Some(ca) = ca {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(std::fs::read(ca).unwrap()));
+        }
+        Channel::from_shared(self.address.clone()).unwrap().tls_config(tls).unwrap().connect().await
     }
 
     async fn channel(&self) -> Channel {
-        Channel::from_shared(self.address.clone()).unwrap().connect().await.unwrap()
+        self.channel_trusting(Some(&self.ca)).await.unwrap()
     }
 
     async fn sandboxes(&self) -> Sandboxes {
@@ -212,29 +225,67 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
         let moved = u64::from(on_n2.contains_key(&s.name));
         assert_eq!(s.generation, before_cut[&s.name] + moved, "{} after the heal: {s:?}", s.name);
     }
+
+    // TLS between every process that crosses a host: a client that does not trust the rig's CA,
+    // or speaks plaintext to an https:// address, gets nothing.
+    assert!(rig.channel_trusting(None).await.is_err(), "a client without the CA connected");
+    let plain = rig.address.replacen("https://", "http://", 1);
+    let plain = Channel::from_shared(plain).unwrap().connect().await;
+    if let Ok(plain) = plain {
+        let mut client = SandboxesClient::with_interceptor(plain, Bearer(rig.token.clone()));
+        assert!(client.list_sandboxes(pb::ListSandboxesRequest::default()).await.is_err(), "plaintext was answered");
+    }
+    // A node whose certificate another CA signed is refused by the gateway: a call about a
+    // sandbox on it is UNAVAILABLE naming it, while a sandbox on a node the CA vouches for serves.
+    rig.rig("rogue-node", 3);
+    let on_n3 = listed.iter().find(|s| s.node == "n3").unwrap().name.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let refused = try_exec(&mut execs, &on_n3, &["true"]).await.unwrap_err();
+        // Lapsed meanwhile (the restart), then refused for its certificate.
+        if !refused.message().contains("lapsed") {
+            break refused;
+        }
+        assert!(Instant::now() < deadline, "{refused:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("runs on node 'n3', not reachable"), "{refused:?}");
+    let request =
+        pb::CreateSandboxRequest { name: "fresh".into(), spec: Some(spec(&["sleep", "3600"])), ..Default::default() };
+    sandboxes.create_sandbox(request).await.unwrap();
+    let (fresh, _) = wait_phase(&mut sandboxes, "fresh", pb::Phase::Ready).await;
+    assert_eq!(fresh.node, "n2", "{fresh:?}");
+    assert_eq!(exec_output(&mut execs, "fresh", &["echo", "vouched"]).await, "vouched\n");
 }
 
 /// What `argv` prints (stdout and stderr) run as an exec in sandbox `name`; it must exit 0.
 async fn exec_output(execs: &mut Execs, name: &str, argv: &[&str]) -> String {
+    let (text, code) = try_exec(execs, name, argv).await.unwrap();
+    assert_eq!(code, Some(0), "{argv:?} in {name}: {text}");
+    text
+}
+
+/// What `argv` prints run as an exec in sandbox `name`, and its exit code, or the call's error.
+async fn try_exec(execs: &mut Execs, name: &str, argv: &[&str]) -> Result<(String, Option<i32>), tonic::Status> {
     let start = pb::ExecStart {
         sandbox: name.to_string(),
         argv: argv.iter().map(|a| a.to_string()).collect(),
         ..Default::default()
     };
     let input = tokio_stream::iter([pb::ExecInput { input: Some(pb::exec_input::Input::Start(start)) }]);
-    let mut output = execs.exec(input).await.unwrap().into_inner();
+    let mut output = execs.exec(input).await?.into_inner();
     let mut text = Vec::new();
-    while let Some(message) = output.message().await.unwrap() {
+    while let Some(message) = output.message().await? {
         match message.output {
             Some(pb::exec_output::Output::Chunk(chunk)) => text.extend(chunk.data),
             Some(pb::exec_output::Output::End(end)) => {
-                assert_eq!(end.exit_code, Some(0), "{argv:?} in {name}: {}", String::from_utf8_lossy(&text));
-                break;
+                return Ok((String::from_utf8_lossy(&text).into_owned(), end.exit_code));
             }
             _ => {}
         }
     }
-    String::from_utf8_lossy(&text).into_owned()
+    Err(tonic::Status::unknown("the exec's output ended without its end"))
 }
 
 async fn read_all_logs(mut logs: tonic::Streaming<pb::LogsOutput>) -> String {

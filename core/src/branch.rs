@@ -93,6 +93,10 @@ branches! {
     FencedStop => "observation: a stopping sandbox's node is fenced",
     /// A run on a fenced node is lost: the sandbox fails, its restart policy decides.
     FencedRunLost => "observation: a running sandbox's node is fenced",
+    /// A node holding a run adopts its sandbox: placed nowhere, or under its earlier epoch.
+    HeldAdopted => "observation: a node adopts a sandbox whose run it holds",
+    /// A node's report of a run placed on it in its epoch already, or elsewhere: nothing to adopt.
+    HeldNothingToAdopt => "observation: a held run that is placed as it is",
     /// A fence of a sandbox that has no run: nothing to lose.
     FencedNothingRuns => "observation: a fenced node's sandbox that runs nothing",
     StoppedOlderGeneration => "observation: stop reply of an older generation",

@@ -17,7 +17,7 @@
 
 use crate::id::NodeId;
 use crate::phase::PhaseKind;
-use crate::record::Sandbox;
+use crate::record::{Placement, Sandbox};
 
 /// Where the store says a sandbox's current generation runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +56,19 @@ pub fn on_return(me: &NodeId, epoch: u64, generation: u64, placed: Option<&Place
     }
 }
 
+/// Where a sandbox placed at `placement` is placed once node `me`, holding its lease in
+/// `epoch`, adopts the run of it that it holds, if that changes anything: a sandbox placed
+/// nowhere (recorded before placement was, when there was one host) becomes `me`'s, and one
+/// placed on `me` under an earlier epoch takes `epoch` ([`Held::Adopt`]); one placed elsewhere
+/// is not `me`'s to adopt.
+pub fn adopted(placement: Option<&Placement>, me: &NodeId, epoch: u64) -> Option<Placement> {
+    match placement {
+        None => Some(Placement { node: me.clone(), epoch }),
+        Some(at) if at.node == *me && at.epoch < epoch => Some(Placement { node: me.clone(), epoch }),
+        Some(_) => None,
+    }
+}
+
 /// Whether a fence of its node changes `sandbox`: it has a run under way, or a stop or a delete
 /// its node was to carry out. A stopped or failed one has nothing there to lose.
 pub fn touches(sandbox: &Sandbox) -> bool {
@@ -88,6 +101,17 @@ mod tests {
         assert_eq!(on_return(&me, 4, 2, Some(&placed("n2", 7, 3))), Held::Stop);
         assert_eq!(on_return(&me, 4, 2, None), Held::Stop);
         assert_eq!(on_return(&me, 4, 2, Some(&placed("n1", 5, 2))), Held::Stop);
+    }
+
+    #[test]
+    fn a_node_adopts_what_is_placed_nowhere_or_on_it_in_an_earlier_epoch_and_nothing_else() {
+        let me = NodeId::new("n1");
+        let at = |node: &str, epoch| Placement { node: NodeId::new(node), epoch };
+        assert_eq!(adopted(None, &me, 4), Some(at("n1", 4)));
+        assert_eq!(adopted(Some(&at("n1", 3)), &me, 4), Some(at("n1", 4)));
+        assert_eq!(adopted(Some(&at("n1", 4)), &me, 4), None, "placed as it is");
+        assert_eq!(adopted(Some(&at("n1", 5)), &me, 4), None, "an epoch this node was not granted");
+        assert_eq!(adopted(Some(&at("n2", 1)), &me, 4), None, "another node's");
     }
 
     #[test]

@@ -85,7 +85,10 @@ fn orphan(id: &SandboxId, observation: &Observation) -> Result<Decision, Error> 
         Observation::Started { .. } => true,
         // Refused by `authenticate` before.
         Observation::SupervisorConnected { .. } => false,
-        Observation::Deleted | Observation::MainProcessExited { .. } | Observation::NodeFenced { .. } => false,
+        Observation::Deleted
+        | Observation::MainProcessExited { .. }
+        | Observation::NodeFenced { .. }
+        | Observation::Held { .. } => false,
     };
     branch::hit(if exists { Branch::OrphanDelete } else { Branch::OrphanNothing });
     let effects = if exists { vec![Effect::Delete { sandbox: id.clone() }] } else { vec![] };
@@ -192,6 +195,21 @@ impl Merge<'_> {
                 branch::hit(Branch::OlderGenerationIgnored);
             }
             Observation::NodeFenced { node, epoch } => self.fenced(node, *epoch),
+            Observation::Held { node, epoch } => self.held(node, *epoch),
+        }
+    }
+
+    /// DESIGN 14: a node that finds a sandbox's run in its runtime adopts what is its own and
+    /// nothing else: a sandbox placed nowhere (recorded before placement was, on the one host
+    /// there was), or one placed on it under an earlier epoch of its own, which the store did
+    /// not fence in between (a fence fails or ends the run, and places the next elsewhere).
+    fn held(&mut self, node: &crate::id::NodeId, epoch: u64) {
+        match crate::fencing::adopted(self.before.placement.as_ref(), node, epoch) {
+            Some(placement) => {
+                branch::hit(Branch::HeldAdopted);
+                self.edit().placement = Some(placement);
+            }
+            None => branch::hit(Branch::HeldNothingToAdopt),
         }
     }
 

@@ -90,6 +90,10 @@ pub enum Observation {
     /// process of it took it again. A run placed there under that epoch or an earlier one is
     /// lost to the store, whatever the node still does with it.
     NodeFenced { node: NodeId, epoch: u64 },
+    /// `node`, holding its lease in `epoch`, finds the sandbox's run in its runtime: it adopts a
+    /// sandbox placed nowhere (recorded before placement was) or placed on it under an earlier
+    /// epoch of its own ([`crate::fencing::on_return`]'s `Adopt`).
+    Held { node: NodeId, epoch: u64 },
 }
 
 impl Observation {
@@ -111,6 +115,7 @@ impl Observation {
             Observation::SupervisorConnected { .. } => "supervisor connect",
             Observation::MainProcessExited { .. } => "supervisor exit report",
             Observation::NodeFenced { .. } => "node fence",
+            Observation::Held { .. } => "node adopt",
         }
     }
 }

@@ -121,6 +121,8 @@ struct Inner {
     exec_changes: tokio::sync::watch::Sender<()>,
     /// Rung when a pool here wants refilling now (a claim took a member, or found none).
     refill: tokio::sync::Notify,
+    /// The epoch of the node lease this gateway holds, while it holds it.
+    node_epoch: Mutex<Option<u64>>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -157,6 +159,7 @@ impl Engine {
                 sessions: Sessions::default(),
                 exec_changes: tokio::sync::watch::channel(()).0,
                 refill: tokio::sync::Notify::new(),
+                node_epoch: Mutex::new(None),
                 metrics: crate::metrics::Metrics::default(),
             }),
         }
@@ -234,6 +237,17 @@ impl Engine {
         }
         let nodes = self.nodes_as_placed().await?;
         Ok(self.inner.metrics.render(&phases, open, &volumes, bytes, &nodes))
+    }
+
+    /// The epoch of the node lease this gateway holds, if it holds it.
+    pub fn node_epoch(&self) -> Option<u64> {
+        *lock(&self.inner.node_epoch)
+    }
+
+    /// The node lease is held in `epoch`, or (`None`) no longer.
+    pub fn set_node_epoch(&self, epoch: Option<u64>) {
+        *lock(&self.inner.node_epoch) = epoch;
+        self.inner.metrics.node_lease(epoch);
     }
 
     /// Whether this gateway's node runs `sandbox` (DESIGN 14): its driver carries out the

@@ -78,14 +78,14 @@ impl Tenant for Agent {
         let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
         let follow = tokio::spawn(reconcile::follow_loop(engine.clone()));
         self.tenure = Some(Tenure::new(epoch, vec![recovery, watch, poll, follow]));
-        self.engine.metrics().node_lease(Some(epoch));
+        self.engine.set_node_epoch(Some(epoch));
     }
     fn end(&mut self, lapsed: bool) {
         if let Some(tenure) = self.tenure.take() {
             info!(node = %self.settings.id, "the node's reconcile loops stop here");
             tenure.end();
         }
-        self.engine.metrics().node_lease(None);
+        self.engine.set_node_epoch(None);
         if lapsed && self.others_live.load(Ordering::Relaxed) {
             warn!(node = %self.settings.id, "the node's lease lapsed unrenewed while other nodes are live: stopping every run it holds before the store fences it");
             tokio::spawn(stop_every_run(self.engine.clone()));

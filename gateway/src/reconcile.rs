@@ -290,14 +290,28 @@ pub async fn follow_loop(engine: Engine) {
 /// Merges what this node's runtime reports of sandbox `id` (its record `record` as read, `None`
 /// to read it under the lock), unless the store places the sandbox on another node: the run
 /// here is then one the store no longer places here (its node fenced and the sandbox placed
-/// anew), and it is removed, not merged (DESIGN 14, N1).
-async fn report(engine: &Engine, id: &SandboxId, observation: &Observation, record: Option<Sandbox>) {
+/// anew), and it is removed, not merged (DESIGN 14, N1). A run of a sandbox placed nowhere, or
+/// here under an earlier epoch, is adopted first ([`berth_core::fencing::adopted`]).
+async fn report(engine: &Engine, id: &SandboxId, observation: &Observation, mut record: Option<Sandbox>) {
     if let Some(elsewhere) = record.as_ref().filter(|r| !engine.runs_here(r)) {
         info!(sandbox = %elsewhere.name, id = %id, node = ?elsewhere.placement, "removing a run the store places on another node");
         if let Err(e) = engine.driver().delete(id, engine.settings().stop_grace).await {
             warn!(sandbox = %id, error = %e, "cannot remove a run placed elsewhere; the next sweep tries again");
         }
         return;
+    }
+    let me = &engine.settings().node;
+    let adopt = engine
+        .node_epoch()
+        .zip(record.as_ref())
+        .and_then(|(epoch, r)| berth_core::fencing::adopted(r.placement.as_ref(), me, epoch).map(|_| epoch));
+    if let Some(epoch) = adopt {
+        let held = Observation::Held { node: me.clone(), epoch };
+        match engine.observe(id, &held, record.clone()).await {
+            // The record read again below: the adoption wrote a newer version.
+            Ok(_) => record = None,
+            Err(e) => warn!(sandbox = %id, error = %e, "cannot adopt a run; the next sweep tries again"),
+        }
     }
     if let Err(e) = engine.observe(id, observation, record).await {
         warn!(sandbox = %id, error = %e, "cannot merge what the runtime reports");

@@ -223,3 +223,32 @@ fn a_fenced_nodes_runs_are_lost_its_stops_done_and_its_deletes_ended_and_nothing
     assert!(matches!(decision.writes[..], [Write::RemoveSandbox { .. }]), "{decision:?}");
     assert!(decision.effects.is_empty(), "{decision:?}");
 }
+
+#[test]
+fn a_node_holding_a_run_adopts_it_when_it_is_placed_nowhere_or_on_it_under_an_earlier_epoch() {
+    let held = |sandbox: &Sandbox, node: &str, epoch: u64| {
+        let observation = Observation::Held { node: NodeId::new(node), epoch };
+        merge(Some(sandbox), &sandbox.id, &observation, NOW).unwrap()
+    };
+    let running = Sandbox {
+        run: Run::Started { at: Some(Timestamp::from_unix_millis(5)) },
+        ..placed("a", 3, Phase::Ready, Intent::Running)
+    };
+    // Placed on it under an earlier epoch (it was granted its lease again): the epoch moves up,
+    // nothing else changes and nothing is sent.
+    let decision = held(&running, "a", 4);
+    let after = made(&decision);
+    assert_eq!(after.placement, at("a", 4));
+    assert_eq!((after.phase.clone(), after.generation, after.run), (Phase::Ready, 2, running.run));
+    assert!(decision.effects.is_empty());
+    // Recorded before placement was: the node holding its run takes it.
+    let legacy = Sandbox { placement: None, ..running.clone() };
+    assert_eq!(made(&held(&legacy, "b", 9)).placement, at("b", 9));
+    // As it is, another node's, or an epoch this node was not granted: nothing written.
+    for (node, epoch) in [("a", 3), ("b", 9), ("a", 2)] {
+        assert!(held(&running, node, epoch).writes.is_empty(), "{node} {epoch}");
+    }
+    // A sandbox being deleted is left to its delete.
+    let deleting = placed("a", 3, Phase::Deleting, Intent::Stopped);
+    assert!(held(&deleting, "a", 4).writes.is_empty());
+}

@@ -170,6 +170,25 @@ async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_holds_it_there_against_
     }
 }
 
+#[tokio::test]
+async fn a_node_granted_its_lease_again_adopts_its_runs_under_the_new_epoch() {
+    let data = DataDir::new();
+    let mut gateway = Gateway::start(&data, &["--node", "n1"]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    create(&mut sandboxes, "kept", &["sleep", "3600"], &[]).await;
+    let (made, _) = wait_phase(&mut sandboxes, "kept", pb::Phase::Ready).await;
+    assert_eq!((made.node.as_str(), made.node_epoch), ("n1", 1));
+    // Stopped and started again: the lease given up and granted in epoch 2. The run lived on;
+    // the node's sweep adopts it (its placement's epoch moves up), and nothing else changes.
+    gateway.terminate();
+    let gateway = Gateway::start(&data, &["--node", "n1"]).await;
+    let mut sandboxes = gateway.sandboxes().await;
+    let (adopted, _) =
+        wait_for(&mut sandboxes, "kept", Duration::from_secs(20), |s| s.is_some_and(|s| s.node_epoch == 2)).await;
+    let adopted = adopted.unwrap();
+    assert_eq!((phase(&adopted), adopted.generation, adopted.node.as_str()), (pb::Phase::Ready, 1, "n1"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_its_holder_dies() {
     let _server = POSTGRES_SERVER.read().await;

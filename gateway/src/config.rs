@@ -212,6 +212,11 @@ pub struct Flags {
     /// a server share its max_connections. [default: 8]
     #[arg(long, env = "BERTH_STORE_CONNECTIONS")]
     pub store_connections: Option<usize>,
+    /// The PEM CA certificates a PostgreSQL store's certificate is checked against, when its
+    /// URL says sslmode=require (TLS, never plaintext, certificate and name checked).
+    /// [default: the system's roots]
+    #[arg(long, env = "BERTH_STORE_CA")]
+    pub store_ca: Option<PathBuf>,
     /// Pins a host name to addresses for the egress proxy, before DNS (as curl's --resolve):
     /// NAME=ADDRESS[,ADDRESS...] (repeatable).
     #[arg(long = "egress-resolve", env = "BERTH_EGRESS_RESOLVE", value_delimiter = ' ', value_parser = crate::egress::pin)]
@@ -261,6 +266,7 @@ struct File {
     heartbeat: Option<String>,
     changes_kept: Option<u64>,
     store_connections: Option<usize>,
+    store_ca: Option<PathBuf>,
     egress_resolve: Option<Vec<String>>,
     log: Option<String>,
     log_format: Option<LogFormat>,
@@ -304,6 +310,7 @@ pub struct Config {
     pub heartbeat: Duration,
     pub changes_kept: u64,
     pub store_connections: usize,
+    pub store_ca: Option<PathBuf>,
     pub egress_resolve: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     pub log: String,
     pub log_format: LogFormat,
@@ -348,6 +355,7 @@ impl fmt::Debug for Config {
             .field("heartbeat", &self.heartbeat)
             .field("changes_kept", &self.changes_kept)
             .field("store_connections", &self.store_connections)
+            .field("store_ca", &self.store_ca)
             .field("egress_resolve", &self.egress_resolve)
             .field("log", &self.log)
             .field("log_format", &self.log_format)
@@ -449,6 +457,10 @@ impl Config {
             }
             (n, _) => n.unwrap_or(crate::store::postgres::CONNECTIONS),
         };
+        let store_ca = flags.store_ca.or(file.store_ca);
+        if store_ca.is_some() && matches!(store, StoreLocation::Sqlite(_)) {
+            return Err("store_ca: applies to a postgres:// store, and the store is SQLite".into());
+        }
         let egress_resolve = if flags.egress_resolve.is_empty() {
             file.egress_resolve
                 .unwrap_or_default()
@@ -526,6 +538,7 @@ impl Config {
             heartbeat: flags.heartbeat.or(from_file("heartbeat", file.heartbeat)?).unwrap_or(Duration::from_secs(5)),
             changes_kept,
             store_connections,
+            store_ca,
             egress_resolve,
             log: flags.log.or(file.log).unwrap_or_else(|| "info".to_string()),
             log_format: flags.log_format.or(file.log_format).unwrap_or(LogFormat::Text),
@@ -644,5 +657,16 @@ mod tests {
         let err = load("sqlite", Some(4)).unwrap_err();
         assert!(err.starts_with("store_connections:") && err.contains("SQLite"), "{err}");
         assert!(load("sqlite", None).is_ok());
+    }
+
+    #[test]
+    fn a_store_ca_is_for_a_postgres_store() {
+        let load = |store: &str| {
+            Config::load(Flags { store: Some(store.into()), store_ca: Some("ca.pem".into()), ..Flags::default() })
+        };
+        let config = load("postgres://db/berth?sslmode=require").unwrap();
+        assert_eq!(config.store_ca.as_deref(), Some(Path::new("ca.pem")));
+        let err = load("sqlite").unwrap_err();
+        assert!(err.starts_with("store_ca:") && err.contains("SQLite"), "{err}");
     }
 }

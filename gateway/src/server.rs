@@ -65,6 +65,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             let settings = crate::store::postgres::Settings {
                 changes_kept: config.changes_kept,
                 connections: config.store_connections,
+                ca: config.store_ca.clone(),
             };
             Arc::new(PostgresStore::connect_with(url, settings).await.map_err(|e| e.to_string())?)
         }

@@ -95,15 +95,44 @@ pub fn client(address: &str, ca: Option<&Path>) -> Result<Option<tonic::transpor
     }
     let config = tonic::transport::ClientTlsConfig::new();
     Ok(Some(match ca {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| format!("reading the CA file {}: {e}", path.display()))?;
-            if CertificateDer::pem_slice_iter(&pem).next().is_none() {
-                return Err(format!("the CA file {} holds no PEM certificate", path.display()));
-            }
-            config.ca_certificate(tonic::transport::Certificate::from_pem(pem))
-        }
+        Some(path) => config.ca_certificate(tonic::transport::Certificate::from_pem(ca_file(path)?)),
         None => config.with_native_roots(),
     }))
+}
+
+/// The PEM text of a CA file, which must hold at least one certificate.
+fn ca_file(path: &Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("reading the CA file {}: {e}", path.display()))?;
+    if CertificateDer::pem_slice_iter(&pem).next().is_none() {
+        return Err(format!("the CA file {} holds no PEM certificate", path.display()));
+    }
+    Ok(pem)
+}
+
+/// How the gateway speaks TLS to a PostgreSQL store: the server's certificate checked, name
+/// included, against the PEM file `ca` if given, else the system's roots.
+pub fn store_client(ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(path) => {
+            for cert in CertificateDer::pem_slice_iter(&ca_file(path)?) {
+                let cert = cert.map_err(|e| format!("reading the CA file {}: {e}", path.display()))?;
+                roots.add(cert).map_err(|e| format!("the CA file {}: {e}", path.display()))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(found.certs);
+            if roots.is_empty() {
+                return Err("the system has no CA certificates to check the store's against; give store_ca".into());
+            }
+        }
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// `endpoint` (of `address`) set to speak as [`client`] says.

@@ -24,14 +24,22 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(url: &str, nodes: usize, supervisor: &Path) -> Self {
+    /// n1 reaches the store as the database's own host would, in plaintext; the others as other
+    /// hosts would, over TLS checked against `ca`.
+    fn start(url: &str, nodes: usize, supervisor: &Path, ca: &Path) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut gateways = Vec::new();
         for i in 1..=nodes {
             let (name, data) = (format!("n{i}"), dir.path().join(format!("n{i}")));
             std::fs::create_dir_all(&data).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_berth-gateway"))
-                .args(["--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--store", url])
+            let mut command = Command::new(env!("CARGO_BIN_EXE_berth-gateway"));
+            if i == 1 {
+                command.args(["--store", url]);
+            } else {
+                command.args(["--store", &format!("{url}&sslmode=require")]).arg("--store-ca").arg(ca);
+            }
+            let child = command
+                .args(["--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0"])
                 .args(["--name", &name, "--node", &name, "--api-token", TOKEN, "--lease-ttl", "2s"])
                 .args(["--driver", "process", "--poll-interval", "500ms", "--log", "warn"])
                 .arg("--supervisor-bin")
@@ -172,12 +180,13 @@ pub(crate) fn nodes(runtime: &tokio::runtime::Runtime, quick: bool) {
         println!("nodes: skipped (set BERTH_TEST_POSTGRES_URL and BERTH_TEST_STATIC_SUPERVISOR; ci/bench does)");
         return;
     };
+    let Some(ca) = pg::server_ca("the nodes bench") else { return };
     let count = if quick { 3 } else { 30 };
     println!("{count} sandboxes created at once to Ready, nodes as gateway processes on the process driver");
     for nodes in [1, 3] {
         let (took, cluster) = runtime.block_on(async {
             let url = pg::fresh_schema(&format!("bench_{nodes}_nodes")).await.unwrap();
-            let cluster = Cluster::start(&url, nodes, &supervisor);
+            let cluster = Cluster::start(&url, nodes, &supervisor, &ca);
             cluster.live(nodes).await;
             (create_ready(&cluster.client().await, count).await, cluster)
         });

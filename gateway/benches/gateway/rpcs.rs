@@ -127,7 +127,7 @@ pub(crate) fn postgres(runtime: &tokio::runtime::Runtime, quick: bool) {
                     let settings = berth_gateway::store::postgres::Settings { connections, ..Default::default() };
                     let mut stores: Vec<Arc<dyn Store>> = Vec::new();
                     for _ in 0..gateways {
-                        stores.push(Arc::new(PostgresStore::connect_with(&url, settings).await.unwrap()));
+                        stores.push(Arc::new(PostgresStore::connect_with(&url, settings.clone()).await.unwrap()));
                     }
                     rpc_load(stores, clients, cycles).await
                 });

@@ -2,7 +2,7 @@
 //! makes: three nodes, each a gateway on the process driver in a network namespace of its own,
 //! and a gateway on the host whose clients this test is, all speaking TLS under the rig's CA. Run by `ci/cluster test`, which starts
 //! the rig and exports where it is (`BERTH_GATEWAY`, `BERTH_TOKEN`, `BERTH_CA_FILE`,
-//! `BERTH_CLUSTER_NODES`); a
+//! `BERTH_CLUSTER_NODES`, `BERTH_CLUSTER_STORE`); a
 //! plain `cargo test` without it skips, saying so.
 
 use std::collections::BTreeMap;
@@ -25,6 +25,8 @@ struct Rig {
     /// The rig's CA: every gateway of it serves TLS only.
     ca: std::path::PathBuf,
     nodes: usize,
+    /// The rig's PostgreSQL, as the host's gateway reaches it (loopback).
+    store: String,
 }
 
 impl Rig {
@@ -37,7 +39,7 @@ impl Rig {
             return None;
         };
         let (address, token, ca) = (env("BERTH_GATEWAY")?, env("BERTH_TOKEN")?, env("BERTH_CA_FILE")?.into());
-        Some(Self { address, token, ca, nodes: nodes.parse().ok()? })
+        Some(Self { address, token, ca, nodes: nodes.parse().ok()?, store: env("BERTH_CLUSTER_STORE")? })
     }
 
     /// A channel to the host's gateway, trusting the rig's CA, or (`ca` none) trusting nothing.
@@ -235,6 +237,22 @@ async fn thirty_sandboxes_spread_over_three_nodes_outlive_a_node_killed_and_a_no
         let mut client = SandboxesClient::with_interceptor(plain, Bearer(rig.token.clone()));
         assert!(client.list_sandboxes(pb::ListSandboxesRequest::default()).await.is_err(), "plaintext was answered");
     }
+    // The store's side: every node's connections to PostgreSQL are TLS, and plaintext from a
+    // node's host is refused.
+    let (admin, connection) = tokio_postgres::connect(&rig.store, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let from_nodes = "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_ssl s \
+        JOIN pg_stat_activity a USING (pid) WHERE a.client_addr << '10.78.0.0/16'";
+    let row = admin.query_one(from_nodes, &[]).await.unwrap();
+    let (encrypted, all): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all > 0 && encrypted == all, "{encrypted} of the nodes' {all} store connections are TLS");
+    let port = rig.store.rsplit(':').next().and_then(|p| p.split('/').next()).unwrap();
+    let plaintext = format!("postgres://berth@10.78.1.1:{port}/berth?sslmode=disable");
+    let psql = Command::new("ip").args(["netns", "exec", "berth-n1", "psql", &plaintext, "-c", "SELECT 1"]).output();
+    let psql = psql.unwrap();
+    let said = String::from_utf8_lossy(&psql.stderr);
+    assert!(!psql.status.success() && said.contains("no encryption"), "plaintext from a node: {said}");
+
     // A node whose certificate another CA signed is refused by the gateway: a call about a
     // sandbox on it is UNAVAILABLE naming it, while a sandbox on a node the CA vouches for serves.
     rig.rig("rogue-node", 3);

@@ -221,10 +221,15 @@ async fn gateways_sharing_a_data_directory_are_one_node_whose_lease_moves_when_i
 
 /// Two hosts' worth: gateways with data directories of their own (each its own runtime, so each
 /// its own node: n1 labelled host=one, n2 host=two) sharing one PostgreSQL database and one API
-/// token, each also given its `extra` flags.
+/// token, each also given its `extra` flags. n2 reaches the database as a node on another host
+/// would, over TLS (sslmode=require, the server's certificate checked against its CA).
 pub(crate) async fn two_nodes(test: &str, extra: [&[&str]; 2]) -> Option<([DataDir; 2], [Gateway; 2])> {
     let url = pg::fresh_schema(test).await?;
-    Some(two_nodes_on([&url, &url], extra).await)
+    let ca = pg::server_ca(test)?;
+    let over_tls = format!("{url}&sslmode=require");
+    let mut second = vec!["--store-ca", ca.to_str().unwrap()];
+    second.extend(extra[1]);
+    Some(two_nodes_on([&url, &over_tls], [extra[0], &second]).await)
 }
 
 /// [`two_nodes`], each reaching the database at its own URL of it.

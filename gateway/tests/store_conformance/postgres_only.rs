@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use berth_core::Write;
-use berth_gateway::store::postgres::PostgresStore;
+use berth_gateway::store::postgres::{PostgresStore, Settings};
 use berth_gateway::store::{PageRequest, Store, StoreError};
 
-use super::pg::{fresh_schema, in_schema, server_url};
+use super::pg::{fresh_schema, in_schema, server_ca, server_url};
 use super::{postgres, provider, sandbox};
 
 #[tokio::test]
@@ -147,4 +147,60 @@ async fn pages_come_in_byte_order_whatever_the_locale() {
     let page = store.list_providers(&PageRequest { after: None, limit: 10 }).await.unwrap();
     let names: Vec<&str> = page.items.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["B", "b", "b-1", "b1"]);
+}
+
+/// Whether every connection named `application` speaks TLS (and there is one).
+async fn encrypted(url: &str, application: &str) -> bool {
+    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let rows = admin
+        .query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+            &[&application],
+        )
+        .await
+        .unwrap();
+    assert!(!rows.is_empty(), "no connection named {application}");
+    rows.iter().all(|row| row.get::<_, bool>(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_speaks_tls_and_checks_the_certificate_and_its_name() {
+    let Some(url) = fresh_schema("store_tls").await else { return };
+    let Some(ca) = server_ca("store_tls") else { return };
+    let with_ca = |ca: &std::path::Path| Settings { ca: Some(ca.to_path_buf()), ..Settings::default() };
+    let tls = format!("{url}&sslmode=require&application_name=berth_store_tls_on");
+    let store = PostgresStore::connect_with(&tls, with_ca(&ca)).await.unwrap();
+    store.commit(&[Write::CreateSandbox(sandbox("sb-1", "one"))]).await.unwrap();
+    assert_eq!(store.sandbox_by_name("one").await.unwrap().unwrap().id.as_str(), "sb-1");
+    let admin = server_url("store_tls").unwrap();
+    assert!(encrypted(&admin, "berth_store_tls_on").await, "sslmode=require is spoken over TLS");
+    // Without it, as before: plaintext.
+    let plain = PostgresStore::connect(&format!("{url}&application_name=berth_store_tls_off")).await.unwrap();
+    assert_eq!(plain.sandbox_by_name("one").await.unwrap().unwrap().id.as_str(), "sb-1");
+    assert!(!encrypted(&admin, "berth_store_tls_off").await);
+
+    let unavailable = |err: StoreError| match err {
+        StoreError::Unavailable(message) => message,
+        other => panic!("{other:?}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stranger = dir.path().join("stranger.pem");
+    std::fs::write(&stranger, rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap().cert.pem())
+        .unwrap();
+    let message = unavailable(PostgresStore::connect_with(&tls, with_ca(&stranger)).await.err().unwrap());
+    assert!(message.contains("invalid peer certificate: UnknownIssuer"), "another CA's is refused: {message}");
+    // The certificate is for the address 127.0.0.1, not the name localhost.
+    let by_name = tls.replacen("127.0.0.1", "localhost", 1);
+    let message = unavailable(PostgresStore::connect_with(&by_name, with_ca(&ca)).await.err().unwrap());
+    assert!(message.contains("certificate not valid for name \"localhost\""), "its name is checked: {message}");
+
+    let message = unavailable(PostgresStore::connect_with(&url, with_ca(&ca)).await.err().unwrap());
+    assert!(message.starts_with("store_ca:") && message.contains("sslmode=require"), "{message}");
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    let message = unavailable(PostgresStore::connect_with(&tls, with_ca(&empty)).await.err().unwrap());
+    assert!(message.starts_with("store_ca:") && message.contains("holds no PEM certificate"), "{message}");
+    let message = unavailable(PostgresStore::connect(&format!("{url}&sslmode=verify-full")).await.err().unwrap());
+    assert!(message.contains("as libpq's verify-full does"), "{message}");
 }

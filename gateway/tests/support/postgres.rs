@@ -1,5 +1,6 @@
-//! The PostgreSQL the tests use: `BERTH_TEST_POSTGRES_URL` (`ci/postgres up` starts one; `ci/postgres
-//! env` prints the variable), each test in a schema of its own. Under `ci/test`
+//! The PostgreSQL the tests use: `BERTH_TEST_POSTGRES_URL` and the CA of its certificate,
+//! `BERTH_TEST_POSTGRES_CA` (`ci/postgres up` starts one; `ci/postgres env` prints the
+//! variables), each test in a schema of its own. Under `ci/test`
 //! (`BERTH_REQUIRE_POSTGRES=1`) a missing database fails; a plain `cargo test` skips and says so.
 
 /// The server's URL, or `None` (saying that `test` is skipped) when none is configured and none
@@ -12,6 +13,21 @@ pub fn server_url(test: &str) -> Option<String> {
         }
         Err(_) => {
             eprintln!("skipped {test}: no PostgreSQL (ci/postgres up; export $(ci/postgres env))");
+            None
+        }
+    }
+}
+
+/// The CA file of the server's certificate (`ci/postgres up` makes one), or `None` (saying that
+/// `test` is skipped) when none is configured and none is required.
+pub fn server_ca(test: &str) -> Option<std::path::PathBuf> {
+    match std::env::var("BERTH_TEST_POSTGRES_CA") {
+        Ok(path) => Some(path.into()),
+        Err(_) if std::env::var("BERTH_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") => {
+            panic!("{test}: BERTH_TEST_POSTGRES_CA is not set, and this run requires PostgreSQL (ci/postgres up)")
+        }
+        Err(_) => {
+            eprintln!("skipped {test}: no PostgreSQL CA (ci/postgres up; export $(ci/postgres env))");
             None
         }
     }

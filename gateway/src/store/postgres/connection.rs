@@ -45,11 +45,41 @@ pub(super) fn target(config: &tokio_postgres::Config) -> String {
     format!("{user}@{host}:{port}/{database}")
 }
 
-/// The server's own message where there is one (tokio-postgres's Display says only "db error").
+/// Whether the store is on this host (loopback or a Unix socket), where plaintext never crosses
+/// a network.
+pub(super) fn local(config: &tokio_postgres::Config) -> bool {
+    config.get_hosts().iter().all(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        }
+        tokio_postgres::config::Host::Unix(_) => true,
+    })
+}
+
+/// libpq's `verify-ca` and `verify-full` are not spelled so here: say what is.
+pub(super) const VERIFY_HINT: &str =
+    " (Berth's sslmode=require checks the server's certificate and name, as libpq's verify-full does)";
+
+/// The server's own message where there is one (tokio-postgres's Display says only "db error"),
+/// else the error with its causes (a TLS handshake's says only that it failed; its cause, why).
 pub(super) fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.code().code(), db.message());
+    }
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        message = format!("{message}: {inner}");
+        cause = inner.source();
+    }
+    message
+}
+
+/// Why the pool lent no connection.
+pub(super) fn unlent(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => describe(e),
+        other => other.to_string(),
     }
 }
 

@@ -19,6 +19,7 @@
 //! timeouts; the pool reconnects by itself once the database is back.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
@@ -28,9 +29,11 @@ use berth_core::exec::{Exec, ExecId};
 use berth_core::template::Template;
 use berth_core::{NodeId, Provider, Sandbox, SandboxId, Snapshot, Timestamp, Volume, Write};
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::codec::{self, Decoded, Record, corrupt};
 use super::{
@@ -44,7 +47,7 @@ mod nodes;
 mod schema;
 mod statement;
 
-use connection::{Lent, describe, target};
+use connection::{Lent, describe, target, unlent};
 use schema::MIGRATIONS;
 
 /// The SQLSTATEs of a condition that did not hold: `berth_expect_version`'s (its detail the
@@ -98,18 +101,21 @@ const MIGRATION_LOCK: i64 = 0x6265_7274_685f_6462; // "berth_db"
 pub const CONNECTIONS: usize = 8;
 
 /// How one gateway uses a PostgreSQL store.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// How many of the newest change log entries are kept.
     pub changes_kept: u64,
     /// How many connections the gateway keeps at most (each a server process): gateways sharing
     /// a server share its `max_connections`, and on a small server fewer connections are faster.
     pub connections: usize,
+    /// The CA file the server's certificate is checked against when the URL says
+    /// `sslmode=require`; the system's roots when not given.
+    pub ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Self { changes_kept: super::CHANGES_KEPT, connections: CONNECTIONS }
+        Self { changes_kept: super::CHANGES_KEPT, connections: CONNECTIONS, ca: None }
     }
 }
 
@@ -136,7 +142,10 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`, or
-    /// any form libpq accepts) and brings its schema up to date.
+    /// any form libpq accepts) and brings its schema up to date. `sslmode=require` in the URL
+    /// speaks TLS, never plaintext, and checks the server's certificate and name (libpq's
+    /// `verify-full`, where libpq's `require` checks neither); otherwise the store is spoken to in
+    /// plaintext, which is fit for a store on the gateway's own host or a private link alone.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, Settings::default()).await
     }
@@ -145,14 +154,32 @@ impl PostgresStore {
     pub async fn connect_with(url: &str, settings: Settings) -> Result<Self, StoreError> {
         let keep = i64::try_from(settings.changes_kept.max(1)).unwrap_or(i64::MAX);
         // The parser's message never quotes the URL, so never its password.
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("the store URL is not a PostgreSQL URL: {e}")))?;
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| {
+            let hint = if url.contains("sslmode=verify") { connection::VERIFY_HINT } else { "" };
+            StoreError::Unavailable(format!("the store URL is not a PostgreSQL URL: {e}{hint}"))
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(TIMEOUT);
         }
-        config.application_name("berth-gateway");
+        if config.get_application_name().is_none() {
+            config.application_name("berth-gateway");
+        }
         let target = target(&config);
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = if config.get_ssl_mode() == SslMode::Require {
+            let tls = crate::tls::store_client(settings.ca.as_deref())
+                .map_err(|e| StoreError::Unavailable(format!("store_ca: {e}")))?;
+            Manager::from_config(config, MakeRustlsConnect::new(tls), recycling)
+        } else if settings.ca.is_some() {
+            return Err(StoreError::Unavailable(
+                "store_ca: a CA for the store's certificate needs TLS: add sslmode=require to the store URL".into(),
+            ));
+        } else {
+            if !connection::local(&config) {
+                tracing::warn!(store = %target, "the store is spoken to in plaintext across the network; add sslmode=require to its URL");
+            }
+            Manager::from_config(config, NoTls, recycling)
+        };
         let pool = Pool::builder(manager)
             .max_size(settings.connections.max(1))
             .runtime(Runtime::Tokio1)
@@ -207,7 +234,7 @@ impl PostgresStore {
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
-        self.pool.get().await.map_err(|e| StoreError::Unavailable(format!("postgres {}: {e}", self.target)))
+        self.pool.get().await.map_err(|e| StoreError::Unavailable(format!("postgres {}: {}", self.target, unlent(&e))))
     }
 
     fn error(&self, e: &tokio_postgres::Error) -> StoreError {

@@ -192,6 +192,13 @@ impl Effect {
             Effect::RemoveVolume { volume, .. } => Subject::Volume(volume.clone()),
         }
     }
+
+    /// Whether carrying it out makes a run go (a start, a resume): what a node whose lease is
+    /// in doubt must not do ([`crate::fencing::may_run`]). Stopping, pausing or removing one
+    /// never adds a run.
+    pub fn makes_a_run(&self) -> bool {
+        matches!(self, Effect::Start { .. } | Effect::Resume { .. })
+    }
 }
 
 /// What the caller gets back.

@@ -75,11 +75,32 @@ pub fn touches(sandbox: &Sandbox) -> bool {
     !matches!(sandbox.phase.kind(), PhaseKind::Stopped | PhaseKind::Error)
 }
 
-/// Whether a node whose lease is `lease` (`None`: not held now) carries out an effect sent for
-/// `epoch`. A node refuses any other: an effect decided under a lease it no longer holds, or
-/// before it was granted again, could start a second run of a generation placed elsewhere.
-pub fn accepts(lease: Option<u64>, epoch: u64) -> bool {
-    lease == Some(epoch)
+/// What a gateway holds of its node's lease, as the node's side of fencing sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Held here, granted in this epoch.
+    Held(u64),
+    /// Not held here: not yet, given up, or held by a gateway sharing the node's data directory
+    /// (and so its runtime), which keeps it for the node.
+    Sibling,
+    /// Lapsed here unrenewed while other nodes were live: the store may fence the node and
+    /// place its sandboxes elsewhere at any moment.
+    Lapsed,
+}
+
+/// Whether a gateway whose standing in its node's lease is `standing` may make a run (start or resume one)
+/// of a sandbox the store places on its node at `placement` (`None`: recorded before placement
+/// was). An effect is carried out for the placement's epoch: a node whose lease lapsed refuses
+/// every one (a run it made could overlap the next generation's elsewhere), and one whose view
+/// is older than the placement (an epoch it does not know it was granted) refuses it too. An
+/// earlier epoch of its own is still its to run: the store fences a node only by placing its
+/// sandboxes anew, so a placement that still names the node was never fenced.
+pub fn may_run(standing: Standing, placement: Option<&Placement>) -> bool {
+    match (standing, placement) {
+        (Standing::Lapsed, _) => false,
+        (Standing::Sibling, _) | (Standing::Held(_), None) => true,
+        (Standing::Held(held), Some(at)) => at.epoch <= held,
+    }
 }
 
 #[cfg(test)]
@@ -115,10 +136,14 @@ mod tests {
     }
 
     #[test]
-    fn an_effect_is_carried_out_only_under_the_lease_it_was_sent_for() {
-        assert!(accepts(Some(4), 4));
-        assert!(!accepts(Some(5), 4), "decided under an earlier lease");
-        assert!(!accepts(Some(4), 5), "decided for a lease this node has not been granted");
-        assert!(!accepts(None, 4), "no lease held: the node acts on nothing");
+    fn a_run_is_made_only_under_a_lease_at_least_as_new_as_its_placement() {
+        let at = |epoch| Placement { node: NodeId::new("n1"), epoch };
+        assert!(may_run(Standing::Held(4), Some(&at(4))));
+        assert!(may_run(Standing::Held(5), Some(&at(4))), "placed under an earlier epoch, never fenced");
+        assert!(!may_run(Standing::Held(4), Some(&at(5))), "placed under an epoch this view has not seen");
+        assert!(may_run(Standing::Held(4), None), "recorded before placement");
+        assert!(!may_run(Standing::Lapsed, Some(&at(4))), "lapsed: the store may fence the node");
+        assert!(!may_run(Standing::Lapsed, None));
+        assert!(may_run(Standing::Sibling, Some(&at(4))), "a sibling holds the node's lease");
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use berth_core::cas::{Retry, RetryPolicy};
 use berth_core::decision::Subject;
+use berth_core::fencing::Standing;
 use berth_core::identity::IdentityKey;
 use berth_core::plan::Lock;
 use berth_core::snapshot::SNAPSHOT_LABEL;
@@ -121,8 +122,8 @@ struct Inner {
     exec_changes: tokio::sync::watch::Sender<()>,
     /// Rung when a pool here wants refilling now (a claim took a member, or found none).
     refill: tokio::sync::Notify,
-    /// The epoch of the node lease this gateway holds, while it holds it.
-    node_epoch: Mutex<Option<u64>>,
+    /// This gateway's standing in its node's lease.
+    standing: Mutex<Standing>,
     metrics: crate::metrics::Metrics,
 }
 
@@ -159,7 +160,7 @@ impl Engine {
                 sessions: Sessions::default(),
                 exec_changes: tokio::sync::watch::channel(()).0,
                 refill: tokio::sync::Notify::new(),
-                node_epoch: Mutex::new(None),
+                standing: Mutex::new(Standing::Sibling),
                 metrics: crate::metrics::Metrics::default(),
             }),
         }
@@ -241,13 +242,21 @@ impl Engine {
 
     /// The epoch of the node lease this gateway holds, if it holds it.
     pub fn node_epoch(&self) -> Option<u64> {
-        *lock(&self.inner.node_epoch)
+        match *lock(&self.inner.standing) {
+            Standing::Held(epoch) => Some(epoch),
+            Standing::Sibling | Standing::Lapsed => None,
+        }
     }
 
-    /// The node lease is held in `epoch`, or (`None`) no longer.
-    pub fn set_node_epoch(&self, epoch: Option<u64>) {
-        *lock(&self.inner.node_epoch) = epoch;
-        self.inner.metrics.node_lease(epoch);
+    /// This gateway's standing in its node's lease, from now on.
+    pub fn set_standing(&self, standing: Standing) {
+        *lock(&self.inner.standing) = standing;
+        self.inner.metrics.node_lease(self.node_epoch());
+    }
+
+    /// Whether this gateway may make a run of `sandbox` now (DESIGN 14, N1).
+    pub fn may_run(&self, sandbox: &Sandbox) -> bool {
+        berth_core::fencing::may_run(*lock(&self.inner.standing), sandbox.placement.as_ref())
     }
 
     /// Whether this gateway's node runs `sandbox` (DESIGN 14): its driver carries out the

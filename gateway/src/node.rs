@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::NodeId;
+use berth_core::fencing::Standing;
 use berth_core::placement::Capacity;
 use tokio::sync::watch;
 
@@ -78,17 +79,19 @@ impl Tenant for Agent {
         let poll = tokio::spawn(reconcile::poll_loop(engine.clone(), settings.clone()));
         let follow = tokio::spawn(reconcile::follow_loop(engine.clone()));
         self.tenure = Some(Tenure::new(epoch, vec![recovery, watch, poll, follow]));
-        self.engine.set_node_epoch(Some(epoch));
+        self.engine.set_standing(Standing::Held(epoch));
     }
     fn end(&mut self, lapsed: bool) {
         if let Some(tenure) = self.tenure.take() {
             info!(node = %self.settings.id, "the node's reconcile loops stop here");
             tenure.end();
         }
-        self.engine.set_node_epoch(None);
         if lapsed && self.others_live.load(Ordering::Relaxed) {
-            warn!(node = %self.settings.id, "the node's lease lapsed unrenewed while other nodes are live: stopping every run it holds before the store fences it");
+            warn!(node = %self.settings.id, "the node's lease lapsed unrenewed while other nodes are live: stopping every run it holds before the store fences it, and making none until it holds the lease again");
+            self.engine.set_standing(Standing::Lapsed);
             tokio::spawn(stop_every_run(self.engine.clone()));
+        } else {
+            self.engine.set_standing(Standing::Sibling);
         }
     }
 }

@@ -14,7 +14,7 @@ use berth_core::{
     recovery, snapshot, volume,
 };
 use berth_drivers::{DriverError, Launch};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{Engine, lock};
 use crate::error::ApiError;
@@ -211,6 +211,13 @@ impl Engine {
             // changes and carries it out (`reconcile::follow_loop`).
             if let Some(elsewhere) = record.as_ref().filter(|r| !self.runs_here(r)) {
                 debug!(sandbox = %id, ?effect, node = ?elsewhere.placement, "effect left to the sandbox's node");
+                return;
+            }
+            // A run made under a lease that lapsed, or for a placement newer than this view,
+            // could overlap one the store places elsewhere: left until the lease is held again
+            // (recovery then re-drives it) or to the node the store fences it onto.
+            if let Some(record) = record.as_ref().filter(|r| effect.makes_a_run() && !self.may_run(r)) {
+                info!(sandbox = %id, ?effect, placement = ?record.placement, "refused: not under this node's lease");
                 return;
             }
             match self.call_driver(effect, record.as_ref()).await {

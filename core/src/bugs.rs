@@ -62,7 +62,7 @@ pub enum Bug {
     /// T1 (idle): an idle expiry counts only the record's last activity, not the execs still
     /// open, so a sandbox is stopped under an exec that runs longer than its idle timeout.
     IdleIgnoresExecs,
-    /// N1: an attach opens the provider's endpoints to the running generation at once, not at
+    /// G1: an attach opens the provider's endpoints to the running generation at once, not at
     /// its next start: the run gets more than the policy committed with its generation.
     EgressFromAttach,
     /// D1 over trees: the process driver signals its run's supervisor alone where it should
@@ -112,10 +112,16 @@ pub enum Bug {
     /// URL handed out before a stop and start reaches the next run (the stale preview URL
     /// Cloudflare had to retrofit a fix for).
     PortTokenOutlivesRun,
+    /// N1: a node acts on a stale epoch: when its lease lapses it keeps its runs, and goes on
+    /// making runs, so once the store fences it and places a sandbox anew, two nodes run it.
+    LapsedNodeRunsOn,
+    /// N2: placement takes a node whose lease has lapsed for a live one, so sandboxes are
+    /// placed on a node that is gone.
+    PlacesOnLapsed,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 28] = [
+    pub const ALL: [Bug; 30] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -144,6 +150,8 @@ impl Bug {
         Bug::RestoreForgetsStart,
         Bug::VolumeRemovedUnderRun,
         Bug::PortTokenOutlivesRun,
+        Bug::LapsedNodeRunsOn,
+        Bug::PlacesOnLapsed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -176,6 +184,8 @@ impl Bug {
             Bug::RestoreForgetsStart => "restore-forgets-start",
             Bug::VolumeRemovedUnderRun => "volume-removed-under-run",
             Bug::PortTokenOutlivesRun => "port-token-outlives-run",
+            Bug::LapsedNodeRunsOn => "lapsed-node-runs-on",
+            Bug::PlacesOnLapsed => "places-on-lapsed",
         }
     }
 
@@ -191,6 +201,8 @@ impl Bug {
             // Claims through one gateway take turns on their template; racing ones come
             // through others.
             Bug::EffectWithoutRecheck | Bug::TenureFromAnswer | Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas => 3,
+            // A gateway per node.
+            Bug::LapsedNodeRunsOn | Bug::PlacesOnLapsed => 3,
             Bug::PollBypassesFence
             | Bug::EventBypassesFence
             | Bug::RotationOutsideStart
@@ -261,6 +273,14 @@ impl Bug {
         self == Bug::PortTokenOutlivesRun
     }
 
+    /// The nodes the race needs: several, for a sandbox to be placed anew on another.
+    pub fn nodes(self) -> usize {
+        match self {
+            Bug::LapsedNodeRunsOn | Bug::PlacesOnLapsed => 3,
+            _ => 1,
+        }
+    }
+
     /// Whether the race needs the state workload (pause and resume).
     pub fn state(self) -> bool {
         matches!(
@@ -317,7 +337,7 @@ pub(crate) fn bypasses_fence(source: RuntimeSource) -> bool {
     }
 }
 
-/// N1: an attach widens the running generation's egress too.
+/// G1: an attach widens the running generation's egress too.
 pub(crate) fn egress_from_attach(next: &mut Sandbox, provider: &str) {
     if on(Bug::EgressFromAttach) {
         std::sync::Arc::make_mut(&mut next.egress_providers).insert(provider.to_string());

@@ -88,6 +88,15 @@ pub enum Standing {
     Lapsed,
 }
 
+/// Whether a node whose lease ended here stops every run it holds: when the lease ran out
+/// unrenewed (`lapsed`; not given up, nor taken over by a sibling) while other nodes were live
+/// at its last renewal (`others_live`), the store may fence the node and place its sandboxes on
+/// them, so its runs must be gone first. The only node there is, the store places nowhere else:
+/// its runs go on through an outage of the store.
+pub fn stops_on_lapse(lapsed: bool, others_live: bool) -> bool {
+    lapsed && others_live && !crate::bugs::on(crate::bugs::Bug::LapsedNodeRunsOn)
+}
+
 /// Whether a gateway whose standing in its node's lease is `standing` may make a run (start or resume one)
 /// of a sandbox the store places on its node at `placement` (`None`: recorded before placement
 /// was). An effect is carried out for the placement's epoch: a node whose lease lapsed refuses
@@ -97,7 +106,7 @@ pub enum Standing {
 /// sandboxes anew, so a placement that still names the node was never fenced.
 pub fn may_run(standing: Standing, placement: Option<&Placement>) -> bool {
     match (standing, placement) {
-        (Standing::Lapsed, _) => false,
+        (Standing::Lapsed, _) => crate::bugs::on(crate::bugs::Bug::LapsedNodeRunsOn),
         (Standing::Sibling, _) | (Standing::Held(_), None) => true,
         (Standing::Held(held), Some(at)) => at.epoch <= held,
     }
@@ -133,6 +142,13 @@ mod tests {
         assert_eq!(adopted(Some(&at("n1", 4)), &me, 4), None, "placed as it is");
         assert_eq!(adopted(Some(&at("n1", 5)), &me, 4), None, "an epoch this node was not granted");
         assert_eq!(adopted(Some(&at("n2", 1)), &me, 4), None, "another node's");
+    }
+
+    #[test]
+    fn a_node_stops_its_runs_when_its_lease_lapses_only_if_the_store_could_place_them_elsewhere() {
+        assert!(stops_on_lapse(true, true));
+        assert!(!stops_on_lapse(true, false), "the only node: nowhere else to run them");
+        assert!(!stops_on_lapse(false, true), "given up or taken over by a sibling");
     }
 
     #[test]

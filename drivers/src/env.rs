@@ -121,6 +121,7 @@ mod tests {
             credentials: credentials.iter().map(|(k, v)| (k.to_string(), Secret::new(*v))).collect(),
             token: derive_token(&IdentityKey::from_bytes([7; 32]), &identity),
             seed: None,
+            fence: crate::Fence::open(),
         }
     }
 

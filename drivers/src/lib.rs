@@ -84,6 +84,44 @@ pub(crate) fn removed(result: std::io::Result<()>, context: &str) -> Result<(), 
     }
 }
 
+/// Whether the node may still make a run (DESIGN 14, N1). A driver asks at the last moment
+/// before it makes one: a start held up (behind a lock, a slow runtime) past the node's lease
+/// must not make a run the store may meanwhile have placed on another node.
+#[derive(Clone)]
+pub struct Fence(std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl Fence {
+    /// A fence asked through `holds`.
+    pub fn new(holds: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(holds))
+    }
+
+    /// One that always holds: a single host, a driver's own tests.
+    pub fn open() -> Self {
+        Self::new(|| true)
+    }
+
+    /// Nothing, if the node may make the run; otherwise the effect is left, unavailable, to be
+    /// driven again once the node holds its lease.
+    pub fn holds(&self) -> bool {
+        (self.0)()
+    }
+
+    pub fn check(&self) -> Result<(), DriverError> {
+        if self.holds() {
+            Ok(())
+        } else {
+            Err(DriverError::Unavailable("the node does not hold its lease: no run is made".to_string()))
+        }
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
+}
+
 /// What a driver needs to start one generation's run.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -100,6 +138,8 @@ pub struct Launch {
     /// with its workspace if that is removed out of band), and on a container runtime its image
     /// is the sandbox's for good.
     pub seed: Option<berth_core::record::Seed>,
+    /// Asked just before the run is made.
+    pub fence: Fence,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -249,6 +289,35 @@ pub trait Driver: Send + Sync + 'static {
     /// newer generation begun since (berth-core's [`berth_core::start_gate::stop_superseded`]) and
     /// replies with what the runtime shows.
     async fn stop(&self, sandbox: &SandboxId, generation: u64, grace: Duration) -> Result<RuntimeState, DriverError>;
+
+    /// Stops every run the runtime holds, whatever its generation, as [`Driver::stop`] does,
+    /// keeping the workspaces: the node's side of fencing (DESIGN 14), when the store may place
+    /// the node's sandboxes elsewhere; for as long as `lapsed` holds (the node granted its lease
+    /// again meanwhile may be making runs anew). The sandboxes it could not stop come back, with
+    /// why.
+    async fn stop_every_run(
+        &self,
+        grace: Duration,
+        lapsed: &Fence,
+    ) -> Result<Vec<(SandboxId, DriverError)>, DriverError> {
+        let mut failed = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self.list(after.as_ref(), 500).await?;
+            for (id, _) in &page.items {
+                if !lapsed.holds() {
+                    return Ok(failed);
+                }
+                if let Err(e) = self.stop(id, u64::MAX, grace).await {
+                    failed.push((id.clone(), e));
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(failed),
+            }
+        }
+    }
 
     /// Removes the compute resource and everything made for it (workspace, secrets), stopping
     /// what runs first as [`Driver::stop`] does (gracefully, by force after `grace`), so that a

@@ -29,8 +29,12 @@ impl Lapses {
     /// Notes what the nodes' leases are at `now`; returns the nodes lapsed for `grace` or
     /// longer, each with the epoch its lease was last granted in.
     fn note(&mut self, nodes: &[crate::store::Node], me: &NodeId, now: Instant, grace: Duration) -> Vec<(NodeId, u64)> {
-        let lapsed: BTreeMap<&NodeId, u64> =
-            nodes.iter().filter(|n| !n.live && n.id != *me).map(|n| (&n.id, n.lease.term)).collect();
+        // A node that renewed alone keeps its runs through a lapse (it was the only node there
+        // was): it is not fenced, and what is placed on it waits for it. One whose process gave
+        // its lease up said it is gone.
+        let given_up = |n: &crate::store::Node| n.lease.holder.is_none();
+        let fenceable = |n: &&crate::store::Node| !n.live && n.id != *me && (n.offer.stops_when_lapsed || given_up(n));
+        let lapsed: BTreeMap<&NodeId, u64> = nodes.iter().filter(fenceable).map(|n| (&n.id, n.lease.term)).collect();
         self.0.retain(|id, (epoch, _)| lapsed.get(id) == Some(epoch));
         for (id, epoch) in &lapsed {
             self.0.entry((*id).clone()).or_insert((*epoch, now));
@@ -79,7 +83,8 @@ mod tests {
 
     fn node(id: &str, epoch: u64, live: bool) -> Node {
         let lease = Lease { holder: live.then(|| id.to_string()), term: epoch };
-        Node { id: NodeId::new(id), offer: NodeOffer::default(), draining: false, lease, live }
+        let offer = NodeOffer { stops_when_lapsed: true, ..NodeOffer::default() };
+        Node { id: NodeId::new(id), offer, draining: false, lease, live }
     }
 
     #[test]
@@ -96,5 +101,20 @@ mod tests {
         assert_eq!(lapses.note(&[node("b", 6, true)], &me, at(9), grace), []);
         assert_eq!(lapses.note(&[node("b", 6, false)], &me, at(10), grace), []);
         assert_eq!(lapses.note(&[node("b", 6, false)], &me, at(14), grace), [(NodeId::new("b"), 6)]);
+    }
+
+    #[test]
+    fn a_node_that_renewed_alone_is_never_fenced() {
+        let (me, grace, t0) = (NodeId::new("a"), Duration::from_secs(4), Instant::now());
+        let mut alone = node("b", 5, false);
+        alone.offer.stops_when_lapsed = false;
+        alone.lease.holder = Some("b".to_string());
+        let mut lapses = Lapses::default();
+        assert_eq!(lapses.note(std::slice::from_ref(&alone), &me, t0, grace), []);
+        assert_eq!(lapses.note(std::slice::from_ref(&alone), &me, t0 + Duration::from_secs(60), grace), []);
+        // Given up by its process, it is fenced like any other.
+        alone.lease.holder = None;
+        assert_eq!(lapses.note(std::slice::from_ref(&alone), &me, t0 + Duration::from_secs(61), grace), []);
+        assert_eq!(lapses.note(&[alone], &me, t0 + Duration::from_secs(65), grace), [(NodeId::new("b"), 5)]);
     }
 }

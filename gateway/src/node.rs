@@ -5,6 +5,7 @@
 //! reconciles the node's runtime; when its lease lapses unrenewed while other nodes are live,
 //! it stops every run it holds, before the store can fence the node ([`crate::fencing`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -30,6 +31,10 @@ pub struct NodeSettings {
     pub offer: NodeOffer,
     /// How long the lease lasts unrenewed: how soon the node is fenced once its holder is gone.
     pub ttl: Duration,
+    /// Where the node notes whether its last renewal was made in company (other nodes live),
+    /// so that a gateway restarted while the store is out of reach knows whether the store may
+    /// fence the node. None: the node is taken for alone.
+    pub company: Option<PathBuf>,
 }
 
 /// The node's lease keeper: while it holds the lease it reconciles the node's runtime, and
@@ -52,10 +57,20 @@ impl Tenant for Agent {
     fn ask(&self) -> Asking {
         let (store, settings, others) = (self.engine.store().clone(), self.settings.clone(), self.others_live.clone());
         Box::pin(async move {
-            let NodeSettings { id, holder, offer, ttl } = &settings;
-            let lease = store.acquire_node_lease(id, holder, offer, *ttl).await?;
-            if let Ok(nodes) = store.nodes().await {
-                others.store(nodes.iter().any(|n| n.live && n.id != *id), Ordering::Relaxed);
+            let NodeSettings { id, holder, offer, ttl, .. } = &settings;
+            // Whether the node stops its runs should this renewal be its last is written with
+            // it, so that the store fences only a node that does. Nodes not read: it does.
+            let company = match store.nodes().await {
+                Ok(nodes) => nodes.iter().any(|n| n.live && n.id != *id),
+                Err(_) => true,
+            };
+            let offer = NodeOffer { stops_when_lapsed: company, ..offer.clone() };
+            let lease = store.acquire_node_lease(id, holder, &offer, *ttl).await?;
+            if others.swap(company, Ordering::Relaxed) != company
+                && let Some(path) = &settings.company
+                && let Err(e) = std::fs::write(path, if company { "1" } else { "0" })
+            {
+                warn!(path = %path.display(), error = %e, "cannot note whether the node renewed in company");
             }
             Ok(lease)
         })
@@ -86,7 +101,7 @@ impl Tenant for Agent {
             info!(node = %self.settings.id, "the node's reconcile loops stop here");
             tenure.end();
         }
-        if lapsed && self.others_live.load(Ordering::Relaxed) {
+        if berth_core::fencing::stops_on_lapse(lapsed, self.others_live.load(Ordering::Relaxed)) {
             warn!(node = %self.settings.id, "the node's lease lapsed unrenewed while other nodes are live: stopping every run it holds before the store fences it, and making none until it holds the lease again");
             self.engine.set_standing(Standing::Lapsed);
             tokio::spawn(stop_every_run(self.engine.clone()));
@@ -113,8 +128,26 @@ pub async fn keep(
     shutdown: watch::Receiver<bool>,
 ) {
     let (holder, ttl) = (settings.holder.clone(), settings.ttl);
-    let agent = Agent { engine, settings, reconcile, tenure: None, others_live: Arc::default() };
+    let company = settings.company.as_deref().and_then(|path| std::fs::read(path).ok()).is_some_and(|c| c == b"1");
+    if company {
+        tokio::spawn(fence_unless_held(engine.clone(), ttl));
+    }
+    let others_live = Arc::new(AtomicBool::new(company));
+    let agent = Agent { engine, settings, reconcile, tenure: None, others_live };
     lease::keep(agent, &holder, ttl, shutdown).await;
+}
+
+/// The node's side of fencing for a gateway that starts: the node's last renewal (by this
+/// gateway before it restarted, or by a sibling) was made in company, so unless this gateway
+/// holds the lease as soon as a renewal it made at its start could be relied on, the store may
+/// be fencing the node, and the runs its runtime kept through the restart are stopped.
+async fn fence_unless_held(engine: Engine, ttl: Duration) {
+    tokio::time::sleep(berth_core::lease::relied_until(Duration::ZERO, Duration::ZERO, ttl)).await;
+    if engine.node_epoch().is_none() {
+        warn!(node = %engine.settings().node, "the node's lease is not held since this gateway started, and its last renewal was in company: stopping every run it holds before the store fences it");
+        engine.set_standing(Standing::Lapsed);
+        stop_every_run(engine).await;
+    }
 }
 
 /// The node's side of fencing (DESIGN 14): its lease lapsed, so the store may fence it and place
@@ -122,23 +155,18 @@ pub async fn keep(
 /// keeping their workspaces. When it is granted its lease again its sweep merges what it finds,
 /// and removes what the store placed elsewhere meanwhile.
 async fn stop_every_run(engine: Engine) {
-    let grace = engine.settings().stop_grace;
-    let mut after = None;
-    loop {
-        let page = match engine.driver().list(after.as_ref(), 500).await {
-            Ok(page) => page,
-            Err(e) => {
-                return warn!(error = %e, "cannot list the runtime to stop its runs; the next sweep removes what is placed elsewhere");
-            }
-        };
-        for (id, _) in &page.items {
-            if let Err(e) = engine.driver().stop(id, u64::MAX, grace).await {
+    let lapsed = {
+        let engine = engine.clone();
+        berth_drivers::Fence::new(move || engine.node_epoch().is_none())
+    };
+    match engine.driver().stop_every_run(engine.settings().stop_grace, &lapsed).await {
+        Ok(failed) => {
+            for (id, e) in failed {
                 warn!(sandbox = %id, error = %e, "cannot stop a run of a lapsed node");
             }
         }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return,
+        Err(e) => {
+            warn!(error = %e, "cannot list the runtime to stop its runs; the next sweep removes what is placed elsewhere")
         }
     }
 }

@@ -293,10 +293,25 @@ pub async fn follow_loop(engine: Engine) {
 /// anew), and it is removed, not merged (DESIGN 14, N1). A run of a sandbox placed nowhere, or
 /// here under an earlier epoch, is adopted first ([`berth_core::fencing::adopted`]).
 async fn report(engine: &Engine, id: &SandboxId, observation: &Observation, mut record: Option<Sandbox>) {
+    // A sweep reads its records before the runtime: one read then may predate the sandbox's
+    // placement here and the run that followed it. Nothing is removed on such a read.
+    if record.as_ref().is_some_and(|r| !engine.runs_here(r)) {
+        record = match engine.store().sandbox(id).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                return warn!(sandbox = %id, error = %e, "cannot read a sandbox placed elsewhere; the next sweep looks again");
+            }
+        };
+    }
     if let Some(elsewhere) = record.as_ref().filter(|r| !engine.runs_here(r)) {
-        info!(sandbox = %elsewhere.name, id = %id, node = ?elsewhere.placement, "removing a run the store places on another node");
-        if let Err(e) = engine.driver().delete(id, engine.settings().stop_grace).await {
-            warn!(sandbox = %id, error = %e, "cannot remove a run placed elsewhere; the next sweep tries again");
+        // Stopped, not deleted: a delete would leave the sandbox's tombstone here, and the store
+        // may place it here again. What is left (its workspace) goes with its delete.
+        let runs = matches!(observation, Observation::Runtime { state: RuntimeState::Running { .. }, .. });
+        if runs {
+            info!(sandbox = %elsewhere.name, id = %id, node = ?elsewhere.placement, "stopping a run the store places on another node");
+            if let Err(e) = engine.driver().stop(id, u64::MAX, engine.settings().stop_grace).await {
+                warn!(sandbox = %id, error = %e, "cannot stop a run placed elsewhere; the next sweep tries again");
+            }
         }
         return;
     }

@@ -154,8 +154,10 @@ pub async fn run(config: Config) -> Result<(), String> {
             address: format!("{scheme}://{address}"),
             labels: config.node_labels.clone(),
             capacity: crate::node::host_capacity(config.node_sandboxes),
+            stops_when_lapsed: false,
         },
         ttl: config.lease_ttl,
+        company: Some(data.path().join("node-company")),
     };
     info!(node = %node.id, capacity = ?node.offer.capacity, labels = ?node.offer.labels, "registering this host as a node");
     let noding = tokio::spawn(crate::node::keep(engine.clone(), node, reconcile_settings, stop_rx.clone()));

@@ -14,10 +14,12 @@ use berth_drivers::container::user_volume_of;
 use berth_gateway::store::{
     Changes, CommitError, Lease, Listing, Node, NodeOffer, NodeRemoval, Page, PageRequest, Store, StoreError,
 };
+use futures_util::FutureExt;
 
 use crate::invariants::l1_one_holder::{RECONCILE_LEASE, node_lease};
 use crate::invariants::{
-    Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, s2_volumes_kept, s3_pause,
+    Fact, Invariant, i1_stale_exit, i2_exits_reported, i7_delete_completes, i8_liveness, n2_placed_live,
+    s2_volumes_kept, s3_pause,
 };
 use crate::runtime::RuntimeModel;
 use crate::scenario::DriverKind;
@@ -96,6 +98,17 @@ impl TracingStore {
             && before.is_none_or(|b| b.generation != a.generation)
         {
             lock(&world.generations).entry(id.clone()).or_default().push((t, a.generation));
+        }
+        let placed = after.and_then(|a| a.placement.as_ref()).map(|p| p.node.to_string());
+        lock(&world.placements).insert(id.clone(), placed);
+        if let Some(a) =
+            after.filter(|a| world.scenario.nodes > 1 && before.map(|b| &b.placement) != Some(&a.placement))
+        {
+            let at = a
+                .placement
+                .as_ref()
+                .map_or_else(|| "nowhere".to_string(), |p| format!("{} (epoch {})", p.node, p.epoch));
+            world.event(self.actor.clone(), Kind::Placed, format!("{name} on {at} (generation {})", a.generation));
         }
         let old = before.map(|b| b.phase.clone());
         let new = after.map(|a| a.phase.clone());
@@ -206,7 +219,13 @@ impl TracingStore {
         let generations = self.world.generations_of(&after.id);
         let runtime = lock(&self.world.runtime);
         let compute_exists = compute_exists(&self.world, &runtime, &after.id);
-        let ground = i1_stale_exit::Ground { runtime: &runtime, compute_exists, generations: &generations };
+        let node_lapsed = before.placement.as_ref().is_some_and(|at| {
+            let nodes = self.world.store.nodes().now_or_never().and_then(Result::ok).unwrap_or_default();
+            // Lapsed now, or since the placement (granted again in a later epoch).
+            nodes.iter().any(|n| n.id == at.node && (!n.live || n.lease.term > at.epoch))
+        });
+        let ground =
+            i1_stale_exit::Ground { runtime: &runtime, compute_exists, node_lapsed, generations: &generations };
         if let Some(problem) = i1_stale_exit::unjustified(before, after, failure, &ground) {
             self.world.violate(Invariant::I1, problem);
         }
@@ -350,7 +369,7 @@ impl Store for TracingStore {
 fn compute_exists(world: &World, runtime: &RuntimeModel, id: &SandboxId) -> bool {
     match world.scenario.driver {
         DriverKind::Container => runtime.containers.contains_key(id),
-        DriverKind::Process => world.state_dir.join(id.as_str()).is_dir(),
+        DriverKind::Process => world.roots().iter().any(|root| root.join(id.as_str()).is_dir()),
     }
 }
 
@@ -358,9 +377,11 @@ fn compute_exists(world: &World, runtime: &RuntimeModel, id: &SandboxId) -> bool
 /// folders (a driver's own, named with a leading dot, aside).
 fn held(world: &World, runtime: &RuntimeModel) -> BTreeMap<SandboxId, &'static str> {
     let mut held = BTreeMap::new();
-    let folders = std::fs::read_dir(&world.state_dir).into_iter().flatten().filter_map(|e| e.ok());
-    for name in folders.filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')) {
-        held.insert(SandboxId::new(name), "a folder");
+    for root in world.roots() {
+        let folders = std::fs::read_dir(root).into_iter().flatten().filter_map(|e| e.ok());
+        for name in folders.filter_map(|e| e.file_name().into_string().ok()).filter(|n| !n.starts_with('.')) {
+            held.insert(SandboxId::new(name), "a folder");
+        }
     }
     for task in runtime.running_tasks() {
         held.insert(task.sandbox.clone(), "a live process");
@@ -446,6 +467,13 @@ pub async fn check_converged(world: &World) {
     let volumes = world.store.all_volumes().await.unwrap_or_default();
     for problem in s2_volumes_kept::not_settled(&volumes, &records, &kept_volumes(world)) {
         world.violate(Invariant::S2, problem);
+    }
+    if world.scenario.nodes > 1 {
+        let nodes = world.store.nodes().await.unwrap_or_default();
+        let live = nodes.into_iter().filter(|n| n.live).map(|n| n.id).collect();
+        for problem in n2_placed_live::stranded(&records, &live) {
+            world.violate(Invariant::N2, problem);
+        }
     }
     let runtime = lock(&world.runtime);
     for s in &records {

@@ -2,12 +2,13 @@
 //! [`crate::engine::SimEngine`] or the real process driver over [`crate::os::SimOs`], with each
 //! call put in the trace, and L1's gateway side checked where reconcile reaches the runtime.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use berth_core::{Hold, RuntimeState, SandboxId, SandboxSpec, StartReply};
-use berth_drivers::{Driver, DriverError, Launch, ListPage, WatchStream};
+use berth_drivers::{Driver, DriverError, Fence, Launch, ListPage, WatchStream};
 
 use crate::invariants::{Invariant, s2_volumes_kept};
 use crate::trace::Kind;
@@ -17,12 +18,15 @@ pub struct SimDriver {
     world: Arc<World>,
     /// The gateway whose driver this is.
     gateway: String,
+    /// Where its node keeps its sandboxes, when the node is its alone (several nodes share the
+    /// simulated kernel): what its acknowledged stops are judged against.
+    root: Option<PathBuf>,
     driver: Box<dyn Driver>,
 }
 
 impl SimDriver {
-    pub fn new(world: Arc<World>, gateway: String, driver: Box<dyn Driver>) -> Arc<Self> {
-        Arc::new(Self { world, gateway, driver })
+    pub fn new(world: Arc<World>, gateway: String, root: Option<PathBuf>, driver: Box<dyn Driver>) -> Arc<Self> {
+        Arc::new(Self { world, gateway, root, driver })
     }
 
     fn trace(&self, what: String) {
@@ -68,9 +72,23 @@ impl Driver for SimDriver {
         self.trace(what.clone());
         let reply = self.driver.stop(sandbox, generation, grace).await;
         if reply.is_ok() {
-            crate::kernel::acknowledge(&self.world, sandbox, Some(generation));
+            crate::kernel::acknowledge(&self.world, sandbox, Some(generation), self.root.as_deref());
         }
         self.replied(what, reply)
+    }
+
+    /// The node's side of fencing: what the record may still want run is stopped (D1 does not
+    /// judge these signals), and the runtime's listing for it is no reconcile (L1).
+    async fn stop_every_run(
+        &self,
+        grace: Duration,
+        lapsed: &Fence,
+    ) -> Result<Vec<(SandboxId, DriverError)>, DriverError> {
+        self.trace("stop every run".to_string());
+        lock(&self.world.fencing).insert(self.gateway.clone());
+        let reply = self.driver.stop_every_run(grace, lapsed).await;
+        lock(&self.world.fencing).remove(&self.gateway);
+        self.replied("stop every run".to_string(), reply)
     }
 
     async fn delete(&self, sandbox: &SandboxId, grace: Duration) -> Result<(), DriverError> {
@@ -78,7 +96,7 @@ impl Driver for SimDriver {
         self.trace(what.clone());
         let reply = self.driver.delete(sandbox, grace).await;
         if reply.is_ok() {
-            crate::kernel::acknowledge(&self.world, sandbox, None);
+            crate::kernel::acknowledge(&self.world, sandbox, None, self.root.as_deref());
         }
         self.replied(what, reply)
     }

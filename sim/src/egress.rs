@@ -3,14 +3,14 @@
 //! which takes them to the gateway's real egress proxy over simulated TCP, while the clients
 //! attach and detach those providers and start and stop the sandboxes. The upstream a gateway
 //! connects to is this world's: it learns from the first bytes which run came through, and
-//! N1 judges every connection it gets and every refusal the run hears against the store's
+//! G1 judges every connection it gets and every refusal the run hears against the store's
 //! committed history of the sandbox.
 //!
 //! Provider `P`'s endpoints are a name, a suffix and a CIDR block ([`endpoints`]), and a run
 //! asks for destinations drawn to sit on each rule's edges ([`destination`]): the name in
 //! another case, a name that shares the suffix's text without its dot, a trailing dot, a name
 //! below the suffix that resolves to loopback, a name outside every rule that resolves into the
-//! block, and the addresses either side of each end of the block. N1 reads the rules itself.
+//! block, and the addresses either side of each end of the block. G1 reads the rules itself.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -24,12 +24,12 @@ use berth_supervisor::egress;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::invariants::Fact;
-use crate::invariants::n1_egress::Request;
+use crate::invariants::g1_egress::Request;
 use crate::scenario::{Draw, Stream};
 use crate::trace::Kind;
 use crate::world::World;
 
-/// How far two hosts' clocks may disagree (a tick each way): the windows N1 judges are widened
+/// How far two hosts' clocks may disagree (a tick each way): the windows G1 judges are widened
 /// by this, so it never blames the proxy for a clock.
 const SKEW_US: u64 = 2 * crate::run::TICK.as_micros() as u64;
 const PORT: u16 = 443;
@@ -92,7 +92,7 @@ fn hello(sandbox: &SandboxId, generation: u64, destination: &str, asked: u64) ->
     format!("{sandbox} {generation} {destination} {asked}\n")
 }
 
-/// The world's side of every egress connection: a name table and an upstream that checks N1
+/// The world's side of every egress connection: a name table and an upstream that checks G1
 /// on each connection it gets.
 pub struct SimUpstream {
     pub world: Arc<World>,
@@ -146,8 +146,8 @@ async fn serve_upstream(world: Arc<World>, stream: tokio::io::DuplexStream, addr
 }
 
 /// One request of a run's workload for `host`, through the supervisor's proxy code over a
-/// channel to a gateway: a connection N1 judges at the upstream, or a refusal (403, or 400 for
-/// what is not a host name) N1 judges here.
+/// channel to a gateway: a connection G1 judges at the upstream, or a refusal (403, or 400 for
+/// what is not a host name) G1 judges here.
 async fn ask(
     world: &World,
     channel: tonic::transport::Channel,

@@ -1,16 +1,19 @@
 //! The faults a run's driver loop injects between simulation steps: gateway crashes, network
-//! partitions between a gateway and the clients or supervisors, and (with several gateways)
-//! stalls of a gateway's store connection. Random faults come from the seed at the scenario's
+//! partitions between a gateway and the clients or supervisors, (with several gateways) stalls
+//! of a gateway's store connection, and (with several nodes) nodes lost with their runs, some
+//! for good. Random faults come from the seed at the scenario's
 //! rates; with several gateways most are aimed at the lease holder, since its failure is the one
 //! that matters. A scenario may also script faults at fixed times, to pin an interleaving.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use berth_gateway::store::Store;
+use futures_util::FutureExt;
 use serde::Serialize;
 
 use crate::gateway::{LEASE_TTL, NODE};
-use crate::invariants::l1_one_holder::node_lease;
+use crate::invariants::l1_one_holder::{RECONCILE_LEASE, node_lease};
 use crate::net::gateway_host;
 use crate::run::client_host;
 use crate::scenario::{Draw, Faults, Stream};
@@ -39,6 +42,9 @@ pub struct Injector {
     script: Vec<(Duration, Scripted)>,
     /// Crashed gateways and when they restart.
     crashed: BTreeMap<usize, Duration>,
+    /// Nodes lost for good: their gateways never restart.
+    gone: Vec<usize>,
+    nodes: usize,
     /// The hosts cut off from each crashed gateway when it went down.
     lost: BTreeMap<usize, Vec<String>>,
     /// Partitioned (host, gateway) pairs and when they heal.
@@ -58,6 +64,8 @@ impl Injector {
             rates: scenario.faults.clone(),
             script,
             crashed: BTreeMap::new(),
+            gone: Vec::new(),
+            nodes: scenario.nodes,
             lost: BTreeMap::new(),
             partitioned: Vec::new(),
             next_roll: Duration::ZERO,
@@ -68,7 +76,8 @@ impl Injector {
     /// `now` is `None`).
     pub fn heal(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Option<Duration>) {
         let due = |until: Duration| now.is_none_or(|now| now >= until);
-        for (g, _) in self.crashed.extract_if(.., |_, until| due(*until)) {
+        let gone = &self.gone;
+        for (g, _) in self.crashed.extract_if(.., |g, until| !gone.contains(g) && due(*until)) {
             world.event("sim", Kind::GatewayRestarts, gateway_host(g));
             sim.bounce(gateway_host(g));
             for host in self.lost.remove(&g).unwrap_or_default() {
@@ -127,13 +136,56 @@ impl Injector {
         if self.draw.chance(per_roll(self.rates.partitions)) {
             self.partition(sim, world, now);
         }
+        if self.rates.node_losses > 0.0 && self.draw.chance(per_roll(self.rates.node_losses)) {
+            self.lose_node(sim, world, now);
+        }
         if self.rates.store_stalls > 0.0 && self.draw.chance(per_roll(self.rates.store_stalls)) {
             let calm: Vec<usize> = (0..self.gateways).filter(|&g| world.stalled(g).until(true) <= now).collect();
             if let Some(g) = self.target(world, &calm) {
-                let stall = self.draw.millis(1_000, 3 * LEASE_TTL.as_millis() as u64);
+                // A node cut off from the store for long enough is fenced: its lease lapses, and
+                // twice its time-to-live later the store places its sandboxes elsewhere.
+                let ttls = if self.nodes > 1 { 6 } else { 3 };
+                let mut stall = self.draw.millis(1_000, ttls * LEASE_TTL.as_millis() as u64);
+                if self.nodes > 1 {
+                    // Stalls that long end with the fault phase, not a whole liveness bound into
+                    // the quiet one.
+                    stall = stall.min(world.scenario.fault_phase.saturating_sub(now));
+                }
                 let lease_only = self.draw.chance(0.5);
                 stall_store(world, g, now, stall, lease_only);
             }
+        }
+    }
+
+    /// A node's host is lost, its runs with it, for longer than its lease and its fencing take,
+    /// or (one at most, while two nodes are left) for good.
+    fn lose_node(&mut self, sim: &mut turmoil::Sim<'_>, world: &World, now: Duration) {
+        let up: Vec<usize> = (0..self.gateways).filter(|g| !self.crashed.contains_key(g)).collect();
+        if up.len() < 2 {
+            return;
+        }
+        let g = up[self.draw.below(up.len() as u64) as usize];
+        // A node whose last renewal saw no other node live keeps its runs through a lapse and
+        // is never fenced: lost for good, its sandboxes would wait for an operator. Only one
+        // that renewed in company is lost so.
+        let in_company = {
+            let nodes = world.store.nodes().now_or_never().and_then(Result::ok).unwrap_or_default();
+            let node = world.scenario.node_of(g);
+            nodes.iter().any(|n| n.id.as_str() == node && n.offer.stops_when_lapsed)
+        };
+        let for_good = self.draw.chance(0.3) && self.gone.is_empty() && self.nodes > 2 && in_company;
+        let until =
+            if for_good { Duration::MAX } else { now + self.draw.millis(4_000, 8 * LEASE_TTL.as_millis() as u64) };
+        let how = if for_good { "for good".to_string() } else { format!("for {} ms", (until - now).as_millis()) };
+        world.event("sim", Kind::NodeLost, format!("{} {how}", world.scenario.node_of(g)));
+        if for_good {
+            self.gone.push(g);
+        }
+        self.crash(sim, world, g, until);
+        crate::kernel::lose_node(world, &world.root_of(g));
+        if for_good {
+            // Its disk with it: nothing there is anyone's to remove any more.
+            let _ = std::fs::remove_dir_all(world.root_of(g));
         }
     }
 
@@ -144,9 +196,11 @@ impl Injector {
         if self.gateways == 1 {
             return candidates.first().copied();
         }
-        let holder = world
-            .lease_holder(&node_lease(NODE))
-            .and_then(|h| candidates.iter().copied().find(|&g| gateway_host(g) == h));
+        // With a node per gateway, the one that matters is the reconcile lease's holder: it
+        // fences the others.
+        let lease = if self.nodes > 1 { RECONCILE_LEASE.to_string() } else { node_lease(NODE) };
+        let holder =
+            world.lease_holder(&lease).and_then(|h| candidates.iter().copied().find(|&g| gateway_host(g) == h));
         match holder {
             Some(holder) if self.draw.chance(0.75) => Some(holder),
             _ if candidates.is_empty() => None,

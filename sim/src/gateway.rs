@@ -53,7 +53,8 @@ impl Clock for SimClock {
 pub const IDENTITY_KEY: [u8; 32] = [0x5a; 32];
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 pub const LEASE_TTL: Duration = Duration::from_secs(5);
-/// The node every simulated gateway is, on the runtime's one host.
+/// The node every simulated gateway is, on the runtime's one host, unless each is a node of its
+/// own (`Scenario::nodes`).
 pub const NODE: &str = "sim-host";
 
 /// One boot of gateway `index`; its host runs it again after every crash. Its host name is
@@ -76,13 +77,14 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
             authority: format!("{name}:{}", net::PROXY_PORT),
             domain: None,
         }),
-        node: NodeId::new(NODE),
+        node: NodeId::new(scenario.node_of(index)),
         ..EngineSettings::default()
     };
     let seed = scenario.seed ^ boot.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    // Gateways sharing a store share the host's driver state, as gateways sharing a data
-    // directory do.
-    let root = world.state_dir.clone();
+    // Gateways of one node share the host's driver state, as gateways sharing a data directory
+    // do; a node of its own keeps its own, as a node on another host (or in another data
+    // directory of the machine) does.
+    let root = world.root_of(index);
     let supervisor = PathBuf::from("/run/berth/bin/berth-supervisor");
     let driver: Box<dyn Driver> = match scenario.driver {
         DriverKind::Container => {
@@ -91,13 +93,14 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
             Box::new(ContainerDriver::over(engine, containers)?)
         }
         DriverKind::Process => {
+            let os = SimOs::new(world.clone(), links.kernel, index, root.clone());
             let processes = ProcessConfig { root, supervisor, gateway: "unix:/run/berth/sockets".to_string() };
-            Box::new(ProcessDriver::over(SimOs::new(world.clone(), links.kernel, index), processes)?)
+            Box::new(ProcessDriver::over(os, processes)?)
         }
     };
     let engine = Engine::new(
         store,
-        SimDriver::new(world.clone(), name.clone(), driver),
+        SimDriver::new(world.clone(), name.clone(), (scenario.nodes > 1).then(|| world.root_of(index)), driver),
         IdentityKey::from_bytes(IDENTITY_KEY),
         settings,
         seed,
@@ -112,17 +115,19 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
     // loop (the lease is left to lapse, as a crash leaves it); a scripted shutdown turns `stop`.
     let (running, stop) = tokio::sync::watch::channel(false);
     crate::world::lock(&world.shutdowns).insert(index, running);
-    // The gateways share the runtime's one host, so they are one node, whose lease one of them
-    // keeps at a time, as gateways sharing a data directory do.
+    // Gateways sharing the runtime's one host are one node, whose lease one of them keeps at a
+    // time, as gateways sharing a data directory do.
     let node = NodeSettings {
-        id: NodeId::new(NODE),
+        id: NodeId::new(scenario.node_of(index)),
         holder: name.clone(),
         offer: NodeOffer {
             address: format!("http://{name}:{}", net::GATEWAY_PORT),
             labels: Default::default(),
             capacity: berth_core::placement::Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 10_000 },
+            stops_when_lapsed: false,
         },
         ttl: LEASE_TTL,
+        company: Some(world.root_of(index).join(".company")),
     };
     tokio::spawn(berth_gateway::node::keep(engine.clone(), node, reconcile_settings.clone(), stop.clone()));
     let lease = LeaseSettings { holder: name, ttl: LEASE_TTL };

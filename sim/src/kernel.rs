@@ -28,7 +28,7 @@ use berth_gateway::store::Store;
 use futures_util::FutureExt;
 use tokio::sync::{oneshot, watch};
 
-use crate::invariants::{Invariant, d1_one_run};
+use crate::invariants::{Invariant, d1_one_run, n1_one_run_across_nodes};
 use crate::runtime::{EndCause, Run, RunSignal, Runtime, RuntimeModel, Spawn};
 use crate::trace::Kind;
 use crate::world::{World, lock};
@@ -58,6 +58,9 @@ pub struct Process {
     exit_file: Option<PathBuf>,
     /// Its exit code once it ended, for the driver that spawned it.
     exit: watch::Sender<Option<i32>>,
+    /// The `BERTH_MOUNTS` of its environment, which every process of its tree inherits: which
+    /// process driver's run it is.
+    mounts: Option<String>,
     /// Why its supervisor is stopping its command, once it is: told to terminate, or rejected.
     stopping: Option<EndCause>,
 }
@@ -65,6 +68,17 @@ pub struct Process {
 impl Process {
     pub fn live(&self) -> bool {
         self.run.live()
+    }
+
+    /// Whether it is a run of the process driver keeping its sandboxes in `root`, as that
+    /// driver's host tells by its environment.
+    fn belongs(&self, root: &Path, sandbox: &SandboxId) -> bool {
+        berth_drivers::process::os::belongs(root, sandbox, self.mounts.as_deref().map(str::as_bytes))
+    }
+
+    /// Whether a driver keeping its sandboxes in `root` started it.
+    pub fn under(&self, root: &Path) -> bool {
+        self.mounts.as_deref().is_some_and(|m| Path::new(m).starts_with(root))
     }
 }
 
@@ -214,6 +228,12 @@ impl RuntimeModel {
         processes.iter_mut().find(|p| p.live() && p.pid == pid && p.kernel_start == kernel_start)
     }
 
+    /// Whether task `t` belongs to a run the driver keeping its sandboxes in `root` started.
+    pub fn run_under(&self, t: &Task, root: &Path) -> bool {
+        let runs = self.processes.get(&t.sandbox).into_iter().flatten();
+        runs.filter(|p| p.kernel_start == t.run).any(|p| p.under(root))
+    }
+
     /// Every live run's supervisor: `(sandbox, pid, kernel start)`.
     pub fn live_processes(&self) -> Vec<(SandboxId, i32, u64)> {
         let all = self.processes.iter().flat_map(|(id, ps)| ps.iter().map(move |p| (id, p)));
@@ -295,6 +315,20 @@ fn exit_task(
     }
 }
 
+/// The host of the node keeping its sandboxes in `root` is lost: every process of its runs'
+/// trees dies at once, as a machine that loses its power takes them (nothing recorded, no
+/// handler run: their supervisors die with their commands).
+pub fn lose_node(world: &World, root: &Path) {
+    // Every process of the node's runs' trees, orphans init adopted included.
+    let tasks: Vec<i32> = {
+        let m = lock(&world.runtime);
+        m.running_tasks().filter(|t| m.run_under(t, root)).map(|t| t.pid).collect()
+    };
+    for pid in tasks {
+        let _ = kill(world, pid, Signal::Kill, EndCause::Killed);
+    }
+}
+
 /// Writes the exit as berth-supervisor does: atomically, and not at all where its run's folder
 /// is gone.
 fn record_exit(path: &Path, exit: Exit) {
@@ -306,10 +340,20 @@ pub fn reap(world: &World, pid: i32, kernel_start: u64) {
     lock(&world.runtime).reap(pid, kernel_start);
 }
 
-/// D1 as a signal (`what`) lands on a group of `generation`: against the record. The in-memory
-/// store answers without yielding.
-pub fn check_signal_wanted(world: &World, sandbox: &SandboxId, generation: u64, what: &str) {
+/// D1 as gateway `gateway`'s signal (`what`) lands on a group of `generation`: against the
+/// record. The in-memory store answers without yielding. With several nodes, a node removing a
+/// run the store places on another, or stopping every run as its lease lapsed, stops what that
+/// record wants run elsewhere, or may yet: DESIGN 14 asks it to.
+pub fn check_signal_wanted(world: &World, gateway: usize, sandbox: &SandboxId, generation: u64, what: &str) {
     let Some(Ok(Some(record))) = world.store.sandbox(sandbox).now_or_never() else { return };
+    if world.scenario.nodes > 1 {
+        let node = world.scenario.node_of(gateway);
+        let elsewhere = record.placement.as_ref().is_some_and(|at| at.node.as_str() != node);
+        let fencing = lock(&world.fencing).contains(&crate::net::gateway_host(gateway));
+        if elsewhere || fencing {
+            return;
+        }
+    }
     if let Some(problem) = d1_one_run::unwanted_stop(&record, Some(generation), &format!("sent {what}")) {
         world.violate(Invariant::D1, problem);
     }
@@ -328,7 +372,10 @@ pub fn check_trees_gone(world: &World, bound: Duration) {
             .filter_map(|stop| {
                 // A run spawned after the stop (a late start of a stopped generation) is not one
                 // the stop stopped.
-                let tree = m.running_tasks().filter(|t| t.sandbox == stop.sandbox && t.run <= stop.spawned);
+                let tree = m
+                    .running_tasks()
+                    .filter(|t| t.sandbox == stop.sandbox && t.run <= stop.spawned)
+                    .filter(|t| stop.root.as_deref().is_none_or(|root| m.run_under(t, root)));
                 let left = tree.map(|t| (t.pid, t.generation, t.role, t.ppid == INIT));
                 d1_one_run::outlived_stop(&m.name(&stop.sandbox), stop.generation, bound, left)
             })
@@ -341,11 +388,12 @@ pub fn check_trees_gone(world: &World, bound: Duration) {
 
 /// D1 over trees: a driver acknowledged a stop of `sandbox`'s runs up to `generation`, or its
 /// delete (`None`); checked once [`check_trees_gone`]'s bound has passed.
-pub fn acknowledge(world: &World, sandbox: &SandboxId, generation: Option<u64>) {
+pub fn acknowledge(world: &World, sandbox: &SandboxId, generation: Option<u64>, root: Option<&Path>) {
     let at = crate::world::now();
     let mut m = lock(&world.runtime);
     let spawned = m.kernel_starts;
-    m.acknowledged.push(Acknowledged { at, sandbox: sandbox.clone(), generation, spawned });
+    let root = root.map(Path::to_path_buf);
+    m.acknowledged.push(Acknowledged { at, sandbox: sandbox.clone(), generation, spawned, root });
 }
 
 /// A stop (of runs up to `generation`) or a delete (`None`) a driver acknowledged at `at`.
@@ -355,6 +403,9 @@ pub struct Acknowledged {
     pub generation: Option<u64>,
     /// The last kernel start handed out by then: the runs it may have stopped started no later.
     spawned: u64,
+    /// Where the driver that acknowledged it keeps its sandboxes, when other nodes' drivers share
+    /// the kernel: it stopped only its own runs.
+    root: Option<PathBuf>,
 }
 
 impl Runtime {
@@ -507,11 +558,35 @@ impl Runtime {
                 m.name_sandbox(&sandbox, name);
             }
             let name = m.name(&sandbox);
-            let earlier = m.processes.get(&sandbox).into_iter().flatten().map(|p| (p.pid, &p.run));
-            let problems = d1_one_run::spawned_twice(&name, earlier, generation);
+            // Several nodes share this kernel: D1 judges a node's own runs, N1 those across nodes.
+            let world = &self.world;
+            let here = world.root_of(gateway);
+            let (mine, theirs): (Vec<&Process>, Vec<&Process>) = m
+                .processes
+                .get(&sandbox)
+                .into_iter()
+                .flatten()
+                .partition(|p| world.scenario.nodes == 1 || p.under(&here));
+            let mut problems: Vec<(Invariant, String)> =
+                d1_one_run::spawned_twice(&name, mine.iter().map(|p| (p.pid, &p.run)), generation)
+                    .into_iter()
+                    .map(|problem| (Invariant::D1, problem))
+                    .collect();
+            if world.scenario.nodes > 1 {
+                let node_of = |p: &Process| {
+                    let g = (0..world.scenario.nodes).find(|&g| p.under(&world.root_of(g)));
+                    g.map_or_else(|| "another node".to_string(), |g| world.scenario.node_of(g))
+                };
+                let elsewhere = theirs.iter().map(|p| (node_of(p), p.pid, &p.run));
+                let placed = lock(&world.placements).get(&sandbox).cloned().flatten();
+                let node = world.scenario.node_of(gateway);
+                let crossed = n1_one_run_across_nodes::spawned(&name, &node, generation, elsewhere, placed.as_deref());
+                problems.extend(crossed.into_iter().map(|problem| (Invariant::N1, problem)));
+            }
             let run = Run::new(generation.unwrap_or(0), started_at, token.clone().unwrap_or_default(), signal);
             let exit_file = exit_file.map(PathBuf::from);
-            let process = Process { pid, kernel_start, named, run, exit_file, exit, stopping: None };
+            let mounts = spec.env.get(berth_drivers::env::MOUNTS_VAR).cloned();
+            let process = Process { pid, kernel_start, named, run, exit_file, exit, stopping: None, mounts };
             m.processes.entry(sandbox.clone()).or_default().push(process);
             // `setpgid(0, 0)`: a group of its own, in its gateway's session.
             let (ppid, sid) = (gateway_pid(gateway), gateway_pid(gateway));
@@ -526,48 +601,42 @@ impl Runtime {
         };
         let name = self.name(&sandbox);
         self.world.event("runtime", Kind::Spawned, format!("{name} generation {} pid {pid}", generation.unwrap_or(0)));
-        for problem in problems {
-            self.world.violate(Invariant::D1, problem);
+        for (invariant, problem) in problems {
+            self.world.violate(invariant, problem);
         }
-        match (generation, token) {
-            (Some(generation), Some(token)) if self.fault(self.world.scenario.faults.unstartable_commands) => {
-                // berth-supervisor records the exit before it says hello, and runs nothing.
-                lock(&self.world.runtime).unstartable.insert((sandbox.clone(), generation));
-                let failed_to_start = Some(self.cannot_start(&sandbox, generation));
-                if let Some(path) = exit_file {
-                    let code = EndCause::Unstartable.supervisor_status();
-                    let finished_at = self.world.runtime_time().unix_nanos();
-                    let exit = Exit { exit_code: code, finished_at, generation: None, out_of_memory: false };
-                    record_exit(Path::new(path), exit);
-                }
-                self.supervise(Spawn { sandbox, generation, token, signal: watcher, ghost: false, failed_to_start });
+        let (Some(generation), Some(token)) = (generation, token) else {
+            exit_task(&self.world, &sandbox, pid, kernel_start, 2, EndCause::SupervisorExit, false);
+            return Ok(Spawned { pid, kernel_start, exit: exit_rx });
+        };
+        let failed_to_start = if self.fault(self.world.scenario.faults.unstartable_commands) {
+            // berth-supervisor records the exit before it says hello, and runs nothing.
+            lock(&self.world.runtime).unstartable.insert((sandbox.clone(), generation));
+            let failed_to_start = self.cannot_start(&sandbox, generation);
+            if let Some(path) = exit_file {
+                let code = EndCause::Unstartable.supervisor_status();
+                let finished_at = self.world.runtime_time().unix_nanos();
+                let exit = Exit { exit_code: code, finished_at, generation: None, out_of_memory: false };
+                record_exit(Path::new(path), exit);
             }
-            (Some(generation), Some(token)) => {
-                self.start_command((pid, kernel_start));
-                if crate::runtime::crash_loops(&spec.args) {
-                    let supervisor = (pid, kernel_start);
-                    self.after(self.crash_after_start(), supervisor, move |this, sandbox| {
-                        let this = Arc::clone(this);
-                        tokio::spawn(async move {
-                            if this.world.faults_on() {
-                                this.workload_exit(&sandbox, Some(supervisor), true).await;
-                            }
-                        });
+            Some(failed_to_start)
+        } else {
+            self.start_command((pid, kernel_start));
+            if crate::runtime::crash_loops(&spec.args) {
+                let supervisor = (pid, kernel_start);
+                self.after(self.crash_after_start(), supervisor, move |this, sandbox| {
+                    let this = Arc::clone(this);
+                    tokio::spawn(async move {
+                        if this.world.faults_on() {
+                            this.workload_exit(&sandbox, Some(supervisor), true).await;
+                        }
                     });
-                }
-                self.supervise(Spawn {
-                    sandbox,
-                    generation,
-                    token,
-                    signal: watcher,
-                    ghost: false,
-                    failed_to_start: None,
                 });
             }
-            _ => {
-                exit_task(&self.world, &sandbox, pid, kernel_start, 2, EndCause::SupervisorExit, false);
-            }
-        }
+            None
+        };
+        // A node's supervisor reaches its own gateway alone.
+        let home = (self.world.scenario.nodes > 1).then_some(gateway);
+        self.supervise(Spawn { sandbox, generation, token, signal: watcher, ghost: false, failed_to_start, home });
         Ok(Spawned { pid, kernel_start, exit: exit_rx })
     }
 
@@ -639,11 +708,11 @@ impl Runtime {
 /// The group of a running process whose environment names `(sandbox, generation)` (every
 /// process of a run's tree inherits its supervisor's, so it names what its supervisor's did),
 /// unless the group's leader runs.
-pub fn find_group(world: &World, sandbox: &SandboxId, generation: u64) -> Option<i32> {
+pub fn find_group(world: &World, root: &Path, sandbox: &SandboxId, generation: u64) -> Option<i32> {
     let m = lock(&world.runtime);
     let named = |t: &Task| {
         let processes = m.processes.get(sandbox).into_iter().flatten();
-        processes.filter(|p| p.kernel_start == t.run).any(|p| p.named == generation)
+        processes.filter(|p| p.kernel_start == t.run).any(|p| p.named == generation && p.belongs(root, sandbox))
     };
     let leader_runs = |pgid: i32| m.tasks.get(&pgid).is_some_and(Task::running);
     let mut members: Vec<&Task> = m.tasks.values().filter(|t| t.running() && t.sandbox == *sandbox).collect();
@@ -652,10 +721,11 @@ pub fn find_group(world: &World, sandbox: &SandboxId, generation: u64) -> Option
 }
 
 /// The live leader of a group whose environment names `(sandbox, generation)`.
-pub fn find_supervisor(world: &World, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
+pub fn find_supervisor(world: &World, root: &Path, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
     let m = lock(&world.runtime);
     let processes = m.processes.get(sandbox)?;
-    let found = processes.iter().filter(|p| p.live() && p.named == generation).min_by_key(|p| p.pid);
+    let ours = |p: &&Process| p.live() && p.named == generation && p.belongs(root, sandbox);
+    let found = processes.iter().filter(ours).min_by_key(|p| p.pid);
     found.map(|p| (p.pid, p.kernel_start))
 }
 

@@ -35,13 +35,17 @@ struct Phases {
     /// lease, and faults aimed at its holder).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3).map(usize::from))]
     gateways: usize,
+    /// Nodes: more than one is the many-hosts mode (DESIGN 14), a gateway per node, each with
+    /// its own process driver, node losses and partitions (N1, N2); it sets the gateways.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3).map(usize::from))]
+    nodes: usize,
     /// Run the exec workload too (E1-E4).
     #[arg(long)]
     execs: bool,
     /// Give sandboxes deadlines and restart policies, and renew them (T1).
     #[arg(long)]
     lifetimes: bool,
-    /// Have every run ask for its providers' endpoints through the egress proxy (N1).
+    /// Have every run ask for its providers' endpoints through the egress proxy (G1).
     #[arg(long)]
     egress: bool,
     /// Have clients pause and resume sandboxes, and idle timeouts pause them (S3).
@@ -91,6 +95,10 @@ enum Command {
         /// Write an HTML timeline (one swimlane per actor).
         #[arg(long)]
         timeline: Option<PathBuf>,
+        /// Print the gateways' own logs to stderr, at this filter (`info`, `berth_gateway=debug`),
+        /// each line stamped with its simulated time.
+        #[arg(long)]
+        log: Option<String>,
     },
     /// Run many seeds.
     Explore {
@@ -122,9 +130,19 @@ enum Command {
     },
 }
 
+/// A log line's time: the simulation's, as the host writing it sees it.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{:>10.6}s", berth_sim::world::now().as_secs_f64())
+    }
+}
+
 fn scenario(seed: u64, phases: &Phases) -> Scenario {
     Scenario::with_phases(seed, phases.fault_phase, phases.quiet_phase)
         .with_gateways(phases.gateways)
+        .with_nodes(phases.nodes)
         .with_execs(phases.execs)
         .with_lifetimes(phases.lifetimes)
         .with_egress(phases.egress)
@@ -143,7 +161,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
             phases.quiet_phase.as_secs()
         );
     }
-    if phases.gateways != 1 {
+    if phases.nodes != 1 {
+        command += &format!(" --nodes {}", phases.nodes);
+    } else if phases.gateways != 1 {
         command += &format!(" --gateways {}", phases.gateways);
     }
     if phases.execs {
@@ -258,7 +278,15 @@ impl Reach {
 
 fn main() -> std::process::ExitCode {
     match Cli::parse().command {
-        Command::Run { seed, phases, trace, timeline } => {
+        Command::Run { seed, phases, trace, timeline, log } => {
+            if let Some(filter) = log {
+                tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .with_timer(SimTime)
+                    .with_writer(std::io::stderr)
+                    .with_ansi(false)
+                    .init();
+            }
             let outcome = run(scenario(seed, &phases), phases.bug);
             if let Some(path) = trace {
                 std::fs::write(&path, outcome.trace_lines()).expect("writing the trace");
@@ -325,6 +353,7 @@ fn main() -> std::process::ExitCode {
                     quiet_phase,
                     bug: Some(bug),
                     gateways: gateways.max(bug.gateways()),
+                    nodes: bug.nodes(),
                     execs: bug.execs(),
                     lifetimes: bug.lifetimes(),
                     egress: bug.egress(),

@@ -38,11 +38,14 @@ pub struct SimOs {
     kernel: mpsc::UnboundedSender<KernelCall>,
     /// The gateway this is the host of.
     gateway: usize,
+    /// Where its driver keeps its sandboxes: the processes of its runs name it (`BERTH_MOUNTS`),
+    /// and it finds only those.
+    root: PathBuf,
 }
 
 impl SimOs {
-    pub fn new(world: Arc<World>, kernel: mpsc::UnboundedSender<KernelCall>, gateway: usize) -> Self {
-        Self { world, kernel, gateway }
+    pub fn new(world: Arc<World>, kernel: mpsc::UnboundedSender<KernelCall>, gateway: usize, root: PathBuf) -> Self {
+        Self { world, kernel, gateway, root }
     }
 }
 
@@ -94,7 +97,7 @@ impl Os for SimOs {
                 Kind::Signalled,
                 format!("{name} generation {generation}: kill -{signal:?} {pid}"),
             );
-            kernel::check_signal_wanted(&self.world, &sandbox, generation, &format!("{signal:?}"));
+            kernel::check_signal_wanted(&self.world, self.gateway, &sandbox, generation, &format!("{signal:?}"));
         }
         for later in later {
             let _ = self.kernel.send(KernelCall::Later(later));
@@ -102,11 +105,11 @@ impl Os for SimOs {
     }
 
     fn find_supervisor(&self, sandbox: &SandboxId, generation: u64) -> Option<(i32, u64)> {
-        kernel::find_supervisor(&self.world, sandbox, generation)
+        kernel::find_supervisor(&self.world, &self.root, sandbox, generation)
     }
 
     fn find_group(&self, sandbox: &SandboxId, generation: u64) -> Option<i32> {
-        kernel::find_group(&self.world, sandbox, generation)
+        kernel::find_group(&self.world, &self.root, sandbox, generation)
     }
 
     /// The simulated runs' execs are no processes of this kernel: nothing to kill.

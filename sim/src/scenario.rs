@@ -41,6 +41,8 @@ pub enum Stream {
     Focus,
     /// The state workload's fault rates.
     State,
+    /// The faults of the many-hosts mode: node losses.
+    Nodes,
     /// Client `i`'s operations (`i < 100`).
     Client(usize),
     /// The exec client's operations.
@@ -69,6 +71,7 @@ impl Stream {
             Stream::Unstartable => 10,
             Stream::Focus => 11,
             Stream::State => 12,
+            Stream::Nodes => 13,
             Stream::Client(i) => {
                 assert!(i < 100, "client {i} would share the exec client's stream");
                 100 + i as u64
@@ -171,6 +174,10 @@ pub struct Faults {
     /// With the state workload: paused runs lost per minute, every process killed as a host
     /// reboot kills them (a freezer does not survive its host, DESIGN 12.1).
     pub paused_runs_lost: f64,
+    /// With several nodes: nodes lost per minute, their gateway and every run they hold gone
+    /// at once, for longer than their lease and its fencing take (a host lost); some never
+    /// come back.
+    pub node_losses: f64,
 }
 
 /// What a focused seed raises together: fault combinations that reach core's rarest decisions
@@ -240,6 +247,11 @@ pub struct Scenario {
     pub page_size: usize,
     /// Gateways sharing the store (the multi-gateway mode when more than one).
     pub gateways: usize,
+    /// Nodes: with one, every gateway is the one node of the runtime's host; with more (the
+    /// many-hosts mode, DESIGN 14), each gateway is a node of its own, with a process driver
+    /// keeping its sandboxes in a directory of its own on the simulated kernel, as two nodes on
+    /// one machine are.
+    pub nodes: usize,
     pub faults: Faults,
     /// What the seed's fault mix leans towards, if it is focused.
     pub focus: Option<Focus>,
@@ -252,7 +264,7 @@ pub struct Scenario {
     /// policies, renews racing expiries, checked by T1 and by I8 under each policy.
     pub lifetimes: bool,
     /// The egress workload runs too (`--egress`): every run asks for its providers' endpoints
-    /// through the egress proxy while they are attached and detached, checked by N1.
+    /// through the egress proxy while they are attached and detached, checked by G1.
     pub egress: bool,
     /// The state workload runs too (`--state`): clients pause and resume sandboxes (DESIGN
     /// 12.1) among every other call, and idle timeouts may pause; checked by S3.
@@ -334,6 +346,7 @@ impl Scenario {
             store_latency: d.millis(1, 8),
             redrive_after: d.millis(1_000, 4_000),
             gateways: 1,
+            nodes: 1,
             page_size,
             faults,
             focus,
@@ -409,6 +422,25 @@ impl Scenario {
         self
     }
 
+    /// The many-hosts mode (DESIGN 14): `nodes` gateways, each a node of its own on the
+    /// process driver, with the several-gateway faults and node losses, drawn from streams of
+    /// their own. The container driver is not run so: two nodes never share a container engine.
+    pub fn with_nodes(mut self, nodes: usize) -> Self {
+        self.nodes = nodes.max(1);
+        if self.nodes > 1 {
+            let nodes = self.nodes;
+            self = self.with_gateways(nodes);
+            self.driver = DriverKind::Process;
+            self.faults.node_losses = Draw::new(self.seed, Stream::Nodes).rate(0.8, 0.5, 2.0);
+        }
+        self
+    }
+
+    /// The node gateway `gateway` runs as.
+    pub fn node_of(&self, gateway: usize) -> String {
+        if self.nodes > 1 { format!("node-{gateway}") } else { crate::gateway::NODE.to_string() }
+    }
+
     pub fn total(&self) -> Duration {
         self.fault_phase + self.quiet_phase
     }
@@ -438,6 +470,8 @@ mod tests {
             Stream::ExecRestarts,
             Stream::Unstartable,
             Stream::Focus,
+            Stream::State,
+            Stream::Nodes,
             Stream::ExecClient,
         ];
         streams.extend((0..100).map(Stream::Client));

@@ -114,10 +114,12 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         return;
     }
     let gateways = world.scenario.gateways;
-    // Like berth-supervisor given several gateways: each attempt goes to the next one.
+    // Like berth-supervisor given several gateways: each attempt goes to the next one; a run of
+    // a node of its own reaches only its node's gateway.
     let first = spawn.generation as usize + 1;
+    let home = spawn.home;
     let connect = move |attempt: usize| async move {
-        let i = (first + attempt) % gateways;
+        let i = home.unwrap_or((first + attempt) % gateways);
         Ok(session::Gateway { channel: net::channel(i), wire: net::wire(i) })
     };
     // A command that could not be started has its exit recorded before the hello, as
@@ -145,7 +147,7 @@ async fn supervise(world: Arc<World>, mut spawn: Spawn, runtime: mpsc::Unbounded
         sent: 0,
         done: spawn.ghost.then_some(done),
     };
-    // The run's egress requests, for as long as its supervisor lives (N1).
+    // The run's egress requests, for as long as its supervisor lives (G1).
     let _egress = (world.scenario.egress && !spawn.ghost && spawn.failed_to_start.is_none()).then(|| {
         let workload = crate::egress::workload(
             world.clone(),

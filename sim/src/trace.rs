@@ -24,6 +24,8 @@ pub enum Kind {
     Repair,
     StoreStalls,
     StoreReplyLate,
+    /// A node's host is lost, its gateway and its runs with it.
+    NodeLost,
     // Gateways.
     Boot,
     /// The store granted a lease (the reconcile lease, or the node's) to the event's actor (a
@@ -36,6 +38,8 @@ pub enum Kind {
         to: Option<PhaseKind>,
     },
     Expired,
+    /// A sandbox's placement changed: the node (and epoch) it is placed on.
+    Placed,
     ExpiredIdle,
     PolicyRestart,
     /// A driver call other than the reconcile loop's polls.
@@ -104,10 +108,12 @@ impl Kind {
             Kind::Repair => "repair",
             Kind::StoreStalls => "store stalls",
             Kind::StoreReplyLate => "store reply late",
+            Kind::NodeLost => "node lost",
             Kind::Boot => "boot",
             Kind::Lease { .. } => "lease",
             Kind::Phase { .. } => "phase",
             Kind::Expired => "expired",
+            Kind::Placed => "placed",
             Kind::ExpiredIdle => "expired idle",
             Kind::PolicyRestart => "policy restart",
             Kind::Driver => "driver",

@@ -127,6 +127,10 @@ pub struct World {
     pub commits: Mutex<Vec<Commit>>,
     /// Generations committed per sandbox id over time: `(t, generation)`, for I1 and I6.
     pub generations: Mutex<BTreeMap<SandboxId, Vec<(u64, u64)>>>,
+    /// The node each sandbox's last committed record places it on, for N1.
+    pub placements: Mutex<BTreeMap<SandboxId, Option<String>>>,
+    /// The gateways stopping every run their node holds, as its lease lapsed.
+    pub fencing: Mutex<std::collections::BTreeSet<String>>,
     violations: Mutex<Vec<Violation>>,
     faults: AtomicBool,
     pub boots: AtomicU64,
@@ -160,6 +164,8 @@ impl World {
             history: Mutex::default(),
             commits: Mutex::default(),
             generations: Mutex::default(),
+            placements: Mutex::default(),
+            fencing: Mutex::default(),
             violations: Mutex::default(),
             faults: AtomicBool::new(true),
             boots: AtomicU64::new(0),
@@ -293,7 +299,25 @@ impl World {
 
     /// A gateway runs reconcile (a watch or a poll of the runtime): `what` it did.
     pub fn reconciling(&self, gateway: &str, what: &str) {
-        self.fact(&Fact::Reconciling { t: Self::micros(), gateway, what });
+        let index = (0..self.scenario.gateways).find(|&i| crate::net::gateway_host(i) == gateway);
+        let node = index.map_or_else(|| crate::gateway::NODE.to_string(), |i| self.scenario.node_of(i));
+        self.fact(&Fact::Reconciling { t: Self::micros(), gateway, node: &node, what });
+    }
+
+    /// Where gateway `gateway`'s driver keeps its sandboxes: the host's one directory, or its
+    /// node's own.
+    pub fn root_of(&self, gateway: usize) -> PathBuf {
+        if self.scenario.nodes > 1 {
+            self.state_dir.join(self.scenario.node_of(gateway))
+        } else {
+            self.state_dir.clone()
+        }
+    }
+
+    /// Where the drivers keep their sandboxes: the host's one directory, or each node's.
+    pub fn roots(&self) -> Vec<PathBuf> {
+        let nodes = if self.scenario.nodes > 1 { self.scenario.gateways } else { 1 };
+        (0..nodes).map(|g| self.root_of(g)).collect()
     }
 
     /// The generations committed of a sandbox, `(t, generation)` in commit order.

@@ -386,6 +386,7 @@ impl<E: Engine> ContainerDriver<E> {
         };
         let started = match created {
             Ok(()) => {
+                launch.fence.check()?;
                 begin(previous)?;
                 // Only now can a run of this generation happen, even one a `docker start` made
                 // out of band: its identity goes in after the record says its start began, so a

@@ -450,6 +450,7 @@ impl<O: Os> Inner<O> {
             }
             self.record_begun(&launch.sandbox, begun)
         };
+        launch.fence.check()?;
         begin()?;
         if crash == Some(CrashPoint::BeforeRuntimeStart) {
             return Err(crashed(CrashPoint::BeforeRuntimeStart));

@@ -138,16 +138,25 @@ impl HostOs {
     /// carried it is taken for this driver's: there was one process driver per machine then).
     fn processes(&self, sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = (i32, i32)> {
         let name = format!("{}=", crate::env::MOUNTS_VAR);
-        let ours = format!("{name}{}", self.root.join(sandbox.as_str()).join(super::MOUNTS_DIR).display());
+        let (root, id) = (self.root.clone(), sandbox.clone());
         processes(sandbox, move |vars| {
-            let theirs = vars.iter().find(|v| v.starts_with(name.as_bytes()));
-            theirs.is_none_or(|v| *v == ours.as_bytes()) && also(vars)
+            let theirs = vars.iter().find_map(|v| v.strip_prefix(name.as_bytes()));
+            belongs(&root, &id, theirs) && also(vars)
         })
     }
 
     fn group_leaders(&self, sandbox: &SandboxId, also: impl Fn(&[&[u8]]) -> bool) -> impl Iterator<Item = i32> {
         self.processes(sandbox, also).filter_map(|(pid, pgid)| (pid == pgid).then_some(pid))
     }
+}
+
+/// Whether a process of `sandbox`'s whose environment gives `mounts` as its `BERTH_MOUNTS`
+/// (`None`: it gives none, as a run started before runs carried it) is a run of the process
+/// driver that keeps its sandboxes in `root`. Two process drivers on one machine tell their
+/// runs apart by it; a run without it is taken for this driver's (there was one per machine).
+pub fn belongs(root: &Path, sandbox: &SandboxId, mounts: Option<&[u8]>) -> bool {
+    let ours = root.join(sandbox.as_str()).join(super::MOUNTS_DIR);
+    mounts.is_none_or(|m| m == ours.as_os_str().as_encoded_bytes())
 }
 
 /// `Some((state letter, kernel start time))` of a process, from `/proc/<pid>/stat`.

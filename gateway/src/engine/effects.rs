@@ -13,7 +13,7 @@ use berth_core::{
     Command, Decision, Effect, Observation, Outcome, Request, RuntimeSource, Sandbox, SandboxId, SnapshotPhase,
     recovery, snapshot, volume,
 };
-use berth_drivers::{DriverError, Launch};
+use berth_drivers::{DriverError, Fence, Launch};
 use tracing::{debug, info, warn};
 
 use super::{Engine, lock};
@@ -316,6 +316,10 @@ impl Engine {
             credentials,
             token: derive_token(&self.inner.key, &identity),
             seed: sandbox.seed.clone(),
+            fence: {
+                let (engine, record) = (self.clone(), sandbox.clone());
+                Fence::new(move || engine.may_run(&record))
+            },
         })
     }
 }

@@ -132,6 +132,11 @@ pub struct NodeOffer {
     pub address: String,
     pub labels: BTreeMap<String, String>,
     pub capacity: Capacity,
+    /// Whether, should this renewal be its last, the node stops every run it holds once the
+    /// lease lapses (it saw other nodes live as it renewed: [`berth_core::fencing::stops_on_lapse`]).
+    /// Only such a node is fenced: the store places elsewhere only what the node has let go.
+    #[serde(default)]
+    pub stops_when_lapsed: bool,
 }
 
 /// A node as the store holds it.

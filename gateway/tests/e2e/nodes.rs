@@ -161,13 +161,14 @@ async fn a_sandbox_is_placed_on_a_node_that_takes_it_and_holds_it_there_against_
         let sandbox = berth(&data, &["-o", "json", "sandbox", "get", name]).await;
         let sandbox: serde_json::Value = serde_json::from_slice(&sandbox.stdout).unwrap();
         assert_eq!(sandbox["phase"], "Stopped", "{sandbox}");
-        let kept = data.path.join("sandboxes").join(sandbox["id"].as_str().unwrap());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while kept.exists() {
-            assert!(Instant::now() < deadline, "{name}'s run on the fenced node is still there: {}", kept.display());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
+    // Started again (one asks for zone=a, which n2 is not), two is placed on n2, which keeps its workspace (the runtime is the same)
+    // rather than refusing a sandbox its runtime once removed.
+    let out = berth(&data, &["sandbox", "start", "two"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let two = berth(&data, &["-o", "json", "sandbox", "get", "two"]).await;
+    let two: serde_json::Value = serde_json::from_slice(&two.stdout).unwrap();
+    assert_eq!((two["phase"].as_str(), two["node"].as_str()), (Some("Ready"), Some("n2")), "{two}");
 }
 
 #[tokio::test]
@@ -468,16 +469,20 @@ async fn a_node_cut_off_from_the_store_stops_its_runs_and_after_the_heal_holds_o
     let log = data[1].log_of("n2");
     assert!(log.contains("stopping every run it holds"), "{log}");
 
-    // Healed: n2 is granted its lease again, and removes what the store placed elsewhere.
+    // Healed: n2 is granted its lease again and starts nothing of what the store placed
+    // elsewhere; what is left of it there (its workspace, kept, as the store may place it there
+    // again) goes with the sandbox's delete.
     link.set(true);
-    let kept = data[1].path.join("sandboxes").join(&made.id);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while kept.exists() {
-        assert!(Instant::now() < deadline, "n2 kept the run placed on n1: {}", kept.display());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let again = get(&mut sandboxes, "cut").await.unwrap();
     let logs = || format!("n1:\n{}\nn2:\n{}", data[0].log_of("n1"), data[1].log_of("n2"));
     let got = (phase(&again), again.generation, again.node.as_str());
     assert_eq!(got, (pb::Phase::Ready, 2, "n1"), "{again:?}\n{}", logs());
+    assert!(!alive(pid), "n2 ran its old run again");
+    let kept = data[1].path.join("sandboxes").join(&made.id);
+    lifecycle(&mut sandboxes, "delete", "cut").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kept.exists() {
+        assert!(Instant::now() < deadline, "n2 kept a deleted sandbox's workspace: {}\n{}", kept.display(), logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

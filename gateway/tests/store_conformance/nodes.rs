@@ -15,6 +15,7 @@ fn offer(address: &str, sandboxes: u64) -> NodeOffer {
         address: address.to_string(),
         labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         capacity: Capacity { cpu_millis: 2_000, memory_bytes: 4 << 30, sandboxes },
+        stops_when_lapsed: true,
     }
 }
 

@@ -20,6 +20,9 @@ pub struct Ground<'a> {
     pub runtime: &'a RuntimeModel,
     /// Whether the host has its compute resource (its container, or its folder).
     pub compute_exists: bool,
+    /// Whether the lease of the node it was placed on lapsed since the placement, as the store
+    /// holds it (a fence's cause).
+    pub node_lapsed: bool,
     /// Its generations as committed: `(t, generation)`.
     pub generations: &'a [(u64, u64)],
 }
@@ -41,7 +44,7 @@ pub fn unjustified(before: &Sandbox, after: &Sandbox, failure: &Failure, ground:
                 .removals
                 .get(&after.id)
                 .is_some_and(|times| times.iter().any(|t| started.is_none_or(|s| *t > s)));
-            !ground.compute_exists || removed_since
+            !ground.compute_exists || removed_since || ground.node_lapsed
         }
         // Since this generation was committed, the runtime refused a create or start, or the
         // container was removed (the driver found it gone as it started).
@@ -101,10 +104,19 @@ mod tests {
 
     /// Ready at generation 2 (committed at 5 us), then Error for `reason`.
     fn verdict(reason: FailureReason, runtime: &RuntimeModel, compute_exists: bool) -> Option<String> {
+        judged(reason, runtime, compute_exists, false)
+    }
+
+    fn judged(
+        reason: FailureReason,
+        runtime: &RuntimeModel,
+        compute_exists: bool,
+        node_lapsed: bool,
+    ) -> Option<String> {
         let before = sandbox("sb1", Intent::Running, Phase::Ready, 2);
         let after = sandbox("sb1", Intent::Running, error(reason), 2);
         let failure = failure_to_justify(&before, &after).expect("an Error out of Ready");
-        let ground = Ground { runtime, compute_exists, generations: &[(1, 1), (5, 2)] };
+        let ground = Ground { runtime, compute_exists, node_lapsed, generations: &[(1, 1), (5, 2)] };
         unjustified(&before, &after, failure, &ground)
     }
 
@@ -137,6 +149,8 @@ mod tests {
             )
         );
         assert_eq!(verdict(FailureReason::ComputeResourceMissing, &ended, false), None);
+        // A fence: the run of a node whose lease lapsed is lost, whatever the node's host shows.
+        assert_eq!(judged(FailureReason::ComputeResourceMissing, &ended, true, true), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::{Checker, Fact, Found, Invariant};
-use crate::gateway::{LEASE_TTL, NODE};
+use crate::gateway::LEASE_TTL;
 use crate::world::micros;
 
 /// The name the reconcile lease goes by in the facts.
@@ -47,8 +47,8 @@ impl Checker for Lease {
                     found.extend(problem.map(|p| (Invariant::L1, format!("{lease}: {p}"))));
                 }
             }
-            Fact::Reconciling { t, gateway, what } => {
-                let last = self.last.get(&node_lease(NODE));
+            Fact::Reconciling { t, gateway, node, what } => {
+                let last = self.last.get(&node_lease(node));
                 found.extend(reconciling_problem(last, gateway, what, t).map(|p| (Invariant::L1, p)));
             }
             _ => {}
@@ -93,6 +93,7 @@ pub fn reconciling_problem(last: Option<&Grant>, gateway: &str, what: &str, t: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::NODE;
 
     const TTL: u64 = LEASE_TTL.as_micros() as u64;
 
@@ -124,7 +125,7 @@ mod tests {
     fn the_checker_keeps_the_last_grant_and_judges_each_takeover_and_reconcile_by_it() {
         let node = node_lease(NODE);
         let lease = |t, holder, term, released| Fact::Lease { t, lease: &node, holder, term, released };
-        let reconciling = |t, gateway| Fact::Reconciling { t, gateway, what: "list" };
+        let reconciling = |t, gateway| Fact::Reconciling { t, gateway, node: NODE, what: "list" };
         let found = crate::invariants::feed(
             &mut Lease::default(),
             &[

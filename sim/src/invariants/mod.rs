@@ -20,6 +20,7 @@ use serde::Serialize;
 pub mod c1_records;
 pub mod d1_one_run;
 pub mod e_execs;
+pub mod g1_egress;
 pub mod i10_no_panic_or_internal;
 pub mod i1_stale_exit;
 pub mod i2_exits_reported;
@@ -30,7 +31,8 @@ pub mod i7_delete_completes;
 pub mod i8_liveness;
 pub mod l1_one_holder;
 pub mod m1_main_exit;
-pub mod n1_egress;
+pub mod n1_one_run_across_nodes;
+pub mod n2_placed_live;
 pub mod p1_pools;
 pub mod r1_restarts;
 pub mod s1_snapshot_files;
@@ -65,8 +67,14 @@ pub enum Invariant {
     T1,
     P1,
     /// Issue 18's: a run's egress is the policy committed with its generation, narrowed by
-    /// detaches since (`n1_egress`).
+    /// detaches since (`g1_egress`).
+    G1,
+    /// DESIGN 16: at most one run of a sandbox across nodes, and only on the node the store
+    /// places it on (`n1_one_run_across_nodes`).
     N1,
+    /// DESIGN 16: after faults stop, nothing waits on a node whose lease is not live
+    /// (`n2_placed_live`).
+    N2,
     /// DESIGN 3.1, 3.2 and 3.5's rule 7, as the store's writes show them: ids never reused,
     /// live names unique and immutable, a create's first record, a new generation written as a
     /// Start writes one, Deleting final, no Ready again within a generation, no reference to a
@@ -120,12 +128,13 @@ pub enum Fact<'a> {
     },
     /// What the egress proxy did with a run's request: opened a connection (as the upstream saw
     /// it arrive) or refused it (as the run heard).
-    Egress { opened: bool, request: &'a n1_egress::Request<'a> },
+    Egress { opened: bool, request: &'a g1_egress::Request<'a> },
     /// The store granted `lease` (the reconcile lease, or a node's) to `holder` in `term` at
     /// `t` (a take-over or a renewal), or released it (`released`).
     Lease { t: u64, lease: &'a str, holder: &'a str, term: u64, released: bool },
-    /// Gateway `gateway` ran reconcile at `t` (`what`: a poll or a watch of the runtime).
-    Reconciling { t: u64, gateway: &'a str, what: &'a str },
+    /// Gateway `gateway` ran reconcile of node `node`'s runtime at `t` (`what`: a poll or a
+    /// watch of the runtime).
+    Reconciling { t: u64, gateway: &'a str, node: &'a str, what: &'a str },
     /// A run launched exec `exec` of `sandbox` (as the supervisor's launcher did it).
     Launched { sandbox: &'a str, exec: &'a str },
     /// A reader of exec `exec` of `sandbox` (admitted at `admitted`, ms) saw it end as `state`.
@@ -190,7 +199,7 @@ pub fn checkers() -> Vec<Box<dyn Checker>> {
         Box::<r1_restarts::Restarts>::default(),
         Box::<m1_main_exit::MainExit>::default(),
         Box::<p1_pools::Pools>::default(),
-        Box::new(n1_egress::Egress::new(crate::egress::endpoints)),
+        Box::new(g1_egress::Egress::new(crate::egress::endpoints)),
         Box::<l1_one_holder::Lease>::default(),
         Box::<e_execs::Execs>::default(),
     ]

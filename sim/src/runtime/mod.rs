@@ -392,6 +392,7 @@ impl Runtime {
                     signal: watcher,
                     ghost: false,
                     failed_to_start,
+                    home: None,
                 });
                 if crashes {
                     let (this, id, after) = (Arc::clone(self), id.clone(), self.crash_after_start());

@@ -176,6 +176,9 @@ pub struct Spawn {
     pub ghost: bool,
     /// Why the run's command could not be started, if it could not.
     pub failed_to_start: Option<String>,
+    /// The gateway whose driver spawned it, when its node is that gateway's alone: the
+    /// supervisor's socket is its node's, so it reaches no other gateway.
+    pub home: Option<usize>,
 }
 
 #[derive(Default)]

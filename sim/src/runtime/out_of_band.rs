@@ -135,16 +135,22 @@ impl Runtime {
     /// `rm -rf` of a sandbox's folder behind the process driver's back, its processes killed
     /// first (they hold it open).
     fn remove_folder(self: &Arc<Self>) {
-        let Ok(entries) = std::fs::read_dir(&self.world.state_dir) else { return };
-        let mut ids: Vec<SandboxId> = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|name| !name.starts_with('.'))
-            .map(SandboxId::new)
-            .collect();
-        ids.sort();
-        let Some(id) = self.pick_of(ids) else { return };
-        let tree: Vec<i32> =
-            lock(&self.world.runtime).running_tasks().filter(|t| t.sandbox == id).map(|t| t.pid).collect();
+        // Each node's driver keeps its own folders; with one node, its root is the host's.
+        let mut folders: Vec<(std::path::PathBuf, SandboxId)> = Vec::new();
+        for root in self.world.roots() {
+            let Ok(entries) = std::fs::read_dir(&root) else { continue };
+            let ids =
+                entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|name| !name.starts_with('.'));
+            folders.extend(ids.map(|id| (root.clone(), SandboxId::new(id))));
+        }
+        folders.sort();
+        let Some((root, id)) = self.pick_of(folders) else { return };
+        let several = self.world.scenario.nodes > 1;
+        let tree: Vec<i32> = {
+            let m = lock(&self.world.runtime);
+            let ours = |t: &&crate::kernel::Task| t.sandbox == id && (!several || m.run_under(t, &root));
+            m.running_tasks().filter(ours).map(|t| t.pid).collect()
+        };
         // All of them dead before any supervisor could see its command go.
         let mut later = Vec::new();
         for pid in tree {
@@ -153,7 +159,7 @@ impl Runtime {
         for later in later {
             self.carry_out(later);
         }
-        let _ = std::fs::remove_dir_all(self.world.state_dir.join(id.as_str()));
+        let _ = std::fs::remove_dir_all(root.join(id.as_str()));
         let at = self.world.runtime_time();
         lock(&self.world.runtime).removals.entry(id.clone()).or_default().push(at);
         self.world.event("runtime", Kind::Removed, format!("{}'s folder (out of band)", self.name(&id)));
@@ -249,6 +255,14 @@ impl Runtime {
         let (sandbox, generation, token) = ended[self.draw(|d| d.below(ended.len() as u64)) as usize].clone();
         self.world.event("runtime", Kind::StaleSupervisor, format!("{} generation {generation}", self.name(&sandbox)));
         let (_, signal) = watch::channel(RunSignal::Ended);
-        let _ = self.supervisors.send(Spawn { sandbox, generation, token, signal, ghost: true, failed_to_start: None });
+        let _ = self.supervisors.send(Spawn {
+            sandbox,
+            generation,
+            token,
+            signal,
+            ghost: true,
+            failed_to_start: None,
+            home: None,
+        });
     }
 }

@@ -81,5 +81,6 @@ pub(crate) fn sleeping(target: &Target, data: &DataDir, id: &str, generation: u6
         credentials: Default::default(),
         token: data.runtime_token(id, generation),
         seed: None,
+        fence: berth_drivers::Fence::open(),
     }
 }

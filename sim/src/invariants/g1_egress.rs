@@ -1,4 +1,4 @@
-//! N1 (DESIGN 10, issue 18): the policy a run gets is the one committed with its generation,
+//! G1 (DESIGN 10, issue 18): the policy a run gets is the one committed with its generation,
 //! and never more than the one in force. A connection the egress proxy opened for run `G` of a
 //! sandbox must be allowed by a provider attached when `G` was committed and still attached at
 //! some moment between the request and the connection, while `G` was the sandbox's current
@@ -16,7 +16,7 @@ use berth_core::{Intent, Sandbox, SandboxId};
 
 use super::{Checker, Fact, Found, Invariant};
 
-/// N1's evidence: the store's committed history of each sandbox, kept only where what N1 looks
+/// G1's evidence: the store's committed history of each sandbox, kept only where what G1 looks
 /// at changed, and each provider's rules as its create asked for them.
 pub struct Egress {
     versions: BTreeMap<SandboxId, Vec<Version>>,
@@ -57,7 +57,7 @@ impl Checker for Egress {
                 } else {
                     refused_within_policy(history, request, self.endpoints)
                 };
-                found.extend(problem.map(|p| (Invariant::N1, p)));
+                found.extend(problem.map(|p| (Invariant::G1, p)));
             }
             _ => {}
         }
@@ -255,7 +255,7 @@ mod tests {
             ],
         );
         assert_eq!(found.len(), 2, "{found:?}");
-        assert!(found[0].starts_with("N1: ") && found[0].contains("was refused p0.test"), "{found:?}");
+        assert!(found[0].starts_with("G1: ") && found[0].contains("was refused p0.test"), "{found:?}");
         assert!(found[1].contains("reached p0.test") && found[1].contains("no version current"), "{found:?}");
     }
 

@@ -94,7 +94,7 @@ pub enum Standing {
 /// them, so its runs must be gone first. The only node there is, the store places nowhere else:
 /// its runs go on through an outage of the store.
 pub fn stops_on_lapse(lapsed: bool, others_live: bool) -> bool {
-    lapsed && others_live && !crate::bugs::on(crate::bugs::Bug::LapsedNodeRunsOn)
+    lapsed && others_live && !crate::bug!(LapsedNodeRunsOn)
 }
 
 /// Whether a gateway whose standing in its node's lease is `standing` may make a run (start or resume one)
@@ -106,7 +106,7 @@ pub fn stops_on_lapse(lapsed: bool, others_live: bool) -> bool {
 /// sandboxes anew, so a placement that still names the node was never fenced.
 pub fn may_run(standing: Standing, placement: Option<&Placement>) -> bool {
     match (standing, placement) {
-        (Standing::Lapsed, _) => crate::bugs::on(crate::bugs::Bug::LapsedNodeRunsOn),
+        (Standing::Lapsed, _) => crate::bug!(LapsedNodeRunsOn),
         (Standing::Sibling, _) | (Standing::Held(_), None) => true,
         (Standing::Held(held), Some(at)) => at.epoch <= held,
     }

@@ -144,7 +144,7 @@ impl fmt::Display for Unplaced {
 
 /// Why `node` cannot take a sandbox reserving `wanted` and asking for `selector`, if it cannot.
 pub fn unfit(node: &Node, wanted: Capacity, selector: &BTreeMap<String, String>) -> Option<Unfit> {
-    if !node.live && !crate::bugs::on(crate::bugs::Bug::PlacesOnLapsed) {
+    if !node.live && !crate::bug!(PlacesOnLapsed) {
         return Some(Unfit::Lapsed);
     }
     if node.draining {

@@ -152,8 +152,9 @@ async fn fence_unless_held(engine: Engine, ttl: Duration) {
 
 /// The node's side of fencing (DESIGN 14): its lease lapsed, so the store may fence it and place
 /// its sandboxes elsewhere; it stops every run its runtime holds (whatever their generation),
-/// keeping their workspaces. When it is granted its lease again its sweep merges what it finds,
-/// and removes what the store placed elsewhere meanwhile.
+/// keeping their workspaces, for as long as it does not hold the lease again. When it is
+/// granted its lease again its sweep merges what it finds, and stops what the store placed
+/// elsewhere meanwhile.
 async fn stop_every_run(engine: Engine) {
     let lapsed = {
         let engine = engine.clone();

@@ -97,6 +97,14 @@ pub fn stops_on_lapse(lapsed: bool, others_live: bool) -> bool {
     lapsed && others_live && !crate::bug!(LapsedNodeRunsOn)
 }
 
+/// Whether the store may fence a node whose lease is not live: one that said, at its last
+/// renewal, that it stops its runs on a lapse ([`stops_on_lapse`]), or whose process gave its
+/// lease up (it said it is gone). A node that renewed alone keeps its runs through a lapse:
+/// fencing it could put its sandboxes on two nodes at once, so what is placed on it waits.
+pub fn fenceable(stops_when_lapsed: bool, given_up: bool) -> bool {
+    stops_when_lapsed || given_up
+}
+
 /// Whether a gateway whose standing in its node's lease is `standing` may make a run (start or resume one)
 /// of a sandbox the store places on its node at `placement` (`None`: recorded before placement
 /// was). An effect is carried out for the placement's epoch: a node whose lease lapsed refuses
@@ -149,6 +157,13 @@ mod tests {
         assert!(stops_on_lapse(true, true));
         assert!(!stops_on_lapse(true, false), "the only node: nowhere else to run them");
         assert!(!stops_on_lapse(false, true), "given up or taken over by a sibling");
+    }
+
+    #[test]
+    fn the_store_fences_only_a_node_that_stops_its_runs_or_gave_its_lease_up() {
+        assert!(fenceable(true, false));
+        assert!(fenceable(false, true));
+        assert!(!fenceable(false, false), "renewed alone: it keeps its runs");
     }
 
     #[test]

@@ -29,11 +29,11 @@ impl Lapses {
     /// Notes what the nodes' leases are at `now`; returns the nodes lapsed for `grace` or
     /// longer, each with the epoch its lease was last granted in.
     fn note(&mut self, nodes: &[crate::store::Node], me: &NodeId, now: Instant, grace: Duration) -> Vec<(NodeId, u64)> {
-        // A node that renewed alone keeps its runs through a lapse (it was the only node there
-        // was): it is not fenced, and what is placed on it waits for it. One whose process gave
-        // its lease up said it is gone.
-        let given_up = |n: &crate::store::Node| n.lease.holder.is_none();
-        let fenceable = |n: &&crate::store::Node| !n.live && n.id != *me && (n.offer.stops_when_lapsed || given_up(n));
+        let fenceable = |n: &&crate::store::Node| {
+            !n.live
+                && n.id != *me
+                && berth_core::fencing::fenceable(n.offer.stops_when_lapsed, n.lease.holder.is_none())
+        };
         let lapsed: BTreeMap<&NodeId, u64> = nodes.iter().filter(fenceable).map(|n| (&n.id, n.lease.term)).collect();
         self.0.retain(|id, (epoch, _)| lapsed.get(id) == Some(epoch));
         for (id, epoch) in &lapsed {

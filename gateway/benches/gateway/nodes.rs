@@ -188,6 +188,9 @@ pub(crate) fn nodes(runtime: &tokio::runtime::Runtime, quick: bool) {
             let url = pg::fresh_schema(&format!("bench_{nodes}_nodes")).await.unwrap();
             let cluster = Cluster::start(&url, nodes, &supervisor, &ca);
             cluster.live(nodes).await;
+            // One renewal each with the others live: a node whose every renewal was made alone
+            // is never fenced (DESIGN 14), and the death below must measure a fence.
+            tokio::time::sleep(Duration::from_secs(2)).await;
             (create_ready(&cluster.client().await, count).await, cluster)
         });
         let rate = count as f64 / took.as_secs_f64();

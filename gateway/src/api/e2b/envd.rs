@@ -395,9 +395,11 @@ pub(super) async fn start(State(e2b): State<Arc<E2b>>, headers: HeaderMap, body:
 }
 
 async fn start_process(e2b: &E2b, headers: &HeaderMap, body: Body) -> Result<Response, ConnectError> {
+    // The request is read (it is bounded) before anything refuses it: a reply sent while the
+    // client still writes closes the connection under it, and it sees a broken pipe, not why.
+    let request = first_message(body).await?;
     let sandbox = sandbox(e2b, headers).await?;
     check_user(headers)?;
-    let request = first_message(body).await?;
     let config = &request["process"];
     let cmd = config["cmd"].as_str().unwrap_or_default();
     if cmd.is_empty() {
@@ -451,8 +453,9 @@ async fn start_process(e2b: &E2b, headers: &HeaderMap, body: Body) -> Result<Res
 
 pub(super) async fn connect(State(e2b): State<Arc<E2b>>, headers: HeaderMap, body: Body) -> Response {
     let attached = async {
+        let request = first_message(body).await?;
         let sandbox = sandbox(&e2b, &headers).await?;
-        let pid = selected(&first_message(body).await?, "process")?;
+        let pid = selected(&request, "process")?;
         let exec = process(&e2b.execs, &sandbox, pid).await?;
         let request =
             pb::AttachExecRequest { sandbox: sandbox.name.to_string(), exec_id: exec.id.to_string(), offset: 0 };
@@ -542,9 +545,9 @@ pub(super) async fn send(
 /// `StreamInput`: a start naming the process, then its input, message by message; one empty
 /// reply once the client's side ends.
 pub(super) async fn stream_input(State(e2b): State<Arc<E2b>>, headers: HeaderMap, body: Body) -> Response {
+    let mut messages = Box::pin(messages(body));
     let streamed_in = async {
         let sandbox = sandbox(&e2b, &headers).await?;
-        let mut messages = Box::pin(messages(body));
         let first = messages.next().await.unwrap_or_else(|| Err(connect_error("invalid_argument", "no start")))?;
         let pid = selected(&first["start"], "process")?;
         let exec = process(&e2b.execs, &sandbox, pid).await?;
@@ -568,7 +571,17 @@ pub(super) async fn stream_input(State(e2b): State<Arc<E2b>>, headers: HeaderMap
     };
     let frames = match streamed_in.await {
         Ok(()) => vec![envelope(0, &json!({})), end_of_stream(None)],
-        Err(e) => vec![end_of_stream(Some(e))],
+        Err(e) => {
+            // The rest of the input is read and dropped, so the client, still writing, sees
+            // the error and not a connection closed under it; shutdown does not wait for it.
+            let shutdown = e2b.engine.shutdown();
+            let drained = async { while let Some(Ok(_)) = messages.next().await {} };
+            tokio::select! {
+                () = shutdown.begun() => {}
+                () = drained => {}
+            }
+            vec![end_of_stream(Some(e))]
+        }
     };
     streamed(futures_util::stream::iter(frames))
 }

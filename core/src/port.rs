@@ -138,6 +138,18 @@ pub fn admit_api(key: &IdentityKey, sandbox: Option<&Sandbox>, token: Option<&st
     admit_through(key, sandbox, Door::SandboxApi, token.map_or(Credential::None, Credential::PortToken))
 }
 
+/// Which run a call to the in-sandbox API carried from another gateway reaches, or why none.
+/// That gateway opened it with the sandbox's access token for run `generation` (the token is
+/// of its key, which this gateway may not share) and carries it on the API token: it reaches
+/// that run only, while it runs.
+pub fn admit_api_carried(key: &IdentityKey, sandbox: Option<&Sandbox>, generation: u64) -> Result<u64, Refusal> {
+    let current = admit_through(key, sandbox, Door::SandboxApi, Credential::ApiToken)?;
+    match current == generation {
+        true => Ok(current),
+        false => Err(Refusal::Gone { issued: generation, current }),
+    }
+}
+
 fn admit_through(
     key: &IdentityKey,
     sandbox: Option<&Sandbox>,

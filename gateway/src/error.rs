@@ -18,6 +18,10 @@ pub enum ApiError {
     /// or to this one once it is back.
     #[error("the gateway is shutting down: reconnect, to another gateway or to this one once it is back")]
     ShuttingDown,
+    /// What needs a sandbox's workspace on this host, asked of a gateway of another node than
+    /// the one its run is placed on, by a way in that is not carried there.
+    #[error("sandbox '{sandbox}' runs on node '{node}': its workspace is on that node's host, not this gateway's")]
+    Elsewhere { sandbox: String, node: berth_core::NodeId },
 }
 
 impl From<ApiError> for Status {
@@ -30,9 +34,21 @@ impl From<ApiError> for Status {
             ApiError::Store(StoreError::Corrupt(_)) => Status::internal(message),
             ApiError::Driver(berth_drivers::DriverError::Unavailable(_)) => Status::unavailable(message),
             ApiError::Driver(berth_drivers::DriverError::Failed(_)) => Status::failed_precondition(message),
-            ApiError::ShuttingDown => Status::unavailable(message),
+            ApiError::ShuttingDown | ApiError::Elsewhere { .. } => Status::unavailable(message),
         }
     }
+}
+
+/// An error with its causes: its own text often says only that something failed (a TLS
+/// handshake, a connection), its causes why.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(inner) = cause {
+        message = format!("{message}: {inner}");
+        cause = inner.source();
+    }
+    message
 }
 
 pub fn code(code: Code) -> tonic::Code {

@@ -47,7 +47,7 @@ use crate::engine::Engine;
 use crate::sessions::PortError;
 
 /// How long reaching a gateway that shares the data directory may take.
-const PEER_WITHIN: Duration = Duration::from_secs(2);
+pub(crate) const PEER_WITHIN: Duration = Duration::from_secs(2);
 /// How many bytes of a connection through another gateway are buffered here each way (as
 /// many as of one into a run).
 const PEER_BUFFER: usize = 4 * berth_proto::carry::CHUNK;
@@ -63,6 +63,8 @@ pub struct Peers {
     /// The CA file a peer's certificate is checked against (`--tls-ca`).
     ca: Option<PathBuf>,
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    /// TLS to peers' HTTP listeners, made once asked for.
+    http_tls: Arc<std::sync::OnceLock<Result<Arc<tokio_rustls::rustls::ClientConfig>, String>>>,
 }
 
 impl fmt::Debug for Peers {
@@ -78,7 +80,15 @@ impl Peers {
             .parse()
             .map_err(|_| "the API token is not a valid header value".to_string())?;
         bearer.set_sensitive(true);
-        Ok(Self { dir: dir.to_path_buf(), me: me.to_string(), bearer, ca, channels: Arc::default() })
+        let (dir, me) = (dir.to_path_buf(), me.to_string());
+        Ok(Self { dir, me, bearer, ca, channels: Arc::default(), http_tls: Arc::default() })
+    }
+
+    /// How this gateway speaks TLS to a peer's HTTP listener (`--tls-ca` as for its gRPC).
+    pub(crate) fn http_tls(&self) -> Result<Arc<tokio_rustls::rustls::ClientConfig>, String> {
+        let made =
+            self.http_tls.get_or_init(|| crate::tls::client_config(self.ca.as_deref(), "--tls-ca").map(Arc::new));
+        made.clone()
     }
 
     /// `Bearer <API token>`, for a call to another gateway.
@@ -348,7 +358,7 @@ pub fn unconnected(name: &str) -> String {
 }
 
 /// Hop-by-hop headers (RFC 9110 7.6.1): this hop's, not passed on (but an upgrade's own).
-const HOP_BY_HOP: [&str; 7] =
+pub(crate) const HOP_BY_HOP: [&str; 7] =
     ["connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer", "transfer-encoding"];
 
 #[derive(Clone)]

@@ -155,6 +155,7 @@ pub async fn run(config: Config) -> Result<(), String> {
             labels: config.node_labels.clone(),
             capacity: crate::node::host_capacity(config.node_sandboxes),
             stops_when_lapsed: false,
+            e2b_address: e2b.as_ref().map(|(_, at)| format!("{scheme}://{at}")),
         },
         ttl: config.lease_ttl,
         company: Some(data.path().join("node-company")),

@@ -109,9 +109,10 @@ fn ca_file(path: &Path) -> Result<Vec<u8>, String> {
     Ok(pem)
 }
 
-/// How the gateway speaks TLS to a PostgreSQL store: the server's certificate checked, name
-/// included, against the PEM file `ca` if given, else the system's roots.
-pub fn store_client(ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+/// How the gateway speaks TLS to a server that is not a gateway's gRPC (a PostgreSQL store,
+/// another node's E2B listener): the server's certificate checked, name included, against the
+/// PEM file `ca` if given, else the system's roots; `option` is what gives one.
+pub fn client_config(ca: Option<&Path>, option: &str) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca {
         Some(path) => {
@@ -124,7 +125,7 @@ pub fn store_client(ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
             let found = rustls_native_certs::load_native_certs();
             roots.add_parsable_certificates(found.certs);
             if roots.is_empty() {
-                return Err("the system has no CA certificates to check the store's against; give store_ca".into());
+                return Err(format!("the system has no CA certificates to check the server's against; give {option}"));
             }
         }
     }

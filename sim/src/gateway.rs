@@ -125,6 +125,7 @@ pub async fn gateway(world: Arc<World>, links: RuntimeLinks, index: usize) -> tu
             labels: Default::default(),
             capacity: berth_core::placement::Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 10_000 },
             stops_when_lapsed: false,
+            e2b_address: None,
         },
         ttl: LEASE_TTL,
         company: Some(world.root_of(index).join(".company")),

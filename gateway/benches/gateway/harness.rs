@@ -141,6 +141,7 @@ pub(crate) async fn engine_on(store: Arc<dyn Store>, driver: Arc<NoopDriver>, n:
         labels: Default::default(),
         capacity: berth_core::placement::Capacity { cpu_millis: 0, memory_bytes: 0, sandboxes: 1_000_000 },
         stops_when_lapsed: false,
+        e2b_address: None,
     };
     let node = berth_core::NodeId::new("bench");
     store.acquire_node_lease(&node, "bench", &offer, Duration::from_secs(3600)).await.unwrap();

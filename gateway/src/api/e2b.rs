@@ -53,6 +53,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a create, a pause or a resume waits for what it asked.
 const READY_WITHIN: Duration = Duration::from_secs(120);
 
+mod carry;
 mod envd;
 mod fs;
 mod snapshots;
@@ -580,7 +581,7 @@ pub fn router(engine: &Engine, token: &str) -> Router {
     let execs = super::exec::ExecApi::new(execs, activity, engine.shutdown().clone());
     let snapshots = crate::api::snapshots::SnapshotApi::new(engine.clone());
     let e2b = Arc::new(E2b { engine: engine.clone(), execs, snapshots, token: token.into() });
-    Router::new()
+    let public = Router::new()
         .route("/v2/sandboxes", post(create).get(list))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
@@ -590,8 +591,10 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list))
         .fallback(not_served)
-        .route_layer(middleware::from_fn_with_state(e2b.clone(), authorized))
-        // The in-sandbox API: each call proves it may reach the sandbox with its access token.
+        .route_layer(middleware::from_fn_with_state(e2b.clone(), authorized));
+    // The in-sandbox API: each call proves it may reach the sandbox with its access token, and
+    // is served by the node that runs the sandbox.
+    let envd = Router::new()
         .route("/health", get(envd::health))
         .route("/process.Process/Start", post(envd::start))
         .route("/process.Process/Connect", post(envd::connect))
@@ -601,5 +604,6 @@ pub fn router(engine: &Engine, token: &str) -> Router {
         .route("/filesystem.Filesystem/{method}", post(fs::call))
         // The upload is bounded as it is spooled (`--max-upload-bytes`), not by axum's default.
         .route("/files", get(fs::download).post(fs::upload).layer(axum::extract::DefaultBodyLimit::disable()))
-        .with_state(e2b)
+        .route_layer(middleware::from_fn_with_state(e2b.clone(), carry::carry));
+    public.merge(envd).with_state(e2b)
 }

@@ -199,15 +199,19 @@ async fn follow(
 /// Passes the client's stdin, window sizes and signals to the exec's run until the client's
 /// side closes, or the gateway shuts down: a request side held open would keep the call, and
 /// with it the shutdown, waiting after the output's stream ended.
-async fn forward_input(api: ExecApi, exec: Exec, mut inbound: Streaming<pb::ExecInput>) {
+async fn forward_input(
+    api: ExecApi,
+    exec: Exec,
+    mut inbound: impl Stream<Item = Result<pb::ExecInput, Status>> + Send + Unpin,
+) {
     let mut told = None;
     loop {
         let message = tokio::select! {
             biased;
             () = api.shutdown.begun() => return,
-            message = inbound.message() => message,
+            message = futures_util::StreamExt::next(&mut inbound) => message,
         };
-        let Ok(Some(message)) = message else { return };
+        let Some(Ok(message)) = message else { return };
         let Some(input) = message.input else { continue };
         deliver(&api, &exec, input, &mut told).await;
     }
@@ -243,17 +247,37 @@ pub(crate) async fn deliver(
     true
 }
 
-/// Admits the exec `start` asks for (or finds it, for a retry of its id) and streams its output
-/// from the start to its end. The stream hands the exec to its run as it asks for the output
-/// (with the terminal's size, which is no part of the record).
-pub(crate) async fn start_exec(api: &ExecApi, start: pb::ExecStart) -> Result<(Exec, OutputStream), Status> {
+/// Starts the exec `start` asks for where its sandbox runs, with `input` (stdin, window sizes,
+/// signals) after it: carried, whole, to the gateway of the node that runs it when that is
+/// another node (unless `metadata` says the call was carried here already), else admitted here
+/// (or found, for a retry of its id). Its output from the start to its end, the admitted exec
+/// first: every way in (gRPC, HTTP, E2B's API) reaches a sandbox on any node alike.
+pub(crate) async fn open_exec<S>(
+    api: &ExecApi,
+    metadata: &tonic::metadata::MetadataMap,
+    start: pb::ExecStart,
+    input: S,
+) -> Result<OutputStream, Status>
+where
+    S: Stream<Item = Result<pb::ExecInput, Status>> + Send + Unpin + 'static,
+{
+    let engine = api.execs.engine();
+    if let Route::Node(node) = routing::route(engine, metadata, &start.sandbox).await? {
+        let first = pb::ExecInput { input: Some(Input::Start(start)) };
+        let rest = tokio_stream::StreamExt::map_while(input, Result::ok);
+        let outbound = tokio_stream::StreamExt::chain(tokio_stream::iter([first]), rest);
+        let carried = routing::carried(engine, outbound);
+        let reply = ExecsClient::new(node.channel.clone()).exec(carried).await.map_err(|s| node.unreached(s))?;
+        return Ok(Box::pin(reply.into_inner()));
+    }
     let id = if start.exec_id.is_empty() { api.execs.new_id() } else { exec_id(&start.exec_id)? };
     let spec = convert::exec_spec(&start);
     let admitted = api.execs.admit(&start.sandbox, &id, &spec).await?;
     let (tx, rx) = mpsc::channel(16);
     let _ = tx.send(output(Output::Admitted(convert::exec(&admitted, &start.sandbox)))).await;
     tokio::spawn(follow(api.clone(), admitted.clone(), start.sandbox, 0, start.window, tx));
-    Ok((admitted, Box::pin(ReceiverStream::new(rx))))
+    tokio::spawn(forward_input(api.clone(), admitted, input));
+    Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
 #[tonic::async_trait]
@@ -267,18 +291,7 @@ impl execs_server::Execs for ExecApi {
             Some(pb::ExecInput { input: Some(Input::Start(start)) }) => start,
             _ => return Err(Status::invalid_argument("invalid start: the first message of an exec must be its start")),
         };
-        let engine = self.execs.engine();
-        if let Route::Node(node) = routing::route(engine, &metadata, &start.sandbox).await? {
-            let first = pb::ExecInput { input: Some(Input::Start(start)) };
-            let rest = tokio_stream::StreamExt::map_while(inbound, Result::ok);
-            let outbound = tokio_stream::StreamExt::chain(tokio_stream::iter([first]), rest);
-            let carried = routing::carried(engine, outbound);
-            let reply = ExecsClient::new(node.channel.clone()).exec(carried).await.map_err(|s| node.unreached(s))?;
-            return Ok(Response::new(Box::pin(reply.into_inner())));
-        }
-        let (admitted, output) = start_exec(self, start).await?;
-        tokio::spawn(forward_input(self.clone(), admitted, inbound));
-        Ok(Response::new(output))
+        Ok(Response::new(open_exec(self, &metadata, start, inbound).await?))
     }
 
     async fn get_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
@@ -324,7 +337,14 @@ impl execs_server::Execs for ExecApi {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    /// Carried to the node that runs the sandbox, whose session tells the run at once (the
+    /// store's word alone would reach the run only with its next session).
     async fn cancel_exec(&self, request: Request<pb::ExecRequest>) -> Result<Response<pb::ExecReply>, Status> {
+        let engine = self.execs.engine();
+        if let Route::Node(node) = routing::route(engine, request.metadata(), &request.get_ref().sandbox).await? {
+            let carried = routing::carried(engine, request.into_inner());
+            return ExecsClient::new(node.channel.clone()).cancel_exec(carried).await.map_err(|s| node.unreached(s));
+        }
         let request = request.into_inner();
         let exec = self.execs.cancel(&request.sandbox, &exec_id(&request.exec_id)?).await?;
         Ok(Response::new(pb::ExecReply { exec: Some(convert::exec(&exec, &request.sandbox)) }))

@@ -420,8 +420,9 @@ async fn run_exec(State(api): Shared, Path(sandbox): Path<String>, bytes: Bytes)
                 "invalid stdin: an exec over HTTP takes no stdin and no terminal; use gRPC",
             ));
         }
-        let started = exec::start_exec(&api.execs, pb::ExecStart { sandbox, ..start }).await;
-        lines(started.map(|(_, output)| tonic::Response::new(output)))
+        let start = pb::ExecStart { sandbox, ..start };
+        let started = exec::open_exec(&api.execs, &Default::default(), start, futures_util::stream::empty()).await;
+        lines(started.map(tonic::Response::new))
     })
 }
 

@@ -24,7 +24,7 @@ impl Files {
         &self.engine
     }
 
-    /// The workspace of the sandbox named `name`.
+    /// The workspace of the sandbox named `name`, when its run is placed on this gateway's node.
     pub async fn workspace(&self, name: &str) -> Result<PathBuf, ApiError> {
         let sandbox = self.engine.sandbox_named(name).await?;
         if sandbox.phase.kind() == PhaseKind::Deleting {
@@ -32,6 +32,11 @@ impl Files {
             return Err(
                 berth_core::Error::WrongPhase { sandbox: name.to_string(), action: "copy files of", phase }.into()
             );
+        }
+        if !self.engine.runs_here(&sandbox)
+            && let Some(placed) = sandbox.placement
+        {
+            return Err(ApiError::Elsewhere { sandbox: name.to_string(), node: placed.node });
         }
         Ok(self.engine.inner.driver.workspace(&sandbox.id).await?)
     }

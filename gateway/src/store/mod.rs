@@ -137,6 +137,10 @@ pub struct NodeOffer {
     /// Only such a node is fenced: the store places elsewhere only what the node has let go.
     #[serde(default)]
     pub stops_when_lapsed: bool,
+    /// Where the node serves E2B's API (`--e2b-listen`), if it does: E2B's in-sandbox calls
+    /// about its sandboxes are carried there from the gateway a client speaks to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b_address: Option<String>,
 }
 
 /// A node as the store holds it.

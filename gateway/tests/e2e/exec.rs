@@ -31,7 +31,7 @@ pub(crate) struct Read {
 }
 
 impl Read {
-    fn state(&self) -> pb::ExecState {
+    pub(crate) fn state(&self) -> pb::ExecState {
         pb::ExecState::try_from(self.end.as_ref().expect("ended").state).unwrap()
     }
 
@@ -41,7 +41,7 @@ impl Read {
 }
 
 /// Reads a stream to its end (at most `within`), checking every chunk follows the last.
-async fn read_all(mut stream: tonic::Streaming<pb::ExecOutput>, from: u64, within: Duration) -> Read {
+pub(crate) async fn read_all(mut stream: tonic::Streaming<pb::ExecOutput>, from: u64, within: Duration) -> Read {
     let mut read = Read::default();
     let mut next = from;
     let collect = async {

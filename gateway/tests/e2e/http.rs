@@ -8,14 +8,14 @@ use serde_json::{Value, json};
 
 use crate::harness::*;
 
-struct Curl {
-    base: String,
-    token: String,
+pub(crate) struct Curl {
+    pub(crate) base: String,
+    pub(crate) token: String,
 }
 
 impl Curl {
     /// `curl -X METHOD URL [-d BODY]` with the token (or `auth`): the HTTP status and the body.
-    fn call(&self, method: &str, path: &str, body: Option<&str>, auth: Option<&str>) -> (u16, String) {
+    pub(crate) fn call(&self, method: &str, path: &str, body: Option<&str>, auth: Option<&str>) -> (u16, String) {
         let header =
             format!("authorization: {}", auth.map_or_else(|| format!("Bearer {}", self.token), str::to_string));
         let mut command = std::process::Command::new("curl");

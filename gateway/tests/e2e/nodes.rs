@@ -260,7 +260,9 @@ fn kept_in(data: &DataDir, sandbox: &pb::Sandbox) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() {
     let _server = POSTGRES_SERVER.read().await;
-    let Some((data, gateways)) = two_nodes("two_nodes", [&[], &[]]).await else { return };
+    let http = free_port();
+    let http_listen = format!("127.0.0.1:{http}");
+    let Some((data, gateways)) = two_nodes("two_nodes", [&["--http-listen", &http_listen], &[]]).await else { return };
     let mut through_one = gateways[0].sandboxes().await;
     let mut through_two = gateways[1].sandboxes().await;
 
@@ -313,6 +315,36 @@ async fn a_sandbox_runs_on_the_node_it_is_placed_on_whichever_gateway_decided() 
     assert!(std::fs::read(&back).unwrap() == payload, "the bytes came back changed");
     let on_n2 = berth(&data[1], &["sandbox", "exec", "far", "--", "wc", "-c", "blob"]).await;
     assert_eq!(String::from_utf8_lossy(&on_n2.stdout).trim(), "3000000 blob", "written on n2's host");
+
+    // A cancel through n1's gateway ends the run's exec on n2 (carried to n2's gateway, whose
+    // session tells the run at once; the sweep would tell it within its period otherwise).
+    let mut execs = gateways[0].execs().await;
+    let long =
+        pb::ExecStart { exec_id: "long".into(), ..crate::exec::start("far", &["sh", "-c", "echo up; sleep 3600"]) };
+    let (mut stream, _input) = crate::exec::open(&mut execs, long).await.unwrap();
+    // Running (its first output read), so the cancel must reach the run, not only its record.
+    let up = loop {
+        match stream.message().await.unwrap().and_then(|m| m.output) {
+            Some(pb::exec_output::Output::Chunk(chunk)) => break chunk.data.len() as u64,
+            Some(_) => {}
+            None => panic!("the exec's stream ended before its output"),
+        }
+    };
+    let request = pb::ExecRequest { sandbox: "far".into(), exec_id: "long".into() };
+    assert!(execs.cancel_exec(request).await.unwrap().into_inner().exec.unwrap().cancel_requested);
+    let cancelled = crate::exec::read_all(stream, up, Duration::from_secs(20)).await;
+    assert_eq!(cancelled.state(), pb::ExecState::Cancelled);
+
+    // The HTTP/JSON API's exec through n1's gateway runs on n2 too.
+    let curl = crate::http::Curl { base: format!("http://{http_listen}"), token: data[0].token() };
+    let body = r#"{"argv": ["sh", "-c", "cat blob | wc -c; exit 4"]}"#;
+    let (status, text) = curl.call("POST", "/v1/sandboxes/far/execs", Some(body), None);
+    assert_eq!(status, 200, "{text}");
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let end = &lines.last().unwrap()["end"];
+    assert_eq!((end["state"].as_str(), end["exit_code"].as_i64()), (Some("EXEC_STATE_EXITED"), Some(4)), "{text}");
+    // "3000000\n", base64: the blob is there, on n2's host.
+    assert!(lines.iter().any(|l| l["chunk"]["data"] == "MzAwMDAwMAo="), "{text}");
 
     // Several sweeps of both runtimes later, neither sandbox was taken for absent by the node
     // that does not run it: each still Ready in its first generation.

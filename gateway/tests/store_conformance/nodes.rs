@@ -16,6 +16,8 @@ fn offer(address: &str, sandboxes: u64) -> NodeOffer {
         labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         capacity: Capacity { cpu_millis: 2_000, memory_bytes: 4 << 30, sandboxes },
         stops_when_lapsed: true,
+        // Kept as written, as every field of the offer is.
+        e2b_address: Some(format!("{address}/e2b")),
     }
 }
 

@@ -35,6 +35,7 @@ use berth_proto::v1::exec_output::Output;
 use berth_proto::v1::execs_server::Execs as _;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -175,8 +176,23 @@ pub(super) async fn sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Sandbox, C
         let status = tonic::Status::from(crate::error::ApiError::from(e));
         ConnectError::from_status(&status)
     })?;
-    let token = headers.get("x-access-token").and_then(|v| v.to_str().ok());
-    match berth_core::port::admit_api(e2b.engine.key(), record.as_ref(), token) {
+    let admitted = match headers.get(super::carry::CARRIED) {
+        // Carried from the gateway a client speaks to, which opened it for one run.
+        Some(presented) => {
+            if !bool::from(presented.as_bytes().ct_eq(e2b.token.as_bytes())) {
+                return Err(connect_error("unauthenticated", "a carried call bears another API token"));
+            }
+            let generation = headers.get(super::carry::GENERATION).and_then(|v| v.to_str().ok()?.parse().ok());
+            let generation =
+                generation.ok_or_else(|| connect_error("invalid_argument", "a carried call names no run"))?;
+            berth_core::port::admit_api_carried(e2b.engine.key(), record.as_ref(), generation)
+        }
+        None => {
+            let token = headers.get("x-access-token").and_then(|v| v.to_str().ok());
+            berth_core::port::admit_api(e2b.engine.key(), record.as_ref(), token)
+        }
+    };
+    match admitted {
         Ok(_) => record.ok_or_else(|| connect_error("not_found", format!("sandbox {name} was not found"))),
         // The SDKs take "was not found" for a sandbox that is not running.
         Err(PortRefusal::NotFound) => Err(connect_error("unavailable", format!("sandbox {name} was not found"))),
@@ -436,15 +452,22 @@ async fn start_process(e2b: &E2b, headers: &HeaderMap, body: Body) -> Result<Res
             exec_id: exec_id(pid).to_string(),
             window: pty.and_then(window),
         };
-        let (admitted, output) = match exec::start_exec(api, start).await {
-            Ok(started) => started,
+        let metadata = tonic::metadata::MetadataMap::new();
+        let mut output = match exec::open_exec(api, &metadata, start, futures_util::stream::empty()).await {
+            Ok(output) => output,
             Err(status) if status.code() == tonic::Code::AlreadyExists => continue,
             Err(status) => return Err(ConnectError::from_status(&status)),
         };
+        let admitted = match output.next().await {
+            Some(Ok(pb::ExecOutput { output: Some(Output::Admitted(admitted)) })) => admitted,
+            Some(Err(status)) => return Err(ConnectError::from_status(&status)),
+            _ => return Err(connect_error("internal", "the exec's stream did not begin with its admission")),
+        };
         // The token opened one run: a restart between its check and the admission gives a
         // command to another, which it does not open.
-        if admitted.sandbox != sandbox.id || admitted.generation != sandbox.generation {
-            let _ = api.execs().cancel(&sandbox.name, &admitted.id).await;
+        if admitted.generation != sandbox.generation {
+            let cancel = pb::ExecRequest { sandbox: sandbox.name.to_string(), exec_id: admitted.id };
+            let _ = api.cancel_exec(tonic::Request::new(cancel)).await;
             return Err(connect_error("unauthenticated", "the sandbox was restarted: connect to it again"));
         }
         return Ok(event_stream(pid, output));
@@ -526,14 +549,11 @@ pub(super) async fn send(
         let exec = process(&e2b.execs, &sandbox, pid).await?;
         let signal = matches!(input, Input::Signal(_));
         match deliver(&e2b.execs, &exec, input).await {
-            // The run is reached through another gateway: a kill is committed in the store
-            // instead, which its run carries out.
+            // The run is reached through another gateway (its node's, when another node runs
+            // it): a kill is a cancel, carried there.
             Err(e) if signal && e.code == "unavailable" => {
-                e2b.execs
-                    .execs()
-                    .cancel(&sandbox.name, &exec.id)
-                    .await
-                    .map_err(|e| ConnectError::from_status(&e.into()))?;
+                let cancel = pb::ExecRequest { sandbox: sandbox.name.to_string(), exec_id: exec.id.to_string() };
+                e2b.execs.cancel_exec(tonic::Request::new(cancel)).await.map_err(|s| ConnectError::from_status(&s))?;
             }
             delivered => delivered?,
         }

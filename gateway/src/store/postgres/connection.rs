@@ -66,13 +66,7 @@ pub(super) fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{}: {}", db.code().code(), db.message());
     }
-    let mut message = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(inner) = cause {
-        message = format!("{message}: {inner}");
-        cause = inner.source();
-    }
-    message
+    crate::error::with_causes(e)
 }
 
 /// Why the pool lent no connection.

@@ -167,7 +167,7 @@ impl PostgresStore {
         let target = target(&config);
         let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
         let manager = if config.get_ssl_mode() == SslMode::Require {
-            let tls = crate::tls::store_client(settings.ca.as_deref())
+            let tls = crate::tls::client_config(settings.ca.as_deref(), "store_ca")
                 .map_err(|e| StoreError::Unavailable(format!("store_ca: {e}")))?;
             Manager::from_config(config, MakeRustlsConnect::new(tls), recycling)
         } else if settings.ca.is_some() {

@@ -118,10 +118,14 @@ pub enum Bug {
     /// N2: placement takes a node whose lease has lapsed for a live one, so sandboxes are
     /// placed on a node that is gone.
     PlacesOnLapsed,
+    /// T1 under clock skew: an expiry is committed on the deciding gateway's reading of the
+    /// store's clock alone, so a gateway whose clock runs ahead expires a sandbox before its
+    /// deadline.
+    ExpiresOnOwnClock,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 30] = [
+    pub const ALL: [Bug; 31] = [
         Bug::PollBypassesFence,
         Bug::EventBypassesFence,
         Bug::DeleteWithoutRetry,
@@ -152,6 +156,7 @@ impl Bug {
         Bug::PortTokenOutlivesRun,
         Bug::LapsedNodeRunsOn,
         Bug::PlacesOnLapsed,
+        Bug::ExpiresOnOwnClock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -186,6 +191,7 @@ impl Bug {
             Bug::PortTokenOutlivesRun => "port-token-outlives-run",
             Bug::LapsedNodeRunsOn => "lapsed-node-runs-on",
             Bug::PlacesOnLapsed => "places-on-lapsed",
+            Bug::ExpiresOnOwnClock => "expires-on-own-clock",
         }
     }
 
@@ -203,6 +209,8 @@ impl Bug {
             Bug::EffectWithoutRecheck | Bug::TenureFromAnswer | Bug::ExpiryIgnoresRenew | Bug::ClaimWithoutCas => 3,
             // A gateway per node.
             Bug::LapsedNodeRunsOn | Bug::PlacesOnLapsed => 3,
+            // Gateways whose clocks disagree, any of which may hold the timers.
+            Bug::ExpiresOnOwnClock => 3,
             Bug::PollBypassesFence
             | Bug::EventBypassesFence
             | Bug::RotationOutsideStart
@@ -238,7 +246,17 @@ impl Bug {
                 | Bug::IdleIgnoresExecs
                 | Bug::ClaimUnready
                 | Bug::RestartPastMaximum
+                | Bug::ExpiresOnOwnClock
         )
+    }
+
+    /// How far off the gateways' readings of the store's clock must be for the race: several
+    /// poll intervals, as a host whose clock stepped after its gateway measured the database's.
+    pub fn clock_skew(self) -> core::time::Duration {
+        match self {
+            Bug::ExpiresOnOwnClock => core::time::Duration::from_secs(5),
+            _ => core::time::Duration::ZERO,
+        }
     }
 
     /// Whether the race needs the egress workload.

@@ -287,8 +287,9 @@ fn restart(sandbox: &Sandbox, reads: &Reads, now: Timestamp) -> Result<Decision,
     }
     let (mut next, effect) = new_generation(sandbox, &reads.nodes)?;
     branch::hit(Branch::RestartNewGeneration);
+    let at = sandbox.restarts.next_at.unwrap_or(now);
     next.restarts = Restarts { count: sandbox.restarts.count.saturating_add(1), next_at: None };
-    Ok(commit(sandbox, next, vec![], vec![effect], now))
+    Ok(commit(sandbox, next, vec![not_before(at)], vec![effect], now))
 }
 
 /// DESIGN 9.1: the lease holder's expiry of `deadline`, if the record still has it and it has
@@ -300,7 +301,7 @@ fn expire(sandbox: &Sandbox, deadline: Timestamp, now: Timestamp) -> Result<Deci
     }
     let (mut next, effects) = expiring(sandbox, sandbox.spec.lifetime.on_expiry)?;
     next.expired_at = Some(now);
-    Ok(commit(sandbox, next, vec![], effects, now))
+    Ok(commit(sandbox, next, vec![not_before(deadline)], effects, now))
 }
 
 /// DESIGN 9.1: the lease holder's idle expiry counting from `since`, if the sandbox has been
@@ -312,7 +313,17 @@ fn expire_idle(sandbox: &Sandbox, since: Timestamp, open_execs: usize, now: Time
     }
     let (mut next, effects) = expiring(sandbox, sandbox.spec.lifetime.idle_action())?;
     next.idle_expired_at = Some(now);
-    Ok(commit(sandbox, next, vec![], effects, now))
+    let idle = sandbox.spec.lifetime.idle_timeout.map_or(since, |timeout| since.plus(timeout));
+    Ok(commit(sandbox, next, vec![not_before(idle)], effects, now))
+}
+
+/// A rule that time alone justifies (an expiry, a policy's restart after its backoff) holds
+/// only once the store's clock, not only the deciding gateway's, reached that time.
+fn not_before(at: Timestamp) -> Write {
+    match crate::bug!(ExpiresOnOwnClock) {
+        true => Write::NotBefore(Timestamp::from_unix_millis(0)),
+        false => Write::NotBefore(at),
+    }
 }
 
 /// What either expiry does: a stop, a delete or a pause as the spec says, with no restart

@@ -74,6 +74,10 @@ pub enum Write {
         record: Exec,
         expected: u64,
     },
+    /// A condition only: the store's clock has reached this time. What a decision that time
+    /// alone justifies carries (an expiry at its deadline): a gateway whose clock runs ahead of
+    /// the store's, which decides on its own reading of it, cannot commit it early.
+    NotBefore(Timestamp),
 }
 
 impl Write {
@@ -91,6 +95,7 @@ impl Write {
             Write::RemoveSnapshot { name, .. } => Key::Snapshot(name.clone()),
             Write::CreateVolume(v) | Write::UpdateVolume { record: v, .. } => Key::Volume(v.name.clone()),
             Write::RemoveVolume { name, .. } => Key::Volume(name.clone()),
+            Write::NotBefore(_) => Key::Clock,
         }
     }
 
@@ -115,6 +120,8 @@ impl Write {
             | Write::RemoveSnapshot { expected, .. }
             | Write::UpdateVolume { expected, .. }
             | Write::RemoveVolume { expected, .. } => Some(*expected),
+            // The time, in the store's milliseconds, that its clock must have reached.
+            Write::NotBefore(at) => Some(clock_millis(*at)),
         }
     }
 }
@@ -127,6 +134,14 @@ pub enum Key {
     Template(String),
     Snapshot(String),
     Volume(String),
+    /// The store's clock ([`Write::NotBefore`]): a conflict on it has the time the write
+    /// expected and the store's clock as it read it, in unix milliseconds.
+    Clock,
+}
+
+/// A time as a [`Key::Clock`] conflict says it.
+pub fn clock_millis(at: Timestamp) -> u64 {
+    u64::try_from(at.unix_millis()).unwrap_or(0)
 }
 
 /// What a store reports when a condition of a transaction does not hold.

@@ -240,8 +240,11 @@ impl Store for TracingStore {
     fn kind(&self) -> &'static str {
         self.world.store.kind()
     }
+    /// The store's clock as this gateway reads it: off by its skew.
     fn now(&self) -> berth_core::Timestamp {
-        self.world.store.now()
+        let now = self.world.store.now();
+        let skew = self.world.scenario.skew_of(self.gateway);
+        berth_core::Timestamp::from_unix_nanos(now.unix_nanos().saturating_add(skew.saturating_mul(1_000_000)))
     }
     async fn sandbox(&self, id: &SandboxId) -> Result<Option<Sandbox>, StoreError> {
         self.call(self.world.store.sandbox(id)).await
@@ -419,9 +422,10 @@ pub async fn all_records(world: &World) -> Vec<Sandbox> {
 
 /// I7 and I8, once the quiet phase is over: each record, then what the runtime host holds.
 /// How soon after its deadline a sandbox is expired once faults stop: the holder's next scan,
-/// a lease taken over from a holder that died, and the stop itself.
+/// a lease taken over from a holder that died, the stop itself, and a holder whose clock runs
+/// behind the store's seeing the deadline that much later.
 fn expiry_bound(scenario: &crate::scenario::Scenario) -> std::time::Duration {
-    scenario.poll_interval * 2 + crate::gateway::LEASE_TTL * 2 + std::time::Duration::from_secs(5)
+    scenario.poll_interval * 2 + crate::gateway::LEASE_TTL * 2 + std::time::Duration::from_secs(5) + scenario.clock_skew
 }
 
 /// The volumes whose files the simulated host keeps: the process driver's directories, or the

@@ -61,6 +61,10 @@ struct Phases {
     /// across stops and starts (U1).
     #[arg(long)]
     ports: bool,
+    /// Each gateway reads the store's clock off by up to this much, either way (drawn per
+    /// gateway from the seed): expiries still wait for the store's clock (T1).
+    #[arg(long, default_value = "0s", value_parser = humantime_duration)]
+    clock_skew: Duration,
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -150,6 +154,7 @@ fn scenario(seed: u64, phases: &Phases) -> Scenario {
         .with_snapshots(phases.snapshots)
         .with_volumes(phases.volumes)
         .with_ports(phases.ports)
+        .with_clock_skew(phases.clock_skew)
 }
 
 fn reproduce(o: &Outcome, phases: &Phases) -> String {
@@ -186,6 +191,9 @@ fn reproduce(o: &Outcome, phases: &Phases) -> String {
     }
     if phases.ports {
         command += " --ports";
+    }
+    if !phases.clock_skew.is_zero() {
+        command += &format!(" --clock-skew {}ms", phases.clock_skew.as_millis());
     }
     if let Some(bug) = o.bug {
         command += &format!(" --bug {}", bug.name());
@@ -361,6 +369,7 @@ fn main() -> std::process::ExitCode {
                     snapshots: bug.snapshots(),
                     volumes: bug.volumes(),
                     ports: bug.ports(),
+                    clock_skew: bug.clock_skew(),
                 };
                 let started = Instant::now();
                 let caught: Mutex<Option<Outcome>> = Mutex::new(None);

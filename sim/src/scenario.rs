@@ -43,6 +43,8 @@ pub enum Stream {
     State,
     /// The faults of the many-hosts mode: node losses.
     Nodes,
+    /// How far each gateway's reading of the store's clock is off.
+    ClockSkew,
     /// Client `i`'s operations (`i < 100`).
     Client(usize),
     /// The exec client's operations.
@@ -72,6 +74,7 @@ impl Stream {
             Stream::Focus => 11,
             Stream::State => 12,
             Stream::Nodes => 13,
+            Stream::ClockSkew => 14,
             Stream::Client(i) => {
                 assert!(i < 100, "client {i} would share the exec client's stream");
                 100 + i as u64
@@ -281,6 +284,10 @@ pub struct Scenario {
     /// through the gateway's preview proxy while others stop and start the sandbox (DESIGN
     /// 13.1); checked by U1.
     pub ports: bool,
+    /// How far off, either way, each gateway's reading of the store's clock may be (`--clock-skew`):
+    /// a gateway decides on its own reading, as a gateway whose host's clock stepped since it
+    /// measured the database's does; the store keeps its own.
+    pub clock_skew: Duration,
 }
 
 impl Scenario {
@@ -358,6 +365,7 @@ impl Scenario {
             snapshots: false,
             volumes: false,
             ports: false,
+            clock_skew: Duration::ZERO,
         }
     }
 
@@ -434,6 +442,24 @@ impl Scenario {
             self.faults.node_losses = Draw::new(self.seed, Stream::Nodes).rate(0.8, 0.5, 2.0);
         }
         self
+    }
+
+    pub fn with_clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
+        self
+    }
+
+    /// How far gateway `gateway`'s reading of the store's clock is off, in milliseconds: drawn
+    /// from the seed within `clock_skew`, either way, and the same across its restarts (its
+    /// host's clock, not its process's).
+    pub fn skew_of(&self, gateway: usize) -> i64 {
+        let max = self.clock_skew.as_millis() as u64;
+        if max == 0 {
+            return 0;
+        }
+        let mut d = Draw::new(self.seed, Stream::ClockSkew);
+        let drawn = (0..=gateway).map(|_| d.below(2 * max + 1)).last().unwrap_or(max);
+        drawn as i64 - max as i64
     }
 
     /// The node gateway `gateway` runs as.

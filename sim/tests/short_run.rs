@@ -32,6 +32,23 @@ fn four_seeds_with_three_nodes_hold_every_invariant() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Gateways whose readings of the store's clock are off by up to 5 s either way (a host's clock
+/// stepped since its gateway measured the database's): deadlines, idle timeouts and restart
+/// backoffs still hold on the store's clock (T1, R1), since each such decision commits only once
+/// the store's clock agrees (`Write::NotBefore`), and every other invariant holds.
+#[test]
+fn three_gateways_whose_clocks_disagree_hold_every_invariant() {
+    let failures: Vec<String> = (0..4)
+        .map(|seed| {
+            let scenario = Scenario::standard(seed).with_gateways(3).with_lifetimes(true);
+            run(scenario.with_clock_skew(Duration::from_secs(5)), None)
+        })
+        .filter(|outcome| !outcome.passed())
+        .map(|outcome| format!("seed {}: {:?}", outcome.seed, outcome.violations))
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// G1 is not judged on nothing: with the egress workload a seed's runs both reach their
 /// providers' endpoints and are refused them, as attaches, detaches and starts interleave, and
 /// the destinations on each rule's edges come up on both sides.
@@ -104,6 +121,8 @@ fn every_known_bug_switch_is_caught_at_its_pinned_seed() {
             Bug::LapsedNodeRunsOn => (23, Invariant::N1),
             // Sandboxes placed on a node gone for good fail there instead of running elsewhere.
             Bug::PlacesOnLapsed => (0, Invariant::I8),
+            // A holder whose clock runs ahead expires an idle sandbox before its timeout.
+            Bug::ExpiresOnOwnClock => (1, Invariant::T1),
         };
         caught_at(bug, seed, invariant);
     }
@@ -129,7 +148,8 @@ fn caught_at(bug: Bug, seed: u64, invariant: Invariant) -> berth_sim::run::Outco
         .with_state(bug.state())
         .with_snapshots(bug.snapshots())
         .with_volumes(bug.volumes())
-        .with_ports(bug.ports());
+        .with_ports(bug.ports())
+        .with_clock_skew(bug.clock_skew());
     let outcome = run(scenario, Some(bug));
     let caught: Vec<Invariant> = outcome.violations.iter().map(|v| v.invariant).collect();
     assert_eq!(caught.first(), Some(&invariant), "{} at seed {seed}: {:?}", bug.name(), outcome.violations);

@@ -127,12 +127,18 @@ impl Store {
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
             Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
             Key::Volume(name) => self.volumes.get(name).map(|v| v.resource_version),
+            Key::Clock => None,
         }
     }
 
     /// All conditions first, then all writes: atomic.
     pub fn commit(&mut self, writes: &[Write]) -> Result<(), Conflict> {
         for w in writes {
+            // This store has no clock of its own: its time is the deciding one, which
+            // `execute_once` holds every such condition to.
+            if let Write::NotBefore(_) = w {
+                continue;
+            }
             let key = w.key();
             let current = self.version(&key);
             let name_taken = matches!(w, Write::CreateSandbox(s) if self.by_name(&s.name).is_some());
@@ -151,7 +157,7 @@ impl Store {
                     self.sandboxes.remove(&id);
                     self.execs.retain(|(sandbox, _), _| *sandbox != id);
                 }
-                Write::CheckSandbox { .. } => {}
+                Write::CheckSandbox { .. } | Write::NotBefore(_) => {}
                 Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => {
                     self.execs.insert((e.sandbox.clone(), e.id.clone()), e);
                 }
@@ -260,6 +266,11 @@ impl Store {
     /// One read-decide-write of `request` by another client, landing in between.
     pub fn execute_once(&mut self, request: &Request, now: Timestamp) -> Result<Decision, Error> {
         let decision = decide(request, &self.reads(request), now)?;
+        for w in &decision.writes {
+            if let Write::NotBefore(at) = w {
+                assert!(*at <= now, "a decision at {now:?} waits for the store's clock to reach {at:?}");
+            }
+        }
         self.commit(&decision.writes).expect("nothing else runs in between");
         Ok(decision)
     }

@@ -124,7 +124,12 @@ fn check(ops: Vec<Op>) {
             let holds = writes.iter().all(|w| {
                 let current = match w.key() {
                     Key::Sandbox(id) => model.get(&id).map(|s| s.resource_version),
-                    Key::Provider(_) | Key::Exec(..) | Key::Template(_) | Key::Snapshot(_) | Key::Volume(_) => None,
+                    Key::Provider(_)
+                    | Key::Exec(..)
+                    | Key::Template(_)
+                    | Key::Snapshot(_)
+                    | Key::Volume(_)
+                    | Key::Clock => None,
                 };
                 let name_free = match w {
                     Write::CreateSandbox(s) => !model.values().any(|m| m.name == s.name),

@@ -7,7 +7,7 @@ use std::future::Future;
 
 use berth_core::cas::Retry;
 use berth_core::plan::Lock;
-use berth_core::{Conflict, Decision, Sandbox, Timestamp, Write};
+use berth_core::{Conflict, Decision, Key, Sandbox, Timestamp, Write};
 use tracing::{info, warn};
 
 use super::{Change, Engine};
@@ -55,10 +55,27 @@ impl Engine {
             Some(read) => read,
             None => t.read(self).await?,
         };
+        // The store's clock as a refused write read it: this gateway's reading of it ran ahead.
+        // Taken once; a second such refusal is a conflict like any other.
+        let (mut store_clock, mut corrected) = (None, false);
         loop {
-            let decision = t.decide(&read, self.now())?;
+            let now = store_clock.take().unwrap_or_else(|| self.now());
+            let decision = t.decide(&read, now)?;
             match self.commit(&decision, t.before(&read), t.what()).await {
                 Ok(()) => return Ok(decision),
+                // Decided again on the same read at the store's time, at which the rule that
+                // time justified may not hold yet (then it decides nothing, and its timer runs
+                // again at the next sweep).
+                Err(CommitError::Conflict(Conflict { key: Key::Clock, current: Some(at), .. })) if !corrected => {
+                    self.inner.metrics.conflict(t.what());
+                    warn!(
+                        what = t.what(),
+                        store_ms = at,
+                        "this gateway's clock ran ahead of the store's: decided again at the store's time"
+                    );
+                    store_clock = Some(Timestamp::from_unix_millis(i64::try_from(at).unwrap_or(i64::MAX)));
+                    corrected = true;
+                }
                 Err(CommitError::Conflict(c)) => {
                     if let Some(over) = t.over_conflict(&decision, &c) {
                         return self.commit(&over, None, t.what()).await.map(|()| over).map_err(|e| match e {

@@ -94,10 +94,15 @@ impl Tables {
             Key::Template(name) => self.templates.get(name).map(|t| t.resource_version),
             Key::Snapshot(name) => self.snapshots.get(name).map(|s| s.resource_version),
             Key::Volume(name) => self.volumes.get(name).map(|v| v.resource_version),
+            // A condition on the clock, which `check` asks of the clock.
+            Key::Clock => None,
         }
     }
 
-    fn check(&self, write: &Write) -> Result<(), Conflict> {
+    fn check(&self, write: &Write, now: Timestamp) -> Result<(), Conflict> {
+        if let Write::NotBefore(_) = write {
+            return super::clock_reached(write, now).map_or(Ok(()), Err);
+        }
         let key = write.key();
         let current = self.version(&key);
         if current != write.expected() {
@@ -148,7 +153,7 @@ impl Tables {
                 }
                 self.execs.retain(|(sandbox, _), _| sandbox != id);
             }
-            Write::CheckSandbox { .. } => {}
+            Write::CheckSandbox { .. } | Write::NotBefore(_) => {}
             Write::CreateExec(e) | Write::UpdateExec { record: e, .. } => {
                 self.execs.insert((e.sandbox.clone(), e.id.clone()), e.clone());
             }
@@ -301,9 +306,10 @@ impl Store for MemoryStore {
     }
 
     async fn commit(&self, writes: &[Write]) -> Result<(), CommitError> {
+        let now = self.clock.now();
         let mut t = self.lock();
         for write in writes {
-            t.check(write).map_err(CommitError::Conflict)?;
+            t.check(write, now).map_err(CommitError::Conflict)?;
         }
         if let Some(conflict) = super::one_name_twice(writes) {
             return Err(CommitError::Conflict(conflict));

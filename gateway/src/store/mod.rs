@@ -101,6 +101,14 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// A [`Write::NotBefore`]'s condition against the store's clock as it reads `now`: the conflict
+/// says the time the write expected and the clock's reading.
+pub(crate) fn clock_reached(write: &Write, now: Timestamp) -> Option<Conflict> {
+    let Write::NotBefore(at) = write else { return None };
+    let current = Some(berth_core::decision::clock_millis(now));
+    (now < *at).then(|| Conflict { key: Key::Clock, expected: write.expected(), current })
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CommitError {
     #[error("conflict on {:?}: expected {:?}, current {:?}", .0.key, .0.expected, .0.current)]

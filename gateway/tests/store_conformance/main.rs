@@ -89,6 +89,7 @@ conformance!(
     write_if_version,
     delete_if_version,
     transactions_are_atomic,
+    a_write_waits_for_the_stores_clock,
     sandbox_pages,
     label_selected_pages,
     label_selection_follows_writes,

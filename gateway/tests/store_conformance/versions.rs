@@ -274,3 +274,28 @@ pub(crate) async fn commits_arriving_together_each_get_their_own_outcome(store: 
     let shared = store.sandbox_by_name("shared").await.unwrap().unwrap();
     assert_eq!(shared.id.as_str(), format!("sb-{}-shared", winners[0]));
 }
+
+/// A write that time alone justifies commits only once the store's own clock has reached that
+/// time (PostgreSQL's, read in the transaction; not the gateway's estimate of it): before, the
+/// conflict is on the clock, with the time expected and the clock's reading, and nothing of the
+/// transaction is written.
+pub(crate) async fn a_write_waits_for_the_stores_clock(store: Shared) {
+    let a = sandbox("sb-a", "alpha");
+    create(&store, &a).await;
+    let (to_a2, a2) = update(&a);
+    let now = store.now();
+    let later = now.plus(std::time::Duration::from_secs(3600));
+    let refused = store.commit(&[to_a2.clone(), Write::NotBefore(later)]).await;
+    let Err(CommitError::Conflict(Conflict { key: Key::Clock, expected, current: Some(read_at) })) = refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(expected, Some(berth_core::decision::clock_millis(later)));
+    // The store's clock as it read it: about now (the gateway's estimate of it), not the time asked.
+    let read_at = i64::try_from(read_at).unwrap();
+    assert!((read_at - now.unix_millis()).abs() < 60_000, "{read_at} against {}", now.unix_millis());
+    assert_eq!(read(&store, "sb-a").await, Some(a.clone()), "nothing of the transaction was written");
+
+    let past = Timestamp::from_unix_millis(now.unix_millis() - 60_000);
+    store.commit(&[to_a2, Write::NotBefore(past)]).await.unwrap();
+    assert_eq!(read(&store, "sb-a").await, Some(a2));
+}

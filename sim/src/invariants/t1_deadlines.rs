@@ -39,7 +39,7 @@ pub fn expired_early(before: &Sandbox, after: &Sandbox, now: Timestamp) -> Optio
     match before.deadline {
         Some(deadline) if deadline <= now => None,
         Some(deadline) => Some(format!(
-            "{} was expired at {} ms though its deadline is {} ms: a renew that committed first did not save it",
+            "{} was expired at {} ms though its deadline is {} ms: a renew that committed first did not save it, or the store's clock had not reached it",
             before.name,
             now.unix_millis(),
             deadline.unix_millis()
@@ -87,7 +87,7 @@ mod tests {
         assert_eq!(
             expired_early(&with_deadline(Some(160), None), &expired, now).as_deref(),
             Some(
-                "sb1 was expired at 100 ms though its deadline is 160 ms: a renew that committed first did not save it"
+                "sb1 was expired at 100 ms though its deadline is 160 ms: a renew that committed first did not save it, or the store's clock had not reached it"
             )
         );
         assert_eq!(

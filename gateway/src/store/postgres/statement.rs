@@ -99,6 +99,13 @@ pub(super) fn version_check(i: usize, write: &Write) -> Result<Statement, StoreE
             "SELECT berth_expect_version((SELECT version FROM execs WHERE sandbox_id = $1 AND id = $2), $3::BIGINT)",
             vec![Box::new(sandbox.to_string()), Box::new(id.as_str().to_string()), expected],
         ),
+        // The database's own clock, read as the statement runs: once it has reached the time
+        // expected, that time is what is compared, and holds; before, the clock's reading,
+        // which the conflict then reports.
+        Key::Clock => (
+            "SELECT berth_expect_version(LEAST((extract(epoch FROM clock_timestamp()) * 1000)::BIGINT, $1::BIGINT), $1::BIGINT)",
+            vec![expected],
+        ),
     };
     Ok(Statement::new(Role::Version(i), sql, args))
 }
@@ -138,6 +145,7 @@ pub(super) fn conflict_in(
                     Key::Snapshot(name) => from_sql_version::<Snapshot>(name, number(v)?)?,
                     Key::Volume(name) => from_sql_version::<Volume>(name, number(v)?)?,
                     Key::Exec(_, id) => from_sql_version::<Exec>(id.as_str(), number(v)?)?,
+                    Key::Clock => u64::try_from(number(v)?).unwrap_or(0),
                 }),
             };
             Conflict { key, expected: writes[i].expected(), current }
@@ -202,6 +210,7 @@ pub(super) fn apply(write: &Write) -> Result<Statement, StoreError> {
     });
     // Locked until the commit: a write to the sandbox committed after the condition was read
     // makes this select no row (READ COMMITTED re-reads a locked row), and none can land after it.
+    static NOTHING: LazyLock<String> = LazyLock::new(|| "SELECT 1".to_string());
     static CHECK_SANDBOX: LazyLock<String> =
         LazyLock::new(|| expecting_rows("SELECT 1 FROM sandboxes WHERE id = $1 AND version = $2 FOR SHARE"));
     static CREATE_EXEC: LazyLock<String> = LazyLock::new(|| {
@@ -233,6 +242,8 @@ pub(super) fn apply(write: &Write) -> Result<Statement, StoreError> {
         Write::UpdateVolume { record: v, expected } => return update_named(v, *expected),
         Write::RemoveVolume { name, expected } => return remove_named::<Volume>(name, *expected),
         Write::CheckSandbox { id, expected } => (&CHECK_SANDBOX, vec![Box::new(id.to_string()), version(*expected)?]),
+        // A condition only, checked among the conditions.
+        Write::NotBefore(_) => (&NOTHING, vec![]),
         Write::CreateExec(e) => (&CREATE_EXEC, exec_row(e, None)?),
         Write::UpdateExec { record: e, expected } => (&UPDATE_EXEC, exec_row(e, Some(*expected))?),
     };

@@ -38,6 +38,8 @@ pub(super) fn version_of(tx: &Connection, key: &Key) -> Result<Option<u64>, Stor
             .optional()?
             .map(|v| from_sql_version::<Exec>(id.as_str(), v))
             .transpose(),
+        // A condition on the clock, which `check` asks of the clock.
+        Key::Clock => Ok(None),
     }
 }
 
@@ -57,6 +59,10 @@ pub(super) fn name_conflict(tx: &Connection, name: &str) -> Result<Option<Confli
 
 /// The write's condition against the state before the transaction, as memory.rs checks it.
 pub(super) fn check(tx: &Connection, write: &Write) -> Result<Option<Conflict>, StoreError> {
+    // The database is a file on this host: its clock is the host's.
+    if let Write::NotBefore(_) = write {
+        return Ok(crate::store::clock_reached(write, crate::clock::Clock::now(&crate::clock::SystemClock)));
+    }
     let key = write.key();
     let current = version_of(tx, &key)?;
     if current != write.expected() {
@@ -117,7 +123,7 @@ pub(super) fn apply(tx: &Connection, write: &Write) -> Result<Option<Conflict>, 
         Write::UpdateVolume { record: v, expected } => update_named(tx, v, *expected)?,
         Write::RemoveVolume { name, expected } => remove_named::<Volume>(tx, name, *expected)?,
         // The write lock, held since the checks, keeps the sandbox as it was checked.
-        Write::CheckSandbox { .. } => 1,
+        Write::CheckSandbox { .. } | Write::NotBefore(_) => 1,
         Write::CreateExec(e) => tx
             .prepare_cached(
                 "INSERT INTO execs (sandbox_id, id, version, open, record) VALUES (?1, ?2, ?3, ?4, ?5) \

@@ -16,7 +16,7 @@
 //! keeps only what the store still places on it ([`on_return`]) before it acts on anything.
 
 use crate::id::NodeId;
-use crate::phase::PhaseKind;
+use crate::phase::{FailureReason, Phase};
 use crate::record::{Placement, Sandbox};
 
 /// Where the store says a sandbox's current generation runs.
@@ -69,10 +69,23 @@ pub fn adopted(placement: Option<&Placement>, me: &NodeId, epoch: u64) -> Option
     }
 }
 
-/// Whether a fence of its node changes `sandbox`: it has a run under way, or a stop or a delete
-/// its node was to carry out. A stopped or failed one has nothing there to lose.
+/// Whether a fence of its node changes `sandbox`: something of its run may still be alive there
+/// ([`may_linger`]), or a stop or a delete its node was to carry out.
 pub fn touches(sandbox: &Sandbox) -> bool {
-    !matches!(sandbox.phase.kind(), PhaseKind::Stopped | PhaseKind::Error)
+    may_linger(sandbox)
+}
+
+/// Whether something of `sandbox`'s run may still be alive on the node it is placed on: anything
+/// but a run its node stopped, or one the store already took for lost (its compute gone, or its
+/// node fenced). A failed run's supervisor, and what its command started, may outlive it; so
+/// until its node is back (and stops it) or fenced (having stopped it), no new generation of it
+/// goes to another node.
+pub fn may_linger(sandbox: &Sandbox) -> bool {
+    match &sandbox.phase {
+        Phase::Stopped => false,
+        Phase::Error(failure) => failure.reason != FailureReason::ComputeResourceMissing,
+        _ => true,
+    }
 }
 
 /// What a gateway holds of its node's lease, as the node's side of fencing sees it.

@@ -235,11 +235,13 @@ impl Merge<'_> {
             self.edit().phase = Phase::Stopped;
         } else {
             branch::hit(Branch::FencedRunLost);
-            self.edit().fail(Failure {
-                reason: FailureReason::ComputeResourceMissing,
-                exit_code: None,
-                message: format!("node {node}'s lease lapsed (epoch {epoch}): the run placed there is lost"),
-            });
+            let lost = format!("node {node}'s lease lapsed (epoch {epoch}): the run placed there is lost");
+            // A run that had failed there already keeps what it failed of in the message.
+            let message = match &self.next().phase {
+                Phase::Error(failed) => format!("{lost} (it had failed: {}: {})", failed.reason, failed.message),
+                _ => lost,
+            };
+            self.edit().fail(Failure { reason: FailureReason::ComputeResourceMissing, exit_code: None, message });
         }
     }
 

@@ -71,6 +71,10 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Unfit {
     Lapsed,
+    /// Lapsed, and the sandbox placed there may still have something of its run alive on it
+    /// ([`crate::fencing::may_linger`]): its next generation waits for the node to come back
+    /// or to be fenced.
+    Lingering,
     Draining,
     /// The selector's `label` (key and value) is not one of the node's labels.
     Selector {
@@ -89,6 +93,10 @@ impl fmt::Display for Unfit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Unfit::Lapsed => f.write_str("its lease has lapsed"),
+            Unfit::Lingering => f.write_str(
+                "its lease has lapsed and the sandbox's last run may still be alive there: \
+                 it is placed again once the node is back or fenced",
+            ),
             Unfit::Draining => f.write_str("it is draining"),
             Unfit::Selector { key, value } => write!(f, "it has no label {key}={value}"),
             Unfit::Full { resource, free, wanted } => write!(f, "{resource}: {free} free, {wanted} asked"),
@@ -105,7 +113,7 @@ impl Unplaced {
     /// its lease is granted again (a gateway taking over a data directory's node, a node
     /// restarting).
     pub fn transient(&self) -> bool {
-        self.0.iter().all(|(_, why)| *why == Unfit::Lapsed)
+        self.0.iter().all(|(_, why)| matches!(why, Unfit::Lapsed | Unfit::Lingering))
     }
 
     /// Its status class: unavailable while it is [`Unplaced::transient`]; a lack of room is a
@@ -235,13 +243,17 @@ fn rank(sandbox: &SandboxId, node: &NodeId) -> u64 {
 
 /// Where a new generation of `sandbox` runs. A sandbox placed before stays on its node while
 /// that node can take it (its workspace is there), without counting twice what it already
-/// reserves there; otherwise it is placed as a new one is.
+/// reserves there; otherwise it is placed as a new one is, but never while its node's lease has
+/// lapsed with something of its last run maybe still alive there (N1).
 pub fn place_again(sandbox: &Sandbox, nodes: &[Node]) -> Result<Placement, Unplaced> {
     let limits = &sandbox.spec.limits;
     let selector = &sandbox.spec.node_selector;
     if let Some(at) = &sandbox.placement
         && let Some(node) = nodes.iter().find(|n| n.id == at.node)
     {
+        if !node.live && crate::fencing::may_linger(sandbox) {
+            return Err(Unplaced(vec![(node.id.clone(), Unfit::Lingering)]));
+        }
         let wanted = if reserves(sandbox) { Capacity::default() } else { Capacity::of(limits) };
         if unfit(node, wanted, selector).is_none() {
             return Ok(Placement { node: node.id.clone(), epoch: node.epoch });

@@ -85,9 +85,16 @@ impl Driver for SimDriver {
         lapsed: &Fence,
     ) -> Result<Vec<(SandboxId, DriverError)>, DriverError> {
         self.trace("stop every run".to_string());
-        lock(&self.world.fencing).insert(self.gateway.clone());
+        *lock(&self.world.fencing).entry(self.gateway.clone()).or_default() += 1;
         let reply = self.driver.stop_every_run(grace, lapsed).await;
-        lock(&self.world.fencing).remove(&self.gateway);
+        let mut fencing = lock(&self.world.fencing);
+        if let Some(sweeps) = fencing.get_mut(&self.gateway) {
+            *sweeps -= 1;
+            if *sweeps == 0 {
+                fencing.remove(&self.gateway);
+            }
+        }
+        drop(fencing);
         self.replied("stop every run".to_string(), reply)
     }
 

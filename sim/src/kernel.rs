@@ -349,7 +349,7 @@ pub fn check_signal_wanted(world: &World, gateway: usize, sandbox: &SandboxId, g
     if world.scenario.nodes > 1 {
         let node = world.scenario.node_of(gateway);
         let elsewhere = record.placement.as_ref().is_some_and(|at| at.node.as_str() != node);
-        let fencing = lock(&world.fencing).contains(&crate::net::gateway_host(gateway));
+        let fencing = lock(&world.fencing).contains_key(&crate::net::gateway_host(gateway));
         if elsewhere || fencing {
             return;
         }

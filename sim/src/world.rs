@@ -129,8 +129,9 @@ pub struct World {
     pub generations: Mutex<BTreeMap<SandboxId, Vec<(u64, u64)>>>,
     /// The node each sandbox's last committed record places it on, for N1.
     pub placements: Mutex<BTreeMap<SandboxId, Option<String>>>,
-    /// The gateways stopping every run their node holds, as its lease lapsed.
-    pub fencing: Mutex<std::collections::BTreeSet<String>>,
+    /// The gateways stopping every run their node holds, as its lease lapsed, each with how many
+    /// such sweeps it has under way (one lapse's may still run when the next begins).
+    pub fencing: Mutex<BTreeMap<String, usize>>,
     violations: Mutex<Vec<Violation>>,
     faults: AtomicBool,
     pub boots: AtomicU64,

@@ -49,6 +49,18 @@ fn three_gateways_whose_clocks_disagree_hold_every_invariant() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// N1's race found with skewed clocks, pinned: a sandbox failed on node-1 (its main process
+/// exited, its supervisor not yet gone), node-1's lease calls stall until its lease lapses, and
+/// a start at that moment placed the next generation on node-0 while node-1 still ran the last
+/// one. Now the next generation waits for node-1 to come back or be fenced
+/// (`fencing::may_linger`).
+#[test]
+fn a_failed_sandbox_on_a_lapsed_node_is_not_started_elsewhere_before_the_node_is_fenced() {
+    let scenario = Scenario::standard(1066).with_nodes(3).with_lifetimes(true);
+    let outcome = run(scenario.with_clock_skew(Duration::from_secs(5)), None);
+    assert!(outcome.passed(), "{:?}", outcome.violations);
+}
+
 /// G1 is not judged on nothing: with the egress workload a seed's runs both reach their
 /// providers' endpoints and are refused them, as attaches, detaches and starts interleave, and
 /// the destinations on each rule's edges come up on both sides.

@@ -144,7 +144,7 @@ fn a_start_stays_on_its_node_under_that_nodes_current_epoch_and_moves_only_when_
 }
 
 #[test]
-fn a_restart_on_a_full_node_it_already_counts_on_stays_and_off_a_fenced_one_moves() {
+fn a_restart_on_a_full_node_it_already_counts_on_stays_and_off_a_lapsed_one_moves_once_fenced() {
     let failed =
         Phase::Error(Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "x".into() });
     let crashed = || Sandbox {
@@ -160,10 +160,18 @@ fn a_restart_on_a_full_node_it_already_counts_on_stays_and_off_a_fenced_one_move
     // a is full, but its count includes this sandbox (its intent is still Running).
     let decision = on(crashed(), restart(), vec![node("a", 2, 10), node("b", 1, 0)]).unwrap();
     assert_eq!(made(&decision).placement, at("a", 2));
-    let decision = on(crashed(), restart(), vec![lapsed(node("a", 2, 10)), node("b", 1, 0)]).unwrap();
+    // a's lease lapsed: the crashed run's supervisor may still be alive there, so the restart
+    // waits (it stays due, and the lease holder tries again) for a to come back or be fenced.
+    let held = on(crashed(), restart(), vec![lapsed(node("a", 2, 10)), node("b", 1, 0)]).unwrap_err();
+    assert_eq!(held.code(), Code::Unavailable);
+    assert!(held.to_string().contains("may still be alive there"), "{held}");
+    // Fenced, its run taken for lost: it moves.
+    let lost = Failure { reason: FailureReason::ComputeResourceMissing, exit_code: None, message: "fenced".into() };
+    let fenced = || Sandbox { phase: Phase::Error(lost.clone()), ..crashed() };
+    let decision = on(fenced(), restart(), vec![lapsed(node("a", 2, 10)), node("b", 1, 0)]).unwrap();
     assert_eq!(made(&decision).placement, at("b", 1));
-    // None live: the restart waits (it stays due, and the lease holder tries again).
-    assert_eq!(on(crashed(), restart(), vec![lapsed(node("a", 2, 10))]).unwrap_err().code(), Code::Unavailable);
+    // None live: the restart waits.
+    assert_eq!(on(fenced(), restart(), vec![lapsed(node("a", 2, 10))]).unwrap_err().code(), Code::Unavailable);
 }
 
 #[test]
@@ -187,7 +195,7 @@ fn fence(sandbox: &Sandbox, node: &str, epoch: u64) -> berth_core::Decision {
 }
 
 #[test]
-fn a_fenced_nodes_runs_are_lost_its_stops_done_and_its_deletes_ended_and_nothing_else_is_touched() {
+fn a_fenced_nodes_runs_are_lost_even_failed_ones_its_stops_done_and_its_deletes_ended() {
     let running = Sandbox {
         run: Run::Started { at: Some(Timestamp::from_unix_millis(5)) },
         ..placed("a", 3, Phase::Ready, Intent::Running)
@@ -217,6 +225,20 @@ fn a_fenced_nodes_runs_are_lost_its_stops_done_and_its_deletes_ended_and_nothing
     assert_eq!(made(&fence(&stopping, "a", 3)).phase, Phase::Stopped);
     let stopped = placed("a", 3, Phase::Stopped, Intent::Stopped);
     assert!(fence(&stopped, "a", 3).writes.is_empty());
+    // A failed run's supervisor may have outlived it on the node: the fence takes that for lost
+    // too (so the sandbox may move), keeping what it had failed of; one already lost is left.
+    let crashed = Failure { reason: FailureReason::ContainerExited, exit_code: Some(1), message: "exit 1".into() };
+    let failed = placed("a", 3, Phase::Error(crashed), Intent::Running);
+    let Phase::Error(Failure { reason, message, .. }) = made(&fence(&failed, "a", 3)).phase.clone() else {
+        panic!("still failed")
+    };
+    assert_eq!(reason, FailureReason::ComputeResourceMissing);
+    assert_eq!(
+        message,
+        "node a's lease lapsed (epoch 3): the run placed there is lost (it had failed: ContainerExited: exit 1)"
+    );
+    let lost = Failure { reason: FailureReason::ComputeResourceMissing, exit_code: None, message: "gone".into() };
+    assert!(fence(&placed("a", 3, Phase::Error(lost), Intent::Running), "a", 3).writes.is_empty());
     // A delete under way ends: the record goes, the node removes what it holds if it comes back.
     let deleting = placed("a", 3, Phase::Deleting, Intent::Stopped);
     let decision = fence(&deleting, "a", 3);
